@@ -1,0 +1,21 @@
+//! Names of the environment variables vgpu reads. They are HAMi-core's
+//! (spec §1.1), so a container set up for HAMi works unchanged.
+
+/// Memory limit for every device; `_<N>` suffixed variants override per device.
+pub const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// SM (compute) share in percent; `_<N>` suffixed variants override per device.
+pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// Path of the shared region file.
+pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// HAMi's default region path when [`SHARED_CACHE`] is unset.
+pub const SHARED_CACHE_DEFAULT: &str = "/tmp/cudevshr.cache";
+/// `default` / `force` / `disable`.
+pub const UTILIZATION_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// Written into the region's `priority` when the region is created.
+pub const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// 0 errors … 4 debug.
+pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// Container-visible device list.
+pub const VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// Directory HAMi's device plugin bind-mounts per container (host side).
+pub const HAMI_CONTAINERS_DIR: &str = "/usr/local/vgpu/containers";

@@ -1,0 +1,18 @@
+//! Types shared by every part of vgpu.
+//!
+//! `no_std` so the eBPF programs can use the event records; the `std`
+//! feature adds what only host code needs (limit parsing, the mapped view
+//! over a region file, the region lock).
+#![cfg_attr(not(feature = "std"), no_std)]
+
+pub mod env;
+pub mod event;
+#[cfg(not(target_arch = "bpf"))]
+pub mod region;
+
+#[cfg(feature = "std")]
+pub mod limit;
+#[cfg(feature = "std")]
+pub mod lock;
+#[cfg(feature = "std")]
+pub mod view;

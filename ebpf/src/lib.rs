@@ -1,0 +1,1 @@
+//! eBPF programs; built for bpfel-unknown-none by loader/build.rs.

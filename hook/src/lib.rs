@@ -1,0 +1,1 @@
+//! libvgpu.so: the CUDA/NVML interposer (see docs/hook.md).

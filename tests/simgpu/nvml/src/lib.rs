@@ -1,0 +1,1 @@
+//! Simulated libnvidia-ml.so.1.
