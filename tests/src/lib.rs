@@ -1,1 +1,7 @@
-//! Helpers for the integration tests (artifact paths, containers).
+//! Helpers for vgpu's integration tests.
+//!
+//! The tests run against built artifacts (`cargo xtask build` puts them in
+//! `target/dist/`): the hook, the loader and the simulated GPU driver.
+//! `cargo xtask test` builds them first, then runs these tests as root.
+
+pub mod dist;
