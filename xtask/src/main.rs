@@ -1,1 +1,49 @@
-fn main() {}
+//! `cargo xtask <task>`: every developer and CI task, one module each.
+
+mod bench;
+mod build;
+mod demo;
+mod gpu_check;
+mod lint;
+mod setup;
+mod test;
+mod util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "vgpu developer tasks", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what the build needs (Debian toolchain for eBPF, bpf-linker); idempotent.
+    Setup(setup::Args),
+    /// Build everything into target/dist/ (hook, loader with embedded eBPF, simulated GPU).
+    Build(build::Args),
+    /// Run every test, the root and eBPF ones included (needs root).
+    Test(test::Args),
+    /// rustfmt check and clippy -D warnings on the host crates and the eBPF crate.
+    Lint,
+    /// A sample CUDA workload under the hook while `vgpu trace` watches it.
+    Demo(demo::Args),
+    /// Overhead of the hook against the bare (simulated or real) driver.
+    Bench(bench::Args),
+    /// Stage artifacts for the GPU machine, or run the GPU checks when a GPU is here.
+    GpuCheck(gpu_check::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup(a) => setup::run(&a),
+        Task::Build(a) => build::run(&a).map(drop),
+        Task::Test(a) => test::run(&a),
+        Task::Lint => lint::run(),
+        Task::Demo(a) => demo::run(&a),
+        Task::Bench(a) => bench::run(&a),
+        Task::GpuCheck(a) => gpu_check::run(&a),
+    }
+}

@@ -1,0 +1,76 @@
+//! `cargo xtask build`: everything into `target/dist/`.
+//!
+//! ```text
+//! target/dist/libvgpu.so            the hook
+//! target/dist/vgpu                  the loader, eBPF object embedded
+//! target/dist/sim/libcuda.so.1      the simulated driver
+//! target/dist/sim/libnvidia-ml.so.1 the simulated NVML
+//! target/dist/sim/simgpu-server     its background server (started on demand)
+//! ```
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::{setup, util};
+
+#[derive(clap::Args, Default)]
+pub struct Args {
+    /// Build the debug profile instead of release.
+    #[arg(long)]
+    pub debug: bool,
+}
+
+const PACKAGES: &[&str] = &["vgpu-hook", "vgpu-loader", "simgpu", "simgpu-cuda", "simgpu-nvml"];
+
+/// (file in the profile dir, path under dist)
+const ARTIFACTS: &[(&str, &str)] = &[
+    ("libvgpu.so", "libvgpu.so"),
+    ("vgpu", "vgpu"),
+    ("libcuda.so", "sim/libcuda.so.1"),
+    ("libnvidia_ml.so", "sim/libnvidia-ml.so.1"),
+    ("simgpu-server", "sim/simgpu-server"),
+];
+
+pub fn run(args: &Args) -> Result<PathBuf> {
+    setup::run(&setup::Args { check: false })?;
+    let mut cmd = util::cargo();
+    cmd.arg("build");
+    if !args.debug {
+        cmd.arg("--release");
+    }
+    for p in PACKAGES {
+        cmd.args(["-p", p]);
+    }
+    util::run(&mut cmd)?;
+
+    let profile = util::target_dir().join(if args.debug { "debug" } else { "release" });
+    let dist = util::dist_dir();
+    fs::create_dir_all(dist.join("sim")).context("create target/dist/sim")?;
+    for (from, to) in ARTIFACTS {
+        install(&profile.join(from), &dist.join(to))?;
+    }
+    // Linking test programs with `-lcuda` wants the unversioned names too.
+    for (link, target) in [
+        ("sim/libcuda.so", "libcuda.so.1"),
+        ("sim/libnvidia-ml.so", "libnvidia-ml.so.1"),
+    ] {
+        let link = dist.join(link);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(target, &link)
+            .with_context(|| format!("symlink {}", link.display()))?;
+    }
+    eprintln!("build: artifacts in {}", dist.display());
+    Ok(dist)
+}
+
+/// Copies to a temporary name and renames, so a process that has the old
+/// file mapped keeps a whole file.
+fn install(from: &Path, to: &Path) -> Result<()> {
+    let tmp = to.with_extension("tmp-install");
+    fs::copy(from, &tmp)
+        .with_context(|| format!("copy {} to {}", from.display(), tmp.display()))?;
+    fs::rename(&tmp, to).with_context(|| format!("rename to {}", to.display()))?;
+    Ok(())
+}

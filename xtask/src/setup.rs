@@ -1,0 +1,163 @@
+//! `cargo xtask setup`: install what the build needs, following
+//! ../shared/toolchain.md. Every step checks first, so a second run does
+//! nothing. Without root (or without a registry) it prints the exact
+//! commands to run by hand.
+
+use std::process::Command;
+
+use anyhow::{bail, Result};
+
+use crate::util::{self, output};
+
+/// Debian packages: the Rust toolchain whose LLVM matches bpf-linker's, its
+/// prebuilt `core` for bpfel, and the LLVM bpf-linker links against.
+const DEB_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "libstd-rust-web-dev-bpf",
+    "llvm-22-dev",
+];
+const LLVM_MAJOR: &str = "22";
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The rustup name of Debian's toolchain, used by loader/build.rs.
+pub const EBPF_TOOLCHAIN: &str = "debian-1.96";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Only report what is missing; install nothing.
+    #[arg(long)]
+    pub check: bool,
+}
+
+/// One missing piece and the command that installs it.
+struct Step {
+    what: String,
+    command: Vec<String>,
+    env: Vec<(&'static str, String)>,
+}
+
+impl Step {
+    fn shell(&self) -> String {
+        let env: String = self.env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+        format!("{env}{}", self.command.join(" "))
+    }
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let steps = missing_steps();
+    if steps.is_empty() {
+        check_drift()?;
+        eprintln!("setup: everything the build needs is present");
+        return Ok(());
+    }
+    if args.check || !util::is_root() {
+        eprintln!("setup: missing pieces; run these as root:");
+        for s in &steps {
+            eprintln!("  # {}\n  {}", s.what, s.shell());
+        }
+        bail!("setup incomplete ({} step(s) missing)", steps.len());
+    }
+    for s in &steps {
+        eprintln!("setup: installing {}", s.what);
+        let mut cmd = Command::new(&s.command[0]);
+        cmd.args(&s.command[1..]);
+        for (k, v) in &s.env {
+            cmd.env(k, v);
+        }
+        if let Err(e) = util::run(&mut cmd) {
+            bail!(
+                "{e}\nsetup could not install {}; run by hand as root:\n  {}",
+                s.what,
+                s.shell()
+            );
+        }
+    }
+    check_drift()?;
+    eprintln!("setup: done");
+    Ok(())
+}
+
+fn missing_steps() -> Vec<Step> {
+    let mut steps = Vec::new();
+    let missing: Vec<&str> = DEB_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !deb_installed(p))
+        .collect();
+    if !missing.is_empty() {
+        steps.push(Step {
+            what: "the package lists".into(),
+            command: vec!["apt-get".into(), "update".into()],
+            env: vec![],
+        });
+        let mut cmd: Vec<String> = ["apt-get", "install", "-y", "--no-install-recommends"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        cmd.extend(missing.iter().map(|s| s.to_string()));
+        steps.push(Step {
+            what: format!("Debian packages {}", missing.join(", ")),
+            command: cmd,
+            env: vec![("DEBIAN_FRONTEND", "noninteractive".into())],
+        });
+    }
+    let linker = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if !linker.contains(BPF_LINKER_VERSION) {
+        steps.push(Step {
+            what: format!("bpf-linker {BPF_LINKER_VERSION} (llvm-{LLVM_MAJOR})"),
+            command: [
+                "cargo",
+                "install",
+                "--locked",
+                "--root",
+                "/usr/local",
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{LLVM_MAJOR}"),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            env: vec![("LLVM_PREFIX", format!("/usr/lib/llvm-{LLVM_MAJOR}"))],
+        });
+    }
+    let rustup = output(Command::new("rustup").args(["toolchain", "list"]));
+    if let Some(list) = rustup {
+        if !list.lines().any(|l| l.starts_with(EBPF_TOOLCHAIN)) {
+            steps.push(Step {
+                what: format!("the rustup link {EBPF_TOOLCHAIN} -> /usr"),
+                command: ["rustup", "toolchain", "link", EBPF_TOOLCHAIN, "/usr"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                env: vec![],
+            });
+        }
+    }
+    steps
+}
+
+fn deb_installed(pkg: &str) -> bool {
+    output(Command::new("dpkg-query").args(["-W", "-f=${Status}", pkg]))
+        .is_some_and(|s| s.contains("install ok installed"))
+}
+
+/// Debian's security archive may move rustc-web to a newer LLVM; then
+/// bpf-linker (built for llvm-22) no longer matches. Say so plainly instead
+/// of failing deep inside the eBPF build.
+fn check_drift() -> Result<()> {
+    let vv = output(Command::new("/usr/bin/rustc").arg("-vV")).unwrap_or_default();
+    let llvm = vv
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .unwrap_or("unknown");
+    if !llvm.starts_with(&format!("{LLVM_MAJOR}.")) {
+        bail!(
+            "Debian's rustc uses LLVM {llvm}, but bpf-linker is built for llvm-{LLVM_MAJOR}: \
+             install llvm-<major>-dev for the new LLVM and rebuild bpf-linker with \
+             --features llvm-<major>, then update LLVM_MAJOR in xtask/src/setup.rs"
+        );
+    }
+    Ok(())
+}
