@@ -1,0 +1,92 @@
+//! `cargo xtask bench`: the hook's cost on the launch and allocation paths,
+//! as a ratio to the bare driver measured in the same run. Without a GPU it
+//! runs on the simulated driver, which measures the hook's own overhead (the
+//! simulated calls are cheap); real-GPU figures come from `gpu-check`.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::{build, util};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Interleaved repetitions of each configuration.
+    #[arg(long, default_value_t = 7)]
+    pub reps: usize,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let dist = build::run(&build::Args::default())?;
+    let work = std::env::temp_dir().join(format!("vgpu-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let c_dir = util::root().join("tests/c");
+    let exe = work.join("bench_launch");
+    util::run(
+        Command::new("cc")
+            .args(["-O2", "-Wall", "-o"])
+            .arg(&exe)
+            .arg(c_dir.join("bench_launch.c"))
+            .arg("-I")
+            .arg(&c_dir)
+            .arg(format!("-L{}", dist.join("sim").display()))
+            .arg("-l:libcuda.so.1"),
+    )?;
+    let configs: [(&str, bool); 2] = [("native", false), ("hook, 1g limit", true)];
+    let mut samples: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
+    for _ in 0..args.reps {
+        for (i, (_, hooked)) in configs.iter().enumerate() {
+            samples[i].push(measure(&exe, &dist, &work, *hooked)?);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut launch: Vec<f64> = Vec::new();
+    let mut alloc: Vec<f64> = Vec::new();
+    for s in &samples {
+        launch.push(median(&mut s.iter().map(|x| x.0).collect()));
+        alloc.push(median(&mut s.iter().map(|x| x.1).collect()));
+    }
+    println!("simulated GPU, {} interleaved runs, medians", args.reps);
+    println!("| configuration | launch (ns/call) | ratio | alloc+free (ns/pair) | ratio |");
+    println!("|---|---|---|---|---|");
+    for (i, (name, _)) in configs.iter().enumerate() {
+        println!(
+            "| {name} | {:.0} | {:.3} | {:.0} | {:.3} |",
+            launch[i],
+            launch[i] / launch[0],
+            alloc[i],
+            alloc[i] / alloc[0]
+        );
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+/// One run of the benchmark program: (ns per launch, ns per alloc+free).
+fn measure(exe: &Path, dist: &Path, work: &Path, hooked: bool) -> Result<(f64, f64)> {
+    let mut cmd = Command::new(exe);
+    cmd.env("LD_LIBRARY_PATH", dist.join("sim"))
+        .env("SIMGPU_DIR", work.join("simgpu"))
+        .env("SIMGPU_KERNEL_NS", "0");
+    if hooked {
+        cmd.env("LD_PRELOAD", dist.join("libvgpu.so"))
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", work.join("bench.cache"));
+    }
+    let out = cmd.output().context("run bench_launch")?;
+    if !out.status.success() {
+        bail!("bench_launch failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |key: &str| -> Result<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("bench_launch printed no {key:?}: {text}"))
+    };
+    Ok((field("launch_ns_per_call")?, field("alloc_free_ns_per_pair")?))
+}
