@@ -1,0 +1,65 @@
+/* Host cost of an empty-kernel launch and of a 1 MiB alloc+free pair, for
+ * `cargo xtask bench` (simulated GPU) and scripts/gpu-check.sh (real GPU).
+ * Prints `launch_ns_per_call N` and `alloc_free_ns_per_pair N`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include "cuda_min.h"
+
+static const char PTX[] =
+    ".version 8.0\n.target sm_80\n.address_size 64\n"
+    ".visible .entry busy_0ns()\n{\n\tret;\n}\n";
+
+#define CHECK(call)                                                   \
+    do {                                                              \
+        CUresult r_ = (call);                                         \
+        if (r_ != CUDA_SUCCESS) {                                     \
+            fprintf(stderr, "%s failed: %d\n", #call, (int)r_);       \
+            return 1;                                                 \
+        }                                                             \
+    } while (0)
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    int launches = argc > 1 ? atoi(argv[1]) : 100000;
+    int allocs = argc > 2 ? atoi(argv[2]) : 2000;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction fn;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cuCtxSetCurrent(ctx));
+    CHECK(cuModuleLoadData(&mod, PTX));
+    CHECK(cuModuleGetFunction(&fn, mod, "busy_0ns"));
+    /* Warm up, then time launches with one sync at the end (gpu.md's method). */
+    for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CHECK(cuCtxSynchronize());
+    double t0 = now_ns();
+    for (int i = 0; i < launches; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CHECK(cuCtxSynchronize());
+    double t1 = now_ns();
+    printf("launch_ns_per_call %.1f\n", (t1 - t0) / launches);
+
+    CUdeviceptr p;
+    for (int i = 0; i < 50; i++) {
+        CHECK(cuMemAlloc_v2(&p, 1 << 20));
+        CHECK(cuMemFree_v2(p));
+    }
+    t0 = now_ns();
+    for (int i = 0; i < allocs; i++) {
+        CHECK(cuMemAlloc_v2(&p, 1 << 20));
+        CHECK(cuMemFree_v2(p));
+    }
+    t1 = now_ns();
+    printf("alloc_free_ns_per_pair %.1f\n", (t1 - t0) / allocs);
+    CHECK(cuModuleUnload(mod));
+    CHECK(cuDevicePrimaryCtxRelease_v2(dev));
+    return 0;
+}
