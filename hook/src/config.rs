@@ -1,0 +1,142 @@
+//! The environment, read once into an immutable [`Config`] (no `getenv`
+//! after init). Bad values are reported once, clearly, and the limit they
+//! would have set is refused (no limit), never guessed.
+
+use std::path::PathBuf;
+
+use vgpu_common::env as names;
+use vgpu_common::limit::{device_limits, parse_percent, parse_size, LimitError};
+use vgpu_common::region::{policy, MAX_DEVICES};
+
+/// One entry of `CUDA_VISIBLE_DEVICES`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Visible {
+    Index(u32),
+    /// A UUID or UUID prefix (`GPU-…`, `MIG-…`).
+    Uuid(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub region_path: PathBuf,
+    /// Bytes per container-visible device; 0 = no limit.
+    pub mem_limit: [u64; MAX_DEVICES],
+    /// Percent per device (100 = no limit).
+    pub sm_limit: [u64; MAX_DEVICES],
+    pub priority: i32,
+    pub policy: i32,
+    /// `None` when `CUDA_VISIBLE_DEVICES` is unset (identity mapping).
+    pub visible: Option<Vec<Visible>>,
+    /// Problems found while reading the environment, reported once at init.
+    pub errors: Vec<LimitError>,
+    pub other_errors: Vec<String>,
+}
+
+impl Config {
+    pub fn from_env() -> Self {
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
+        let mem = device_limits(names::MEMORY_LIMIT, 0, parse_size, &lookup);
+        let sm = device_limits(names::SM_LIMIT, 100, parse_percent, &lookup);
+        let mut other_errors = Vec::new();
+        let priority = match lookup(names::TASK_PRIORITY) {
+            None => 1,
+            Some(v) => v.trim().parse::<i32>().unwrap_or_else(|_| {
+                other_errors.push(format!(
+                    "{}={v:?} is not an integer; using priority 1",
+                    names::TASK_PRIORITY
+                ));
+                1
+            }),
+        };
+        let policy = match lookup(names::UTILIZATION_POLICY).as_deref() {
+            Some("FORCE") | Some("force") => policy::FORCE,
+            Some("DISABLE") | Some("disable") => policy::DISABLE,
+            _ => policy::DEFAULT,
+        };
+        let region_path = lookup(names::SHARED_CACHE)
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| names::SHARED_CACHE_DEFAULT.to_owned())
+            .into();
+        let visible = lookup(names::VISIBLE_DEVICES).map(|v| parse_visible(&v));
+        let mut errors = mem.errors;
+        errors.extend(sm.errors);
+        Self {
+            region_path,
+            mem_limit: mem.values,
+            sm_limit: sm.values,
+            priority,
+            policy,
+            visible,
+            errors,
+            other_errors,
+        }
+    }
+
+    /// Logs every problem found in the environment (once, at init).
+    pub fn report(&self) {
+        for e in &self.errors {
+            vlog!(
+                crate::log::ERROR,
+                "{e}; that limit is refused (treated as unset)"
+            );
+        }
+        for e in &self.other_errors {
+            vlog!(crate::log::ERROR, "{e}");
+        }
+    }
+}
+
+/// Parses `CUDA_VISIBLE_DEVICES` the way the driver does: a comma list of
+/// ordinals or UUIDs, stopping at the first invalid entry.
+pub fn parse_visible(v: &str) -> Vec<Visible> {
+    let mut out = Vec::new();
+    for item in v.split(',') {
+        let item = item.trim();
+        if item.is_empty() {
+            break;
+        }
+        if let Ok(n) = item.parse::<u32>() {
+            out.push(Visible::Index(n));
+        } else if item.starts_with("GPU-") || item.starts_with("MIG-") {
+            out.push(Visible::Uuid(item.to_owned()));
+        } else {
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_limit_is_refused_and_reported() {
+        let cfg = Config::from_lookup(|k| match k {
+            "CUDA_DEVICE_MEMORY_LIMIT" => Some("1024mb".into()),
+            "CUDA_DEVICE_MEMORY_LIMIT_1" => Some("2g".into()),
+            _ => None,
+        });
+        assert_eq!(cfg.mem_limit[0], 0);
+        assert_eq!(cfg.mem_limit[1], 2 << 30);
+        assert_eq!(cfg.errors.len(), 1);
+        assert_eq!(cfg.sm_limit[0], 100);
+        assert_eq!(cfg.priority, 1);
+        assert_eq!(cfg.region_path, PathBuf::from("/tmp/cudevshr.cache"));
+    }
+
+    #[test]
+    fn visible_devices() {
+        assert_eq!(
+            parse_visible("2,0"),
+            vec![Visible::Index(2), Visible::Index(0)]
+        );
+        assert_eq!(
+            parse_visible("GPU-abc,1,x,3"),
+            vec![Visible::Uuid("GPU-abc".into()), Visible::Index(1)]
+        );
+    }
+}

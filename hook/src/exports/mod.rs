@@ -1,0 +1,104 @@
+//! The exported `extern "C"` symbols, all generated from `list.rs`, and the
+//! name → wrapper lookup shared by `dlsym` and `cuGetProcAddress`.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use crate::ffi::*;
+
+pub mod dlsym;
+pub mod guard;
+
+macro_rules! gen_exports {
+    (
+        cuda_hooks { $(fn $ch:ident($($cha:ident: $cht:ty),*) -> $chr:ty => $chp:path;)* }
+        cuda_real { $($cr:tt)* }
+        nvml_hooks { $(fn $nh:ident($($nha:ident: $nht:ty),*) -> $nhr:ty => $nhp:path;)* }
+        nvml_real { $($nr:tt)* }
+    ) => {
+        /// The hook's CUDA wrappers.
+        #[cfg_attr(test, expect(non_snake_case, reason = "the C symbol names (no_mangle off in tests)"))]
+        pub mod cuda_exports {
+            use super::*;
+            $(
+                /// Hooked CUDA entry point (see `exports/list.rs`).
+                ///
+                /// # Safety
+                /// 1. The caller passes arguments valid for the C API of the
+                ///    same name.
+                #[cfg_attr(not(test), no_mangle)]
+                pub unsafe extern "C" fn $ch($($cha: $cht),*) -> $chr {
+                    guard::cuda(
+                        stringify!($ch),
+                        || real_cuda!($ch($($cha),*)),
+                        || $chp($($cha),*),
+                    )
+                }
+            )*
+        }
+
+        /// The hook's NVML wrappers.
+        #[cfg_attr(test, expect(non_snake_case, reason = "the C symbol names (no_mangle off in tests)"))]
+        pub mod nvml_exports {
+            use super::*;
+            $(
+                /// Hooked NVML entry point (see `exports/list.rs`).
+                ///
+                /// # Safety
+                /// 1. The caller passes arguments valid for the C API of the
+                ///    same name.
+                #[cfg_attr(not(test), no_mangle)]
+                pub unsafe extern "C" fn $nh($($nha: $nht),*) -> $nhr {
+                    guard::nvml(
+                        stringify!($nh),
+                        || real_nvml!($nh($($nha),*)),
+                        || $nhp($($nha),*),
+                    )
+                }
+            )*
+        }
+
+        /// Which library a hooked name belongs to.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Lib {
+            Cuda,
+            Nvml,
+        }
+
+        /// The hook's wrapper for exactly `name`, if it is hooked.
+        pub fn lookup(name: &[u8]) -> Option<(Lib, *mut c_void)> {
+            $(
+                if name == stringify!($ch).as_bytes() {
+                    let f: unsafe extern "C" fn($($cht),*) -> $chr = cuda_exports::$ch;
+                    return Some((Lib::Cuda, f as *mut c_void));
+                }
+            )*
+            $(
+                if name == stringify!($nh).as_bytes() {
+                    let f: unsafe extern "C" fn($($nht),*) -> $nhr = nvml_exports::$nh;
+                    return Some((Lib::Nvml, f as *mut c_void));
+                }
+            )*
+            None
+        }
+
+        /// Every hooked name, for tests and docs.
+        pub const HOOKED: &[&str] = &[$(stringify!($ch),)* $(stringify!($nh),)*];
+    };
+}
+
+hook_list!(gen_exports);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_is_exact() {
+        assert!(lookup(b"cuMemAlloc_v2").is_some());
+        assert_eq!(lookup(b"nvmlInit_v2").map(|x| x.0), Some(Lib::Nvml));
+        assert!(lookup(b"cuMemAlloc").is_none());
+        assert!(lookup(b"curl_easy_init").is_none());
+        assert!(lookup(b"cuMemAlloc_v2x").is_none());
+        assert!(HOOKED.len() > 40);
+    }
+}

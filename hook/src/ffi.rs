@@ -1,0 +1,171 @@
+//! CUDA driver and NVML C types and constants the hook needs, hand-written
+//! from the public API (cuda.h / nvml.h facts: enum values, struct layouts).
+//! Only what the policy code reads is spelled out; opaque handles are
+//! `*mut c_void`.
+
+#![expect(non_camel_case_types, reason = "C type names as in cuda.h / nvml.h")]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+pub type CUcontext = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUmemGenericAllocationHandle = u64;
+pub type CUdriverProcAddressQueryResult = c_int;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 1 << 1;
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+
+/// `CUipcMemHandle`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [c_char; 64],
+}
+
+/// `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    pub type_: c_uint,
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp` (v1): only the leading fields are read.
+#[repr(C)]
+pub struct CUmemAllocationProp {
+    pub type_: c_uint,
+    pub requested_handle_types: c_uint,
+    pub location: CUmemLocation,
+    pub win32_handle_meta_data: *mut c_void,
+    pub alloc_flags: [u8; 8],
+}
+
+/// `CUmemPoolProps` (v1), 88 bytes.
+#[repr(C)]
+pub struct CUmemPoolProps {
+    pub alloc_type: c_uint,
+    pub handle_types: c_uint,
+    pub location: CUmemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub reserved: [u8; 64],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1).
+#[repr(C)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub pool_props: CUmemPoolProps,
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR` (v2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (v2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+const _: () = {
+    use std::mem::{offset_of, size_of};
+    assert!(size_of::<CUmemPoolProps>() == 88);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, dptr) == 112);
+    assert!(size_of::<CUmemAllocationProp>() == 32);
+    assert!(offset_of!(CUmemAllocationProp, location) == 8);
+    assert!(size_of::<CUDA_ARRAY_DESCRIPTOR>() == 24);
+    assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40);
+    assert!(size_of::<CUipcMemHandle>() == 64);
+};
+
+pub type nvmlReturn_t = c_uint;
+pub type nvmlDevice_t = *mut c_void;
+
+pub const NVML_SUCCESS: nvmlReturn_t = 0;
+pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
+pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlMemory_t {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlMemory_v2_t {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// Reads `*p` if `p` is non-NULL.
+pub(crate) fn read<T: Copy>(p: *const T) -> Option<T> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-NULL pointers handed to the hook by the application point
+    // to a `T` of the C signature's type (the API's contract); unaligned
+    // reads are tolerated.
+    Some(unsafe { p.read_unaligned() })
+}
+
+/// Writes `v` to `*p` if `p` is non-NULL; false when NULL.
+pub(crate) fn write<T>(p: *mut T, v: T) -> bool {
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: as in `read`: a non-NULL out-pointer of the C signature's type.
+    unsafe { p.write_unaligned(v) };
+    true
+}

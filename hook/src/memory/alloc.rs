@@ -1,0 +1,90 @@
+//! `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`, `cuMemFree_v2`.
+
+use super::driver::Real;
+use super::{counted, target, uncounted};
+use crate::ffi::*;
+use crate::region::Kind;
+use crate::state::process;
+
+pub fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
+        return real_cuda!(cuMemAlloc_v2(dptr, bytesize));
+    };
+    counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
+        let rc = real_cuda!(cuMemAlloc_v2(dptr, bytesize));
+        (rc, read(dptr).unwrap_or(0))
+    })
+}
+
+pub fn mem_alloc_managed(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: std::ffi::c_uint,
+) -> CUresult {
+    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
+        return real_cuda!(cuMemAllocManaged(dptr, bytesize, flags));
+    };
+    counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
+        let rc = real_cuda!(cuMemAllocManaged(dptr, bytesize, flags));
+        (rc, read(dptr).unwrap_or(0))
+    })
+}
+
+/// The driver's pitch alignment is at most this on current GPUs; the
+/// reservation uses it as an upper bound and is corrected to the pitch the
+/// driver returns.
+const PITCH_BOUND: u64 = 512;
+
+pub fn pitch_upper_bound(width: usize, height: usize) -> Option<u64> {
+    (width as u64)
+        .checked_next_multiple_of(PITCH_BOUND)?
+        .checked_mul(height as u64)
+}
+
+pub fn mem_alloc_pitch(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: std::ffi::c_uint,
+) -> CUresult {
+    let forward = || real_cuda!(cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
+    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null() && !pitch.is_null()) else {
+        return forward();
+    };
+    let Some(bound) = pitch_upper_bound(width, height) else {
+        return forward();
+    };
+    let rc = counted(p, &p.ptrs, dev, bound, Kind::Data, || {
+        let rc = forward();
+        (rc, read(dptr).unwrap_or(0))
+    });
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    // Correct the reservation to pitch * height as returned.
+    let ptr = read(dptr).unwrap_or(0);
+    let actual = (read(pitch).unwrap_or(0) as u64).saturating_mul(height as u64);
+    if actual < bound {
+        p.att.release(dev, bound - actual, Kind::Data);
+    } else if actual > bound && !p.att.reserve(dev, actual - bound, Kind::Data) {
+        let _ = uncounted(p, &p.ptrs, ptr, || real_cuda!(cuMemFree_v2(ptr)));
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p.ptrs.insert(
+        ptr,
+        super::track::Entry {
+            dev,
+            bytes: actual,
+            kind: Kind::Data,
+        },
+    );
+    rc
+}
+
+pub fn mem_free(dptr: CUdeviceptr) -> CUresult {
+    let Some(p) = process().filter(|_| dptr != 0) else {
+        return real_cuda!(cuMemFree_v2(dptr));
+    };
+    uncounted(p, &p.ptrs, dptr, || real_cuda!(cuMemFree_v2(dptr)))
+}

@@ -1,0 +1,68 @@
+//! Stream-ordered allocation: `cuMemAllocAsync`, `cuMemAllocFromPoolAsync`
+//! (and their `_ptsz` variants) count each allocation's bytes on the
+//! current context's device, keyed by pointer; `cuMemFreeAsync` releases
+//! them when it is enqueued. Memory a pool keeps cached after frees is not
+//! counted (see docs/hook.md).
+
+use super::driver::Real;
+use super::{counted, target, uncounted};
+use crate::ffi::*;
+use crate::region::Kind;
+use crate::state::process;
+
+fn alloc(dptr: *mut CUdeviceptr, bytes: usize, call: impl Fn() -> CUresult) -> CUresult {
+    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
+        return call();
+    };
+    counted(p, &p.ptrs, dev, bytes as u64, Kind::Data, || {
+        let rc = call();
+        (rc, read(dptr).unwrap_or(0))
+    })
+}
+
+fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
+    match process().filter(|_| dptr != 0) {
+        Some(p) => uncounted(p, &p.ptrs, dptr, call),
+        None => call(),
+    }
+}
+
+pub fn alloc_async(dptr: *mut CUdeviceptr, bytes: usize, s: CUstream) -> CUresult {
+    alloc(dptr, bytes, || real_cuda!(cuMemAllocAsync(dptr, bytes, s)))
+}
+
+pub fn alloc_async_ptsz(dptr: *mut CUdeviceptr, bytes: usize, s: CUstream) -> CUresult {
+    alloc(dptr, bytes, || {
+        real_cuda!(cuMemAllocAsync_ptsz(dptr, bytes, s))
+    })
+}
+
+pub fn alloc_from_pool(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> CUresult {
+    alloc(dptr, bytes, || {
+        real_cuda!(cuMemAllocFromPoolAsync(dptr, bytes, pool, s))
+    })
+}
+
+pub fn alloc_from_pool_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    pool: CUmemoryPool,
+    s: CUstream,
+) -> CUresult {
+    alloc(dptr, bytes, || {
+        real_cuda!(cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s))
+    })
+}
+
+pub fn free_async(dptr: CUdeviceptr, s: CUstream) -> CUresult {
+    free(dptr, || real_cuda!(cuMemFreeAsync(dptr, s)))
+}
+
+pub fn free_async_ptsz(dptr: CUdeviceptr, s: CUstream) -> CUresult {
+    free(dptr, || real_cuda!(cuMemFreeAsync_ptsz(dptr, s)))
+}

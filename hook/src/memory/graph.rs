@@ -1,0 +1,78 @@
+//! Graph memory nodes (`cuGraphAddMemAllocNode`): the node's `bytesize` is
+//! reserved when the node is added (so an over-limit graph fails where it is
+//! built, with `CUDA_ERROR_OUT_OF_MEMORY`) and released when the graph is
+//! destroyed. The device is the node's pool location when that is a device,
+//! else the current context's.
+
+use super::driver::{Driver, Real};
+use super::track::Entry;
+use crate::ffi::*;
+use crate::region::Kind;
+use crate::state::process;
+
+pub fn add_mem_alloc_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CUresult {
+    let call = || real_cuda!(cuGraphAddMemAllocNode(node, graph, deps, ndeps, params));
+    let Some(p) = process().filter(|_| !params.is_null() && !graph.is_null()) else {
+        return call();
+    };
+    // SAFETY: `params` is non-NULL and points to the node parameters (API
+    // contract); two plain fields are read, unaligned-tolerant.
+    let (bytes, loc) = unsafe {
+        (
+            std::ptr::addr_of!((*params).bytesize).read_unaligned(),
+            std::ptr::addr_of!((*params).pool_props.location).read_unaligned(),
+        )
+    };
+    let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
+        Some(loc.id as usize)
+    } else {
+        Real.current_device()
+    };
+    let Some(dev) = dev.filter(|d| *d < vgpu_common::region::MAX_DEVICES) else {
+        return call();
+    };
+    let bytes = bytes as u64;
+    if !p.att.reserve(dev, bytes, Kind::Data) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        p.att.release(dev, bytes, Kind::Data);
+        return rc;
+    }
+    p.graphs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(graph as usize)
+        .or_default()
+        .push(Entry {
+            dev,
+            bytes,
+            kind: Kind::Data,
+        });
+    rc
+}
+
+pub fn graph_destroy(graph: CUgraph) -> CUresult {
+    let rc = real_cuda!(cuGraphDestroy(graph));
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    if let Some(p) = process() {
+        let entries = p
+            .graphs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(graph as usize));
+        for e in entries.into_iter().flatten() {
+            p.att.release(e.dev, e.bytes, e.kind);
+        }
+    }
+    rc
+}

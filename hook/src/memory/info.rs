@@ -1,0 +1,73 @@
+//! `cuMemGetInfo_v2` and `cuDeviceTotalMem_v2` under a limit: total is
+//! `min(limit, physical)`, used is the container's usage, free is
+//! `total - used` clamped at 0 (and never more than physically free).
+//! Without a limit the driver's values are returned untouched.
+
+use super::driver::{Driver, Real};
+use crate::ffi::*;
+use crate::region::usage;
+use crate::state::process;
+
+/// `(free, total)` as the application should see them on `dev`.
+pub fn virtual_info(limit: u64, used: u64, phys_free: u64, phys_total: u64) -> (u64, u64) {
+    if limit == 0 {
+        return (phys_free, phys_total);
+    }
+    let total = limit.min(phys_total);
+    (total.saturating_sub(used).min(phys_free), total)
+}
+
+pub fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
+    let rc = real_cuda!(cuMemGetInfo_v2(free, total));
+    if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return rc;
+    }
+    let (Some(p), Some(dev)) = (process(), Real.current_device()) else {
+        return rc;
+    };
+    let r = p.att.region();
+    let (f, t) = virtual_info(
+        usage::limit(r, dev),
+        usage::container_used(r, dev),
+        read(free).unwrap_or(0) as u64,
+        read(total).unwrap_or(0) as u64,
+    );
+    write(free, f as usize);
+    write(total, t as usize);
+    rc
+}
+
+pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    let rc = real_cuda!(cuDeviceTotalMem_v2(bytes, dev));
+    if rc != CUDA_SUCCESS || bytes.is_null() {
+        return rc;
+    }
+    let (Some(p), Ok(d)) = (process(), usize::try_from(dev)) else {
+        return rc;
+    };
+    let lim = usage::limit(p.att.region(), d);
+    if lim != 0 {
+        let phys = read(bytes).unwrap_or(0) as u64;
+        write(bytes, lim.min(phys) as usize);
+    }
+    rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn virtualised() {
+        const G: u64 = 1 << 30;
+        assert_eq!(virtual_info(0, 5, 70 * G, 80 * G), (70 * G, 80 * G));
+        assert_eq!(virtual_info(G, G / 4, 70 * G, 80 * G), (3 * G / 4, G));
+        assert_eq!(
+            virtual_info(G, 2 * G, 70 * G, 80 * G),
+            (0, G),
+            "clamped, no wrap"
+        );
+        assert_eq!(virtual_info(100 * G, 0, 70 * G, 80 * G), (70 * G, 80 * G));
+        assert_eq!(virtual_info(G, 0, G / 2, 80 * G), (G / 2, G));
+    }
+}

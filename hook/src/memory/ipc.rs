@@ -1,0 +1,50 @@
+//! IPC imports: the size of an opened handle is known only after the open
+//! (`cuMemGetAddressRange_v2`); if counting it would pass the limit the
+//! mapping is closed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
+
+use super::driver::{Driver, Real};
+use super::target;
+use super::track::Entry;
+use super::uncounted;
+use crate::ffi::*;
+use crate::region::Kind;
+use crate::state::process;
+
+pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_uint) -> CUresult {
+    let call = || real_cuda!(cuIpcOpenMemHandle_v2(dptr, handle, flags));
+    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
+        return call();
+    };
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    let ptr = read(dptr).unwrap_or(0);
+    let Some(bytes) = Real.allocation_size(ptr) else {
+        vlog_once!(crate::log::WARN, "cannot size an IPC import; not counted");
+        return rc;
+    };
+    if !p.att.reserve(dev, bytes, Kind::Data) {
+        let _ = real_cuda!(cuIpcCloseMemHandle(ptr));
+        write(dptr, 0);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if let Some(old) = p.ptrs.insert(
+        ptr,
+        Entry {
+            dev,
+            bytes,
+            kind: Kind::Data,
+        },
+    ) {
+        p.att.release(old.dev, old.bytes, old.kind);
+    }
+    rc
+}
+
+pub fn close(dptr: CUdeviceptr) -> CUresult {
+    match process() {
+        Some(p) => uncounted(p, &p.ptrs, dptr, || real_cuda!(cuIpcCloseMemHandle(dptr))),
+        None => real_cuda!(cuIpcCloseMemHandle(dptr)),
+    }
+}

@@ -1,0 +1,220 @@
+//! Creating or attaching the region file, initialising it (first creator
+//! wins), and this process's registration in it.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use vgpu_common::lock;
+use vgpu_common::region::{SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION};
+use vgpu_common::view::{RegionError, RegionFile};
+
+use super::slots::{self, SlotError};
+use super::usage::{self, Kind};
+use crate::config::Config;
+
+/// How long a live lock holder may keep the region before we go on without
+/// the lock (slot claims are CAS-protected, so that stays safe).
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Optimistic reservation attempts before an allocation is refused.
+const RESERVE_ATTEMPTS: u32 = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error(transparent)]
+    Region(#[from] RegionError),
+    #[error("region {path}: {source}")]
+    Slot { path: PathBuf, source: SlotError },
+}
+
+/// This process's view of the region and its slot.
+#[derive(Debug)]
+pub struct Attachment {
+    file: RegionFile,
+    slot: usize,
+    pid: i32,
+    /// OFD locks do not exclude threads sharing the file description.
+    mutex: Mutex<()>,
+}
+
+impl Attachment {
+    /// Creates or attaches the region at `cfg.region_path`, initialises a
+    /// fresh one from `cfg`, and registers a slot for `pid`.
+    pub fn open(cfg: &Config, pid: i32) -> Result<Self, AttachError> {
+        let file = RegionFile::create_or_open(&cfg.region_path)?;
+        let mut att = Self {
+            file,
+            slot: usize::MAX,
+            pid,
+            mutex: Mutex::new(()),
+        };
+        let path = cfg.region_path.clone();
+        let slot = att.with_lock(|r| {
+            if r.is_initialized() {
+                check_existing(r, cfg);
+            } else {
+                initialise(r, cfg);
+            }
+            slots::reclaim_dead(r, pid, slots::pid_alive);
+            slots::register(r, pid)
+        });
+        att.slot = slot.map_err(|source| AttachError::Slot { path, source })?;
+        vlog!(
+            crate::log::INFO,
+            "registered in slot {} of {}",
+            att.slot,
+            att.file.path().display()
+        );
+        Ok(att)
+    }
+
+    pub fn region(&self) -> &SharedRegion {
+        self.file.region()
+    }
+
+    pub fn slot_index(&self) -> usize {
+        self.slot
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.file.path()
+    }
+
+    /// Runs `f` under the region lock (in-process mutex + OFD record lock,
+    /// which the kernel drops if this process dies). If a *live* holder
+    /// keeps it past `LOCK_WAIT`, `f` runs anyway, loudly.
+    pub fn with_lock<R>(&self, f: impl FnOnce(&SharedRegion) -> R) -> R {
+        let _inproc = self.mutex.lock().unwrap_or_else(|p| p.into_inner());
+        let region = self.file.region();
+        match lock::lock_timeout(self.file.file(), LOCK_WAIT) {
+            Ok(Some(guard)) => {
+                region.owner_pid.store(self.pid as u64, SeqCst);
+                let r = f(region);
+                region.owner_pid.store(0, SeqCst);
+                drop(guard);
+                r
+            }
+            Ok(None) => {
+                vlog!(
+                    crate::log::ERROR,
+                    "region lock of {} held by live pid {} for {LOCK_WAIT:?}; going on without it",
+                    self.file.path().display(),
+                    region.owner_pid.load(SeqCst)
+                );
+                f(region)
+            }
+            Err(e) => {
+                vlog!(
+                    crate::log::ERROR,
+                    "region lock failed ({e}); going on without it"
+                );
+                f(region)
+            }
+        }
+    }
+
+    /// Counts `bytes` of `kind` on `dev` if the container stays within the
+    /// limit. Retries a few times (another process may have been
+    /// mid-reservation) and reclaims dead processes' slots once before
+    /// refusing.
+    pub fn reserve(&self, dev: usize, bytes: u64, kind: Kind) -> bool {
+        let region = self.region();
+        let mut reclaimed = false;
+        for attempt in 0..RESERVE_ATTEMPTS {
+            if usage::try_reserve(region, self.slot, dev, bytes, kind) {
+                return true;
+            }
+            if !reclaimed {
+                reclaimed = true;
+                let n = self.with_lock(|r| slots::reclaim_dead(r, self.pid, slots::pid_alive));
+                if n > 0 {
+                    continue;
+                }
+            }
+            std::thread::sleep(Duration::from_micros(50 << attempt));
+        }
+        vlog!(
+            crate::log::WARN,
+            "device {dev}: {bytes} bytes refused, container uses {} of limit {}",
+            usage::container_used(region, dev),
+            usage::limit(region, dev)
+        );
+        false
+    }
+
+    /// Takes back `bytes` counted by [`Self::reserve`].
+    pub fn release(&self, dev: usize, bytes: u64, kind: Kind) {
+        if let Some(s) = self.region().procs.get(self.slot) {
+            usage::sub(s, dev, bytes, kind);
+        }
+    }
+
+    /// Counts without a limit check (a size known only after the call).
+    pub fn add_unchecked(&self, dev: usize, bytes: u64, kind: Kind) {
+        if let Some(s) = self.region().procs.get(self.slot) {
+            usage::add(s, dev, bytes, kind);
+        }
+    }
+
+    /// Frees this process's slot (exit).
+    pub fn unregister(&self) {
+        self.with_lock(|r| {
+            if r.procs.get(self.slot).map(|s| s.pid.load(SeqCst)) == Some(self.pid) {
+                slots::release(r, self.slot);
+            }
+        });
+    }
+}
+
+fn initialise(r: &SharedRegion, cfg: &Config) {
+    r.major_version.store(MAJOR_VERSION, SeqCst);
+    r.minor_version.store(MINOR_VERSION, SeqCst);
+    r.sm_init_flag.store(0, SeqCst);
+    r.owner_pid.store(0, SeqCst);
+    for dev in 0..MAX_DEVICES {
+        r.limit[dev].store(cfg.mem_limit[dev], SeqCst);
+        r.sm_limit[dev].store(cfg.sm_limit[dev], SeqCst);
+    }
+    // An unlocked glibc `sem_t` (value 1, no waiters, shared), so a HAMi-core
+    // process attaching later still works.
+    for sem in [&r.sem, &r.sem_postinit] {
+        for (i, w) in sem.iter().enumerate() {
+            w.store(u32::from(i == 0), SeqCst);
+        }
+    }
+    r.utilization_switch.store(1, SeqCst);
+    r.recent_kernel.store(2, SeqCst);
+    r.priority.store(cfg.priority, SeqCst);
+    r.proc_num.store(0, SeqCst);
+    r.initialized_flag.store(MAGIC, SeqCst);
+    vlog!(
+        crate::log::INFO,
+        "created region with limits {:?}",
+        &cfg.mem_limit[..4]
+    );
+}
+
+fn check_existing(r: &SharedRegion, cfg: &Config) {
+    let minor = r.minor_version.load(SeqCst);
+    if minor != MINOR_VERSION {
+        vlog!(
+            crate::log::WARN,
+            "region minor version {minor}, expected {MINOR_VERSION}"
+        );
+    }
+    for dev in 0..MAX_DEVICES {
+        let have = r.limit[dev].load(SeqCst);
+        if have != cfg.mem_limit[dev] {
+            vlog!(
+                crate::log::WARN,
+                "device {dev}: region memory limit {have} differs from this process's {} (the region's wins)",
+                cfg.mem_limit[dev]
+            );
+        }
+    }
+}

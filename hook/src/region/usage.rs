@@ -1,0 +1,108 @@
+//! Usage counters and the container-wide limit check, lock-free.
+//!
+//! Reservation is optimistic (Dekker style, every access `SeqCst`): a
+//! process first *adds* the request to its own slot, then sums `total` over
+//! every live slot. If the sum passes the limit it takes the request back
+//! and fails. Of two processes reserving at once, at least one sees the
+//! other's addition (both add before they read, in one total order), so two
+//! can both fail spuriously (the caller retries a few times) but can never
+//! both pass the limit. No lock, no syscall.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::SeqCst;
+
+use vgpu_common::region::{ProcSlot, SharedRegion, MAX_DEVICES};
+
+/// Which `device_memory_t` field an amount belongs to; `total` is always
+/// the sum of the three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Context,
+    Module,
+    Data,
+}
+
+fn field(slot: &ProcSlot, dev: usize, kind: Kind) -> Option<(&AtomicU64, &AtomicU64)> {
+    let m = slot.used.get(dev)?;
+    let f = match kind {
+        Kind::Context => &m.context_size,
+        Kind::Module => &m.module_size,
+        Kind::Data => &m.data_size,
+    };
+    Some((f, &m.total))
+}
+
+/// Adds `bytes` to the slot (seqlock odd during the update, for HAMi's
+/// readers).
+pub fn add(slot: &ProcSlot, dev: usize, bytes: u64, kind: Kind) {
+    let Some((f, total)) = field(slot, dev, kind) else {
+        return;
+    };
+    slot.seqlock.fetch_add(1, SeqCst);
+    total.fetch_add(bytes, SeqCst);
+    f.fetch_add(bytes, SeqCst);
+    slot.seqlock.fetch_add(1, SeqCst);
+}
+
+fn saturating_sub(a: &AtomicU64, bytes: u64) -> u64 {
+    match a.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes))) {
+        Ok(old) | Err(old) => old.min(bytes),
+    }
+}
+
+/// Subtracts `bytes`, never below zero (an underflow is logged once and
+/// the counter stays at 0). `total` loses exactly what the kind field lost.
+pub fn sub(slot: &ProcSlot, dev: usize, bytes: u64, kind: Kind) {
+    let Some((f, total)) = field(slot, dev, kind) else {
+        return;
+    };
+    slot.seqlock.fetch_add(1, SeqCst);
+    let removed = saturating_sub(f, bytes);
+    saturating_sub(total, removed);
+    slot.seqlock.fetch_add(1, SeqCst);
+    if removed < bytes {
+        vlog_once!(
+            crate::log::WARN,
+            "usage counter of device {dev} would go below zero ({kind:?}: -{bytes}, had {removed}); clamped at 0"
+        );
+    }
+}
+
+/// The container's usage of `dev`: `total` summed over live slots.
+pub fn container_used(region: &SharedRegion, dev: usize) -> u64 {
+    if dev >= MAX_DEVICES {
+        return 0;
+    }
+    region
+        .active_slots()
+        .iter()
+        .filter(|s| s.pid.load(SeqCst) != 0)
+        .map(|s| s.used[dev].total.load(SeqCst))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// The limit of `dev` in bytes, 0 = none.
+pub fn limit(region: &SharedRegion, dev: usize) -> u64 {
+    region.limit.get(dev).map_or(0, |l| l.load(SeqCst))
+}
+
+/// One optimistic attempt: true when `bytes` are now counted in `slot` and
+/// the container stays within the limit; false (nothing counted) otherwise.
+pub fn try_reserve(region: &SharedRegion, slot: usize, dev: usize, bytes: u64, kind: Kind) -> bool {
+    let Some(s) = region.procs.get(slot) else {
+        return false;
+    };
+    if dev >= MAX_DEVICES {
+        return false;
+    }
+    let lim = limit(region, dev);
+    if lim != 0 && bytes > lim {
+        return false;
+    }
+    add(s, dev, bytes, kind);
+    if lim == 0 || container_used(region, dev) <= lim {
+        return true;
+    }
+    sub(s, dev, bytes, kind);
+    false
+}
