@@ -14,6 +14,9 @@ pub mod ipc;
 pub mod track;
 pub mod vmm;
 
+#[cfg(test)]
+mod tests;
+
 use vgpu_common::region::MAX_DEVICES;
 
 use crate::ffi::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};

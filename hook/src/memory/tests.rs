@@ -1,0 +1,296 @@
+//! Accounting logic against a fake driver (closures for the allocation
+//! calls, [`Fake`] for the queries) and a region file in a temp dir.
+
+use std::cell::Cell;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+
+use super::context::counted_context;
+use super::driver::Driver;
+use super::{counted, uncounted};
+use crate::config::Config;
+use crate::ffi::*;
+use crate::region::{slots, usage, Kind};
+use crate::state::Process;
+
+const M: u64 = 1 << 20;
+
+struct Fake {
+    dev: usize,
+    used: Cell<u64>,
+}
+
+impl Driver for Fake {
+    fn current_device(&self) -> Option<usize> {
+        Some(self.dev)
+    }
+    fn allocation_size(&self, _ptr: CUdeviceptr) -> Option<u64> {
+        None
+    }
+    fn device_used(&self, _dev: usize) -> Option<u64> {
+        Some(self.used.get())
+    }
+}
+
+fn cfg(dir: &std::path::Path, limit: &str) -> Config {
+    let path = dir.join("r.cache").display().to_string();
+    let limit = limit.to_owned();
+    Config::from_lookup(move |k| match k {
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE" => Some(path.clone()),
+        "CUDA_DEVICE_MEMORY_LIMIT" => Some(limit.clone()),
+        _ => None,
+    })
+}
+
+/// A live PID other than ours (registration reclaims dead ones).
+struct Live(std::process::Child);
+
+impl Live {
+    fn new() -> Self {
+        Self(
+            std::process::Command::new("sleep")
+                .arg("60")
+                .spawn()
+                .unwrap(),
+        )
+    }
+    fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn used(p: &Process, dev: usize) -> u64 {
+    usage::container_used(p.att.region(), dev)
+}
+
+#[test]
+fn alloc_until_the_limit_then_oom_and_free_releases() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "100m"), 4242, 0).unwrap();
+    let mut next = 0x1000u64;
+    let mut alloc = |bytes: u64| {
+        next += 0x1000;
+        let key = next;
+        counted(&p, &p.ptrs, 0, bytes, Kind::Data, || (CUDA_SUCCESS, key))
+    };
+    assert_eq!(alloc(60 * M), CUDA_SUCCESS);
+    assert_eq!(alloc(40 * M), CUDA_SUCCESS, "exactly the limit fits");
+    let called = Cell::new(false);
+    let rc = counted(&p, &p.ptrs, 0, 1, Kind::Data, || {
+        called.set(true);
+        (CUDA_SUCCESS, 1)
+    });
+    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(!called.get(), "the driver is not called past the limit");
+    assert_eq!(used(&p, 0), 100 * M);
+    // Free the first one; an unknown pointer is forwarded, not refused.
+    assert_eq!(
+        uncounted(&p, &p.ptrs, 0x2000, || CUDA_SUCCESS),
+        CUDA_SUCCESS
+    );
+    assert_eq!(used(&p, 0), 40 * M);
+    assert_eq!(uncounted(&p, &p.ptrs, 0xdead, || 1), 1, "driver's answer");
+    assert_eq!(used(&p, 0), 40 * M);
+    let slot = &p.att.region().procs[p.att.slot_index()];
+    assert_eq!(slot.used[0].data_size.load(SeqCst), 40 * M);
+}
+
+#[test]
+fn driver_failure_releases_the_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "1g"), 4243, 0).unwrap();
+    let rc = counted(&p, &p.ptrs, 0, 10 * M, Kind::Data, || {
+        (CUDA_ERROR_OUT_OF_MEMORY, 0)
+    });
+    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(used(&p, 0), 0);
+    assert!(p.ptrs.is_empty());
+    // A failed free keeps the entry tracked.
+    assert_eq!(
+        counted(&p, &p.ptrs, 0, M, Kind::Data, || (CUDA_SUCCESS, 7)),
+        CUDA_SUCCESS
+    );
+    assert_eq!(uncounted(&p, &p.ptrs, 7, || 1), 1);
+    assert_eq!(used(&p, 0), M);
+    assert_eq!(p.ptrs.len(), 1);
+}
+
+#[test]
+fn counters_never_underflow_and_total_stays_the_sum() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "0"), 4244, 0).unwrap();
+    p.att.add_unchecked(1, 5, Kind::Context);
+    p.att.add_unchecked(1, 7, Kind::Data);
+    p.att.release(1, 100, Kind::Data);
+    let m = &p.att.region().procs[p.att.slot_index()].used[1];
+    assert_eq!(m.data_size.load(SeqCst), 0);
+    assert_eq!(m.context_size.load(SeqCst), 5);
+    assert_eq!(m.total.load(SeqCst), 5);
+    assert_eq!(
+        p.att.region().procs[p.att.slot_index()]
+            .seqlock
+            .load(SeqCst)
+            % 2,
+        0
+    );
+}
+
+#[test]
+fn two_processes_share_the_limit_and_never_pass_it_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), "64m");
+    let (la, lb) = (Live::new(), Live::new());
+    let a = Arc::new(Process::new(&c, la.pid(), 0).unwrap());
+    let b = Arc::new(Process::new(&c, lb.pid(), 0).unwrap());
+    assert_ne!(a.att.slot_index(), b.att.slot_index());
+    let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = [a.clone(), b.clone(), a.clone(), b.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(t, p)| {
+            let peak = peak.clone();
+            std::thread::spawn(move || {
+                for i in 0..2000u64 {
+                    let key = ((t as u64) << 32) | (i + 1);
+                    if counted(&p, &p.ptrs, 0, 3 * M, Kind::Data, || (CUDA_SUCCESS, key))
+                        == CUDA_SUCCESS
+                    {
+                        let u = usage::container_used(p.att.region(), 0);
+                        peak.fetch_max(u, SeqCst);
+                        uncounted(&p, &p.ptrs, key, || CUDA_SUCCESS);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(peak.load(SeqCst) <= 64 * M, "peak {}", peak.load(SeqCst));
+    assert_eq!(used(&a, 0), 0);
+}
+
+#[test]
+fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), "1g");
+    let (la, lb, lc) = (Live::new(), Live::new(), Live::new());
+    let a = Process::new(&c, la.pid(), 0).unwrap();
+    let b = Process::new(&c, lb.pid(), 0).unwrap();
+    let r = a.att.region();
+    assert_eq!(r.proc_num.load(SeqCst), 2);
+    a.att.add_unchecked(0, 10 * M, Kind::Data);
+    a.att.unregister();
+    assert_eq!(r.procs[0].pid.load(SeqCst), 0);
+    assert_eq!(r.procs[0].used[0].total.load(SeqCst), 0);
+    // A new process takes slot 0 in place; b's slot did not move.
+    let c2 = Process::new(&c, lc.pid(), 0).unwrap();
+    assert_eq!(c2.att.slot_index(), 0);
+    assert_eq!(b.att.slot_index(), 1);
+    assert_eq!(r.proc_num.load(SeqCst), 2);
+    // b "dies" holding memory: reclaimed by the next allocation that fails.
+    b.att.add_unchecked(0, 1 << 30, Kind::Data);
+    let n = slots::reclaim_dead(r, lc.pid(), |pid| pid != lb.pid());
+    assert_eq!(n, 1);
+    assert_eq!(used(&c2, 0), 0);
+    assert_eq!(r.procs[1].status.load(SeqCst), 0);
+}
+
+#[test]
+fn the_first_creator_wins_and_the_header_is_hami_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let (la, lb) = (Live::new(), Live::new());
+    let a = Process::new(&cfg(dir.path(), "1g"), la.pid(), 0).unwrap();
+    let b = Process::new(&cfg(dir.path(), "2g"), lb.pid(), 0).unwrap();
+    let r = b.att.region();
+    assert_eq!(r.limit[0].load(SeqCst), 1 << 30);
+    assert_eq!(r.limit[15].load(SeqCst), 1 << 30);
+    assert_eq!(r.sm_limit[0].load(SeqCst), 100);
+    assert_eq!(r.utilization_switch.load(SeqCst), 1);
+    assert_eq!(r.recent_kernel.load(SeqCst), 2);
+    assert_eq!(r.priority.load(SeqCst), 1);
+    assert_eq!(r.sem[0].load(SeqCst), 1);
+    assert_eq!(r.sem_postinit[0].load(SeqCst), 1);
+    assert_eq!(r.procs[a.att.slot_index()].status.load(SeqCst), 1);
+    assert_eq!(r.procs[a.att.slot_index()].hostpid.load(SeqCst), 0);
+    assert!(r.is_initialized());
+    let len = std::fs::metadata(dir.path().join("r.cache")).unwrap().len();
+    assert_eq!(len, vgpu_common::region::FILE_SIZE);
+}
+
+#[test]
+fn context_is_measured_once_then_reserved_before_creation() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "1g"), 8001, 0).unwrap();
+    let fake = Fake {
+        dev: 0,
+        used: Cell::new(1000 * M),
+    };
+    let (rc, bytes) = counted_context(
+        &p,
+        &fake,
+        0,
+        || {
+            fake.used.set(fake.used.get() + 300 * M);
+            CUDA_SUCCESS
+        },
+        || {},
+    );
+    assert_eq!((rc, bytes), (CUDA_SUCCESS, 300 * M));
+    let slot = &p.att.region().procs[p.att.slot_index()];
+    assert_eq!(slot.used[0].context_size.load(SeqCst), 300 * M);
+    // Second context: 300 more fits (600 <= 1024); a third does not, and
+    // the driver is not asked to create it.
+    assert_eq!(
+        counted_context(&p, &fake, 0, || CUDA_SUCCESS, || {}).0,
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        counted_context(&p, &fake, 0, || CUDA_SUCCESS, || {}).0,
+        CUDA_SUCCESS
+    );
+    let created = Cell::new(false);
+    let (rc, _) = counted_context(
+        &p,
+        &fake,
+        0,
+        || {
+            created.set(true);
+            CUDA_SUCCESS
+        },
+        || {},
+    );
+    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(!created.get());
+}
+
+#[test]
+fn a_first_context_over_the_limit_is_destroyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "100m"), 8002, 0).unwrap();
+    let fake = Fake {
+        dev: 0,
+        used: Cell::new(0),
+    };
+    let destroyed = Cell::new(false);
+    let (rc, _) = counted_context(
+        &p,
+        &fake,
+        0,
+        || {
+            fake.used.set(500 * M);
+            CUDA_SUCCESS
+        },
+        || destroyed.set(true),
+    );
+    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(destroyed.get());
+    assert_eq!(used(&p, 0), 0);
+}
