@@ -1,0 +1,236 @@
+//! The eBPF probes on libcuda: load the programs, attach them to a libcuda
+//! file by symbol offset (once per inode), and read what they recorded.
+//!
+//! Used by `vgpu trace`; meant for the daemon too: load with the options it
+//! needs (aggregate, no per-call events for launches), [`ProbeSet::attach`]
+//! the alloc/free entry points of every libcuda inode it finds, then read
+//! [`ProbeSet::procs`] / [`ProbeSet::take_events`].
+
+pub mod btf;
+mod error;
+pub mod libcuda;
+
+use std::collections::HashSet;
+
+use aya::{
+    maps::{HashMap as AyaHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::{
+        uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope},
+        UProbe,
+    },
+    Ebpf, EbpfLoader,
+};
+pub use error::ProbeError;
+use libcuda::Libcuda;
+use vgpu_common::event::{
+    names, Caller, Config, Counter, Func, FuncClass, KernelOffsets, LaunchKey, ProcCounters,
+};
+
+/// The eBPF object built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
+pub const EBPF_ELF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vgpu-ebpf"));
+
+/// How the programs behave; fixed at load time.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Options {
+    /// Emit one ring-buffer event per call (costly on the launch path).
+    pub emit_events: bool,
+    /// Aggregate into the per-process and per-kernel maps.
+    pub aggregate: bool,
+    /// Kernel offsets for namespace pids; `None` leaves them 0.
+    pub offsets: Option<KernelOffsets>,
+}
+
+/// What [`ProbeSet::attach`] did for one libcuda.
+#[derive(Clone, Debug, Default)]
+pub struct AttachReport {
+    /// Entry points probed.
+    pub attached: Vec<Func>,
+    /// Entry points the library does not export.
+    pub missing: Vec<Func>,
+    /// Entry points at the same address as an earlier one (counted as that one).
+    pub aliased: Vec<(Func, Func)>,
+    /// True when this inode was already attached (nothing was done).
+    pub already: bool,
+}
+
+/// Loaded programs and their attachments. Dropping it detaches everything.
+pub struct ProbeSet {
+    ebpf: Ebpf,
+    opts: Options,
+    inodes: HashSet<(u64, u64)>,
+}
+
+impl ProbeSet {
+    /// Loads the programs into the kernel (needs CAP_BPF + CAP_PERFMON).
+    pub fn load(opts: Options) -> Result<ProbeSet, ProbeError> {
+        if EBPF_ELF.is_empty() {
+            return Err(ProbeError::NoObject);
+        }
+        raise_memlock_rlimit();
+        let config = Config {
+            offsets: opts.offsets.unwrap_or_default(),
+            emit_events: u32::from(opts.emit_events),
+            aggregate: u32::from(opts.aggregate),
+        };
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::CONFIG, &config, true)
+            .load(EBPF_ELF)
+            .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
+        for name in [names::PROG_ENTRY, names::PROG_RETURN] {
+            let prog: &mut UProbe = ebpf
+                .program_mut(name)
+                .ok_or(ProbeError::MissingProgram(name))?
+                .try_into()
+                .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
+            prog.load()
+                .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
+        }
+        Ok(ProbeSet {
+            ebpf,
+            opts,
+            inodes: HashSet::new(),
+        })
+    }
+
+    /// Attaches the entry probe (and the return probe where the result
+    /// matters: allocations and frees always, launches only with per-call
+    /// events) to each of `funcs` in `lib`. Symbols the library does not
+    /// export are skipped and reported. A second call for the same inode does
+    /// nothing.
+    pub fn attach(&mut self, lib: &Libcuda, funcs: &[Func]) -> Result<AttachReport, ProbeError> {
+        let mut report = AttachReport::default();
+        if !self.inodes.insert((lib.dev, lib.ino)) {
+            report.already = true;
+            return Ok(report);
+        }
+        let names: Vec<&str> = funcs.iter().map(|f| f.symbol()).collect();
+        let offsets = libcuda::symbol_offsets(&lib.path, &names)?;
+        let mut seen: Vec<(u64, Func)> = Vec::new();
+        for &func in funcs {
+            let Some(&off) = offsets.get(func.symbol()) else {
+                report.missing.push(func);
+                continue;
+            };
+            if let Some(&(_, first)) = seen.iter().find(|(o, _)| *o == off) {
+                report.aliased.push((func, first));
+                continue;
+            }
+            seen.push((off, func));
+            let launchy = matches!(func.class(), FuncClass::Launch | FuncClass::GraphLaunch);
+            let with_return = !launchy || self.opts.emit_events;
+            self.attach_one(names::PROG_ENTRY, lib, func, off)?;
+            if with_return {
+                self.attach_one(names::PROG_RETURN, lib, func, off)?;
+            }
+            report.attached.push(func);
+        }
+        Ok(report)
+    }
+
+    fn attach_one(
+        &mut self,
+        prog: &'static str,
+        lib: &Libcuda,
+        func: Func,
+        offset: u64,
+    ) -> Result<(), ProbeError> {
+        let p: &mut UProbe = self
+            .ebpf
+            .program_mut(prog)
+            .ok_or(ProbeError::MissingProgram(prog))?
+            .try_into()
+            .map_err(|e| ProbeError::classify("attaching uprobes", e))?;
+        let point = UProbeAttachPoint {
+            location: UProbeAttachLocation::AbsoluteOffset(offset),
+            cookie: Some(u64::from(func.id())),
+        };
+        p.attach(point, &lib.path, UProbeScope::AllProcesses)
+            .map_err(|e| ProbeError::classify("attaching uprobes", e))?;
+        Ok(())
+    }
+
+    /// Takes the ring buffer of per-call events (once).
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
+        let map = self
+            .ebpf
+            .take_map(names::EVENTS)
+            .ok_or(ProbeError::MissingMap(names::EVENTS))?;
+        RingBuf::try_from(map).map_err(|e| ProbeError::Map(names::EVENTS, e))
+    }
+
+    /// Totals of the "could not record" counters, by [`Counter`].
+    pub fn counters(&self) -> Result<Vec<(Counter, u64)>, ProbeError> {
+        let map = self
+            .ebpf
+            .map(names::COUNTERS)
+            .ok_or(ProbeError::MissingMap(names::COUNTERS))?;
+        let arr: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map).map_err(|e| ProbeError::Map(names::COUNTERS, e))?;
+        let mut out = Vec::new();
+        for c in Counter::ALL {
+            let v = arr
+                .get(&(c as u32), 0)
+                .map_err(|e| ProbeError::Map(names::COUNTERS, e))?;
+            out.push((c, v.iter().sum()));
+        }
+        Ok(out)
+    }
+
+    /// Per-process identity and counters (summed over CPUs).
+    pub fn procs(&self) -> Result<Vec<(Caller, ProcCounters)>, ProbeError> {
+        let who = self
+            .ebpf
+            .map(names::PROCS)
+            .ok_or(ProbeError::MissingMap(names::PROCS))?;
+        let who: AyaHashMap<&MapData, u32, Caller> =
+            AyaHashMap::try_from(who).map_err(|e| ProbeError::Map(names::PROCS, e))?;
+        let counts = self
+            .ebpf
+            .map(names::PROC_COUNTS)
+            .ok_or(ProbeError::MissingMap(names::PROC_COUNTS))?;
+        let counts: PerCpuHashMap<&MapData, u32, ProcCounters> =
+            PerCpuHashMap::try_from(counts).map_err(|e| ProbeError::Map(names::PROC_COUNTS, e))?;
+        let mut out = Vec::new();
+        for item in counts.iter() {
+            let (tgid, per_cpu) = item.map_err(|e| ProbeError::Map(names::PROC_COUNTS, e))?;
+            let total = per_cpu
+                .iter()
+                .fold(ProcCounters::default(), |a, c| a.add(c));
+            let caller = who.get(&tgid, 0).unwrap_or(Caller {
+                host_tgid: tgid,
+                ..Caller::default()
+            });
+            out.push((caller, total));
+        }
+        Ok(out)
+    }
+
+    /// Launch counts per (process, entry point, function, grid, block), summed over CPUs.
+    pub fn launches(&self) -> Result<Vec<(LaunchKey, u64)>, ProbeError> {
+        let map = self
+            .ebpf
+            .map(names::LAUNCHES)
+            .ok_or(ProbeError::MissingMap(names::LAUNCHES))?;
+        let map: PerCpuHashMap<&MapData, LaunchKey, u64> =
+            PerCpuHashMap::try_from(map).map_err(|e| ProbeError::Map(names::LAUNCHES, e))?;
+        let mut out = Vec::new();
+        for item in map.iter() {
+            let (k, v) = item.map_err(|e| ProbeError::Map(names::LAUNCHES, e))?;
+            out.push((k, v.iter().sum()));
+        }
+        Ok(out)
+    }
+}
+
+/// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; lift it (best effort).
+fn raise_memlock_rlimit() {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid, initialized rlimit struct.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+    if rc != 0 {
+        tracing::debug!("setrlimit(RLIMIT_MEMLOCK) failed; fine on kernels >= 5.11");
+    }
+}
