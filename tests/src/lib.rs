@@ -4,4 +4,5 @@
 //! `target/dist/`): the hook, the loader and the simulated GPU driver.
 //! `cargo xtask test` builds them first, then runs these tests as root.
 
+pub mod container;
 pub mod dist;

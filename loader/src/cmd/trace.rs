@@ -106,7 +106,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 /// Turns a probe error into the one sentence the user sees.
 fn sentence(e: ProbeError) -> anyhow::Error {
-    anyhow::anyhow!("vgpu trace {e}")
+    match e {
+        ProbeError::Permission { .. } => anyhow::anyhow!("vgpu trace {e}"),
+        e => anyhow::anyhow!("vgpu trace: {e}"),
+    }
 }
 
 async fn trace(args: Args) -> anyhow::Result<ExitCode> {
@@ -210,6 +213,21 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
                     out.flush();
                     guard.clear_ready();
                 }
+            }
+        }
+        // Records already in the ring buffer when asked to stop are still printed.
+        let rb = ring.get_mut();
+        while printed < limit {
+            let Some(item) = rb.next() else { break };
+            let Some(ev) = CallEvent::from_bytes(&item) else {
+                continue;
+            };
+            drop(item);
+            if filter.matches(&ev.caller, &mut cgroups) {
+                if !out.write(&ev, &mut cgroups) {
+                    break;
+                }
+                printed += 1;
             }
         }
         out.flush();
