@@ -69,7 +69,7 @@ impl Filter {
             }
         }
         if let Some(want) = &self.pod {
-            if !info.pod_uid.is_some_and(|u| norm_uid(&u) == *want) {
+            if info.pod_uid.is_none_or(|u| norm_uid(&u) != *want) {
                 return false;
             }
         }
