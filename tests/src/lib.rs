@@ -6,3 +6,5 @@
 
 pub mod container;
 pub mod dist;
+pub mod hook;
+pub mod sim;
