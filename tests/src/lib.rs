@@ -7,4 +7,3 @@
 pub mod container;
 pub mod dist;
 pub mod hook;
-pub mod sim;
