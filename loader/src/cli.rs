@@ -38,6 +38,14 @@ impl Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     Trace(cmd::trace::Args),
+    InstallHook(cmd::install_hook::Args),
+    Inspect(cmd::inspect::Args),
+    SetSmLimit(cmd::set_limit::SmArgs),
+    SetMemLimit(cmd::set_limit::MemArgs),
+    Cleanup(cmd::cleanup::Args),
+    Unlock(cmd::unlock::Args),
+    Suspend(cmd::suspend::SuspendArgs),
+    Resume(cmd::suspend::ResumeArgs),
 }
 
 impl Command {
@@ -45,6 +53,14 @@ impl Command {
     pub fn run(self) -> anyhow::Result<ExitCode> {
         match self {
             Command::Trace(a) => cmd::trace::run(a),
+            Command::InstallHook(a) => cmd::install_hook::run(a),
+            Command::Inspect(a) => cmd::inspect::run(a),
+            Command::SetSmLimit(a) => cmd::set_limit::run_sm(a),
+            Command::SetMemLimit(a) => cmd::set_limit::run_mem(a),
+            Command::Cleanup(a) => cmd::cleanup::run(a),
+            Command::Unlock(a) => cmd::unlock::run(a),
+            Command::Suspend(a) => cmd::suspend::run_suspend(a),
+            Command::Resume(a) => cmd::suspend::run_resume(a),
         }
     }
 }

@@ -3,7 +3,9 @@
 mod cgroup;
 mod cli;
 mod cmd;
+mod install;
 mod probes;
+mod regions;
 
 use std::process::ExitCode;
 

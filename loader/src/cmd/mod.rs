@@ -1,3 +1,9 @@
 //! One module per subcommand.
 
+pub mod cleanup;
+pub mod inspect;
+pub mod install_hook;
+pub mod set_limit;
+pub mod suspend;
 pub mod trace;
+pub mod unlock;

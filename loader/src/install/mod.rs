@@ -1,0 +1,136 @@
+//! Installing the hook on a node (`vgpu install-hook`).
+//!
+//! HAMi's device plugin bind-mounts `<host-dir>/libvgpu.so` and
+//! `<host-dir>/ld.so.preload` into every GPU container (spec §1.4). Installing
+//! vgpu there makes it the hook of every new container, with no change to
+//! HAMi. Running containers keep the library they mapped: the new file is
+//! written under a temporary name and renamed over the old one, so no
+//! process ever sees a half-written library (an in-place copy would corrupt
+//! every mapping of the old file).
+//!
+//! The first install keeps what was there before in `<host-dir>/.vgpu-backup/`
+//! so `--uninstall` can restore it exactly.
+
+mod backup;
+mod elf;
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+pub use elf::{running_libc, ElfError};
+
+/// The files vgpu manages in the host directory.
+pub const LIB_NAME: &str = "libvgpu.so";
+pub const PRELOAD_NAME: &str = "ld.so.preload";
+const BACKUP_DIR: &str = ".vgpu-backup";
+
+/// Why installing or uninstalling failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Elf(#[from] ElfError),
+    #[error("the backup in {0} is damaged: {1}")]
+    Backup(PathBuf, String),
+}
+
+pub(crate) fn io_err(
+    action: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> InstallError {
+    let path = path.to_owned();
+    move |source| InstallError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// What an install or uninstall did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Installed,
+    AlreadyInstalled,
+    Restored,
+    NothingToUninstall,
+}
+
+/// What to install and where.
+#[derive(Debug)]
+pub struct Plan {
+    /// The new `libvgpu.so`.
+    pub lib: PathBuf,
+    /// The node directory (`/usr/local/vgpu` under HAMi).
+    pub host_dir: PathBuf,
+    /// The path containers see the library at, written into ld.so.preload.
+    /// HAMi mounts the host dir's library at `/usr/local/vgpu/libvgpu.so`.
+    pub container_path: PathBuf,
+    /// The C library whose symbol versions the hook must fit.
+    pub libc: PathBuf,
+}
+
+/// Installs the hook; a second run with the same library changes nothing.
+pub fn install(plan: &Plan) -> Result<Outcome, InstallError> {
+    let new = fs::read(&plan.lib).map_err(io_err("read", &plan.lib))?;
+    elf::check_compatible(&plan.lib, &new, &plan.libc)?;
+    fs::create_dir_all(&plan.host_dir).map_err(io_err("create", &plan.host_dir))?;
+
+    let lib_dst = plan.host_dir.join(LIB_NAME);
+    let preload_dst = plan.host_dir.join(PRELOAD_NAME);
+    let preload = format!("{}\n", plan.container_path.display());
+    let same_lib = fs::read(&lib_dst).is_ok_and(|old| old == new);
+    let same_preload = fs::read(&preload_dst).is_ok_and(|old| old == preload.as_bytes());
+    if same_lib && same_preload {
+        return Ok(Outcome::AlreadyInstalled);
+    }
+
+    backup::save_once(&plan.host_dir.join(BACKUP_DIR), &[&lib_dst, &preload_dst])?;
+    if !same_lib {
+        write_atomic(&lib_dst, &new, 0o755)?;
+    }
+    if !same_preload {
+        write_atomic(&preload_dst, preload.as_bytes(), 0o644)?;
+    }
+    Ok(Outcome::Installed)
+}
+
+/// Puts back what the first install found (or removes the files if there
+/// was nothing), then drops the backup.
+pub fn uninstall(host_dir: &Path) -> Result<Outcome, InstallError> {
+    let dir = host_dir.join(BACKUP_DIR);
+    if !dir.exists() {
+        return Ok(Outcome::NothingToUninstall);
+    }
+    backup::restore(&dir, host_dir, &[LIB_NAME, PRELOAD_NAME])?;
+    fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
+    Ok(Outcome::Restored)
+}
+
+/// Writes `bytes` to a temporary file in the same directory, syncs it, and
+/// renames it over `dst`: readers see the old file or the new one, whole.
+pub(crate) fn write_atomic(dst: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
+    let name = dst
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dst.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
+        f.write_all(bytes).map_err(io_err("write", &tmp))?;
+        f.set_permissions(fs::Permissions::from_mode(mode))
+            .map_err(io_err("chmod", &tmp))?;
+        f.sync_all().map_err(io_err("sync", &tmp))?;
+        fs::rename(&tmp, dst).map_err(io_err("rename onto", dst))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
