@@ -6,6 +6,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod env;
+pub mod paths;
 pub mod event;
 #[cfg(not(target_arch = "bpf"))]
 pub mod region;

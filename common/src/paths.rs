@@ -1,0 +1,25 @@
+//! Host paths and ports the loader depends on. The Kubernetes manifests in
+//! `deploy/` must mount and expose exactly these; a test checks them against
+//! this file, so the two cannot drift.
+
+/// HAMi's hook directory on the node (`${HOOK_PATH}/vgpu`): `libvgpu.so`
+/// and `ld.so.preload` live here.
+pub const HOOK_DIR: &str = "/usr/local/vgpu";
+/// Per-container region directories (`<podUID>_<ctrName>/*.cache`).
+pub const CONTAINERS_DIR: &str = "/usr/local/vgpu/containers";
+/// Kernel BTF, for struct offsets of the namespace-PID probes.
+pub const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
+/// cgroup v2 mount on Kubernetes nodes (cgroup id -> pod and container).
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// Where NVIDIA's container toolkit puts the driver libraries on GPU nodes.
+pub const DRIVER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
+/// HAMi's node-wide lock directory (mounted into every GPU container).
+pub const VGPULOCK_DIR: &str = "/tmp/vgpulock";
+/// Default port of the daemon's HTTP endpoint (HAMi's monitor uses 9394).
+pub const METRICS_PORT: u16 = 9396;
+/// Prometheus text.
+pub const METRICS_PATH: &str = "/metrics";
+/// 200 once the probes are attached and the first scan is done.
+pub const READY_PATH: &str = "/readyz";
+/// 200 while the daemon's loops are alive.
+pub const HEALTH_PATH: &str = "/healthz";
