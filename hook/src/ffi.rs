@@ -17,6 +17,7 @@ pub type CUarray = *mut c_void;
 pub type CUmipmappedArray = *mut c_void;
 pub type CUgraph = *mut c_void;
 pub type CUgraphExec = *mut c_void;
+pub type CUevent = *mut c_void;
 pub type CUgraphNode = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 pub type CUmemGenericAllocationHandle = u64;
@@ -27,6 +28,7 @@ pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.

@@ -1,25 +1,39 @@
-//! Launch entry points: each calls the SM limiter's hook point
-//! (`sm::before_launch`) and forwards.
+//! Launch entry points: each asks the SM limiter (`sm::before_launch`,
+//! which may sleep), forwards, and reports the result
+//! (`sm::after_launch`, which closes a timing sample).
 
 use std::ffi::{c_uint, c_void};
 
 use crate::ffi::*;
-use crate::sm::{before_launch, Launch, LaunchKind};
+use crate::sm::{after_launch, before_launch, Launch, LaunchKind};
 
-fn blocks(x: c_uint, y: c_uint, z: c_uint) -> u64 {
-    u64::from(x) * u64::from(y) * u64::from(z)
+/// Runs `call` between the limiter's two hook points.
+fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
+    let ticket = before_launch(&launch);
+    let rc = call();
+    after_launch(ticket, rc);
+    rc
 }
 
-fn launch(kind: LaunchKind, stream: CUstream, blocks: u64, per_thread: bool) {
-    before_launch(&Launch {
+fn kernel(
+    kind: LaunchKind,
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    stream: CUstream,
+    per_thread: bool,
+) -> Launch {
+    Launch {
         kind,
+        func: f,
+        grid,
+        block,
         stream,
-        blocks,
         per_thread,
-    });
+    }
 }
 
-/// `CUlaunchConfig`: grid and stream of `cuLaunchKernelEx`.
+/// `CUlaunchConfig`: grid, block and stream of `cuLaunchKernelEx`.
 #[derive(Clone, Copy)]
 #[repr(C)]
 struct LaunchConfig {
@@ -29,11 +43,12 @@ struct LaunchConfig {
     stream: CUstream,
 }
 
-fn ex(config: *const c_void, per_thread: bool) {
-    let (stream, b) = read(config as *const LaunchConfig).map_or((std::ptr::null_mut(), 0), |c| {
-        (c.stream, blocks(c.grid[0], c.grid[1], c.grid[2]))
-    });
-    launch(LaunchKind::KernelEx, stream, b, per_thread);
+fn ex(config: *const c_void, f: CUfunction, per_thread: bool) -> Launch {
+    let (grid, block, stream) = read(config as *const LaunchConfig)
+        .map_or(([0; 3], [0; 3], std::ptr::null_mut()), |c| {
+            (c.grid, c.block, c.stream)
+        });
+    kernel(LaunchKind::KernelEx, f, grid, block, stream, per_thread)
 }
 
 #[expect(
@@ -53,10 +68,19 @@ pub fn launch_kernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    launch(LaunchKind::Kernel, stream, blocks(gx, gy, gz), false);
-    real_cuda!(cuLaunchKernel(
-        f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
-    ))
+    let l = kernel(
+        LaunchKind::Kernel,
+        f,
+        [gx, gy, gz],
+        [bx, by, bz],
+        stream,
+        false,
+    );
+    limited(l, || {
+        real_cuda!(cuLaunchKernel(
+            f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
+        ))
+    })
 }
 
 #[expect(
@@ -76,10 +100,19 @@ pub fn launch_kernel_ptsz(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    launch(LaunchKind::Kernel, stream, blocks(gx, gy, gz), true);
-    real_cuda!(cuLaunchKernel_ptsz(
-        f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
-    ))
+    let l = kernel(
+        LaunchKind::Kernel,
+        f,
+        [gx, gy, gz],
+        [bx, by, bz],
+        stream,
+        true,
+    );
+    limited(l, || {
+        real_cuda!(cuLaunchKernel_ptsz(
+            f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
+        ))
+    })
 }
 
 pub fn launch_kernel_ex(
@@ -88,8 +121,9 @@ pub fn launch_kernel_ex(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    ex(config, false);
-    real_cuda!(cuLaunchKernelEx(config, f, params, extra))
+    limited(ex(config, f, false), || {
+        real_cuda!(cuLaunchKernelEx(config, f, params, extra))
+    })
 }
 
 pub fn launch_kernel_ex_ptsz(
@@ -98,8 +132,9 @@ pub fn launch_kernel_ex_ptsz(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    ex(config, true);
-    real_cuda!(cuLaunchKernelEx_ptsz(config, f, params, extra))
+    limited(ex(config, f, true), || {
+        real_cuda!(cuLaunchKernelEx_ptsz(config, f, params, extra))
+    })
 }
 
 #[expect(
@@ -118,10 +153,19 @@ pub fn launch_cooperative(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    launch(LaunchKind::Cooperative, stream, blocks(gx, gy, gz), false);
-    real_cuda!(cuLaunchCooperativeKernel(
-        f, gx, gy, gz, bx, by, bz, shmem, stream, params
-    ))
+    let l = kernel(
+        LaunchKind::Cooperative,
+        f,
+        [gx, gy, gz],
+        [bx, by, bz],
+        stream,
+        false,
+    );
+    limited(l, || {
+        real_cuda!(cuLaunchCooperativeKernel(
+            f, gx, gy, gz, bx, by, bz, shmem, stream, params
+        ))
+    })
 }
 
 #[expect(
@@ -140,18 +184,33 @@ pub fn launch_cooperative_ptsz(
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> CUresult {
-    launch(LaunchKind::Cooperative, stream, blocks(gx, gy, gz), true);
-    real_cuda!(cuLaunchCooperativeKernel_ptsz(
-        f, gx, gy, gz, bx, by, bz, shmem, stream, params
-    ))
+    let l = kernel(
+        LaunchKind::Cooperative,
+        f,
+        [gx, gy, gz],
+        [bx, by, bz],
+        stream,
+        true,
+    );
+    limited(l, || {
+        real_cuda!(cuLaunchCooperativeKernel_ptsz(
+            f, gx, gy, gz, bx, by, bz, shmem, stream, params
+        ))
+    })
+}
+
+fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
+    kernel(LaunchKind::Graph, exec, [0; 3], [0; 3], stream, per_thread)
 }
 
 pub fn graph_launch(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    launch(LaunchKind::Graph, stream, 0, false);
-    real_cuda!(cuGraphLaunch(exec, stream))
+    limited(graph(exec, stream, false), || {
+        real_cuda!(cuGraphLaunch(exec, stream))
+    })
 }
 
 pub fn graph_launch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    launch(LaunchKind::Graph, stream, 0, true);
-    real_cuda!(cuGraphLaunch_ptsz(exec, stream))
+    limited(graph(exec, stream, true), || {
+        real_cuda!(cuGraphLaunch_ptsz(exec, stream))
+    })
 }

@@ -70,6 +70,13 @@ macro_rules! hook_list {
                 fn cuDeviceGet(dev: *mut CUdevice, ordinal: c_int) -> CUresult;
                 fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
                 fn cuMemGetAddressRange_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) -> CUresult;
+                fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
+                fn cuEventCreate(event: *mut CUevent, flags: c_uint) -> CUresult;
+                fn cuEventDestroy_v2(event: CUevent) -> CUresult;
+                fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
+                fn cuEventQuery(event: CUevent) -> CUresult;
+                fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
+                fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
             }
             nvml_hooks {
                 fn nvmlInit() -> nvmlReturn_t => crate::nvml::init_v1;

@@ -1,12 +1,36 @@
-//! The SM (compute) limiter's hook point. Every launch entry point calls
-//! [`before_launch`] before forwarding to the driver; the limiter (added
-//! later, in this module) decides there whether to wait. It must stay cheap
-//! when nothing is throttled: no lock, no syscall.
+//! The SM (compute) limit: `CUDA_DEVICE_SM_LIMIT` as a share of the GPU's
+//! time for the whole container (docs/sm-limit.md).
 //!
-//! The device of a launch, when needed, is `crate::memory::driver::Real`'s
-//! `current_device()` (one driver call) or the stream's context.
+//! Every launch entry point calls [`before_launch`] before forwarding to the
+//! driver and [`after_launch`] with the driver's result. Each launch is
+//! charged its learnt standalone GPU time against a container-wide bucket
+//! refilled at `limit % × wall time` (`bucket`, shared through `sidecar`);
+//! costs are learnt per launch key from sampled event timings (`cost`); the
+//! region's limit, policy switch and the monitor's priority feedback are
+//! re-read every 50 ms (`policy`); `control` ties it together over `sys`.
+//!
+//! With no limit the launch path is a coarse clock read and a few relaxed
+//! loads: no lock, no syscall, no driver call.
 
-use crate::ffi::CUstream;
+pub mod bucket;
+pub mod control;
+pub mod cost;
+pub mod policy;
+pub mod sidecar;
+pub mod sys;
+#[cfg(test)]
+mod tests;
+
+use std::ffi::c_uint;
+use std::sync::OnceLock;
+
+use crate::ffi::{CUfunction, CUresult, CUstream, CUDA_SUCCESS};
+
+pub use control::{Controller, Ticket, Work};
+pub use cost::Key;
+
+/// `CU_STREAM_PER_THREAD`.
+const STREAM_PER_THREAD: usize = 0x2;
 
 /// Which launch entry point was called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +41,7 @@ pub enum LaunchKind {
     KernelEx,
     /// `cuLaunchCooperativeKernel`.
     Cooperative,
-    /// `cuGraphLaunch` (grid unknown: 0).
+    /// `cuGraphLaunch` (`func` is the `CUgraphExec`).
     Graph,
 }
 
@@ -25,13 +49,58 @@ pub enum LaunchKind {
 #[derive(Debug, Clone, Copy)]
 pub struct Launch {
     pub kind: LaunchKind,
+    /// The `CUfunction`, or the `CUgraphExec` of a graph launch.
+    pub func: CUfunction,
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    /// The application's stream, unchanged.
     pub stream: CUstream,
-    /// `gridX * gridY * gridZ`, 0 when unknown.
-    pub blocks: u64,
     /// The `_ptsz` (per-thread default stream) variant was called.
     pub per_thread: bool,
 }
 
-/// Called before every launch. No-op until the SM limiter lands.
+impl Launch {
+    /// `gridX * gridY * gridZ`.
+    pub fn blocks(&self) -> u64 {
+        self.grid.iter().map(|&g| u64::from(g)).product()
+    }
+
+    fn work(&self) -> Work {
+        let key = match self.kind {
+            LaunchKind::Graph => Key::Graph {
+                exec: self.func as usize,
+            },
+            _ => Key::Kernel {
+                func: self.func as usize,
+                grid: self.grid,
+                block: self.block,
+            },
+        };
+        let stream = if self.stream.is_null() && self.per_thread {
+            STREAM_PER_THREAD
+        } else {
+            self.stream as usize
+        };
+        Work { key, stream }
+    }
+}
+
+fn controller() -> &'static Controller<sys::Real> {
+    static C: OnceLock<Controller<sys::Real>> = OnceLock::new();
+    C.get_or_init(|| Controller::new(sys::Real::default()))
+}
+
+/// Called before every launch; may sleep (throttling, or the monitor blocks
+/// the container). Hand the result to [`after_launch`].
 #[inline]
-pub fn before_launch(_launch: &Launch) {}
+pub fn before_launch(launch: &Launch) -> Option<Ticket> {
+    controller().before(&launch.work())
+}
+
+/// Called after every launch with the driver's result.
+#[inline]
+pub fn after_launch(ticket: Option<Ticket>, rc: CUresult) {
+    if let Some(t) = ticket {
+        controller().after(t, rc == CUDA_SUCCESS);
+    }
+}

@@ -1,0 +1,135 @@
+//! The container-wide token bucket of GPU time, as one atomic word.
+//!
+//! It is a GCRA ("virtual scheduling"): `tat` is the CLOCK_MONOTONIC instant
+//! at which everything the container was admitted so far has been paid for
+//! at `limit %` of wall time. The bucket's level at `now` is
+//! `(now - tat) × limit %`, capped at `DEPTH × limit %`. A launch is admitted
+//! while the level is non-negative (`tat <= now`) and then costs its
+//! standalone GPU time: `tat = max(tat, now - DEPTH) + cost × 100 / limit`.
+//! So the bucket may go negative by one launch, and the next one waits
+//! until it is paid back. One CAS per admitted launch, no lock; processes of
+//! the container share the word through the sidecar file.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+
+/// Wall time the bucket can hold: bursts stay within `DEPTH × limit` of
+/// GPU time, and a sleep that overshoots by less than this loses nothing.
+pub const DEPTH_NS: u64 = 4_000_000;
+
+/// Wall nanoseconds that `cost_ns` of GPU time buys at `pct` percent.
+pub fn wall_of(cost_ns: u64, pct: u32) -> u64 {
+    let pct = u64::from(pct.clamp(1, 100));
+    cost_ns.saturating_mul(100) / pct
+}
+
+/// Outcome of one admission attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Charged; launch now.
+    Go,
+    /// The bucket is empty until this instant (nothing charged).
+    WaitUntil(u64),
+}
+
+/// Tries to admit a launch of `cost_ns` GPU time at `now`.
+pub fn try_admit(tat: &AtomicU64, now: u64, cost_ns: u64, pct: u32) -> Admit {
+    let step = wall_of(cost_ns, pct);
+    let floor = now.saturating_sub(DEPTH_NS);
+    let mut old = tat.load(Acquire);
+    loop {
+        let base = old.max(floor);
+        if base > now {
+            return Admit::WaitUntil(base);
+        }
+        match tat.compare_exchange_weak(old, base.saturating_add(step), AcqRel, Acquire) {
+            Ok(_) => return Admit::Go,
+            Err(cur) => old = cur,
+        }
+    }
+}
+
+/// Charges (`delta > 0`) or refunds (`delta < 0`) GPU time after the fact
+/// (a launch that failed, or a cost learnt after a launch was charged a
+/// guess). A refund never moves `tat` below `now - DEPTH`.
+pub fn adjust(tat: &AtomicU64, now: u64, delta_ns: i64, pct: u32) {
+    let step = wall_of(delta_ns.unsigned_abs(), pct);
+    let floor = now.saturating_sub(DEPTH_NS);
+    let _ = tat.fetch_update(AcqRel, Relaxed, |old| {
+        let base = old.max(floor);
+        Some(if delta_ns >= 0 {
+            base.saturating_add(step)
+        } else {
+            base.saturating_sub(step).max(floor)
+        })
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Back-to-back launches of `cost` on an ideal GPU under the bucket:
+    /// the share of GPU time over a long run is the limit.
+    fn share(pct: u32, cost: u64, host_gap: u64) -> f64 {
+        let tat = AtomicU64::new(0);
+        let mut now = 1_000_000_000u64;
+        let start = now;
+        let mut gpu_free = now;
+        let mut busy = 0u64;
+        let end = start + 2_000_000_000;
+        while now < end {
+            match try_admit(&tat, now, cost, pct) {
+                Admit::Go => {
+                    let s = gpu_free.max(now);
+                    gpu_free = s + cost;
+                    busy += cost;
+                    now += host_gap;
+                }
+                // Sleeps overshoot by 60 µs (timer slack and wake-up).
+                Admit::WaitUntil(t) => now = t + 60_000,
+            }
+        }
+        busy as f64 / (end - start) as f64 * 100.0
+    }
+
+    #[test]
+    fn long_and_tiny_kernels_get_the_limit() {
+        for pct in [10, 30, 60, 90] {
+            for (cost, gap) in [(5_000_000, 2_000), (10_000, 2_000), (2_000, 500)] {
+                let s = share(pct, cost, gap);
+                assert!((s - f64::from(pct)).abs() < 1.0, "{pct}% cost {cost}: {s}");
+            }
+        }
+    }
+
+    #[test]
+    fn burst_is_bounded_by_the_depth() {
+        let tat = AtomicU64::new(0);
+        let now = 10_000_000_000;
+        let mut n = 0;
+        while try_admit(&tat, now, 10_000, 50) == Admit::Go {
+            n += 1;
+        }
+        // DEPTH × 50 % = 2 ms of GPU time = 200 launches of 10 µs (+1).
+        assert_eq!(n, 201);
+        assert_eq!(
+            try_admit(&tat, now, 10_000, 50),
+            Admit::WaitUntil(now + 20_000)
+        );
+    }
+
+    #[test]
+    fn adjust_charges_and_refunds() {
+        let tat = AtomicU64::new(0);
+        let now = 10_000_000_000;
+        assert_eq!(try_admit(&tat, now, 1_000_000, 50), Admit::Go);
+        assert_eq!(tat.load(Relaxed), now - DEPTH_NS + 2_000_000);
+        adjust(&tat, now, 3_000_000, 50);
+        assert_eq!(tat.load(Relaxed), now + 4_000_000);
+        adjust(&tat, now, -1_000_000, 50);
+        assert_eq!(tat.load(Relaxed), now + 2_000_000);
+        adjust(&tat, now, -100_000_000, 50);
+        assert_eq!(tat.load(Relaxed), now - DEPTH_NS);
+    }
+}

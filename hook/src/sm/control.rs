@@ -1,0 +1,390 @@
+//! The controller: per launch, mark activity, obey the monitor's blocking,
+//! and — on a limited device — charge the launch's learnt standalone GPU
+//! time to the container's bucket, sleeping while it is empty; time a few
+//! launches with events to learn their cost; publish the process's share.
+//!
+//! The fast path (no device limited) is a coarse clock read and three
+//! relaxed loads. The region is re-read at most every `REFRESH_NS`.
+
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64};
+use std::sync::Mutex;
+
+use vgpu_common::region::MAX_DEVICES;
+
+use super::bucket::{self, Admit};
+use super::cost::{Costs, Key};
+use super::policy;
+use super::sys::{Poll, Sys};
+
+/// How often the region's settings are re-read on the launch path.
+pub const REFRESH_NS: u64 = 50_000_000;
+/// How often the process's share is published into its slot.
+pub const PUBLISH_NS: u64 = 1_000_000_000;
+/// Longest single sleep while throttled (settings are re-read after it).
+const MAX_SLEEP_NS: u64 = 100_000_000;
+/// Sleep step while the monitor blocks the container.
+const BLOCK_SLEEP_NS: u64 = 100_000_000;
+/// Timed launches in flight at most.
+const MAX_PENDING: usize = 32;
+/// Event pairs kept per context.
+const MAX_POOL: usize = 32;
+
+thread_local! {
+    /// This thread's previous launch waited for the bucket (its stream was
+    /// then likely idle: a timing would include the launch latency).
+    static SLEPT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// What `before` hands to `after` for one launch.
+#[derive(Debug)]
+pub struct Ticket {
+    dev: usize,
+    key: Key,
+    cost_ns: u64,
+    /// Percent it was charged at (0 = not charged to the bucket).
+    pct: u32,
+    stream: usize,
+    /// (context, start event, end event).
+    sample: Option<(usize, usize, usize)>,
+}
+
+/// The launch as the controller sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Work {
+    pub key: Key,
+    /// The stream events are recorded on (the per-thread default stream
+    /// already resolved to `CU_STREAM_PER_THREAD`).
+    pub stream: usize,
+}
+
+#[derive(Debug)]
+struct Pending {
+    ctx: usize,
+    dev: usize,
+    key: Key,
+    start: usize,
+    end: usize,
+}
+
+#[derive(Debug, Default)]
+struct Learn {
+    costs: Costs,
+    pool: HashMap<usize, Vec<(usize, usize)>>,
+    pending: VecDeque<Pending>,
+}
+
+#[derive(Debug, Default)]
+struct Publish {
+    at: u64,
+    charged: [i64; MAX_DEVICES],
+}
+
+/// The limiter of one process.
+#[derive(Debug)]
+pub struct Controller<S: Sys> {
+    pub sys: S,
+    next_refresh: AtomicU64,
+    refreshing: AtomicBool,
+    /// Bit per device with a limit (accounting on).
+    limited: AtomicU32,
+    enforce: AtomicBool,
+    blocked: AtomicBool,
+    limits: [AtomicU32; MAX_DEVICES],
+    last_secs: AtomicU64,
+    /// GPU ns this process was charged, per device.
+    charged: [AtomicI64; MAX_DEVICES],
+    learn: Mutex<Learn>,
+    publish: Mutex<Publish>,
+}
+
+impl<S: Sys> Controller<S> {
+    pub fn new(sys: S) -> Self {
+        Self {
+            sys,
+            next_refresh: AtomicU64::new(0),
+            refreshing: AtomicBool::new(false),
+            limited: AtomicU32::new(0),
+            enforce: AtomicBool::new(false),
+            blocked: AtomicBool::new(false),
+            limits: std::array::from_fn(|_| AtomicU32::new(0)),
+            last_secs: AtomicU64::new(0),
+            charged: std::array::from_fn(|_| AtomicI64::new(0)),
+            learn: Mutex::new(Learn::default()),
+            publish: Mutex::new(Publish::default()),
+        }
+    }
+
+    /// Before a launch: may sleep (blocked by the monitor, or the bucket is
+    /// empty). `None` when the launch is not accounted.
+    pub fn before(&self, w: &Work) -> Option<Ticket> {
+        let now = self.sys.coarse();
+        if now >= self.next_refresh.load(Relaxed) {
+            self.refresh(now);
+        }
+        if self.blocked.load(Relaxed) {
+            self.wait_unblocked();
+        }
+        if self.limited.load(Relaxed) == 0 {
+            return None;
+        }
+        self.limited_launch(w)
+    }
+
+    fn limited_launch(&self, w: &Work) -> Option<Ticket> {
+        let (ctx, dev) = self.sys.current()?;
+        if dev >= MAX_DEVICES || self.limited.load(Relaxed) & (1 << dev) == 0 {
+            return None;
+        }
+        let idle = SLEPT.try_with(Cell::get).unwrap_or(false);
+        let (charge, sample) = {
+            let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
+            self.poll(&mut l, 2);
+            let c = l.costs.charge(dev, w.key, idle);
+            let s = if c.sample {
+                self.take_pair(&mut l, ctx)
+            } else {
+                None
+            };
+            (c, s)
+        };
+        self.charged[dev].fetch_add(charge.cost_ns as i64, Relaxed);
+        let (pct, slept) = self.admit(dev, charge.cost_ns);
+        let _ = SLEPT.try_with(|c| c.set(slept));
+        let mut t = Ticket {
+            dev,
+            key: w.key,
+            cost_ns: charge.cost_ns,
+            pct,
+            stream: w.stream,
+            sample: None,
+        };
+        if let Some((start, end)) = sample {
+            if self.sys.record(start, w.stream) {
+                t.sample = Some((ctx, start, end));
+            } else {
+                self.give_back(ctx, start, end);
+            }
+        }
+        Some(t)
+    }
+
+    /// Charges `cost` to the bucket of `dev` while enforced, sleeping until
+    /// it is non-negative. Returns the percent charged at (0: not charged)
+    /// and whether it slept.
+    fn admit(&self, dev: usize, cost: u64) -> (u32, bool) {
+        let tat = &self.sys.buckets().devs[dev].tat;
+        let mut slept = false;
+        loop {
+            let pct = self.limits[dev].load(Relaxed);
+            if pct == 0 || !self.enforce.load(Relaxed) {
+                return (0, slept);
+            }
+            let now = self.sys.now();
+            match bucket::try_admit(tat, now, cost, pct) {
+                Admit::Go => {
+                    let b = &self.sys.buckets().devs[dev];
+                    b.charged_ns.fetch_add(cost, Relaxed);
+                    if slept {
+                        b.throttled.fetch_add(1, Relaxed);
+                    }
+                    return (pct, slept);
+                }
+                Admit::WaitUntil(t) => {
+                    slept = true;
+                    self.sys
+                        .sleep_until(t.min(now.saturating_add(MAX_SLEEP_NS)));
+                    let c = self.sys.coarse();
+                    if c >= self.next_refresh.load(Relaxed) {
+                        self.refresh(c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// After the launch returned `ok` (CUDA_SUCCESS or not).
+    pub fn after(&self, t: Ticket, ok: bool) {
+        if ok {
+            if let Some((ctx, start, end)) = t.sample {
+                if self.sys.record(end, t.stream) {
+                    let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
+                    l.pending.push_back(Pending {
+                        ctx,
+                        dev: t.dev,
+                        key: t.key,
+                        start,
+                        end,
+                    });
+                } else {
+                    self.give_back(ctx, start, end);
+                }
+            }
+            return;
+        }
+        // The launch did not happen: take its charge back.
+        {
+            let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
+            l.costs.uncharge(t.key, t.cost_ns);
+        }
+        if let Some((ctx, start, end)) = t.sample {
+            self.give_back(ctx, start, end);
+        }
+        self.charged[t.dev].fetch_sub(t.cost_ns as i64, Relaxed);
+        if t.pct > 0 {
+            let tat = &self.sys.buckets().devs[t.dev].tat;
+            bucket::adjust(tat, self.sys.now(), -(t.cost_ns as i64), t.pct);
+        }
+    }
+
+    /// Collects up to `max` finished timings, oldest first.
+    fn poll(&self, l: &mut Learn, max: usize) {
+        for _ in 0..max {
+            let Some(p) = l.pending.front() else { return };
+            match self.sys.query(p.end) {
+                Poll::NotReady => return,
+                Poll::Failed => {
+                    if let Some(p) = l.pending.pop_front() {
+                        self.sys.destroy_event(p.start);
+                        self.sys.destroy_event(p.end);
+                    }
+                }
+                Poll::Ready => {
+                    let Some(p) = l.pending.pop_front() else {
+                        return;
+                    };
+                    if let Some(ns) = self.sys.elapsed_ns(p.start, p.end) {
+                        let owed = l.costs.sample(p.dev, p.key, ns);
+                        if owed != 0 {
+                            self.settle(p.dev, owed);
+                        }
+                    }
+                    let pool = l.pool.entry(p.ctx).or_default();
+                    if pool.len() < MAX_POOL {
+                        pool.push((p.start, p.end));
+                    } else {
+                        self.sys.destroy_event(p.start);
+                        self.sys.destroy_event(p.end);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Charges GPU time learnt after the fact (launches charged a guess).
+    fn settle(&self, dev: usize, owed: i64) {
+        self.charged[dev].fetch_add(owed, Relaxed);
+        let pct = self.limits[dev].load(Relaxed);
+        if pct > 0 && self.enforce.load(Relaxed) {
+            let tat = &self.sys.buckets().devs[dev].tat;
+            bucket::adjust(tat, self.sys.now(), owed, pct);
+        }
+    }
+
+    fn take_pair(&self, l: &mut Learn, ctx: usize) -> Option<(usize, usize)> {
+        if l.pending.len() >= MAX_PENDING {
+            return None;
+        }
+        if let Some(p) = l.pool.get_mut(&ctx).and_then(Vec::pop) {
+            return Some(p);
+        }
+        let a = self.sys.create_event()?;
+        match self.sys.create_event() {
+            Some(b) => Some((a, b)),
+            None => {
+                self.sys.destroy_event(a);
+                None
+            }
+        }
+    }
+
+    fn give_back(&self, ctx: usize, start: usize, end: usize) {
+        let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
+        let pool = l.pool.entry(ctx).or_default();
+        if pool.len() < MAX_POOL {
+            pool.push((start, end));
+        } else {
+            self.sys.destroy_event(start);
+            self.sys.destroy_event(end);
+        }
+    }
+
+    /// Re-reads the region (one thread at a time), marks activity, and
+    /// publishes the share when due.
+    fn refresh(&self, now: u64) {
+        if self.refreshing.swap(true, Acquire) {
+            return;
+        }
+        self.next_refresh
+            .store(now.saturating_add(REFRESH_NS), Relaxed);
+        if let Some((region, slot)) = self.sys.region() {
+            let s = policy::read(region, self.sys.policy());
+            for (d, l) in s.limits.iter().enumerate() {
+                self.limits[d].store(*l, Relaxed);
+            }
+            self.enforce.store(s.enforce, Relaxed);
+            self.limited.store(s.limited_mask(), Relaxed);
+            self.blocked.store(s.blocked, Relaxed);
+            if !s.blocked {
+                policy::mark_activity(region, self.sys.unix_secs(), &self.last_secs);
+            }
+            self.publish(region, slot, now);
+        }
+        self.refreshing.store(false, Release);
+    }
+
+    /// Writes this process's share of each limited device (percent of wall
+    /// time, from the GPU time it was charged) into its slot's `sm_util`.
+    fn publish(&self, region: &vgpu_common::region::SharedRegion, slot: usize, now: u64) {
+        let Ok(mut p) = self.publish.try_lock() else {
+            return;
+        };
+        if p.at == 0 {
+            p.at = now;
+            return;
+        }
+        let dt = now.saturating_sub(p.at);
+        if dt < PUBLISH_NS {
+            return;
+        }
+        p.at = now;
+        let Some(s) = region.procs.get(slot) else {
+            return;
+        };
+        let mask = self.limited.load(Relaxed);
+        for d in 0..MAX_DEVICES {
+            let c = self.charged[d].load(Relaxed);
+            let delta = c.saturating_sub(p.charged[d]).max(0) as u64;
+            p.charged[d] = c;
+            if mask & (1 << d) != 0 || delta > 0 {
+                let pct = (delta.saturating_mul(100) / dt.max(1)).min(100);
+                s.device_util[d].sm_util.store(pct, Relaxed);
+            }
+        }
+    }
+
+    fn wait_unblocked(&self) {
+        while let Some((region, _)) = self.sys.region() {
+            if region.recent_kernel.load(Relaxed) >= 0 {
+                policy::unblocked(region);
+                break;
+            }
+            let now = self.sys.now();
+            self.sys.sleep_until(now.saturating_add(BLOCK_SLEEP_NS));
+        }
+        self.blocked.store(false, Relaxed);
+    }
+
+    /// GPU ns charged to this process on `dev` (tests, diagnostics).
+    pub fn charged_ns(&self, dev: usize) -> i64 {
+        self.charged.get(dev).map_or(0, |c| c.load(Relaxed))
+    }
+
+    /// The learnt cost of `key`, if any.
+    pub fn estimate(&self, key: &Key) -> Option<u64> {
+        let l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
+        l.costs.estimate(key)
+    }
+}

@@ -1,0 +1,245 @@
+//! What a launch costs: its standalone GPU time, learnt per launch key from
+//! sampled event timings.
+//!
+//! A timing between two events around a launch is the kernel's own time,
+//! plus anything that delayed it: other processes' work on the GPU, and,
+//! when the stream was idle, the host's launch latency. All of these only
+//! *inflate* a sample, so the estimate is a minimum. It is not a minimum for
+//! ever: when a whole window of samples sits well above it, the work behind
+//! the key really changed and the estimate moves up to that window's
+//! minimum. Keys never timed yet cost the device's running average, and the
+//! difference is settled when their first sample lands.
+
+use std::collections::HashMap;
+
+use vgpu_common::region::MAX_DEVICES;
+
+/// Cost of a launch on a device nothing was learnt about yet.
+pub const DEFAULT_COST_NS: u64 = 20_000;
+/// Samples every key gets before sampling becomes occasional.
+pub const EARLY_SAMPLES: u32 = 6;
+/// After that, one launch in this many is timed.
+pub const SAMPLE_EVERY: u64 = 64;
+/// Samples per re-estimation window.
+const WINDOW: u32 = 32;
+/// Keys kept before the table is cleared (a process generating unbounded
+/// distinct grids must not grow memory without bound).
+const MAX_KEYS: usize = 8192;
+
+/// What identifies "the same work": the function and its geometry, or the
+/// executable graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Key {
+    Kernel {
+        func: usize,
+        grid: [u32; 3],
+        block: [u32; 3],
+    },
+    Graph {
+        exec: usize,
+    },
+}
+
+/// The estimate of one key.
+#[derive(Debug, Clone, Default)]
+pub struct Estimate {
+    /// Standalone GPU ns; `None` until the first sample.
+    pub est: Option<u64>,
+    pub samples: u32,
+    pub launches: u64,
+    window_min: u64,
+    window_n: u32,
+    /// Launches charged a guess before the first sample, and their sum.
+    guessed: u64,
+    guessed_ns: u64,
+}
+
+impl Estimate {
+    /// Adds a sample; returns the GPU ns still owed (or to refund) for
+    /// launches that were charged a guess.
+    pub fn add(&mut self, ns: u64) -> i64 {
+        let ns = ns.max(1);
+        self.samples = self.samples.saturating_add(1);
+        let mut est = self.est.map_or(ns, |e| e.min(ns));
+        self.window_min = if self.window_n == 0 {
+            ns
+        } else {
+            self.window_min.min(ns)
+        };
+        self.window_n += 1;
+        if self.window_n >= WINDOW {
+            if self.window_min > est.saturating_mul(3) / 2 {
+                est = self.window_min;
+            }
+            self.window_n = 0;
+        }
+        self.est = Some(est);
+        let owed = (est as i128 * self.guessed as i128 - self.guessed_ns as i128)
+            .clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+        self.guessed = 0;
+        self.guessed_ns = 0;
+        owed
+    }
+
+    /// Whether the launch about to happen should be timed. `idle_stream`:
+    /// the launch follows a throttling sleep, so its timing would include
+    /// the launch latency (only early samples take that).
+    pub fn want_sample(&self, idle_stream: bool) -> bool {
+        self.samples < EARLY_SAMPLES
+            || (!idle_stream && self.launches % SAMPLE_EVERY == SAMPLE_EVERY - 1)
+    }
+}
+
+/// Per-device fallback: a running average of the keys' estimates.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fallback {
+    avg: u64,
+    n: u32,
+}
+
+/// The process's cost table.
+#[derive(Debug, Default)]
+pub struct Costs {
+    keys: HashMap<Key, Estimate>,
+    fallback: [Fallback; MAX_DEVICES],
+}
+
+/// The charge decided for one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    pub cost_ns: u64,
+    pub sample: bool,
+}
+
+impl Costs {
+    /// The cost to charge for a launch of `key` on `dev`, counting the launch.
+    pub fn charge(&mut self, dev: usize, key: Key, idle_stream: bool) -> Charge {
+        if self.keys.len() >= MAX_KEYS && !self.keys.contains_key(&key) {
+            self.keys.clear();
+        }
+        let fb = self.fallback_ns(dev);
+        let e = self.keys.entry(key).or_default();
+        let sample = e.want_sample(idle_stream);
+        e.launches += 1;
+        let cost_ns = match e.est {
+            Some(v) => v,
+            None => {
+                e.guessed += 1;
+                e.guessed_ns = e.guessed_ns.saturating_add(fb);
+                fb
+            }
+        };
+        Charge { cost_ns, sample }
+    }
+
+    /// A launch charged with [`Self::charge`] did not happen.
+    pub fn uncharge(&mut self, key: Key, cost_ns: u64) {
+        if let Some(e) = self.keys.get_mut(&key) {
+            if e.est.is_none() && e.guessed > 0 {
+                e.guessed -= 1;
+                e.guessed_ns = e.guessed_ns.saturating_sub(cost_ns);
+            }
+        }
+    }
+
+    /// Records a timing of `key` on `dev`; returns GPU ns owed (see
+    /// [`Estimate::add`]).
+    pub fn sample(&mut self, dev: usize, key: Key, ns: u64) -> i64 {
+        let Some(e) = self.keys.get_mut(&key) else {
+            return 0;
+        };
+        let owed = e.add(ns);
+        let est = e.est.unwrap_or(ns);
+        if let Some(f) = self.fallback.get_mut(dev) {
+            f.avg = if f.n == 0 {
+                est
+            } else {
+                (f.avg.saturating_mul(7) + est) / 8
+            };
+            f.n = f.n.saturating_add(1);
+        }
+        owed
+    }
+
+    pub fn fallback_ns(&self, dev: usize) -> u64 {
+        match self.fallback.get(dev) {
+            Some(f) if f.n > 0 => f.avg.max(1),
+            _ => DEFAULT_COST_NS,
+        }
+    }
+
+    pub fn estimate(&self, key: &Key) -> Option<u64> {
+        self.keys.get(key).and_then(|e| e.est)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: Key = Key::Kernel {
+        func: 1,
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+    };
+
+    #[test]
+    fn minimum_filters_contention() {
+        let mut c = Costs::default();
+        for ns in [30_000, 10_500, 55_000, 10_000, 80_000, 12_000] {
+            c.charge(0, K, false);
+            c.sample(0, K, ns);
+        }
+        assert_eq!(c.estimate(&K), Some(10_000));
+    }
+
+    #[test]
+    fn a_real_change_is_followed() {
+        let mut c = Costs::default();
+        c.charge(0, K, false);
+        c.sample(0, K, 10_000);
+        for i in 0..2 * WINDOW {
+            c.sample(0, K, 40_000 + u64::from(i));
+        }
+        let e = c.estimate(&K).unwrap();
+        assert!((40_000..40_100).contains(&e), "{e}");
+    }
+
+    #[test]
+    fn guesses_are_settled_by_the_first_sample() {
+        let mut c = Costs::default();
+        for _ in 0..5 {
+            assert_eq!(c.charge(0, K, false).cost_ns, DEFAULT_COST_NS);
+        }
+        // Five launches charged 20 µs each, really 1 ms each.
+        assert_eq!(c.sample(0, K, 1_000_000), 5 * (1_000_000 - 20_000));
+        assert_eq!(c.charge(0, K, false).cost_ns, 1_000_000);
+        assert_eq!(c.sample(0, K, 1_000_000), 0);
+        // Unseen keys now default to the device's average.
+        let k2 = Key::Graph { exec: 9 };
+        assert_eq!(c.charge(0, k2, false).cost_ns, 1_000_000);
+        assert_eq!(c.charge(1, k2, false).cost_ns, DEFAULT_COST_NS);
+        let k3 = Key::Graph { exec: 10 };
+        assert_eq!(c.charge(1, k3, false).cost_ns, DEFAULT_COST_NS);
+    }
+
+    #[test]
+    fn sampling_is_early_then_occasional_and_not_after_a_sleep() {
+        let mut c = Costs::default();
+        let mut sampled = 0;
+        for _ in 0..(EARLY_SAMPLES as u64 + 10 * SAMPLE_EVERY) {
+            if c.charge(0, K, false).sample {
+                sampled += 1;
+                c.sample(0, K, 1000);
+            }
+        }
+        assert_eq!(sampled, EARLY_SAMPLES as u64 + 10);
+        let mut idle = 0;
+        for _ in 0..(10 * SAMPLE_EVERY) {
+            if c.charge(0, K, true).sample {
+                idle += 1;
+            }
+        }
+        assert_eq!(idle, 0);
+    }
+}

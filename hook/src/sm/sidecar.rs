@@ -1,0 +1,193 @@
+//! The container's shared SM-limit state: a small file next to the region
+//! (`<region>.sm`), mapped `MAP_SHARED` by every process of the container.
+//!
+//! The v1.2 region has no spare per-region field, so the token buckets live
+//! here, in our own `#[repr(C)]` layout with a magic and a version. HAMi's
+//! monitor only reads files ending in `.cache`, so it never sees this one.
+//! One bucket per device, each on its own cache line.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use vgpu_common::region::MAX_DEVICES;
+
+/// `"vgpusm01"` little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusm01");
+pub const VERSION: u32 = 1;
+
+/// One device's bucket (see `bucket`): 64 bytes.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct DevBucket {
+    /// GCRA "theoretical arrival time": CLOCK_MONOTONIC ns at which the
+    /// container's budget is spent (0 = never charged).
+    pub tat: AtomicU64,
+    /// GPU-ns charged by the container, ever (diagnostics).
+    pub charged_ns: AtomicU64,
+    /// Launches admitted after a wait (diagnostics).
+    pub throttled: AtomicU64,
+    pub reserved: [AtomicU64; 5],
+}
+
+/// The whole file.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SmShared {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    /// `size_of::<SmShared>()` as written by the creator.
+    pub size: AtomicU32,
+    pub reserved: [AtomicU64; 6],
+    pub devs: [DevBucket; MAX_DEVICES],
+}
+
+pub const SIZE: usize = std::mem::size_of::<SmShared>();
+
+const _: () = {
+    assert!(std::mem::size_of::<DevBucket>() == 64);
+    assert!(SIZE == 64 + 64 * MAX_DEVICES);
+    assert!(std::mem::offset_of!(SmShared, devs) == 64);
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SidecarError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: mmap failed: {source}")]
+    Map {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a vgpu SM file (magic {magic:#x}, version {version})")]
+    Foreign {
+        path: PathBuf,
+        magic: u64,
+        version: u32,
+    },
+}
+
+/// The sidecar path of a region file.
+pub fn path_for(region: &Path) -> PathBuf {
+    let mut s = region.as_os_str().to_owned();
+    s.push(".sm");
+    PathBuf::from(s)
+}
+
+/// Maps (creating if needed) the sidecar at `path`. The mapping is never
+/// unmapped (it is shared by the process for its whole life, forks included).
+pub fn open(path: &Path) -> Result<&'static SmShared, SidecarError> {
+    let io = |source| SidecarError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file: File = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(path)
+        .map_err(io)?;
+    // Other containers' users may share the directory: keep it 0666 despite
+    // the umask (as HAMi does for the region).
+    let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+    let len = file.metadata().map_err(io)?.len();
+    if len < SIZE as u64 {
+        // Growing with zeroes is idempotent, so racing creators agree.
+        file.set_len(SIZE as u64).map_err(io)?;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared read-write mapping of `SIZE` bytes of a file at
+    // least that long; the kernel picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(SidecarError::Map {
+            path: path.to_owned(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: the mapping is `SIZE` bytes, page-aligned, never unmapped, and
+    // `SmShared` is all atomics (any bit pattern is valid, shared access is
+    // through atomics only).
+    let shared: &'static SmShared = unsafe { &*(p as *const SmShared) };
+    init_or_check(shared).map_err(|(magic, version)| SidecarError::Foreign {
+        path: path.to_owned(),
+        magic,
+        version,
+    })?;
+    Ok(shared)
+}
+
+/// Stamps a zeroed file, or checks an existing one.
+pub fn init_or_check(s: &SmShared) -> Result<(), (u64, u32)> {
+    match s.magic.compare_exchange(0, MAGIC, Release, Acquire) {
+        Ok(_) => {
+            s.version.store(VERSION, Release);
+            s.size.store(SIZE as u32, Release);
+            Ok(())
+        }
+        Err(m) if m == MAGIC => {
+            // The creator may not have stamped the version yet: wait a bit.
+            for _ in 0..1000 {
+                let v = s.version.load(Acquire);
+                if v == VERSION {
+                    return Ok(());
+                }
+                if v != 0 {
+                    return Err((m, v));
+                }
+                std::hint::spin_loop();
+            }
+            Ok(())
+        }
+        Err(m) => Err((m, s.version.load(Relaxed))),
+    }
+}
+
+/// A process-private bucket set, when the sidecar cannot be used (the limit
+/// then holds per process instead of per container).
+pub fn private() -> &'static SmShared {
+    let s: &'static SmShared = Box::leak(Box::default());
+    let _ = init_or_check(s);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_then_attach() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = path_for(&dir.path().join("x.cache"));
+        assert!(p.to_string_lossy().ends_with("x.cache.sm"));
+        let a = open(&p).unwrap();
+        let b = open(&p).unwrap();
+        a.devs[3].tat.store(42, Relaxed);
+        assert_eq!(b.devs[3].tat.load(Relaxed), 42);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), SIZE as u64);
+    }
+
+    #[test]
+    fn foreign_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("y.sm");
+        std::fs::write(&p, vec![7u8; SIZE]).unwrap();
+        assert!(matches!(open(&p), Err(SidecarError::Foreign { .. })));
+    }
+}

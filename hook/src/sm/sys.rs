@@ -1,0 +1,183 @@
+//! What the limiter needs from the outside world, behind one trait so the
+//! controller can be tested with a fake clock and a fake GPU: clocks and
+//! sleeping, the current context's device, timing events (always the real
+//! driver's, never the hooked exports), and the region.
+
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+use vgpu_common::region::SharedRegion;
+
+use super::sidecar::{self, SmShared};
+use crate::ffi::*;
+
+/// An event's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    Ready,
+    NotReady,
+    /// Destroyed context, driver error: drop the sample.
+    Failed,
+}
+
+pub trait Sys: Sync {
+    /// CLOCK_MONOTONIC, ns.
+    fn now(&self) -> u64;
+    /// A cheaper clock of a few ms resolution (same epoch as `now`).
+    fn coarse(&self) -> u64;
+    fn unix_secs(&self) -> u64;
+    /// Sleeps until `now() >= t` (or a little past it).
+    fn sleep_until(&self, t: u64);
+    /// The current context (as an opaque key) and its CUDA device ordinal.
+    fn current(&self) -> Option<(usize, usize)>;
+    /// A timing event in the current context.
+    fn create_event(&self) -> Option<usize>;
+    fn destroy_event(&self, ev: usize);
+    fn record(&self, ev: usize, stream: usize) -> bool;
+    fn query(&self, ev: usize) -> Poll;
+    fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64>;
+    /// The region and this process's slot.
+    fn region(&self) -> Option<(&SharedRegion, usize)>;
+    /// `GPU_CORE_UTILIZATION_POLICY`.
+    fn policy(&self) -> i32;
+    /// The container's buckets.
+    fn buckets(&self) -> &'static SmShared;
+}
+
+fn clock(id: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; clock_gettime goes through the
+    // vDSO for these clocks (no syscall).
+    unsafe { libc::clock_gettime(id, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+thread_local! {
+    /// The last (context, device) this thread launched on.
+    static CTX_DEV: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+}
+
+/// The process's real world.
+#[derive(Debug, Default)]
+pub struct Real {
+    buckets: OnceLock<&'static SmShared>,
+}
+
+impl Sys for Real {
+    fn now(&self) -> u64 {
+        clock(libc::CLOCK_MONOTONIC)
+    }
+
+    fn coarse(&self) -> u64 {
+        clock(libc::CLOCK_MONOTONIC_COARSE)
+    }
+
+    fn unix_secs(&self) -> u64 {
+        clock(libc::CLOCK_REALTIME) / 1_000_000_000
+    }
+
+    fn sleep_until(&self, t: u64) {
+        let ts = libc::timespec {
+            tv_sec: (t / 1_000_000_000) as libc::time_t,
+            tv_nsec: (t % 1_000_000_000) as libc::c_long,
+        };
+        for _ in 0..16 {
+            // SAFETY: `ts` is a valid absolute time; no remainder pointer is
+            // needed with TIMER_ABSTIME.
+            let rc = unsafe {
+                libc::clock_nanosleep(
+                    libc::CLOCK_MONOTONIC,
+                    libc::TIMER_ABSTIME,
+                    &ts,
+                    std::ptr::null_mut(),
+                )
+            };
+            if rc != libc::EINTR {
+                return;
+            }
+        }
+    }
+
+    fn current(&self) -> Option<(usize, usize)> {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        if real_cuda!(cuCtxGetCurrent(&mut ctx)) != CUDA_SUCCESS || ctx.is_null() {
+            return None;
+        }
+        let key = ctx as usize;
+        let (c, d) = CTX_DEV.try_with(Cell::get).unwrap_or((0, 0));
+        if c == key {
+            return Some((c, d));
+        }
+        let mut dev: CUdevice = -1;
+        if real_cuda!(cuCtxGetDevice(&mut dev)) != CUDA_SUCCESS || dev < 0 {
+            return None;
+        }
+        let _ = CTX_DEV.try_with(|x| x.set((key, dev as usize)));
+        Some((key, dev as usize))
+    }
+
+    fn create_event(&self) -> Option<usize> {
+        let mut ev: CUevent = std::ptr::null_mut();
+        // CU_EVENT_DEFAULT: timing enabled, spin-wait (never waited on).
+        (real_cuda!(cuEventCreate(&mut ev, 0)) == CUDA_SUCCESS && !ev.is_null())
+            .then_some(ev as usize)
+    }
+
+    fn destroy_event(&self, ev: usize) {
+        let _ = real_cuda!(cuEventDestroy_v2(ev as CUevent));
+    }
+
+    fn record(&self, ev: usize, stream: usize) -> bool {
+        real_cuda!(cuEventRecord(ev as CUevent, stream as CUstream)) == CUDA_SUCCESS
+    }
+
+    fn query(&self, ev: usize) -> Poll {
+        match real_cuda!(cuEventQuery(ev as CUevent)) {
+            CUDA_SUCCESS => Poll::Ready,
+            CUDA_ERROR_NOT_READY => Poll::NotReady,
+            _ => Poll::Failed,
+        }
+    }
+
+    fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64> {
+        let mut ms: f32 = 0.0;
+        let (a, b) = (start as CUevent, end as CUevent);
+        let v2 = crate::real::cuda::fns().and_then(|t| t.cuEventElapsedTime_v2);
+        let rc = if v2.is_some() {
+            real_cuda!(cuEventElapsedTime_v2(&mut ms, a, b))
+        } else {
+            real_cuda!(cuEventElapsedTime(&mut ms, a, b))
+        };
+        (rc == CUDA_SUCCESS && ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
+    }
+
+    fn region(&self) -> Option<(&SharedRegion, usize)> {
+        let p = crate::state::process()?;
+        Some((p.att.region(), p.att.slot_index()))
+    }
+
+    fn policy(&self) -> i32 {
+        crate::state::config().policy
+    }
+
+    fn buckets(&self) -> &'static SmShared {
+        self.buckets.get_or_init(|| {
+            let path = sidecar::path_for(&crate::state::config().region_path);
+            match sidecar::open(&path) {
+                Ok(s) => s,
+                Err(e) => {
+                    vlog!(
+                        crate::log::ERROR,
+                        "{e}; the SM limit holds per process, not per container"
+                    );
+                    sidecar::private()
+                }
+            }
+        })
+    }
+}

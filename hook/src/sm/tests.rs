@@ -1,0 +1,287 @@
+//! The controller against a fake clock and a fake GPU: a single queue that
+//! runs kernels back to back, events completing when the queue reaches
+//! them, and a host that launches in a loop (blocking, like a driver, once
+//! the queue is 50 ms ahead).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Mutex;
+
+use vgpu_common::region::{policy, SharedRegion};
+use vgpu_common::view::RegionFile;
+
+use super::control::{Controller, Work};
+use super::cost::Key;
+use super::sidecar::{self, SmShared};
+use super::sys::{Poll, Sys};
+
+const QUEUE_NS: u64 = 50_000_000;
+const SLACK_NS: u64 = 60_000;
+
+#[derive(Default)]
+struct Gpu {
+    free_at: u64,
+    intervals: Vec<(u64, u64)>,
+    events: HashMap<usize, u64>,
+    next: usize,
+}
+
+struct Fake {
+    now: AtomicU64,
+    gpu: Mutex<Gpu>,
+    file: RegionFile,
+    _dir: tempfile::TempDir,
+    policy: i32,
+    buckets: &'static SmShared,
+    sleeps: AtomicU32,
+    /// Unblock the container after this many sleeps (0: never).
+    unblock_after: AtomicU32,
+}
+
+impl Fake {
+    fn new(pct: u64, policy_: i32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = RegionFile::create_or_open(&dir.path().join("r.cache")).unwrap();
+        let r = file.region();
+        r.sm_limit[0].store(pct, Relaxed);
+        r.utilization_switch.store(1, Relaxed);
+        r.recent_kernel.store(2, Relaxed);
+        Fake {
+            now: AtomicU64::new(1_000_000_000),
+            gpu: Mutex::new(Gpu::default()),
+            file,
+            _dir: dir,
+            policy: policy_,
+            buckets: sidecar::private(),
+            sleeps: AtomicU32::new(0),
+            unblock_after: AtomicU32::new(0),
+        }
+    }
+
+    fn advance(&self, ns: u64) {
+        self.now.fetch_add(ns, Relaxed);
+    }
+}
+
+impl Sys for Fake {
+    fn now(&self) -> u64 {
+        self.now.load(Relaxed)
+    }
+    fn coarse(&self) -> u64 {
+        self.now()
+    }
+    fn unix_secs(&self) -> u64 {
+        1_700_000_000 + self.now() / 1_000_000_000
+    }
+    fn sleep_until(&self, t: u64) {
+        let n = self.sleeps.fetch_add(1, Relaxed) + 1;
+        if n == self.unblock_after.load(Relaxed) {
+            self.file.region().recent_kernel.store(0, Relaxed);
+        }
+        self.now.fetch_max(t + SLACK_NS, Relaxed);
+    }
+    fn current(&self) -> Option<(usize, usize)> {
+        Some((7, 0))
+    }
+    fn create_event(&self) -> Option<usize> {
+        let mut g = self.gpu.lock().unwrap();
+        g.next += 1;
+        Some(g.next)
+    }
+    fn destroy_event(&self, ev: usize) {
+        self.gpu.lock().unwrap().events.remove(&ev);
+    }
+    fn record(&self, ev: usize, _stream: usize) -> bool {
+        let mut g = self.gpu.lock().unwrap();
+        let t = g.free_at.max(self.now());
+        g.events.insert(ev, t);
+        true
+    }
+    fn query(&self, ev: usize) -> Poll {
+        match self.gpu.lock().unwrap().events.get(&ev) {
+            Some(&t) if t <= self.now() => Poll::Ready,
+            Some(_) => Poll::NotReady,
+            None => Poll::Failed,
+        }
+    }
+    fn elapsed_ns(&self, a: usize, b: usize) -> Option<u64> {
+        let g = self.gpu.lock().unwrap();
+        Some(g.events.get(&b)? - g.events.get(&a)?)
+    }
+    fn region(&self) -> Option<(&SharedRegion, usize)> {
+        Some((self.file.region(), 0))
+    }
+    fn policy(&self) -> i32 {
+        self.policy
+    }
+    fn buckets(&self) -> &'static SmShared {
+        self.buckets
+    }
+}
+
+/// Runs launches of `cost` (key `key`) for `dur` of fake time; returns the
+/// GPU's busy share (percent) over the last `dur - warmup`.
+fn run(c: &Controller<Fake>, key: Key, cost: u64, dur: u64, warmup: u64) -> f64 {
+    let f = &c.sys;
+    let start = f.now();
+    let w = Work { key, stream: 0 };
+    while f.now() < start + dur {
+        // The driver blocks while the queue is too far ahead.
+        let ahead = f.gpu.lock().unwrap().free_at;
+        if ahead > f.now() + QUEUE_NS {
+            f.now.store(ahead - QUEUE_NS, Relaxed);
+        }
+        let t = c.before(&w);
+        {
+            let mut g = f.gpu.lock().unwrap();
+            let s = g.free_at.max(f.now());
+            g.free_at = s + cost;
+            g.intervals.push((s, s + cost));
+        }
+        c.after_opt(t, true);
+        f.advance(1_500);
+    }
+    busy_share(f, start + warmup, start + dur)
+}
+
+fn busy_share(f: &Fake, from: u64, to: u64) -> f64 {
+    let g = f.gpu.lock().unwrap();
+    let busy: u64 = g
+        .intervals
+        .iter()
+        .map(|&(s, e)| e.min(to).saturating_sub(s.max(from)))
+        .sum();
+    busy as f64 * 100.0 / (to - from) as f64
+}
+
+impl Controller<Fake> {
+    fn after_opt(&self, t: Option<super::Ticket>, ok: bool) {
+        if let Some(t) = t {
+            self.after(t, ok);
+        }
+    }
+}
+
+const SEC: u64 = 1_000_000_000;
+
+fn kernel(func: usize) -> Key {
+    Key::Kernel {
+        func,
+        grid: [1, 1, 1],
+        block: [128, 1, 1],
+    }
+}
+
+#[test]
+fn long_and_tiny_kernels_get_their_share() {
+    for pct in [10u64, 30, 60, 90] {
+        for cost in [2_000_000u64, 10_000] {
+            let c = Controller::new(Fake::new(pct, policy::DEFAULT));
+            let s = run(&c, kernel(1), cost, 3 * SEC, SEC / 2);
+            assert!(
+                (s - pct as f64).abs() < 2.0,
+                "limit {pct}, kernel {cost} ns: {s:.1}%"
+            );
+            assert_eq!(c.estimate(&kernel(1)), Some(cost));
+        }
+    }
+}
+
+#[test]
+fn graphs_are_limited() {
+    let c = Controller::new(Fake::new(30, policy::DEFAULT));
+    let s = run(&c, Key::Graph { exec: 5 }, 400_000, 3 * SEC, SEC / 2);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
+}
+
+#[test]
+fn no_limit_and_disable_do_not_throttle() {
+    for (pct, pol, switch) in [
+        (100, policy::DEFAULT, 1),
+        (0, policy::FORCE, 1),
+        (30, policy::DISABLE, 1),
+        (30, policy::DEFAULT, 0),
+    ] {
+        let f = Fake::new(pct, pol);
+        f.file.region().utilization_switch.store(switch, Relaxed);
+        let c = Controller::new(f);
+        let s = run(&c, kernel(1), 100_000, SEC, SEC / 4);
+        assert!(
+            s > 99.0,
+            "limit {pct} policy {pol} switch {switch}: {s:.1}%"
+        );
+        assert_eq!(c.sys.sleeps.load(Relaxed), 0);
+    }
+    // Force ignores the switch.
+    let f = Fake::new(30, policy::FORCE);
+    f.file.region().utilization_switch.store(0, Relaxed);
+    let c = Controller::new(f);
+    let s = run(&c, kernel(1), 100_000, 2 * SEC, SEC / 2);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
+}
+
+#[test]
+fn a_runtime_change_is_followed() {
+    let c = Controller::new(Fake::new(80, policy::DEFAULT));
+    let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2);
+    assert!((s - 80.0).abs() < 2.0, "{s:.1}%");
+    c.sys.file.region().sm_limit[0].store(20, Relaxed);
+    let t0 = c.sys.now();
+    let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 5);
+    assert!((s - 20.0).abs() < 2.0, "{s:.1}%");
+    // Within 200 ms of the change the share was already down.
+    assert!(busy_share(&c.sys, t0 + SEC / 5, t0 + SEC) < 22.0);
+}
+
+#[test]
+fn a_first_guess_is_settled() {
+    // Kernels of 5 ms: the first launches are charged the 20 µs default,
+    // the debt is charged once the first timing lands.
+    let c = Controller::new(Fake::new(50, policy::DEFAULT));
+    let s = run(&c, kernel(2), 5_000_000, 2 * SEC, 0);
+    assert!((s - 50.0).abs() < 3.0, "{s:.1}%");
+}
+
+#[test]
+fn activity_is_marked_and_blocking_obeyed() {
+    let c = Controller::new(Fake::new(100, policy::DEFAULT));
+    let r = c.sys.file.region();
+    r.recent_kernel.store(1, Relaxed);
+    run(&c, kernel(1), 10_000, SEC / 10, 0);
+    assert_eq!(r.recent_kernel.load(Relaxed), 2);
+    assert!(r.last_kernel_time.load(Relaxed) >= 1_700_000_000);
+    // Blocked: the next launches wait until the monitor unblocks.
+    r.recent_kernel.store(-1, Relaxed);
+    c.sys.advance(super::control::REFRESH_NS);
+    c.sys
+        .unblock_after
+        .store(c.sys.sleeps.load(Relaxed) + 5, Relaxed);
+    let before = c.sys.now();
+    let w = Work {
+        key: kernel(1),
+        stream: 0,
+    };
+    let t = c.before(&w);
+    c.after_opt(t, true);
+    assert!(c.sys.now() - before >= 500_000_000);
+    assert_eq!(r.recent_kernel.load(Relaxed), 2);
+}
+
+#[test]
+fn share_is_published_and_failed_launches_refunded() {
+    let c = Controller::new(Fake::new(40, policy::DEFAULT));
+    run(&c, kernel(1), 100_000, 3 * SEC, 0);
+    let u = c.sys.file.region().procs[0].device_util[0]
+        .sm_util
+        .load(Relaxed);
+    assert!((38..=42).contains(&u), "sm_util {u}");
+    let charged = c.charged_ns(0);
+    let w = Work {
+        key: kernel(1),
+        stream: 0,
+    };
+    let t = c.before(&w);
+    c.after_opt(t, false);
+    assert_eq!(c.charged_ns(0), charged);
+}
