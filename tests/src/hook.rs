@@ -1,6 +1,10 @@
 //! Helpers for the hook's integration tests: an isolated environment per
 //! test (its own region file and simulated GPU), and commands that run a C
 //! test program with `LD_PRELOAD=libvgpu.so`.
+#![expect(
+    clippy::expect_used,
+    reason = "test helpers panic on a broken setup (tests panic rather than return errors)"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
