@@ -60,6 +60,7 @@ impl HookEnv {
         c.args(args)
             .env("LD_LIBRARY_PATH", dist::sim_dir())
             .env("SIMGPU_DIR", self.dir.join("sim"))
+            .env("SIMGPU_SERVER", dist::sim_dir().join("simgpu-server"))
             .env_remove("LD_PRELOAD")
             .env_remove("CUDA_VISIBLE_DEVICES");
         for (k, v) in &self.extra_env {
