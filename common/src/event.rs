@@ -93,6 +93,17 @@ pub enum Func {
     GraphLaunch = 38,
     /// `cuGraphLaunch_ptsz`
     GraphLaunchPtsz = 39,
+    // Driver init and context creation: 64..=79.
+    /// `cuInit(unsigned flags)`
+    Init = 64,
+    /// `cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)`
+    CtxCreate = 65,
+    /// `cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned flags, CUdevice dev)`
+    CtxCreateV3 = 66,
+    /// `cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned flags, CUdevice dev)`
+    CtxCreateV4 = 67,
+    /// `cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`
+    DevicePrimaryCtxRetain = 68,
 }
 
 /// What a [`Func`] does, for aggregation.
@@ -106,6 +117,9 @@ pub enum FuncClass {
     Launch,
     /// Launches a CUDA graph.
     GraphLaunch,
+    /// Initialises the driver or creates a context: makes the process known
+    /// to the per-process maps before it allocates anything.
+    Context,
 }
 
 impl Func {
@@ -131,6 +145,16 @@ impl Func {
         Func::LaunchCooperativeKernelPtsz,
         Func::GraphLaunch,
         Func::GraphLaunchPtsz,
+    ];
+
+    /// Driver init and context creation entry points (the daemon probes
+    /// these to learn a process at its first CUDA call; not in [`Func::ALL`]).
+    pub const CONTEXT: [Func; 5] = [
+        Func::Init,
+        Func::CtxCreate,
+        Func::CtxCreateV3,
+        Func::CtxCreateV4,
+        Func::DevicePrimaryCtxRetain,
     ];
 
     /// The wire value (attach cookie).
@@ -161,6 +185,11 @@ impl Func {
             37 => Func::LaunchCooperativeKernelPtsz,
             38 => Func::GraphLaunch,
             39 => Func::GraphLaunchPtsz,
+            64 => Func::Init,
+            65 => Func::CtxCreate,
+            66 => Func::CtxCreateV3,
+            67 => Func::CtxCreateV4,
+            68 => Func::DevicePrimaryCtxRetain,
             _ => return None,
         })
     }
@@ -188,6 +217,11 @@ impl Func {
             Func::LaunchCooperativeKernelPtsz => "cuLaunchCooperativeKernel_ptsz",
             Func::GraphLaunch => "cuGraphLaunch",
             Func::GraphLaunchPtsz => "cuGraphLaunch_ptsz",
+            Func::Init => "cuInit",
+            Func::CtxCreate => "cuCtxCreate_v2",
+            Func::CtxCreateV3 => "cuCtxCreate_v3",
+            Func::CtxCreateV4 => "cuCtxCreate_v4",
+            Func::DevicePrimaryCtxRetain => "cuDevicePrimaryCtxRetain",
         }
     }
 
@@ -212,6 +246,11 @@ impl Func {
             | Func::LaunchCooperativeKernel
             | Func::LaunchCooperativeKernelPtsz => FuncClass::Launch,
             Func::GraphLaunch | Func::GraphLaunchPtsz => FuncClass::GraphLaunch,
+            Func::Init
+            | Func::CtxCreate
+            | Func::CtxCreateV3
+            | Func::CtxCreateV4
+            | Func::DevicePrimaryCtxRetain => FuncClass::Context,
         }
     }
 

@@ -120,6 +120,9 @@ fn try_entry(ctx: &ProbeContext) -> Result<(), Error> {
                 ev.stream = arg(ctx, 1);
             }
         }
+        // Known from its first call on: the daemon fills host pids from PROCS.
+        FuncClass::Context if cfg.aggregate != 0 => bump(&p.event, |_| {}),
+        FuncClass::Context => {}
     }
 
     let launchy = matches!(class, FuncClass::Launch | FuncClass::GraphLaunch);
@@ -217,7 +220,7 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), Error> {
                 });
             }
         }
-        FuncClass::Launch | FuncClass::GraphLaunch => {}
+        FuncClass::Launch | FuncClass::GraphLaunch | FuncClass::Context => {}
     }
     if cfg.emit_events != 0 {
         emit(&ev);

@@ -86,6 +86,7 @@ pub fn args_json(ev: &CallEvent) -> Value {
             "handle": hex(ev.handle),
             "size": ev.size,
         }),
+        FuncClass::Context => json!({}),
         FuncClass::Free => {
             let mut v = json!({ "dptr": hex(ev.handle), "bytes": ev.size });
             if matches!(f, Func::MemFreeAsync | Func::MemFreeAsyncPtsz) {
