@@ -537,6 +537,7 @@ fn trace_filters_select_the_process() {
             .iter()
             .map(|e| e["host_tgid"].as_u64().unwrap())
             .collect();
+        p.sort_unstable();
         p.dedup();
         p
     };
@@ -546,8 +547,7 @@ fn trace_filters_select_the_process() {
     assert_eq!(pids(by_pod), b_only, "--pod");
     assert_eq!(pids(by_container), b_only, "--container");
     assert_eq!(pids(by_host_pid), vec![u64::from(a_pid)], "--pid host");
-    let mut ns1 = pids(by_ns_pid);
-    ns1.sort_unstable();
+    let ns1 = pids(by_ns_pid);
     let mut want = vec![u64::from(a_pid), u64::from(b_pid)];
     want.sort_unstable();
     assert_eq!(

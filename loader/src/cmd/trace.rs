@@ -95,6 +95,9 @@ pub struct Args {
     no_launches: bool,
 }
 
+/// How long an exited process stays in the table.
+const EXITED_KEEP: Duration = Duration::from_secs(30);
+
 /// Runs `vgpu trace`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -253,6 +256,10 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
             }
             if last {
                 break;
+            }
+            // Processes gone for a while leave the table and the kernel maps.
+            for tgid in table.expired(&snap, EXITED_KEEP) {
+                probes.forget(tgid).map_err(sentence)?;
             }
         }
     }

@@ -23,7 +23,8 @@ use aya::{
 pub use error::ProbeError;
 use libcuda::Libcuda;
 use vgpu_common::event::{
-    names, Caller, Config, Counter, Func, FuncClass, KernelOffsets, LaunchKey, ProcCounters,
+    names, AllocKey, Caller, Config, Counter, Func, FuncClass, KernelOffsets, LaunchKey,
+    ProcCounters,
 };
 
 /// The eBPF object built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
@@ -219,6 +220,51 @@ impl ProbeSet {
             out.push((k, v.iter().sum()));
         }
         Ok(out)
+    }
+}
+
+impl ProbeSet {
+    /// Drops everything recorded about process `tgid` (call when it has
+    /// exited, so the maps do not fill up over a long session).
+    pub fn forget(&mut self, tgid: u32) -> Result<(), ProbeError> {
+        macro_rules! map_mut {
+            ($name:expr) => {
+                self.ebpf
+                    .map_mut($name)
+                    .ok_or(ProbeError::MissingMap($name))?
+            };
+        }
+        let mut procs: AyaHashMap<&mut MapData, u32, Caller> =
+            AyaHashMap::try_from(map_mut!(names::PROCS))
+                .map_err(|e| ProbeError::Map(names::PROCS, e))?;
+        let _ = procs.remove(&tgid);
+        let mut counts: PerCpuHashMap<&mut MapData, u32, ProcCounters> =
+            PerCpuHashMap::try_from(map_mut!(names::PROC_COUNTS))
+                .map_err(|e| ProbeError::Map(names::PROC_COUNTS, e))?;
+        let _ = counts.remove(&tgid);
+        let mut launches: PerCpuHashMap<&mut MapData, LaunchKey, u64> =
+            PerCpuHashMap::try_from(map_mut!(names::LAUNCHES))
+                .map_err(|e| ProbeError::Map(names::LAUNCHES, e))?;
+        let keys: Vec<LaunchKey> = launches
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == tgid)
+            .collect();
+        for k in keys {
+            let _ = launches.remove(&k);
+        }
+        let mut allocs: AyaHashMap<&mut MapData, AllocKey, u64> =
+            AyaHashMap::try_from(map_mut!(names::ALLOCS))
+                .map_err(|e| ProbeError::Map(names::ALLOCS, e))?;
+        let keys: Vec<AllocKey> = allocs
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k.tgid == tgid)
+            .collect();
+        for k in keys {
+            let _ = allocs.remove(&k);
+        }
+        Ok(())
     }
 }
 

@@ -1,7 +1,11 @@
 //! The default view: a table per process (and its container) of launch
 //! rates, allocations, bytes held and top kernels, read from kernel maps.
 
-use std::{collections::HashMap, io::Write as _, time::Duration};
+use std::{
+    collections::HashMap,
+    io::Write as _,
+    time::{Duration, Instant},
+};
 
 use vgpu_common::event::{Caller, Func, LaunchKey, ProcCounters};
 
@@ -71,6 +75,7 @@ pub struct Table {
     top: usize,
     tty: bool,
     prev: HashMap<u32, (ProcCounters, Duration)>,
+    exited: HashMap<u32, Instant>,
 }
 
 impl Table {
@@ -80,7 +85,29 @@ impl Table {
             top,
             tty,
             prev: HashMap::new(),
+            exited: HashMap::new(),
         }
+    }
+
+    /// Processes of `snap` that have exited more than `keep` ago (first
+    /// noticed by this call or an earlier one); they are then forgotten here.
+    pub fn expired(&mut self, snap: &Snapshot, keep: Duration) -> Vec<u32> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for r in &snap.rows {
+            let tgid = r.caller.host_tgid;
+            if std::path::Path::new(&format!("/proc/{tgid}")).exists() {
+                self.exited.remove(&tgid);
+                continue;
+            }
+            let since = *self.exited.entry(tgid).or_insert(now);
+            if now.duration_since(since) >= keep {
+                out.push(tgid);
+                self.exited.remove(&tgid);
+                self.prev.remove(&tgid);
+            }
+        }
+        out
     }
 
     /// Prints one frame; false when stdout is gone.
