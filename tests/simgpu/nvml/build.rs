@@ -1,0 +1,5 @@
+//! Sets the SONAME of the simulated NVML.
+
+fn main() {
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnvidia-ml.so.1");
+}

@@ -1,0 +1,202 @@
+//! Per-process queries: running compute processes (host PIDs, memory) and
+//! per-process utilization samples.
+
+use crate::{guard, index, put, with, NvmlDevice, NvmlErr, NvmlReturn};
+
+/// `nvmlProcessInfo_v1_t` (16 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessInfoV1 {
+    pid: u32,
+    used_gpu_memory: u64,
+}
+
+/// `nvmlProcessInfo_t` of the `_v2` / `_v3` calls (24 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessInfoV2 {
+    pid: u32,
+    used_gpu_memory: u64,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+}
+
+/// `NVML_VALUE_NOT_AVAILABLE` for instance ids (no MIG).
+const NOT_AVAILABLE_U32: u32 = u32::MAX;
+
+/// `(host pid, used bytes)` of processes holding a context on the device,
+/// one entry per PID.
+fn running(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlErr> {
+    with(|s| {
+        let i = index(s, dev)?;
+        let mut out: Vec<(u32, u64)> = Vec::new();
+        for p in s.client.shm().processes(i) {
+            if p.contexts == 0 {
+                continue;
+            }
+            match out.iter_mut().find(|(pid, _)| *pid == p.pid) {
+                Some(e) => e.1 += p.used,
+                None => out.push((p.pid, p.used)),
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// Fills a caller's array in the NVML convention: too small (or NULL with
+/// a non-zero need) sets `*count` to the need and is `INSUFFICIENT_SIZE`.
+fn fill<T>(count: *mut u32, infos: *mut T, items: Vec<T>) -> Result<(), NvmlErr> {
+    if count.is_null() {
+        return Err(NvmlErr::InvalidArgument);
+    }
+    // SAFETY: non-NULL in/out count from the caller (API contract).
+    let cap = unsafe { count.read() } as usize;
+    let n = items.len();
+    put!(count, n as u32);
+    if n == 0 {
+        return Ok(());
+    }
+    if infos.is_null() || cap < n {
+        return Err(NvmlErr::InsufficientSize);
+    }
+    for (k, item) in items.into_iter().enumerate() {
+        // SAFETY: the caller's array holds `cap` >= n elements.
+        unsafe { infos.add(k).write(item) };
+    }
+    Ok(())
+}
+
+fn v1(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV1) -> Result<(), NvmlErr> {
+    let items = running(dev)?
+        .into_iter()
+        .map(|(pid, used)| ProcessInfoV1 {
+            pid,
+            used_gpu_memory: used,
+        })
+        .collect();
+    fill(count, infos, items)
+}
+
+fn v2(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> Result<(), NvmlErr> {
+    let items = running(dev)?
+        .into_iter()
+        .map(|(pid, used)| ProcessInfoV2 {
+            pid,
+            used_gpu_memory: used,
+            gpu_instance_id: NOT_AVAILABLE_U32,
+            compute_instance_id: NOT_AVAILABLE_U32,
+        })
+        .collect();
+    fill(count, infos, items)
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses` (v1 structs).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV1) -> NvmlReturn {
+    guard(|| v1(dev, count, infos))
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+    guard(|| v2(dev, count, infos))
+}
+
+/// `nvmlDeviceGetComputeRunningProcesses_v3`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+    guard(|| v2(dev, count, infos))
+}
+
+fn none<T>(dev: NvmlDevice, count: *mut u32, infos: *mut T) -> Result<(), NvmlErr> {
+    with(|s| index(s, dev))?;
+    fill(count, infos, Vec::new())
+}
+
+/// `nvmlDeviceGetGraphicsRunningProcesses`: always empty.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV1) -> NvmlReturn {
+    guard(|| none(dev, count, infos))
+}
+
+/// `nvmlDeviceGetGraphicsRunningProcesses_v2`: always empty.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+    guard(|| none(dev, count, infos))
+}
+
+/// `nvmlDeviceGetGraphicsRunningProcesses_v3`: always empty.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+    guard(|| none(dev, count, infos))
+}
+
+/// `nvmlDeviceGetMPSComputeRunningProcesses_v3`: always empty.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+    guard(|| none(dev, count, infos))
+}
+
+/// `nvmlProcessUtilizationSample_t` (32 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ProcessUtilizationSample {
+    pid: u32,
+    time_stamp: u64,
+    sm_util: u32,
+    mem_util: u32,
+    enc_util: u32,
+    dec_util: u32,
+}
+
+/// `nvmlDeviceGetProcessUtilization`: one sample per process (host PID)
+/// that ran kernels after `lastSeenTimeStamp` (µs since the epoch; 0 = all
+/// buffered). `smUtil` is the process's share of the last
+/// `SIMGPU_SAMPLE_MS`; `timeStamp` is when its latest kernel activity
+/// ended. No process: `NVML_ERROR_NOT_FOUND`, as the real library.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    dev: NvmlDevice,
+    samples: *mut ProcessUtilizationSample,
+    count: *mut u32,
+    last_seen: u64,
+) -> NvmlReturn {
+    guard(|| {
+        let items: Vec<ProcessUtilizationSample> = with(|s| {
+            let i = index(s, dev)?;
+            let window = s.pcfg.sample_ms * 1_000_000;
+            let since = if last_seen == 0 {
+                0
+            } else {
+                simgpu::clock::real_us_to_mono(last_seen)
+            };
+            let mut by_pid: Vec<ProcessUtilizationSample> = Vec::new();
+            for p in simgpu::timeline::process_busy(s.client.shm(), i, since, window) {
+                let util = ((p.busy_ns * 100 + window / 2) / window).min(100) as u32;
+                let ts = simgpu::clock::mono_to_real_us(p.last_active);
+                match by_pid.iter_mut().find(|x| x.pid == p.pid) {
+                    Some(x) => {
+                        x.sm_util = (x.sm_util + util).min(100);
+                        x.time_stamp = x.time_stamp.max(ts);
+                    }
+                    None => by_pid.push(ProcessUtilizationSample {
+                        pid: p.pid,
+                        time_stamp: ts,
+                        sm_util: util,
+                        mem_util: util / 2,
+                        enc_util: 0,
+                        dec_util: 0,
+                    }),
+                }
+            }
+            Ok(by_pid)
+        })?;
+        if items.is_empty() {
+            if !count.is_null() {
+                put!(count, 0);
+            }
+            return Err(NvmlErr::NotFound);
+        }
+        fill(count, samples, items)
+    })
+}
