@@ -7,3 +7,4 @@
 pub mod container;
 pub mod dist;
 pub mod hook;
+pub mod sim;
