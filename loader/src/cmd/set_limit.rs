@@ -1,0 +1,121 @@
+//! `vgpu set-sm-limit` and `vgpu set-mem-limit`: change a region's limits
+//! at runtime.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use vgpu_common::limit::{parse_percent, parse_size};
+use vgpu_common::view::{Access, RegionFile};
+
+use crate::regions::admin::{set_limit, Devices, LimitKind};
+use crate::regions::summary::bytes;
+
+/// Which devices (exactly one of --device / --all).
+#[derive(clap::Args, Debug)]
+#[group(required = true, multiple = false)]
+pub struct Which {
+    /// Only this device: its CUDA index inside the container (0..16, and
+    /// below the region's device_num once a process recorded it).
+    #[arg(long, value_name = "N")]
+    device: Option<usize>,
+
+    /// Every device of the region.
+    #[arg(long)]
+    all: bool,
+}
+
+impl Which {
+    fn devices(&self) -> Devices {
+        match self.device {
+            Some(d) => Devices::One(d),
+            None => Devices::All,
+        }
+    }
+}
+
+/// Set the SM (compute) limit of a region's devices, in percent, at runtime.
+///
+/// Writes sm_limit[] of the region; running hooked processes read it on
+/// their launch path. 0 or 100 means no limit. Refuses, writing nothing, if
+/// PATH is not a v1 region, the device is out of range, or PERCENT is not a
+/// whole number from 0 to 100.
+#[derive(clap::Args, Debug)]
+pub struct SmArgs {
+    /// The region file.
+    path: PathBuf,
+    #[command(flatten)]
+    which: Which,
+    /// New share of the GPU in percent (0 = no limit).
+    percent: String,
+}
+
+/// Set the device-memory limit of a region's devices at runtime.
+///
+/// Writes limit[] of the region; running hooked processes check every
+/// allocation against it, so a lower limit refuses further allocations
+/// with CUDA_ERROR_OUT_OF_MEMORY (memory already allocated is not taken
+/// back). SIZE is bytes or digits with k, m or g (1g, 1024m); 0 means no
+/// limit. Refuses, writing nothing, if PATH is not a v1 region, the device
+/// is out of range, or SIZE does not parse.
+#[derive(clap::Args, Debug)]
+pub struct MemArgs {
+    /// The region file.
+    path: PathBuf,
+    #[command(flatten)]
+    which: Which,
+    /// New limit (1g, 1024m, 1048576k or bytes; 0 = no limit).
+    size: String,
+}
+
+fn open(path: &Path) -> anyhow::Result<RegionFile> {
+    RegionFile::open(path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Runs `vgpu set-sm-limit`.
+pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
+    let value = parse_percent("PERCENT", &args.percent).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let file = open(&args.path)?;
+    let changes = set_limit(&file, LimitKind::Sm, args.which.devices(), value)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let show = |v: u64| {
+        if matches!(v, 0 | 100) {
+            "none".to_owned()
+        } else {
+            format!("{v}%")
+        }
+    };
+    for c in changes {
+        println!(
+            "device {}: SM limit {} -> {}",
+            c.device,
+            show(c.old),
+            show(c.new)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `vgpu set-mem-limit`.
+pub fn run_mem(args: MemArgs) -> anyhow::Result<ExitCode> {
+    let value = parse_size("SIZE", &args.size).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let file = open(&args.path)?;
+    let changes = set_limit(&file, LimitKind::Memory, args.which.devices(), value)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let show = |v: u64| if v == 0 { "none".to_owned() } else { bytes(v) };
+    for c in changes {
+        print!(
+            "device {}: memory limit {} -> {}",
+            c.device,
+            show(c.old),
+            show(c.new)
+        );
+        if c.new != 0 && c.used_bytes > c.new {
+            print!(
+                " (the container already uses {}: allocations fail until usage drops below)",
+                bytes(c.used_bytes)
+            );
+        }
+        println!();
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,231 @@
+//! Whether the process of a slot is alive, seen from the host.
+//!
+//! A slot's `pid` is the process's PID in its own (container) namespace;
+//! `hostpid` is filled by the daemon. With a host PID the answer is a look
+//! at `/proc/<hostpid>`. Without one, checking `/proc/<pid>` on the host
+//! would look at some unrelated process (a container's PID 1 is the host's
+//! init), so instead we find the processes that have the region file
+//! mapped (every hooked process keeps it mapped until it exits) and compare
+//! their innermost namespace PID (`NSpid` in `/proc/<p>/status`) with the
+//! slot's `pid`. Only when `/proc` cannot be read in full (not root) do we
+//! fall back to `pid` in the caller's namespace, and say so.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+
+/// How a liveness answer was reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AliveBy {
+    /// `/proc/<hostpid>` (the slot's host PID is known).
+    Hostpid,
+    /// A process mapping the region file has this namespace PID.
+    Mapping,
+    /// `/proc/<pid>` in the caller's PID namespace: right only if the
+    /// process runs in that namespace.
+    Pid,
+}
+
+/// A liveness answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Alive {
+    pub alive: bool,
+    pub by: AliveBy,
+    /// The host PID of the process, when known (from `hostpid` or from the
+    /// mapping scan).
+    pub host_pid: Option<i32>,
+}
+
+impl Alive {
+    /// Whether "dead" can be trusted enough to reclaim the slot.
+    pub fn is_certainly_dead(&self) -> bool {
+        !self.alive && self.by != AliveBy::Pid
+    }
+}
+
+/// Whether `pid` (in the caller's namespace) is a live, non-zombie process.
+pub fn proc_alive(pid: i64) -> bool {
+    if pid <= 0 || pid > i64::from(i32::MAX) {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the parenthesised command.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X' | 'x') | None
+        ),
+        Err(_) => false,
+    }
+}
+
+/// The processes that map one region file: (host PID, innermost namespace
+/// PID) pairs.
+#[derive(Debug, Clone, Default)]
+pub struct Mappers {
+    procs: Vec<(i32, i32)>,
+    /// Every process's maps could be read (else some may be missing).
+    complete: bool,
+}
+
+impl Mappers {
+    /// Scans `/proc/*/maps` for mappings of `file`'s inode.
+    pub fn scan(file: &File) -> Self {
+        let Ok(meta) = file.metadata() else {
+            return Self::default();
+        };
+        let (dev, ino) = (meta.dev(), meta.ino());
+        let want_dev = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Self::default();
+        };
+        let mut out = Self {
+            procs: Vec::new(),
+            complete: true,
+        };
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let maps = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(_) => {
+                    out.complete = false;
+                    continue;
+                }
+            };
+            let maps_it = maps.lines().any(|line| {
+                let mut f = line.split_ascii_whitespace();
+                let (dev, inode) = (f.nth(3), f.next());
+                dev == Some(want_dev.as_str()) && inode.and_then(|i| i.parse().ok()) == Some(ino)
+            });
+            if maps_it && proc_alive(i64::from(pid)) {
+                if let Some(ns) = innermost_nspid(pid) {
+                    out.procs.push((pid, ns));
+                }
+            }
+        }
+        out
+    }
+
+    /// A scan that found nothing and is not trusted.
+    #[cfg(test)]
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// The host PID of the mapping process whose namespace PID is `nspid`,
+    /// if exactly one matches.
+    pub fn host_pid_of(&self, nspid: i32) -> Option<i32> {
+        let mut it = self.procs.iter().filter(|(_, ns)| *ns == nspid);
+        match (it.next(), it.next()) {
+            (Some((host, _)), None) => Some(*host),
+            _ => None,
+        }
+    }
+
+    fn has_nspid(&self, nspid: i32) -> bool {
+        self.procs.iter().any(|(_, ns)| *ns == nspid)
+    }
+
+    /// Liveness of a slot (or lock owner) with namespace PID `pid` and host
+    /// PID `hostpid` (0 = unknown).
+    pub fn liveness(&self, pid: i32, hostpid: i32) -> Alive {
+        if hostpid > 0 {
+            return Alive {
+                alive: proc_alive(i64::from(hostpid)),
+                by: AliveBy::Hostpid,
+                host_pid: Some(hostpid),
+            };
+        }
+        if self.complete {
+            return Alive {
+                alive: self.has_nspid(pid),
+                by: AliveBy::Mapping,
+                host_pid: self.host_pid_of(pid),
+            };
+        }
+        if let Some(host) = self.host_pid_of(pid) {
+            return Alive {
+                alive: true,
+                by: AliveBy::Mapping,
+                host_pid: Some(host),
+            };
+        }
+        Alive {
+            alive: proc_alive(i64::from(pid)),
+            by: AliveBy::Pid,
+            host_pid: None,
+        }
+    }
+}
+
+/// The last `NSpid` entry of `/proc/<pid>/status`: the PID the process sees
+/// for itself (what the hook writes into `pid`).
+fn innermost_nspid(pid: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|rest| rest.split_ascii_whitespace().last())
+        .and_then(|s| s.parse().ok())
+        .or(Some(pid))
+}
+
+/// The host PID to signal for a slot: `hostpid` when known, else the one
+/// process mapping the region with that namespace PID.
+pub fn signal_target(alive: &Alive) -> Option<i32> {
+    alive.host_pid.filter(|_| alive.alive)
+}
+
+/// Whether process `host_pid` catches signal `sig` (`SigCgt` in its
+/// status): sending SIGUSR1/2 to a process that does not would kill it.
+pub fn catches_signal(host_pid: i32, sig: i32) -> Option<bool> {
+    let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+    let mask = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())?;
+    let bit = u32::try_from(sig - 1).ok()?;
+    Some(mask.checked_shr(bit).is_some_and(|m| m & 1 == 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_maps_a_file_and_is_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.cache");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let file = File::open(&path).unwrap();
+        let map = memmap2::MmapRaw::map_raw(&file).unwrap();
+        let me = std::process::id() as i32;
+        let m = Mappers::scan(&file);
+        let got = m.liveness(me, 0);
+        assert!(got.alive, "{got:?}");
+        assert_eq!(got.host_pid, Some(me));
+        drop(map);
+        let m = Mappers::scan(&file);
+        if m.complete {
+            assert!(!m.liveness(me, 0).alive);
+        }
+    }
+
+    #[test]
+    fn hostpid_wins_and_dead_pids_are_dead() {
+        let m = Mappers::none();
+        let me = std::process::id() as i32;
+        assert_eq!(m.liveness(12345, me).by, AliveBy::Hostpid);
+        assert!(m.liveness(12345, me).alive);
+        assert!(!proc_alive(0));
+        assert!(!proc_alive(-1));
+        assert_eq!(m.liveness(me, 0).by, AliveBy::Pid);
+    }
+}
