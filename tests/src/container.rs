@@ -1,5 +1,9 @@
 //! "Containers" for tests: a child cgroup v2 plus a new PID namespace
 //! (`unshare --pid --fork --mount-proc`), as CI has no container runtime.
+#![expect(
+    clippy::expect_used,
+    reason = "test helpers panic with a message when the test machine cannot set up a container"
+)]
 
 use std::{
     ffi::OsStr,
