@@ -230,3 +230,98 @@ impl Drop for SimGpu {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Compiles `tests/c/<name>.c` (linked with the simulated `libcuda.so.1`
+/// and `libnvidia-ml.so.1`) once per test process and returns its path.
+pub fn c_program(name: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, p)) = built.iter().find(|(n, _)| n == name) {
+        return p.clone();
+    }
+    let dir = PathBuf::from(format!("/tmp/simgpu-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let exe = crate::dist::compile_c(name, &dir, true);
+    built.push((name.to_string(), exe.clone()));
+    exe
+}
+
+/// A running program whose stdout is read line by line (e.g. `simgpu_tool
+/// ... hold`, which keeps running until its stdin closes).
+pub struct Running {
+    /// The child process.
+    pub child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    /// Every line read so far.
+    pub seen: Vec<String>,
+}
+
+impl Running {
+    /// Starts `program args…` with `gpu`'s environment, stdin and stdout
+    /// piped.
+    pub fn start(gpu: &SimGpu, program: &Path, args: &[&str]) -> Running {
+        Running::start_cmd(gpu, Command::new(program).args(args))
+    }
+
+    /// Starts a prepared command with `gpu`'s environment.
+    pub fn start_cmd(gpu: &SimGpu, cmd: &mut Command) -> Running {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = gpu
+            .apply(cmd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let out = child
+            .stdout
+            .take()
+            .unwrap_or_else(|| unreachable!("stdout is piped"));
+        Running {
+            child,
+            lines: std::io::BufReader::new(out).lines(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// Reads lines until one starts with `prefix`; returns it (panics at
+    /// end of output, with everything seen).
+    pub fn line(&mut self, prefix: &str) -> String {
+        for l in self.lines.by_ref() {
+            let l = l.unwrap_or_default();
+            self.seen.push(l.clone());
+            if l.starts_with(prefix) {
+                return l;
+            }
+        }
+        panic!("no line starting with {prefix:?}; output: {:?}", self.seen);
+    }
+
+    /// The host PID of the child as the outside sees it.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Closes stdin (a `hold` ends) and waits for exit.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.child.stdin.take());
+        for l in self.lines.by_ref() {
+            self.seen.push(l.unwrap_or_default());
+        }
+        self.child.wait().unwrap_or_else(|e| panic!("wait: {e}"))
+    }
+
+    /// SIGKILLs the child and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Splits `"key a b c"` into numbers `[a, b, c]` (non-numbers are 0).
+pub fn fields(line: &str) -> Vec<u64> {
+    line.split_whitespace()
+        .skip(1)
+        .map(|w| w.parse::<f64>().map_or(0, |f| f as u64))
+        .collect()
+}

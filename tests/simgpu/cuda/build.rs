@@ -18,11 +18,22 @@ fn main() {
         if path.extension().and_then(|e| e.to_str()) != Some("rs") {
             continue;
         }
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_string();
-        let module = if stem == "lib" { "crate".to_string() } else { format!("crate::{stem}") };
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let module = if stem == "lib" {
+            "crate".to_string()
+        } else {
+            format!("crate::{stem}")
+        };
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         for line in text.lines() {
-            let Some(rest) = line.trim_start().strip_prefix("pub unsafe extern \"C\" fn ") else {
+            let Some(rest) = line
+                .trim_start()
+                .strip_prefix("pub unsafe extern \"C\" fn ")
+            else {
                 continue;
             };
             let name: String = rest
@@ -39,14 +50,18 @@ fn main() {
          pub(crate) fn lookup(name: &str) -> Option<*const ()> {\n    match name {\n",
     );
     for (name, module) in &entries {
-        let _ = writeln!(out, "        {name:?} => Some({module}::{name} as *const ()),");
+        let _ = writeln!(
+            out,
+            "        {name:?} => Some({module}::{name} as *const ()),"
+        );
     }
     out.push_str("        _ => None,\n    }\n}\n\n/// Every exported `cu*` name.\n#[cfg(test)]\npub(crate) const NAMES: &[&str] = &[\n");
     for (name, _) in &entries {
         let _ = writeln!(out, "    {name:?},");
     }
     out.push_str("];\n");
-    let dest = Path::new(&std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into())).join("exports.rs");
+    let dest =
+        Path::new(&std::env::var("OUT_DIR").unwrap_or_else(|_| ".".into())).join("exports.rs");
     if let Err(e) = std::fs::write(&dest, out) {
         println!("cargo:warning=cannot write {}: {e}", dest.display());
     }

@@ -18,8 +18,8 @@
 //!
 //! See `docs/simgpu.md` for the model and every variable.
 
-pub mod clock;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod error;
 pub mod lock;

@@ -46,10 +46,7 @@ pub fn reserve(shm: &Shm, slot: u32, dev: u32, bytes: u64) -> Result<(), SimErro
 
 /// Releases `bytes` on `dev` held by `slot` (never below zero).
 pub fn release(shm: &Shm, slot: u32, dev: u32, bytes: u64) {
-    if let Some(cell) = shm
-        .slot(slot)
-        .and_then(|s| s.used.get(dev as usize))
-    {
+    if let Some(cell) = shm.slot(slot).and_then(|s| s.used.get(dev as usize)) {
         let _ = cell.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
             Some(v.saturating_sub(bytes))
         });
@@ -58,10 +55,7 @@ pub fn release(shm: &Shm, slot: u32, dev: u32, bytes: u64) {
 
 /// Records a context created (+1) or destroyed (-1) by `slot` on `dev`.
 pub fn count_context(shm: &Shm, slot: u32, dev: u32, delta: i32) {
-    if let Some(cell) = shm
-        .slot(slot)
-        .and_then(|s| s.contexts.get(dev as usize))
-    {
+    if let Some(cell) = shm.slot(slot).and_then(|s| s.contexts.get(dev as usize)) {
         let _ = cell.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
             Some(v.saturating_add_signed(delta))
         });

@@ -74,7 +74,8 @@ pub fn device_uuid(dev: u32) -> [u8; 16] {
 /// [`device_uuid`] as 8-4-4-4-12 hex.
 pub fn device_uuid_string(dev: u32) -> String {
     let b = device_uuid(dev);
-    let hex = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let hex =
+        |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
     format!(
         "GPU-{}-{}-{}-{}-{}",
         hex(0..4),
@@ -97,8 +98,14 @@ mod tests {
 
     #[test]
     fn uuid() {
-        assert_eq!(device_uuid_string(0), "GPU-516d6770-7500-4000-8000-000000000000");
-        assert_eq!(device_uuid_string(3), "GPU-516d6770-7500-4000-8000-000000000003");
+        assert_eq!(
+            device_uuid_string(0),
+            "GPU-516d6770-7500-4000-8000-000000000000"
+        );
+        assert_eq!(
+            device_uuid_string(3),
+            "GPU-516d6770-7500-4000-8000-000000000003"
+        );
     }
 
     #[test]

@@ -59,7 +59,10 @@ pub fn run(opts: &Options) -> Result<(), SimError> {
     ensure_dir(&opts.dir)?;
     let sock = opts.dir.join(SOCKET);
     if UnixStream::connect(&sock).is_ok() {
-        eprintln!("simgpu-server: a server already answers on {}", sock.display());
+        eprintln!(
+            "simgpu-server: a server already answers on {}",
+            sock.display()
+        );
         return Ok(());
     }
     if !crate::pids::in_initial_pid_ns() {
@@ -251,7 +254,10 @@ impl Server {
 
     fn disconnect(&mut self, c: &Conn) {
         if self.log {
-            eprintln!("simgpu-server: client pid {} gone (slot {})", c.pid, c.slot as i64);
+            eprintln!(
+                "simgpu-server: client pid {} gone (slot {})",
+                c.pid, c.slot as i64
+            );
         }
         if c.slot != NO_SLOT {
             self.free_slot(c.slot);

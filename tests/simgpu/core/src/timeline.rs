@@ -37,7 +37,9 @@ pub fn schedule(
     let owner = owner_word(slot, s.gen.load(Ordering::Relaxed));
     let _lock = ShmLock::acquire(shm, slot + 1);
     let now = crate::clock::mono_ns();
-    let start = now.max(d.busy_until.load(Ordering::Acquire)).max(not_before);
+    let start = now
+        .max(d.busy_until.load(Ordering::Acquire))
+        .max(not_before);
     let total = durations.iter().fold(0u64, |a, &b| a.saturating_add(b));
     let end = start.saturating_add(total);
     if total > 0 {

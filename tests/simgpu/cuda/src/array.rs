@@ -33,15 +33,15 @@ pub struct Array3dDescriptor {
 /// Bytes per channel element of a `CUarray_format`.
 fn element_size(format: c_uint) -> Option<u64> {
     Some(match format {
-        0x01 | 0x08 => 1,                // UNSIGNED_INT8, SIGNED_INT8
-        0x02 | 0x09 | 0x10 => 2,         // (UN)SIGNED_INT16, HALF
-        0x03 | 0x0a | 0x20 => 4,         // (UN)SIGNED_INT32, FLOAT
-        0xc0 | 0xc6 => 1,                // UNORM_INT8X1, SNORM_INT8X1
-        0xc1 | 0xc7 => 2,                // ..INT8X2
-        0xc2 | 0xc8 => 4,                // ..INT8X4
-        0xc3 | 0xc9 => 2,                // ..INT16X1
-        0xc4 | 0xca => 4,                // ..INT16X2
-        0xc5 | 0xcb => 8,                // ..INT16X4
+        0x01 | 0x08 => 1,        // UNSIGNED_INT8, SIGNED_INT8
+        0x02 | 0x09 | 0x10 => 2, // (UN)SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4, // (UN)SIGNED_INT32, FLOAT
+        0xc0 | 0xc6 => 1,        // UNORM_INT8X1, SNORM_INT8X1
+        0xc1 | 0xc7 => 2,        // ..INT8X2
+        0xc2 | 0xc8 => 4,        // ..INT8X4
+        0xc3 | 0xc9 => 2,        // ..INT16X1
+        0xc4 | 0xca => 4,        // ..INT16X2
+        0xc5 | 0xcb => 8,        // ..INT16X4
         _ => return None,
     })
 }
@@ -66,7 +66,13 @@ fn mip_bytes(desc: &Array3dDescriptor, levels: u32) -> Result<u64, CuErr> {
     let (w, h, d) = (desc.width as u64, desc.height as u64, desc.depth as u64);
     let shrink = |x: u64, i: u32| if x == 0 { 0 } else { (x >> i.min(63)).max(1) };
     (0..levels).try_fold(0u64, |acc, i| {
-        let b = level_bytes(shrink(w, i), shrink(h, i), shrink(d, i), desc.format, desc.channels)?;
+        let b = level_bytes(
+            shrink(w, i),
+            shrink(h, i),
+            shrink(d, i),
+            desc.format,
+            desc.channels,
+        )?;
         acc.checked_add(b).ok_or(CuErr::OutOfMemory)
     })
 }
@@ -96,16 +102,25 @@ fn destroy(h: Handle) -> Result<(), CuErr> {
 
 /// `cuArrayCreate_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate_v2(array: *mut Handle, desc: *const ArrayDescriptor) -> CUresult {
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    array: *mut Handle,
+    desc: *const ArrayDescriptor,
+) -> CUresult {
     guard(|| {
         let d = get!(desc);
-        create(array, level_bytes(d.width as u64, d.height as u64, 1, d.format, d.channels)?)
+        create(
+            array,
+            level_bytes(d.width as u64, d.height as u64, 1, d.format, d.channels)?,
+        )
     })
 }
 
 /// `cuArray3DCreate_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate_v2(array: *mut Handle, desc: *const Array3dDescriptor) -> CUresult {
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    array: *mut Handle,
+    desc: *const Array3dDescriptor,
+) -> CUresult {
     guard(|| {
         let d = get!(desc);
         create(array, mip_bytes(&d, 1)?)

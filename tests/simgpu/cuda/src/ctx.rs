@@ -9,7 +9,12 @@ use crate::{guard, put, CUdevice, CUresult, CuErr, Handle};
 
 impl Driver {
     /// Creates a context on `dev`, charging its memory.
-    pub(crate) fn create_ctx(&mut self, dev: u32, primary: bool, flags: u32) -> Result<Handle, CuErr> {
+    pub(crate) fn create_ctx(
+        &mut self,
+        dev: u32,
+        primary: bool,
+        flags: u32,
+    ) -> Result<Handle, CuErr> {
         let bytes = self.cfg.context_bytes;
         self.charge(dev, bytes)?;
         simgpu::memory::count_context(self.shm(), self.slot, dev, 1);
@@ -108,7 +113,11 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
 
 /// `cuDevicePrimaryCtxGetState`.
 #[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult {
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
     guard(|| {
         let (f, a) = with(|d| {
             let p = &d.primary[d.dev(dev)? as usize];
@@ -152,7 +161,11 @@ fn ctx_create(pctx: *mut Handle, flags: c_uint, dev: CUdevice) -> Result<(), CuE
 
 /// `cuCtxCreate_v2`: creates a context and makes it current.
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut Handle, flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut Handle,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| ctx_create(pctx, flags, dev))
 }
 
@@ -170,7 +183,12 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
 
 /// `cuCtxCreate_v4` (`CUctxCreateParams` is ignored).
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v4(pctx: *mut Handle, _params: *const c_void, flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut Handle,
+    _params: *const c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| ctx_create(pctx, flags, dev))
 }
 
@@ -310,13 +328,13 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: c_int) -> CUres
     guard(|| {
         with(|d| d.current_ctx())?;
         let v = match limit {
-            0 => 1024,      // STACK_SIZE
-            1 => 1 << 20,   // PRINTF_FIFO_SIZE
-            2 => 8 << 20,   // MALLOC_HEAP_SIZE
-            3 => 2,         // DEV_RUNTIME_SYNC_DEPTH
-            4 => 2048,      // DEV_RUNTIME_PENDING_LAUNCH_COUNT
-            5 => 32,        // MAX_L2_FETCH_GRANULARITY
-            6 => 0,         // PERSISTING_L2_CACHE_SIZE
+            0 => 1024,    // STACK_SIZE
+            1 => 1 << 20, // PRINTF_FIFO_SIZE
+            2 => 8 << 20, // MALLOC_HEAP_SIZE
+            3 => 2,       // DEV_RUNTIME_SYNC_DEPTH
+            4 => 2048,    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
+            5 => 32,      // MAX_L2_FETCH_GRANULARITY
+            6 => 0,       // PERSISTING_L2_CACHE_SIZE
             _ => return Err(CuErr::InvalidValue),
         };
         put!(value, v);
@@ -339,7 +357,10 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, _value: usize) -> CUresult 
 
 /// `cuCtxGetStreamPriorityRange`: 0 (least) to -5 (greatest).
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(least: *mut c_int, greatest: *mut c_int) -> CUresult {
+pub unsafe extern "C" fn cuCtxGetStreamPriorityRange(
+    least: *mut c_int,
+    greatest: *mut c_int,
+) -> CUresult {
     guard(|| {
         if !least.is_null() {
             put!(least, 0);

@@ -82,7 +82,11 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) 
 
 /// `cuDeviceGetPCIBusId`: `0000:XX:00.0` with XX = 0x18 + ordinal.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    bus_id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         let d = with(|d| d.dev(dev))?;
         write_cstr(bus_id, len, &simgpu::model::pci_bus_id(d))
@@ -91,7 +95,10 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, de
 
 /// `cuDeviceGetByPCIBusId`.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, bus_id: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
+    dev: *mut CUdevice,
+    bus_id: *const c_char,
+) -> CUresult {
     guard(|| {
         let want = cstr!(bus_id).to_ascii_lowercase();
         let n = with(|d| Ok(d.cfg.devices))?;
@@ -119,7 +126,11 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 
 /// `cuDeviceComputeCapability` (deprecated): 9.0.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mut c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceComputeCapability(
+    major: *mut c_int,
+    minor: *mut c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         with(|d| d.dev(dev))?;
         put!(major, 9);
@@ -130,7 +141,11 @@ pub unsafe extern "C" fn cuDeviceComputeCapability(major: *mut c_int, minor: *mu
 
 /// `cuDeviceCanAccessPeer`: distinct devices can.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, peer: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceCanAccessPeer(
+    can: *mut c_int,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
     guard(|| {
         with(|d| {
             d.dev(dev)?;
@@ -144,50 +159,50 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(can: *mut c_int, dev: CUdevice, p
 /// Value of a `CUdevice_attribute` for the simulated device.
 fn attribute(attr: c_int, sms: u32, dev: u32) -> Option<c_int> {
     Some(match attr {
-        1 => 1024,             // MAX_THREADS_PER_BLOCK
-        2 | 3 => 1024,         // MAX_BLOCK_DIM_X / Y
-        4 => 64,               // MAX_BLOCK_DIM_Z
-        5 => i32::MAX,         // MAX_GRID_DIM_X
-        6 | 7 => 65535,        // MAX_GRID_DIM_Y / Z
-        8 => 49152,            // MAX_SHARED_MEMORY_PER_BLOCK
-        9 => 65536,            // TOTAL_CONSTANT_MEMORY
-        10 => 32,              // WARP_SIZE
-        11 => i32::MAX,        // MAX_PITCH
-        12 => 65536,           // MAX_REGISTERS_PER_BLOCK
-        13 => 1_980_000,       // CLOCK_RATE (kHz)
-        14 => 512,             // TEXTURE_ALIGNMENT
-        15 => 1,               // GPU_OVERLAP
-        16 => sms as c_int,    // MULTIPROCESSOR_COUNT
-        17 => 0,               // KERNEL_EXEC_TIMEOUT
-        18 => 0,               // INTEGRATED
-        19 => 1,               // CAN_MAP_HOST_MEMORY
-        20 => 0,               // COMPUTE_MODE (default)
-        31 => 1,               // CONCURRENT_KERNELS
-        32 => 1,               // ECC_ENABLED
+        1 => 1024,                 // MAX_THREADS_PER_BLOCK
+        2 | 3 => 1024,             // MAX_BLOCK_DIM_X / Y
+        4 => 64,                   // MAX_BLOCK_DIM_Z
+        5 => i32::MAX,             // MAX_GRID_DIM_X
+        6 | 7 => 65535,            // MAX_GRID_DIM_Y / Z
+        8 => 49152,                // MAX_SHARED_MEMORY_PER_BLOCK
+        9 => 65536,                // TOTAL_CONSTANT_MEMORY
+        10 => 32,                  // WARP_SIZE
+        11 => i32::MAX,            // MAX_PITCH
+        12 => 65536,               // MAX_REGISTERS_PER_BLOCK
+        13 => 1_980_000,           // CLOCK_RATE (kHz)
+        14 => 512,                 // TEXTURE_ALIGNMENT
+        15 => 1,                   // GPU_OVERLAP
+        16 => sms as c_int,        // MULTIPROCESSOR_COUNT
+        17 => 0,                   // KERNEL_EXEC_TIMEOUT
+        18 => 0,                   // INTEGRATED
+        19 => 1,                   // CAN_MAP_HOST_MEMORY
+        20 => 0,                   // COMPUTE_MODE (default)
+        31 => 1,                   // CONCURRENT_KERNELS
+        32 => 1,                   // ECC_ENABLED
         33 => 0x18 + dev as c_int, // PCI_BUS_ID
-        34 => 0,               // PCI_DEVICE_ID
-        35 => 0,               // TCC_DRIVER
-        36 => 2_619_000,       // MEMORY_CLOCK_RATE (kHz)
-        37 => 5120,            // GLOBAL_MEMORY_BUS_WIDTH
-        38 => 50 << 20,        // L2_CACHE_SIZE
-        39 => 2048,            // MAX_THREADS_PER_MULTIPROCESSOR
-        40 => 3,               // ASYNC_ENGINE_COUNT
-        41 => 1,               // UNIFIED_ADDRESSING
-        50 => 0,               // PCI_DOMAIN_ID
-        75 => 9,               // COMPUTE_CAPABILITY_MAJOR
-        76 => 0,               // COMPUTE_CAPABILITY_MINOR
-        81 => 233_472,         // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
-        82 => 65536,           // MAX_REGISTERS_PER_MULTIPROCESSOR
-        83 => 1,               // MANAGED_MEMORY
-        84 => 0,               // MULTI_GPU_BOARD
-        86 => 1,               // HOST_NATIVE_ATOMIC_SUPPORTED
-        88 => 1,               // PAGEABLE_MEMORY_ACCESS
-        89 => 1,               // CONCURRENT_MANAGED_ACCESS
-        95 => 1,               // COOPERATIVE_LAUNCH
-        97 => 232_448,         // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
-        102 => 1,              // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-        106 => 32,             // MAX_BLOCKS_PER_MULTIPROCESSOR
-        115 => 1,              // MEMORY_POOLS_SUPPORTED
+        34 => 0,                   // PCI_DEVICE_ID
+        35 => 0,                   // TCC_DRIVER
+        36 => 2_619_000,           // MEMORY_CLOCK_RATE (kHz)
+        37 => 5120,                // GLOBAL_MEMORY_BUS_WIDTH
+        38 => 50 << 20,            // L2_CACHE_SIZE
+        39 => 2048,                // MAX_THREADS_PER_MULTIPROCESSOR
+        40 => 3,                   // ASYNC_ENGINE_COUNT
+        41 => 1,                   // UNIFIED_ADDRESSING
+        50 => 0,                   // PCI_DOMAIN_ID
+        75 => 9,                   // COMPUTE_CAPABILITY_MAJOR
+        76 => 0,                   // COMPUTE_CAPABILITY_MINOR
+        81 => 233_472,             // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+        82 => 65536,               // MAX_REGISTERS_PER_MULTIPROCESSOR
+        83 => 1,                   // MANAGED_MEMORY
+        84 => 0,                   // MULTI_GPU_BOARD
+        86 => 1,                   // HOST_NATIVE_ATOMIC_SUPPORTED
+        88 => 1,                   // PAGEABLE_MEMORY_ACCESS
+        89 => 1,                   // CONCURRENT_MANAGED_ACCESS
+        95 => 1,                   // COOPERATIVE_LAUNCH
+        97 => 232_448,             // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        102 => 1,                  // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+        106 => 32,                 // MAX_BLOCKS_PER_MULTIPROCESSOR
+        115 => 1,                  // MEMORY_POOLS_SUPPORTED
         0 | 1000.. => return None,
         a if a < 0 => return None,
         _ => 0,
@@ -197,7 +212,11 @@ fn attribute(attr: c_int, sms: u32, dev: u32) -> Option<c_int> {
 /// `cuDeviceGetAttribute`: MULTIPROCESSOR_COUNT (16) is `SIMGPU_SMS`,
 /// MAX_THREADS_PER_MULTIPROCESSOR (39) is 2048, the rest H100-like.
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         let (d, sms) = with(|d| Ok((d.dev(dev)?, d.cfg.sms)))?;
         put!(pi, attribute(attrib, sms, d).ok_or(CuErr::InvalidValue)?);

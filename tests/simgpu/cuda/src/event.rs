@@ -69,13 +69,21 @@ pub unsafe extern "C" fn cuEventRecord_ptsz(ev: Handle, stream: Handle) -> CUres
 
 /// `cuEventRecordWithFlags`.
 #[no_mangle]
-pub unsafe extern "C" fn cuEventRecordWithFlags(ev: Handle, stream: Handle, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    ev: Handle,
+    stream: Handle,
+    _flags: c_uint,
+) -> CUresult {
     guard(|| record(ev, stream, false))
 }
 
 /// `cuEventRecordWithFlags_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(ev: Handle, stream: Handle, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
+    ev: Handle,
+    stream: Handle,
+    _flags: c_uint,
+) -> CUresult {
     guard(|| record(ev, stream, true))
 }
 
@@ -128,6 +136,10 @@ pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Ha
 
 /// `cuEventElapsedTime_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
     guard(|| elapsed(ms, start, end))
 }

@@ -51,7 +51,13 @@ impl Graphs {
     }
 }
 
-fn add_node(ph: *mut Handle, graph: Handle, deps: *const Handle, ndeps: usize, node: Node) -> Result<(), CuErr> {
+fn add_node(
+    ph: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    ndeps: usize,
+    node: Node,
+) -> Result<(), CuErr> {
     if ph.is_null() || (ndeps > 0 && deps.is_null()) {
         return Err(CuErr::InvalidValue);
     }
@@ -84,7 +90,15 @@ pub unsafe extern "C" fn cuGraphCreate(graph: *mut Handle, _flags: u32) -> CUres
 /// `cuGraphDestroy`.
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphDestroy(graph: Handle) -> CUresult {
-    guard(|| with(|d| d.graphs.graphs.remove(&graph).map(|_| ()).ok_or(CuErr::InvalidValue)))
+    guard(|| {
+        with(|d| {
+            d.graphs
+                .graphs
+                .remove(&graph)
+                .map(|_| ())
+                .ok_or(CuErr::InvalidValue)
+        })
+    })
 }
 
 /// `CUDA_KERNEL_NODE_PARAMS` (v1 layout; v2 appends `kern` and `ctx`).
@@ -152,7 +166,12 @@ pub unsafe extern "C" fn cuGraphAddKernelNode(
 
 /// `cuGraphAddEmptyNode`.
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphAddEmptyNode(ph: *mut Handle, graph: Handle, deps: *const Handle, ndeps: usize) -> CUresult {
+pub unsafe extern "C" fn cuGraphAddEmptyNode(
+    ph: *mut Handle,
+    graph: Handle,
+    deps: *const Handle,
+    ndeps: usize,
+) -> CUresult {
     guard(|| add_node(ph, graph, deps, ndeps, Node::Other))
 }
 
@@ -285,7 +304,11 @@ fn instantiate(out: *mut Handle, graph: Handle) -> Result<(), CuErr> {
 
 /// `cuGraphInstantiateWithFlags`.
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut Handle, graph: Handle, _flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut Handle,
+    graph: Handle,
+    _flags: u64,
+) -> CUresult {
     guard(|| instantiate(exec, graph))
 }
 
@@ -347,7 +370,12 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CUresult {
 
 fn launch_graph(exec: Handle, stream: Handle, per_thread: bool) -> Result<(), CuErr> {
     let end = submit(stream, per_thread, |d, _| {
-        let e = d.graphs.execs.get(&exec).cloned().ok_or(CuErr::InvalidValue)?;
+        let e = d
+            .graphs
+            .execs
+            .get(&exec)
+            .cloned()
+            .ok_or(CuErr::InvalidValue)?;
         let durations = e
             .kernels
             .iter()
@@ -397,7 +425,11 @@ pub unsafe extern "C" fn cuGraphUpload(exec: Handle, stream: Handle) -> CUresult
     guard(|| {
         with(|d| {
             d.resolve_stream(stream, false)?;
-            d.graphs.execs.get(&exec).map(|_| ()).ok_or(CuErr::InvalidValue)
+            d.graphs
+                .execs
+                .get(&exec)
+                .map(|_| ())
+                .ok_or(CuErr::InvalidValue)
         })
     })
 }
@@ -428,7 +460,11 @@ pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
 /// `cuDeviceGetGraphMemAttribute`: USED/RESERVED_MEM_CURRENT (0/2) and
 /// their HIGH marks (1/3).
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut u64) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    dev: CUdevice,
+    attr: c_int,
+    value: *mut u64,
+) -> CUresult {
     guard(|| {
         let v = with(|d| {
             let dv = d.dev(dev)?;
@@ -445,7 +481,11 @@ pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: c_int
 
 /// `cuDeviceSetGraphMemAttribute`: resets the HIGH marks (value must be 0).
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: c_int, value: *mut u64) -> CUresult {
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    dev: CUdevice,
+    attr: c_int,
+    value: *mut u64,
+) -> CUresult {
     guard(|| {
         let v = get!(value as *const u64);
         with(|d| {

@@ -25,7 +25,10 @@ fn field(b: &[u8; 64], at: usize) -> u64 {
 /// `cuIpcGetMemHandle`: `dptr` must be the base of a `cuMemAlloc`
 /// allocation.
 #[no_mangle]
-pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, dptr: CUdeviceptr) -> CUresult {
+pub unsafe extern "C" fn cuIpcGetMemHandle(
+    handle: *mut IpcMemHandle,
+    dptr: CUdeviceptr,
+) -> CUresult {
     guard(|| {
         let (pid, a) = with(|d| {
             let a = *d.allocs.get(&dptr).ok_or(CuErr::InvalidValue)?;
@@ -47,7 +50,11 @@ pub unsafe extern "C" fn cuIpcGetMemHandle(handle: *mut IpcMemHandle, dptr: CUde
 
 /// `cuIpcOpenMemHandle_v2`: maps the exporter's allocation; costs nothing.
 #[no_mangle]
-pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: IpcMemHandle, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuIpcOpenMemHandle_v2(
+    pdptr: *mut CUdeviceptr,
+    handle: IpcMemHandle,
+    _flags: c_uint,
+) -> CUresult {
     guard(|| {
         let b = handle.reserved;
         if &b[0..8] != MAGIC || pdptr.is_null() {

@@ -81,7 +81,13 @@ pub(crate) fn submit(
     }
 }
 
-fn launch(f: Handle, g: Geometry, stream: Handle, per_thread: bool, cooperative: bool) -> Result<(), CuErr> {
+fn launch(
+    f: Handle,
+    g: Geometry,
+    stream: Handle,
+    per_thread: bool,
+    cooperative: bool,
+) -> Result<(), CuErr> {
     if f == 0 {
         return Err(CuErr::InvalidHandle);
     }

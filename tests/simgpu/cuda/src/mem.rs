@@ -60,7 +60,11 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 /// `cuMemAllocManaged`: real (lazily backed) host memory, charged to the
 /// device like `cuMemAlloc`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
     guard(|| {
         if dptr.is_null() || bytesize == 0 || (flags != ATTACH_GLOBAL && flags != ATTACH_HOST) {
             return Err(CuErr::InvalidValue);
@@ -154,7 +158,11 @@ pub unsafe extern "C" fn cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize
 
 /// `cuMemHostAlloc`: as `cuMemAllocHost_v2`; flags ignored.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemHostAlloc(
+    pp: *mut *mut c_void,
+    bytesize: usize,
+    _flags: c_uint,
+) -> CUresult {
     guard(|| alloc_host(pp, bytesize))
 }
 
@@ -162,7 +170,11 @@ pub unsafe extern "C" fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, _
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFreeHost(p: *mut c_void) -> CUresult {
     guard(|| {
-        let len = with(|d| d.host_blocks.remove(&(p as usize)).ok_or(CuErr::InvalidValue))?;
+        let len = with(|d| {
+            d.host_blocks
+                .remove(&(p as usize))
+                .ok_or(CuErr::InvalidValue)
+        })?;
         unmap_host(p as usize, len);
         Ok(())
     })
@@ -182,7 +194,10 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
         let a = p as usize;
         with(|d| {
             let pinned = d.host_blocks.iter().any(|(&b, &l)| a >= b && a < b + l)
-                || d.registered.range(..=a).next_back().is_some_and(|(&b, &l)| a < b + l);
+                || d.registered
+                    .range(..=a)
+                    .next_back()
+                    .is_some_and(|(&b, &l)| a < b + l);
             if pinned {
                 Ok(())
             } else {
@@ -196,7 +211,11 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
 
 /// `cuMemHostRegister_v2`: bookkeeping only.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemHostRegister_v2(
+    p: *mut c_void,
+    bytesize: usize,
+    _flags: c_uint,
+) -> CUresult {
     guard(|| {
         if p.is_null() || bytesize == 0 {
             return Err(CuErr::InvalidValue);

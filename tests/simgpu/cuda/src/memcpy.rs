@@ -46,25 +46,43 @@ pub unsafe extern "C" fn cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: us
 
 /// `cuMemcpyAsync`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyAsync(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, src, n), stream, false)
 }
 
 /// `cuMemcpyAsync_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyAsync_ptsz(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, src, n), stream, true)
 }
 
 /// `cuMemcpyHtoD_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
     sync_op(ptrs(dst, src as u64, n), false)
 }
 
 /// `cuMemcpyHtoD_v2_ptds`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoD_v2_ptds(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
     sync_op(ptrs(dst, src as u64, n), true)
 }
 
@@ -76,7 +94,11 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: 
 
 /// `cuMemcpyDtoH_v2_ptds`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoH_v2_ptds(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+) -> CUresult {
     sync_op(ptrs(dst as u64, src, n), true)
 }
 
@@ -88,43 +110,77 @@ pub unsafe extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: 
 
 /// `cuMemcpyDtoD_v2_ptds`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoD_v2_ptds(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+) -> CUresult {
     sync_op(ptrs(dst, src, n), true)
 }
 
 /// `cuMemcpyHtoDAsync_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, src as u64, n), stream, false)
 }
 
 /// `cuMemcpyHtoDAsync_v2_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyHtoDAsync_v2_ptsz(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, src as u64, n), stream, true)
 }
 
 /// `cuMemcpyDtoHAsync_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst as u64, src, n), stream, false)
 }
 
 /// `cuMemcpyDtoHAsync_v2_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoHAsync_v2_ptsz(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst as u64, src, n), stream, true)
 }
 
 /// `cuMemcpyDtoDAsync_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, src, n), stream, false)
 }
 
 /// `cuMemcpyDtoDAsync_v2_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemcpyDtoDAsync_v2_ptsz(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, src, n), stream, true)
 }
 
@@ -184,42 +240,79 @@ pub unsafe extern "C" fn cuMemsetD32_v2_ptds(dst: CUdeviceptr, _v: u32, n: usize
 
 /// `cuMemsetD2D8_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD2D8_v2(dst: CUdeviceptr, _pitch: usize, _v: u8, w: usize, h: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD2D8_v2(
+    dst: CUdeviceptr,
+    _pitch: usize,
+    _v: u8,
+    w: usize,
+    h: usize,
+) -> CUresult {
     sync_op(ptrs(dst, 1, w * h), false)
 }
 
 /// `cuMemsetD2D32_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD2D32_v2(dst: CUdeviceptr, _pitch: usize, _v: u32, w: usize, h: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD2D32_v2(
+    dst: CUdeviceptr,
+    _pitch: usize,
+    _v: u32,
+    w: usize,
+    h: usize,
+) -> CUresult {
     sync_op(ptrs(dst, 1, w * h), false)
 }
 
 /// `cuMemsetD8Async`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, _v: u8, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD8Async(
+    dst: CUdeviceptr,
+    _v: u8,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, 1, n), stream, false)
 }
 
 /// `cuMemsetD8Async_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD8Async_ptsz(dst: CUdeviceptr, _v: u8, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD8Async_ptsz(
+    dst: CUdeviceptr,
+    _v: u8,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, 1, n), stream, true)
 }
 
 /// `cuMemsetD16Async`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD16Async(dst: CUdeviceptr, _v: u16, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD16Async(
+    dst: CUdeviceptr,
+    _v: u16,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, 1, n), stream, false)
 }
 
 /// `cuMemsetD32Async`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, _v: u32, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD32Async(
+    dst: CUdeviceptr,
+    _v: u32,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, 1, n), stream, false)
 }
 
 /// `cuMemsetD32Async_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD32Async_ptsz(dst: CUdeviceptr, _v: u32, n: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemsetD32Async_ptsz(
+    dst: CUdeviceptr,
+    _v: u32,
+    n: usize,
+    stream: Handle,
+) -> CUresult {
     async_op(ptrs(dst, 1, n), stream, true)
 }

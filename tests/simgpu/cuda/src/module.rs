@@ -25,10 +25,11 @@ impl Driver {
     /// Gets (or creates) the function `name` of module `m`.
     pub(crate) fn get_function(&mut self, m: Handle, name: &str) -> Result<Handle, CuErr> {
         let funcs = self.modules.get(&m).ok_or(CuErr::InvalidHandle)?.clone();
-        if let Some(&f) = funcs
-            .iter()
-            .find(|f| self.funcs.get(f).is_some_and(|x| x.name.to_bytes() == name.as_bytes()))
-        {
+        if let Some(&f) = funcs.iter().find(|f| {
+            self.funcs
+                .get(f)
+                .is_some_and(|x| x.name.to_bytes() == name.as_bytes())
+        }) {
             return Ok(f);
         }
         let h = self.new_handle();
@@ -120,7 +121,11 @@ pub unsafe extern "C" fn cuModuleUnload(m: Handle) -> CUresult {
 /// `cuModuleGetFunction`: any name exists; `busy_<N>us|ns|ms` sets the
 /// kernel's duration.
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleGetFunction(f: *mut Handle, m: Handle, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuModuleGetFunction(
+    f: *mut Handle,
+    m: Handle,
+    name: *const c_char,
+) -> CUresult {
     guard(|| {
         let name = cstr!(name);
         if f.is_null() {
@@ -233,7 +238,11 @@ pub unsafe extern "C" fn cuLibraryGetModule(m: *mut Handle, lib: Handle) -> CUre
 
 /// `cuLibraryGetKernel`: a `CUkernel` is usable wherever a `CUfunction` is.
 #[no_mangle]
-pub unsafe extern "C" fn cuLibraryGetKernel(k: *mut Handle, lib: Handle, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    k: *mut Handle,
+    lib: Handle,
+    name: *const c_char,
+) -> CUresult {
     guard(|| {
         let name = cstr!(name);
         if k.is_null() {
@@ -274,12 +283,16 @@ pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: Handle) -> C
 
 /// `cuFuncGetAttribute`: plausible fixed values.
 #[no_mangle]
-pub unsafe extern "C" fn cuFuncGetAttribute(value: *mut c_int, attrib: c_int, f: Handle) -> CUresult {
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    value: *mut c_int,
+    attrib: c_int,
+    f: Handle,
+) -> CUresult {
     guard(|| {
         with(|d| d.funcs.get(&f).map(|_| ()).ok_or(CuErr::InvalidHandle))?;
         let v = match attrib {
-            0 => 1024, // MAX_THREADS_PER_BLOCK
-            4 => 32,   // NUM_REGS
+            0 => 1024,   // MAX_THREADS_PER_BLOCK
+            4 => 32,     // NUM_REGS
             5 | 6 => 90, // PTX_VERSION, BINARY_VERSION
             1..=3 | 7..=20 => 0,
             _ => return Err(CuErr::InvalidValue),
@@ -314,7 +327,10 @@ pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
         if block_size <= 0 {
             return Err(CuErr::InvalidValue);
         }
-        put!(num_blocks, (simgpu::model::blocks_per_sm(block_size as u64)).min(32) as c_int);
+        put!(
+            num_blocks,
+            (simgpu::model::blocks_per_sm(block_size as u64)).min(32) as c_int
+        );
         Ok(())
     })
 }

@@ -116,7 +116,9 @@ impl Driver {
     /// Releases reserved memory of `pool` down to `max(used rounded up,
     /// keep)`; a destroyed pool with nothing used disappears.
     fn trim_pool(&mut self, pool: Handle, keep: u64) {
-        let Some(p) = self.pools.pools.get_mut(&pool) else { return };
+        let Some(p) = self.pools.pools.get_mut(&pool) else {
+            return;
+        };
         let floor = (p.used.div_ceil(GRANULARITY) * GRANULARITY).max(keep);
         let release = p.reserved.saturating_sub(floor);
         p.reserved -= release;
@@ -143,7 +145,13 @@ impl Driver {
     }
 }
 
-fn alloc_async(dptr: *mut CUdeviceptr, size: usize, pool: Option<Handle>, stream: Handle, per_thread: bool) -> Result<(), CuErr> {
+fn alloc_async(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Option<Handle>,
+    stream: Handle,
+    per_thread: bool,
+) -> Result<(), CuErr> {
     if dptr.is_null() {
         return Err(CuErr::InvalidValue);
     }
@@ -161,25 +169,43 @@ fn alloc_async(dptr: *mut CUdeviceptr, size: usize, pool: Option<Handle>, stream
 
 /// `cuMemAllocAsync`: from the current pool of the stream's device.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, size: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: Handle,
+) -> CUresult {
     guard(|| alloc_async(dptr, size, None, stream, false))
 }
 
 /// `cuMemAllocAsync_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: Handle,
+) -> CUresult {
     guard(|| alloc_async(dptr, size, None, stream, true))
 }
 
 /// `cuMemAllocFromPoolAsync`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, size: usize, pool: Handle, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Handle,
+    stream: Handle,
+) -> CUresult {
     guard(|| alloc_async(dptr, size, Some(pool), stream, false))
 }
 
 /// `cuMemAllocFromPoolAsync_ptsz`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: Handle, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: Handle,
+    stream: Handle,
+) -> CUresult {
     guard(|| alloc_async(dptr, size, Some(pool), stream, true))
 }
 
@@ -283,7 +309,11 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, min_bytes_to_keep: usize)
 /// RESERVED_MEM_HIGH (6) and USED_MEM_HIGH (8) (u64; the highs can only be
 /// reset to 0, which sets them to the current value).
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: Handle, attr: c_int, value: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: Handle,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
     guard(|| {
         if value.is_null() {
             return Err(CuErr::InvalidValue);
@@ -311,7 +341,11 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(pool: Handle, attr: c_int, value:
 /// `cuMemPoolGetAttribute`: RESERVED_MEM_CURRENT (5) / HIGH (6),
 /// USED_MEM_CURRENT (7) / HIGH (8), RELEASE_THRESHOLD (4), REUSE_* (1-3).
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: Handle, attr: c_int, value: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: Handle,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
     guard(|| {
         let p = with(|d| d.pools.pools.get(&pool).cloned().ok_or(CuErr::InvalidValue))?;
         let v = match attr {
@@ -333,8 +367,20 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(pool: Handle, attr: c_int, value:
 
 /// `cuMemPoolSetAccess`: accepted.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolSetAccess(pool: Handle, _map: *const c_void, _count: usize) -> CUresult {
-    guard(|| with(|d| d.pools.pools.get(&pool).map(|_| ()).ok_or(CuErr::InvalidValue)))
+pub unsafe extern "C" fn cuMemPoolSetAccess(
+    pool: Handle,
+    _map: *const c_void,
+    _count: usize,
+) -> CUresult {
+    guard(|| {
+        with(|d| {
+            d.pools
+                .pools
+                .get(&pool)
+                .map(|_| ())
+                .ok_or(CuErr::InvalidValue)
+        })
+    })
 }
 
 /// `cuDeviceGetDefaultMemPool`.

@@ -27,22 +27,62 @@ const VERSION_NOT_SUFFICIENT: c_int = 2;
 
 /// Names with several ABI versions: (CUDA version introduced, export).
 const VERSIONED: &[(&str, &[(i32, &str)])] = &[
-    ("cuCtxCreate", &[(3020, "cuCtxCreate_v2"), (11040, "cuCtxCreate_v3"), (12050, "cuCtxCreate_v4")]),
+    (
+        "cuCtxCreate",
+        &[
+            (3020, "cuCtxCreate_v2"),
+            (11040, "cuCtxCreate_v3"),
+            (12050, "cuCtxCreate_v4"),
+        ],
+    ),
     ("cuCtxDestroy", &[(4000, "cuCtxDestroy_v2")]),
     ("cuCtxPopCurrent", &[(4000, "cuCtxPopCurrent_v2")]),
     ("cuCtxPushCurrent", &[(4000, "cuCtxPushCurrent_v2")]),
     ("cuStreamDestroy", &[(4000, "cuStreamDestroy_v2")]),
     ("cuEventDestroy", &[(4000, "cuEventDestroy_v2")]),
     ("cuMemHostRegister", &[(6050, "cuMemHostRegister_v2")]),
-    ("cuDevicePrimaryCtxRelease", &[(11000, "cuDevicePrimaryCtxRelease_v2")]),
-    ("cuDevicePrimaryCtxReset", &[(11000, "cuDevicePrimaryCtxReset_v2")]),
-    ("cuDevicePrimaryCtxSetFlags", &[(11000, "cuDevicePrimaryCtxSetFlags_v2")]),
+    (
+        "cuDevicePrimaryCtxRelease",
+        &[(11000, "cuDevicePrimaryCtxRelease_v2")],
+    ),
+    (
+        "cuDevicePrimaryCtxReset",
+        &[(11000, "cuDevicePrimaryCtxReset_v2")],
+    ),
+    (
+        "cuDevicePrimaryCtxSetFlags",
+        &[(11000, "cuDevicePrimaryCtxSetFlags_v2")],
+    ),
     ("cuIpcOpenMemHandle", &[(11000, "cuIpcOpenMemHandle_v2")]),
-    ("cuDeviceGetUuid", &[(9020, "cuDeviceGetUuid"), (11040, "cuDeviceGetUuid_v2")]),
-    ("cuGraphInstantiate", &[(11000, "cuGraphInstantiate_v2"), (12000, "cuGraphInstantiateWithFlags")]),
-    ("cuGraphAddKernelNode", &[(10000, "cuGraphAddKernelNode"), (12000, "cuGraphAddKernelNode_v2")]),
-    ("cuGetProcAddress", &[(11030, "cuGetProcAddress"), (12050, "cuGetProcAddress_v2")]),
-    ("cuEventElapsedTime", &[(2000, "cuEventElapsedTime"), (12080, "cuEventElapsedTime_v2")]),
+    (
+        "cuDeviceGetUuid",
+        &[(9020, "cuDeviceGetUuid"), (11040, "cuDeviceGetUuid_v2")],
+    ),
+    (
+        "cuGraphInstantiate",
+        &[
+            (11000, "cuGraphInstantiate_v2"),
+            (12000, "cuGraphInstantiateWithFlags"),
+        ],
+    ),
+    (
+        "cuGraphAddKernelNode",
+        &[
+            (10000, "cuGraphAddKernelNode"),
+            (12000, "cuGraphAddKernelNode_v2"),
+        ],
+    ),
+    (
+        "cuGetProcAddress",
+        &[(11030, "cuGetProcAddress"), (12050, "cuGetProcAddress_v2")],
+    ),
+    (
+        "cuEventElapsedTime",
+        &[
+            (2000, "cuEventElapsedTime"),
+            (12080, "cuEventElapsedTime_v2"),
+        ],
+    ),
 ];
 
 /// Resolves `symbol` to an export name, or the `symbolStatus` failure.
@@ -74,7 +114,13 @@ pub(crate) fn resolve(symbol: &str, version: i32, flags: u64) -> Result<String, 
     Ok(base)
 }
 
-fn get_proc(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: u64, status: *mut c_int) -> Result<(), CuErr> {
+fn get_proc(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> Result<(), CuErr> {
     let name = cstr!(symbol);
     if pfn.is_null() {
         return Err(CuErr::InvalidValue);
@@ -122,7 +168,10 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 /// `cuGetExportTable`: not provided (`CUDA_ERROR_NOT_SUPPORTED`); the CUDA
 /// runtime needs it, driver-API programs do not.
 #[no_mangle]
-pub unsafe extern "C" fn cuGetExportTable(table: *mut *const c_void, _id: *const c_void) -> CUresult {
+pub unsafe extern "C" fn cuGetExportTable(
+    table: *mut *const c_void,
+    _id: *const c_void,
+) -> CUresult {
     guard(|| {
         put!(table, std::ptr::null());
         Err(CuErr::NotSupported)
@@ -135,13 +184,34 @@ mod tests {
 
     #[test]
     fn resolves() {
-        assert_eq!(resolve("cuMemAlloc", 12000, 0).as_deref(), Ok("cuMemAlloc_v2"));
-        assert_eq!(resolve("cuLaunchKernel", 12000, 2).as_deref(), Ok("cuLaunchKernel_ptsz"));
-        assert_eq!(resolve("cuLaunchKernel", 12000, 0).as_deref(), Ok("cuLaunchKernel"));
-        assert_eq!(resolve("cuMemcpyHtoD", 12000, 2).as_deref(), Ok("cuMemcpyHtoD_v2_ptds"));
-        assert_eq!(resolve("cuCtxCreate", 11000, 0).as_deref(), Ok("cuCtxCreate_v2"));
-        assert_eq!(resolve("cuCtxCreate", 13000, 0).as_deref(), Ok("cuCtxCreate_v4"));
-        assert_eq!(resolve("cuGraphInstantiate", 12000, 0).as_deref(), Ok("cuGraphInstantiateWithFlags"));
+        assert_eq!(
+            resolve("cuMemAlloc", 12000, 0).as_deref(),
+            Ok("cuMemAlloc_v2")
+        );
+        assert_eq!(
+            resolve("cuLaunchKernel", 12000, 2).as_deref(),
+            Ok("cuLaunchKernel_ptsz")
+        );
+        assert_eq!(
+            resolve("cuLaunchKernel", 12000, 0).as_deref(),
+            Ok("cuLaunchKernel")
+        );
+        assert_eq!(
+            resolve("cuMemcpyHtoD", 12000, 2).as_deref(),
+            Ok("cuMemcpyHtoD_v2_ptds")
+        );
+        assert_eq!(
+            resolve("cuCtxCreate", 11000, 0).as_deref(),
+            Ok("cuCtxCreate_v2")
+        );
+        assert_eq!(
+            resolve("cuCtxCreate", 13000, 0).as_deref(),
+            Ok("cuCtxCreate_v4")
+        );
+        assert_eq!(
+            resolve("cuGraphInstantiate", 12000, 0).as_deref(),
+            Ok("cuGraphInstantiateWithFlags")
+        );
         assert_eq!(resolve("cuCtxCreate", 3000, 0), Err(VERSION_NOT_SUFFICIENT));
         assert_eq!(resolve("cuNoSuchThing", 12000, 0), Err(SYMBOL_NOT_FOUND));
         assert!(NAMES.len() > 150, "{}", NAMES.len());

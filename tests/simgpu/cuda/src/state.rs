@@ -255,7 +255,11 @@ impl Driver {
     /// A fresh fake device address range of `size` bytes (512-byte aligned,
     /// 2 MiB aligned from 2 MiB up), never reused in this process.
     pub fn new_addr(&mut self, size: u64) -> u64 {
-        let align = if size >= GRANULARITY { GRANULARITY } else { 512 };
+        let align = if size >= GRANULARITY {
+            GRANULARITY
+        } else {
+            512
+        };
         let base = self.next_addr.div_ceil(align) * align;
         self.next_addr = base + size.max(1).div_ceil(512) * 512;
         base

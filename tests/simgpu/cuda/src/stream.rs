@@ -136,7 +136,11 @@ pub unsafe extern "C" fn cuStreamCreate(ph: *mut Handle, flags: c_uint) -> CUres
 
 /// `cuStreamCreateWithPriority`.
 #[no_mangle]
-pub unsafe extern "C" fn cuStreamCreateWithPriority(ph: *mut Handle, flags: c_uint, priority: c_int) -> CUresult {
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut Handle,
+    flags: c_uint,
+    priority: c_int,
+) -> CUresult {
     guard(|| create(ph, flags, priority))
 }
 

@@ -46,10 +46,15 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
 
 /// `cuMemCreate`: `size` must be a multiple of the granularity.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemCreate(handle: *mut u64, size: usize, prop: *const PropsHead, _flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut u64,
+    size: usize,
+    prop: *const PropsHead,
+    _flags: u64,
+) -> CUresult {
     guard(|| {
         let pr = get!(prop);
-        if handle.is_null() || size == 0 || size as u64 % GRANULARITY != 0 {
+        if handle.is_null() || size == 0 || !(size as u64).is_multiple_of(GRANULARITY) {
             return Err(CuErr::InvalidValue);
         }
         let h = with(|d| {
@@ -141,7 +146,13 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUre
 
 /// `cuMemMap`: the range must lie in a reservation and be unmapped.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemMap(ptr: CUdeviceptr, size: usize, _offset: usize, handle: u64, _flags: u64) -> CUresult {
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    _offset: usize,
+    handle: u64,
+    _flags: u64,
+) -> CUresult {
     guard(|| {
         with(|d| {
             let size = size as u64;
@@ -198,7 +209,12 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 
 /// `cuMemSetAccess`: the range must lie in one reservation.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const c_void, count: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const c_void,
+    count: usize,
+) -> CUresult {
     guard(|| {
         if count == 0 || desc.is_null() {
             return Err(CuErr::InvalidValue);

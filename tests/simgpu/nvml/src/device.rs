@@ -64,10 +64,16 @@ fn arg_str<'a>(p: *const c_char) -> Result<&'a str, NvmlErr> {
 
 /// `nvmlDeviceGetHandleByUUID`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, dev: *mut NvmlDevice) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    dev: *mut NvmlDevice,
+) -> NvmlReturn {
     guard(|| {
         let want = arg_str(uuid)?.to_ascii_lowercase();
-        find(|i| simgpu::model::device_uuid_string(i).to_ascii_lowercase() == want, dev)
+        find(
+            |i| simgpu::model::device_uuid_string(i).to_ascii_lowercase() == want,
+            dev,
+        )
     })
 }
 
@@ -85,13 +91,19 @@ fn by_pci(bus: *const c_char, dev: *mut NvmlDevice) -> Result<(), NvmlErr> {
 
 /// `nvmlDeviceGetHandleByPciBusId_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(bus: *const c_char, dev: *mut NvmlDevice) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus: *const c_char,
+    dev: *mut NvmlDevice,
+) -> NvmlReturn {
     guard(|| by_pci(bus, dev))
 }
 
 /// `nvmlDeviceGetHandleByPciBusId`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(bus: *const c_char, dev: *mut NvmlDevice) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    bus: *const c_char,
+    dev: *mut NvmlDevice,
+) -> NvmlReturn {
     guard(|| by_pci(bus, dev))
 }
 
@@ -117,7 +129,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(dev: NvmlDevice, minor: *mut u
 
 /// `nvmlDeviceGetName`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetName(dev: NvmlDevice, name: *mut c_char, len: u32) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    dev: NvmlDevice,
+    name: *mut c_char,
+    len: u32,
+) -> NvmlReturn {
     guard(|| {
         with(|s| index(s, dev))?;
         write_str(name, len, simgpu::model::DEVICE_NAME)
@@ -126,7 +142,11 @@ pub unsafe extern "C" fn nvmlDeviceGetName(dev: NvmlDevice, name: *mut c_char, l
 
 /// `nvmlDeviceGetUUID`: `GPU-…`, the same bytes as `cuDeviceGetUuid`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(dev: NvmlDevice, uuid: *mut c_char, len: u32) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    dev: NvmlDevice,
+    uuid: *mut c_char,
+    len: u32,
+) -> NvmlReturn {
     guard(|| {
         let i = with(|s| index(s, dev))?;
         write_str(uuid, len, &simgpu::model::device_uuid_string(i))
@@ -135,7 +155,11 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(dev: NvmlDevice, uuid: *mut c_char, l
 
 /// `nvmlDeviceGetCudaComputeCapability`: 9.0.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(dev: NvmlDevice, major: *mut c_int, minor: *mut c_int) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    dev: NvmlDevice,
+    major: *mut c_int,
+    minor: *mut c_int,
+) -> NvmlReturn {
     guard(|| {
         with(|s| index(s, dev))?;
         put!(major, 9);
@@ -176,7 +200,10 @@ pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(dev: NvmlDevice, pci: *mut PciI
             pci_subsystem_id: 0x16c1_10de,
             bus_id: [0; 32],
         };
-        fill(&mut p.bus_id_legacy, &simgpu::model::pci_bus_id(i).to_ascii_uppercase());
+        fill(
+            &mut p.bus_id_legacy,
+            &simgpu::model::pci_bus_id(i).to_ascii_uppercase(),
+        );
         fill(&mut p.bus_id, &nvml_bus_id(i));
         put!(pci, p);
         Ok(())
@@ -216,7 +243,10 @@ fn mem_info(dev: NvmlDevice) -> Result<(u64, u64, u64), NvmlErr> {
 
 /// `nvmlDeviceGetMemoryInfo`: all processes' usage, contexts included.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: NvmlDevice, memory: *mut Memory) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    dev: NvmlDevice,
+    memory: *mut Memory,
+) -> NvmlReturn {
     guard(|| {
         let (total, free, used) = mem_info(dev)?;
         put!(memory, Memory { total, free, used });
@@ -227,7 +257,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: NvmlDevice, memory: *mut M
 /// `nvmlDeviceGetMemoryInfo_v2`: `version` must be `nvmlMemory_v2`;
 /// `reserved` is 0.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: NvmlDevice, memory: *mut MemoryV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    dev: NvmlDevice,
+    memory: *mut MemoryV2,
+) -> NvmlReturn {
     guard(|| {
         let m = get!(memory as *const MemoryV2);
         if m.version != MEMORY_V2 {
@@ -260,7 +293,10 @@ pub struct Utilization {
 /// `SIMGPU_SAMPLE_MS` the device was running kernels; `memory` is half of
 /// it (a stand-in for memory-bandwidth use).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(dev: NvmlDevice, util: *mut Utilization) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    dev: NvmlDevice,
+    util: *mut Utilization,
+) -> NvmlReturn {
     guard(|| {
         let gpu = with(|s| {
             let i = index(s, dev)?;
@@ -270,7 +306,13 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(dev: NvmlDevice, util: *m
                 s.pcfg.sample_ms * 1_000_000,
             ))
         })?;
-        put!(util, Utilization { gpu, memory: gpu / 2 });
+        put!(
+            util,
+            Utilization {
+                gpu,
+                memory: gpu / 2
+            }
+        );
         Ok(())
     })
 }

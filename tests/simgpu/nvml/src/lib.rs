@@ -140,24 +140,36 @@ fn init() -> Result<(), NvmlErr> {
 }
 
 /// `nvmlInit_v2`.
+///
+/// # Safety
+/// No preconditions (a C entry point without pointer arguments).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInit_v2() -> NvmlReturn {
     guard(init)
 }
 
 /// `nvmlInit` (v1).
+///
+/// # Safety
+/// No preconditions (a C entry point without pointer arguments).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInit() -> NvmlReturn {
     guard(init)
 }
 
 /// `nvmlInitWithFlags`: flags ignored.
+///
+/// # Safety
+/// No preconditions (a C entry point without pointer arguments).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInitWithFlags(_flags: u32) -> NvmlReturn {
     guard(init)
 }
 
 /// `nvmlShutdown`: the last one closes the connection.
+///
+/// # Safety
+/// No preconditions (a C entry point without pointer arguments).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlShutdown() -> NvmlReturn {
     guard(|| {
@@ -187,7 +199,7 @@ pub(crate) fn index(s: &State, dev: NvmlDevice) -> Result<u32, NvmlErr> {
     let base = DEVICES.as_ptr() as usize;
     let a = dev as usize;
     let i = a.wrapping_sub(base) / 8;
-    if a < base || (a - base) % 8 != 0 || i >= s.client.shm().config().devices as usize {
+    if a < base || !(a - base).is_multiple_of(8) || i >= s.client.shm().config().devices as usize {
         return Err(NvmlErr::InvalidArgument);
     }
     Ok(i as u32)

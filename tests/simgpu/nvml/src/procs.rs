@@ -92,19 +92,31 @@ fn v2(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> Result<(),
 
 /// `nvmlDeviceGetComputeRunningProcesses` (v1 structs).
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV1) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    dev: NvmlDevice,
+    count: *mut u32,
+    infos: *mut ProcessInfoV1,
+) -> NvmlReturn {
     guard(|| v1(dev, count, infos))
 }
 
 /// `nvmlDeviceGetComputeRunningProcesses_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    dev: NvmlDevice,
+    count: *mut u32,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
     guard(|| v2(dev, count, infos))
 }
 
 /// `nvmlDeviceGetComputeRunningProcesses_v3`.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    dev: NvmlDevice,
+    count: *mut u32,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
     guard(|| v2(dev, count, infos))
 }
 
@@ -115,25 +127,41 @@ fn none<T>(dev: NvmlDevice, count: *mut u32, infos: *mut T) -> Result<(), NvmlEr
 
 /// `nvmlDeviceGetGraphicsRunningProcesses`: always empty.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV1) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
+    dev: NvmlDevice,
+    count: *mut u32,
+    infos: *mut ProcessInfoV1,
+) -> NvmlReturn {
     guard(|| none(dev, count, infos))
 }
 
 /// `nvmlDeviceGetGraphicsRunningProcesses_v2`: always empty.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    dev: NvmlDevice,
+    count: *mut u32,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
     guard(|| none(dev, count, infos))
 }
 
 /// `nvmlDeviceGetGraphicsRunningProcesses_v3`: always empty.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    dev: NvmlDevice,
+    count: *mut u32,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
     guard(|| none(dev, count, infos))
 }
 
 /// `nvmlDeviceGetMPSComputeRunningProcesses_v3`: always empty.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(dev: NvmlDevice, count: *mut u32, infos: *mut ProcessInfoV2) -> NvmlReturn {
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    dev: NvmlDevice,
+    count: *mut u32,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
     guard(|| none(dev, count, infos))
 }
 

@@ -1,0 +1,358 @@
+/*
+ * simgpu_api: exercises the simulated driver's API surface and checks the
+ * model's numbers. Linked with -lcuda. Run with SIMGPU_MEMORY=1g,
+ * SIMGPU_CONTEXT_BYTES=100m, SIMGPU_SMS=132 (see tests/tests/simgpu_api.rs).
+ * Prints "ok" and exits 0 when every check holds; otherwise names the
+ * failing check and exits 1.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_min.h"
+
+#define MiB (1024ull * 1024ull)
+#define CHECK(cond)                                                             \
+    do {                                                                        \
+        if (!(cond)) {                                                          \
+            fprintf(stderr, "check failed at line %d: %s\n", __LINE__, #cond); \
+            exit(1);                                                            \
+        }                                                                       \
+    } while (0)
+#define OK(call) CHECK((call) == CUDA_SUCCESS)
+
+static size_t used(void) {
+    size_t f, t;
+    OK(cuMemGetInfo(&f, &t));
+    return t - f;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+typedef unsigned long long (*count_fn)(unsigned);
+
+int main(void) {
+    CUdevice dev;
+    CUcontext ctx, ctx2, cur;
+    int v;
+    char name[64];
+    const char *s;
+
+    CHECK(cuDeviceGetCount(&v) == CUDA_ERROR_NOT_INITIALIZED);
+    OK(cuDriverGetVersion(&v));
+    CHECK(v == 13000);
+    OK(cuInit(0));
+    OK(cuDeviceGetCount(&v));
+    CHECK(v == 1);
+    OK(cuDeviceGet(&dev, 0));
+    CHECK(cuDeviceGet(&dev, 1) == CUDA_ERROR_INVALID_DEVICE);
+    OK(cuDeviceGetName(name, sizeof name, dev));
+    CHECK(strstr(name, "SimGPU") != NULL);
+    OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+    CHECK(v == 132);
+    OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev));
+    CHECK(v == 2048);
+    OK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s));
+    CHECK(strcmp(s, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
+    OK(cuGetErrorString(CUDA_ERROR_INVALID_VALUE, &s));
+    CHECK(cuGetErrorString(12345, &s) == CUDA_ERROR_INVALID_VALUE);
+
+    /* Contexts: each costs 100 MiB. */
+    CHECK(cuMemGetInfo_v2(NULL, NULL) == CUDA_ERROR_INVALID_CONTEXT);
+    OK(cuDevicePrimaryCtxRetain(&ctx, dev));
+    OK(cuCtxSetCurrent(ctx));
+    CHECK(used() == 100 * MiB);
+    OK(cuCtxCreate(&ctx2, 0, dev));
+    OK(cuCtxGetCurrent(&cur));
+    CHECK(cur == ctx2);
+    CHECK(used() == 200 * MiB);
+    OK(cuCtxPopCurrent(&cur));
+    CHECK(cur == ctx2);
+    OK(cuCtxDestroy(ctx2));
+    CHECK(used() == 100 * MiB);
+    OK(cuCtxGetCurrent(&cur));
+    CHECK(cur == ctx);
+
+    /* Plain, pitch, managed allocations and frees. */
+    CUdeviceptr a, b, m;
+    size_t pitch;
+    OK(cuMemAlloc(&a, 10 * MiB));
+    CHECK(used() == 110 * MiB);
+    OK(cuMemAllocPitch(&b, &pitch, 1000, 100, 4));
+    CHECK(pitch == 1024);
+    CHECK(used() == 110 * MiB + 1024 * 100);
+    OK(cuMemFree(b));
+    OK(cuMemAllocManaged(&m, 4 * MiB, CU_MEM_ATTACH_GLOBAL));
+    memset((void *)(uintptr_t)m, 7, 4 * MiB); /* managed memory is real */
+    CHECK(used() == 114 * MiB);
+    OK(cuMemFree(m));
+    CHECK(cuMemFree(12345) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuMemFree(b) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuMemAlloc(&b, 2000 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
+    CHECK(used() == 110 * MiB);
+    OK(cuMemcpyHtoD(a, name, 8));
+    OK(cuMemcpyDtoH(name, a, 8));
+    CHECK(cuMemcpyHtoD(a, NULL, 8) == CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemsetD8(a, 0, 16));
+    size_t sz;
+    CUdeviceptr base;
+    OK(cuMemGetAddressRange(&base, &sz, a + 100));
+    CHECK(base == a && sz == 10 * MiB);
+
+    /* Host memory costs no device memory and is real. */
+    void *h;
+    OK(cuMemAllocHost(&h, 1 * MiB));
+    memset(h, 1, 1 * MiB);
+    OK(cuMemFreeHost(h));
+    CHECK(cuMemFreeHost(h) == CUDA_ERROR_INVALID_VALUE);
+    static char reg[8192];
+    OK(cuMemHostRegister(reg, sizeof reg, 0));
+    CHECK(cuMemHostRegister(reg, sizeof reg, 0) == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    OK(cuMemHostUnregister(reg));
+    CHECK(used() == 110 * MiB);
+
+    /* VMM: charged from cuMemCreate until released and unmapped. */
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t gran;
+    OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CHECK(gran == 2 * MiB);
+    CUmemGenericAllocationHandle mh;
+    CHECK(cuMemCreate(&mh, 3 * MiB, &prop, 0) == CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemCreate(&mh, 8 * MiB, &prop, 0));
+    CHECK(used() == 118 * MiB);
+    CUdeviceptr va;
+    OK(cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0));
+    OK(cuMemMap(va, 8 * MiB, 0, mh, 0));
+    CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    OK(cuMemSetAccess(va, 8 * MiB, &acc, 1));
+    OK(cuMemRelease(mh));
+    CHECK(used() == 118 * MiB); /* still mapped */
+    OK(cuMemUnmap(va, 8 * MiB));
+    CHECK(used() == 110 * MiB);
+    OK(cuMemAddressFree(va, 8 * MiB));
+    prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    OK(cuMemCreate(&mh, 2 * MiB, &prop, 0));
+    CHECK(used() == 110 * MiB); /* host location: no device memory */
+    OK(cuMemRelease(mh));
+
+    /* Arrays: exact bytes, summed over mip levels. */
+    CUarray arr;
+    CUDA_ARRAY_DESCRIPTOR ad = {1000, 100, CU_AD_FORMAT_FLOAT, 4};
+    OK(cuArrayCreate(&arr, &ad));
+    CHECK(used() == 110 * MiB + 1000 * 100 * 16);
+    OK(cuArrayDestroy(arr));
+    CUDA_ARRAY3D_DESCRIPTOR a3 = {64, 64, 4, CU_AD_FORMAT_UNSIGNED_INT8, 2, 0};
+    OK(cuArray3DCreate(&arr, &a3));
+    CHECK(used() == 110 * MiB + 64 * 64 * 4 * 2);
+    OK(cuArrayDestroy(arr));
+    CUmipmappedArray mip;
+    CUDA_ARRAY3D_DESCRIPTOR md = {64, 32, 0, CU_AD_FORMAT_HALF, 1, 0};
+    OK(cuMipmappedArrayCreate(&mip, &md, 3));
+    CHECK(used() == 110 * MiB + (64 * 32 + 32 * 16 + 16 * 8) * 2);
+    OK(cuMipmappedArrayDestroy(mip));
+    CHECK(used() == 110 * MiB);
+
+    /* IPC import costs nothing. */
+    CUipcMemHandle ih;
+    CUdeviceptr imp;
+    OK(cuIpcGetMemHandle(&ih, a));
+    OK(cuIpcOpenMemHandle(&imp, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    CHECK(imp != 0 && imp != a);
+    CHECK(used() == 110 * MiB);
+    OK(cuIpcCloseMemHandle(imp));
+    CHECK(cuIpcCloseMemHandle(imp) == CUDA_ERROR_INVALID_VALUE);
+
+    /* Pools: reserved grows in 2 MiB steps, released at synchronize. */
+    CUstream st;
+    CUmemoryPool pool, dpool;
+    cuuint64_t val;
+    OK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    OK(cuDeviceGetDefaultMemPool(&dpool, dev));
+    OK(cuDeviceGetMemPool(&pool, dev));
+    CHECK(pool == dpool);
+    CUdeviceptr p1, p2;
+    OK(cuMemAllocAsync(&p1, 3 * MiB, st));
+    CHECK(used() == 114 * MiB);
+    OK(cuMemPoolGetAttribute(dpool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &val));
+    CHECK(val == 3 * MiB);
+    OK(cuMemPoolGetAttribute(dpool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &val));
+    CHECK(val == 4 * MiB);
+    OK(cuMemFreeAsync(p1, st));
+    CHECK(used() == 114 * MiB); /* held until a synchronization */
+    OK(cuStreamSynchronize(st));
+    CHECK(used() == 110 * MiB);
+    CUmemPoolProps pp;
+    memset(&pp, 0, sizeof pp);
+    pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    pp.location.id = 0;
+    OK(cuMemPoolCreate(&pool, &pp));
+    val = 64 * MiB;
+    OK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &val));
+    OK(cuMemAllocFromPoolAsync(&p2, 10 * MiB, pool, st));
+    CHECK(used() == 120 * MiB);
+    OK(cuMemFreeAsync(p2, st));
+    OK(cuStreamSynchronize(st));
+    CHECK(used() == 120 * MiB); /* under the release threshold: kept */
+    OK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &val));
+    CHECK(val == 10 * MiB);
+    OK(cuMemPoolTrimTo(pool, 0));
+    CHECK(used() == 110 * MiB);
+    OK(cuDeviceSetMemPool(dev, pool));
+    OK(cuMemAllocAsync(&p1, 1 * MiB, st));
+    OK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &val));
+    CHECK(val == 1 * MiB);
+    OK(cuMemFreeAsync(p1, st));
+    OK(cuDeviceSetMemPool(dev, dpool));
+    OK(cuMemPoolDestroy(pool));
+    CHECK(cuMemPoolDestroy(dpool) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(used() == 110 * MiB);
+
+    /* Launch entry points: counts and durations. */
+    count_fn launches = (count_fn)dlsym(RTLD_DEFAULT, "simgpu_launch_count");
+    CHECK(launches != NULL);
+    CUmodule mod;
+    CUfunction busy, geo;
+    OK(cuModuleLoadData(&mod, "anything"));
+    OK(cuModuleGetFunction(&busy, mod, "busy_2ms"));
+    OK(cuModuleGetFunction(&geo, mod, "matmul"));
+    unsigned long long n0 = launches(0);
+    double t0 = now_ms();
+    OK(cuLaunchKernel(busy, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    OK(cuLaunchKernel_ptsz(busy, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CUlaunchConfig lc;
+    memset(&lc, 0, sizeof lc);
+    lc.gridDimX = lc.gridDimY = lc.gridDimZ = 1;
+    lc.blockDimX = 32;
+    lc.blockDimY = lc.blockDimZ = 1;
+    lc.hStream = st;
+    OK(cuLaunchKernelEx(&lc, busy, NULL, NULL));
+    OK(cuLaunchKernelEx_ptsz(&lc, busy, NULL, NULL));
+    OK(cuLaunchCooperativeKernel(busy, 1, 1, 1, 32, 1, 1, 0, st, NULL));
+    OK(cuLaunchCooperativeKernel_ptsz(busy, 1, 1, 1, 32, 1, 1, 0, NULL, NULL));
+    CHECK(now_ms() - t0 < 2.0); /* launches are asynchronous */
+    CHECK(cuStreamQuery(st) == CUDA_ERROR_NOT_READY);
+    OK(cuCtxSynchronize());
+    double dt = now_ms() - t0;
+    CHECK(dt >= 12.0 && dt < 30.0); /* 6 x 2 ms, one at a time */
+    CHECK(launches(0) - n0 == 6);
+    CHECK(cuLaunchCooperativeKernel(busy, 100000, 1, 1, 1024, 1, 1, 0, st, NULL) ==
+          CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+    CHECK(cuLaunchKernel(busy, 0, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuLaunchKernel((CUfunction)0x1234, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) ==
+          CUDA_ERROR_INVALID_HANDLE);
+
+    /* Geometry model: 2112 blocks of 256 threads on 132 SMs = 2 waves of 5 us. */
+    CUevent e0, e1;
+    float ms;
+    OK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
+    OK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
+    OK(cuEventRecord(e0, st));
+    for (int i = 0; i < 100; i++) OK(cuLaunchKernel(geo, 2112, 1, 1, 256, 1, 1, 0, st, NULL, NULL));
+    OK(cuEventRecord(e1, st));
+    OK(cuEventSynchronize(e1));
+    OK(cuEventQuery(e1));
+    OK(cuEventElapsedTime(&ms, e0, e1));
+    CHECK(ms > 0.99f && ms < 1.01f); /* 100 x 10 us */
+
+    /* Library / kernel handles work as functions. */
+    CUlibrary lib;
+    CUkernel k;
+    CUfunction kf;
+    OK(cuLibraryLoadData(&lib, "image", NULL, NULL, 0, NULL, NULL, 0));
+    OK(cuLibraryGetKernel(&k, lib, "busy_100us"));
+    OK(cuKernelGetFunction(&kf, k));
+    OK(cuLaunchKernel(kf, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    OK(cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    OK(cuCtxSynchronize());
+    OK(cuLibraryUnload(lib));
+
+    /* Graphs: kernel nodes back to back; memory nodes charged at first launch. */
+    CUgraph g;
+    CUgraphNode kn[3], an, fn;
+    CUgraphExec ge;
+    OK(cuGraphCreate(&g, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS anp;
+    memset(&anp, 0, sizeof anp);
+    anp.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    anp.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    anp.poolProps.location.id = 0;
+    anp.bytesize = 32 * MiB;
+    OK(cuGraphAddMemAllocNode(&an, g, NULL, 0, &anp));
+    CHECK(anp.dptr != 0);
+    CUDA_KERNEL_NODE_PARAMS kp;
+    memset(&kp, 0, sizeof kp);
+    kp.func = busy;
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
+    for (int i = 0; i < 3; i++) OK(cuGraphAddKernelNode(&kn[i], g, i ? &kn[i - 1] : &an, 1, &kp));
+    OK(cuGraphAddMemFreeNode(&fn, g, &kn[2], 1, anp.dptr));
+    OK(cuGraphInstantiateWithFlags(&ge, g, 0));
+    CHECK(used() == 110 * MiB); /* not yet */
+    n0 = launches(0);
+    t0 = now_ms();
+    OK(cuGraphLaunch(ge, st));
+    CHECK(used() == 142 * MiB);
+    OK(cuGraphLaunch_ptsz(ge, NULL));
+    OK(cuStreamSynchronize_ptsz(NULL));
+    dt = now_ms() - t0;
+    CHECK(dt >= 12.0 && dt < 30.0); /* 2 launches x 3 nodes x 2 ms */
+    CHECK(launches(0) - n0 == 6);
+    CHECK(used() == 142 * MiB); /* kept between launches */
+    OK(cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &val));
+    CHECK(val == 32 * MiB);
+    OK(cuDeviceGraphMemTrim(dev));
+    CHECK(used() == 110 * MiB);
+    OK(cuGraphLaunch(ge, st));
+    CHECK(used() == 142 * MiB);
+    OK(cuStreamSynchronize(st));
+    OK(cuGraphExecDestroy(ge));
+    CHECK(used() == 110 * MiB);
+    OK(cuGraphDestroy(g));
+
+    /* cuGetProcAddress_v2 resolves versions and per-thread variants. */
+    void *pfn;
+    CUdriverProcAddressQueryResult qr;
+    OK(cuGetProcAddress_v2("cuLaunchKernel", &pfn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &qr));
+    CHECK(qr == CU_GET_PROC_ADDRESS_SUCCESS && pfn == (void *)cuLaunchKernel_ptsz);
+    OK(cuGetProcAddress_v2("cuLaunchKernel", &pfn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &qr));
+    CHECK(pfn == (void *)cuLaunchKernel);
+    OK(cuGetProcAddress_v2("cuGraphLaunch", &pfn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &qr));
+    CHECK(pfn == (void *)cuGraphLaunch_ptsz);
+    OK(cuGetProcAddress_v2("cuMemAlloc", &pfn, 12000, 0, &qr));
+    CHECK(pfn == (void *)cuMemAlloc_v2);
+    OK(cuGetProcAddress("cuMemFree", &pfn, 12000, 0));
+    CHECK(pfn == (void *)cuMemFree_v2);
+    CHECK(cuGetProcAddress_v2("cuNoSuchFunction", &pfn, 12000, 0, &qr) == CUDA_ERROR_NOT_FOUND);
+    CHECK(qr == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND && pfn == NULL);
+    CHECK(cuGetProcAddress_v2("cuCtxCreate", &pfn, 3000, 0, &qr) == CUDA_ERROR_NOT_FOUND);
+    CHECK(qr == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       CUstream, void **, void **);
+    OK(cuGetProcAddress_v2("cuLaunchKernel", (void **)&launch, 13000,
+                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &qr));
+    n0 = launches(0);
+    OK(launch(busy, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+    OK(cuStreamSynchronize_ptsz(NULL));
+    CHECK(launches(0) - n0 == 1);
+
+    OK(cuEventDestroy(e0));
+    OK(cuEventDestroy(e1));
+    OK(cuStreamDestroy(st));
+    OK(cuMemFree(a));
+    OK(cuModuleUnload(mod));
+    OK(cuDevicePrimaryCtxRelease(dev));
+    CHECK(cuCtxSynchronize() == CUDA_ERROR_INVALID_CONTEXT);
+    printf("ok\n");
+    return 0;
+}
