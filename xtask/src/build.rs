@@ -1,7 +1,7 @@
 //! `cargo xtask build`: everything into `target/dist/`.
 //!
 //! ```text
-//! target/dist/libvgpu.so            the hook
+//! target/dist/libvgpu.so            the hook (glibc >= 2.17)
 //! target/dist/vgpu                  the loader, eBPF object embedded
 //! target/dist/sim/libcuda.so.1      the simulated driver
 //! target/dist/sim/libnvidia-ml.so.1 the simulated NVML
@@ -22,11 +22,16 @@ pub struct Args {
     pub debug: bool,
 }
 
-const PACKAGES: &[&str] = &["vgpu-hook", "vgpu-loader", "simgpu", "simgpu-cuda", "simgpu-nvml"];
+const PACKAGES: &[&str] = &["vgpu-loader", "simgpu", "simgpu-cuda", "simgpu-nvml"];
+
+/// The hook is linked by zig against glibc 2.17 symbol versions: it is
+/// preloaded into every process of every GPU container, so it must load on
+/// images older than this machine.
+const HOOK_TARGET: &str = "x86_64-unknown-linux-gnu";
+const HOOK_GLIBC: &str = "2.17";
 
 /// (file in the profile dir, path under dist)
 const ARTIFACTS: &[(&str, &str)] = &[
-    ("libvgpu.so", "libvgpu.so"),
     ("vgpu", "vgpu"),
     ("libcuda.so", "sim/libcuda.so.1"),
     ("libnvidia_ml.so", "sim/libnvidia-ml.so.1"),
@@ -45,12 +50,26 @@ pub fn run(args: &Args) -> Result<PathBuf> {
     }
     util::run(&mut cmd)?;
 
-    let profile = util::target_dir().join(if args.debug { "debug" } else { "release" });
+    let profile_name = if args.debug { "debug" } else { "release" };
+    let mut hook = util::cargo();
+    hook.args(["zigbuild", "-p", "vgpu-hook", "--target"])
+        .arg(format!("{HOOK_TARGET}.{HOOK_GLIBC}"));
+    if !args.debug {
+        hook.arg("--release");
+    }
+    util::run(&mut hook)?;
+
+    let profile = util::target_dir().join(profile_name);
     let dist = util::dist_dir();
     fs::create_dir_all(dist.join("sim")).context("create target/dist/sim")?;
     for (from, to) in ARTIFACTS {
         install(&profile.join(from), &dist.join(to))?;
     }
+    let hook_lib = util::target_dir()
+        .join(HOOK_TARGET)
+        .join(profile_name)
+        .join("libvgpu.so");
+    install(&hook_lib, &dist.join("libvgpu.so"))?;
     // Linking test programs with `-lcuda` wants the unversioned names too.
     for (link, target) in [
         ("sim/libcuda.so", "libcuda.so.1"),

@@ -19,6 +19,11 @@ const DEB_PACKAGES: &[&str] = &[
 ];
 const LLVM_MAJOR: &str = "22";
 const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Zig as the linker lets the hook link against glibc 2.17's symbol versions,
+/// so it loads in every container image, not only ones as new as this
+/// machine (the hook is preloaded into all of their processes).
+const ZIGLANG_VERSION: &str = "0.17.1";
+const ZIGBUILD_VERSION: &str = "0.24.1";
 /// The rustup name of Debian's toolchain, used by loader/build.rs.
 pub const EBPF_TOOLCHAIN: &str = "debian-1.96";
 
@@ -120,6 +125,31 @@ fn missing_steps() -> Vec<Step> {
             .map(|s| s.to_string())
             .collect(),
             env: vec![("LLVM_PREFIX", format!("/usr/lib/llvm-{LLVM_MAJOR}"))],
+        });
+    }
+    if output(Command::new("python3").args(["-m", "ziglang", "version"])).as_deref()
+        != Some(ZIGLANG_VERSION)
+    {
+        steps.push(Step {
+            what: format!("zig {ZIGLANG_VERSION} (PyPI ziglang), the hook's linker"),
+            command: ["python3", "-m", "pip", "install", "--quiet"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([format!("ziglang=={ZIGLANG_VERSION}")])
+                .collect(),
+            env: vec![("PIP_ROOT_USER_ACTION", "ignore".into())],
+        });
+    }
+    let zigbuild = output(Command::new("cargo").args(["install", "--list"])).unwrap_or_default();
+    if !zigbuild.contains(&format!("cargo-zigbuild v{ZIGBUILD_VERSION}")) {
+        steps.push(Step {
+            what: format!("cargo-zigbuild {ZIGBUILD_VERSION}"),
+            command: ["cargo", "install", "--locked"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([format!("cargo-zigbuild@{ZIGBUILD_VERSION}")])
+                .collect(),
+            env: vec![],
         });
     }
     let rustup = output(Command::new("rustup").args(["toolchain", "list"]));
