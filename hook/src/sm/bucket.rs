@@ -4,7 +4,8 @@
 //! at which everything the container was admitted so far has been paid for
 //! at `limit %` of wall time. The bucket's level at `now` is
 //! `(now - tat) × limit %`, capped at `DEPTH × limit %`. A launch is admitted
-//! while the level is non-negative (`tat <= now`) and then costs its
+//! while the level is non-negative (`tat <= now`, give or take `LEAD_NS`)
+//! and then costs its
 //! standalone GPU time: `tat = max(tat, now - DEPTH) + cost × 100 / limit`.
 //! So the bucket may go negative by one launch, and the next one waits
 //! until it is paid back. One CAS per admitted launch, no lock; processes of
@@ -16,6 +17,11 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 /// Wall time the bucket can hold: bursts stay within `DEPTH × limit` of
 /// GPU time, and a sleep that overshoots by less than this loses nothing.
 pub const DEPTH_NS: u64 = 4_000_000;
+
+/// A launch is admitted up to this long before its turn, so the GPU has
+/// work queued when the host thread is late to wake (a loaded machine); it
+/// adds `LEAD × limit` to the burst, nothing to the rate.
+pub const LEAD_NS: u64 = 1_000_000;
 
 /// Wall nanoseconds that `cost_ns` of GPU time buys at `pct` percent.
 pub fn wall_of(cost_ns: u64, pct: u32) -> u64 {
@@ -39,8 +45,8 @@ pub fn try_admit(tat: &AtomicU64, now: u64, cost_ns: u64, pct: u32) -> Admit {
     let mut old = tat.load(Acquire);
     loop {
         let base = old.max(floor);
-        if base > now {
-            return Admit::WaitUntil(base);
+        if base > now.saturating_add(LEAD_NS) {
+            return Admit::WaitUntil(base - LEAD_NS);
         }
         match tat.compare_exchange_weak(old, base.saturating_add(step), AcqRel, Acquire) {
             Ok(_) => return Admit::Go,
@@ -111,8 +117,9 @@ mod tests {
         while try_admit(&tat, now, 10_000, 50) == Admit::Go {
             n += 1;
         }
-        // DEPTH × 50 % = 2 ms of GPU time = 200 launches of 10 µs (+1).
-        assert_eq!(n, 201);
+        // (DEPTH + LEAD) × 50 % = 2.5 ms of GPU time = 250 launches of
+        // 10 µs (+1: the bucket may go negative by one launch).
+        assert_eq!(n, 251);
         assert_eq!(
             try_admit(&tat, now, 10_000, 50),
             Admit::WaitUntil(now + 20_000)

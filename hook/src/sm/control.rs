@@ -31,6 +31,8 @@ const BLOCK_SLEEP_NS: u64 = 100_000_000;
 const MAX_PENDING: usize = 32;
 /// Event pairs kept per context.
 const MAX_POOL: usize = 32;
+/// Finished timings are collected at most this often (a driver call each).
+const POLL_NS: u64 = 500_000;
 
 thread_local! {
     /// This thread's previous launch waited for the bucket (its stream was
@@ -94,6 +96,7 @@ pub struct Controller<S: Sys> {
     blocked: AtomicBool,
     limits: [AtomicU32; MAX_DEVICES],
     last_secs: AtomicU64,
+    next_poll: AtomicU64,
     /// GPU ns this process was charged, per device.
     charged: [AtomicI64; MAX_DEVICES],
     learn: Mutex<Learn>,
@@ -111,6 +114,7 @@ impl<S: Sys> Controller<S> {
             blocked: AtomicBool::new(false),
             limits: std::array::from_fn(|_| AtomicU32::new(0)),
             last_secs: AtomicU64::new(0),
+            next_poll: AtomicU64::new(0),
             charged: std::array::from_fn(|_| AtomicI64::new(0)),
             learn: Mutex::new(Learn::default()),
             publish: Mutex::new(Publish::default()),
@@ -141,7 +145,13 @@ impl<S: Sys> Controller<S> {
         let idle = SLEPT.try_with(Cell::get).unwrap_or(false);
         let (charge, sample) = {
             let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
-            self.poll(&mut l, 2);
+            if !l.pending.is_empty() {
+                let now = self.sys.now();
+                if now >= self.next_poll.load(Relaxed) {
+                    self.next_poll.store(now.saturating_add(POLL_NS), Relaxed);
+                    self.poll(&mut l, 4);
+                }
+            }
             let c = l.costs.charge(dev, w.key, idle);
             let s = if c.sample {
                 self.take_pair(&mut l, ctx)

@@ -11,6 +11,7 @@
 //! difference is settled when their first sample lands.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use vgpu_common::region::MAX_DEVICES;
 
@@ -38,6 +39,31 @@ pub enum Key {
     Graph {
         exec: usize,
     },
+}
+
+/// A cheap multiply-rotate hasher: keys are handles and small integers
+/// chosen by the driver, not by an adversary, and this runs per launch.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
 }
 
 /// The estimate of one key.
@@ -100,7 +126,7 @@ struct Fallback {
 /// The process's cost table.
 #[derive(Debug, Default)]
 pub struct Costs {
-    keys: HashMap<Key, Estimate>,
+    keys: HashMap<Key, Estimate, BuildHasherDefault<KeyHasher>>,
     fallback: [Fallback; MAX_DEVICES],
 }
 

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""SM-limit benchmark for a real GPU (self-contained: PyTorch + nvidia-smi).
+
+Runs three workloads, each for N seconds, and prints their throughput:
+  matmul  bf16 4096x4096 matmul loop (long kernels)
+  tiny    a loop of tiny element-wise kernels on a 4096-element tensor
+  graph   a CUDA-graph replay of 20 tiny kernels + one 1024x1024 matmul
+
+Usage (the lead runs it with and without the hook, at each limit):
+  python3 scripts/gpu/sm_bench.py --seconds 10 --save base.json     # unlimited baseline
+  LD_PRELOAD=/path/libvgpu.so CUDA_DEVICE_SM_LIMIT=30 \\
+  GPU_CORE_UTILIZATION_POLICY=force \\
+  CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu-bench/x.cache \\
+      python3 scripts/gpu/sm_bench.py --seconds 10 --baseline base.json
+
+  --sweep 10,30,60,90 --hook /path/libvgpu.so   re-runs itself under the hook at each
+                                                 limit (fresh region each time) and prints
+                                                 a table: throughput vs unlimited, and
+                                                 nvidia-smi utilization mean / stdev.
+
+Each workload line: `<name> <iters/s> <unit/s>` plus, when nvidia-smi sampling is on (default),
+`util mean/stdev` over the timed part (100 ms samples).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def smi_sampler(stop, samples, gpu_index):
+    cmd = [
+        "nvidia-smi",
+        f"--id={gpu_index}",
+        "--query-gpu=utilization.gpu",
+        "--format=csv,noheader,nounits",
+        "-lms",
+        "100",
+    ]
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    except OSError:
+        return
+    try:
+        for line in p.stdout:
+            if stop.is_set():
+                break
+            line = line.strip()
+            if line.isdigit():
+                samples.append((time.monotonic(), int(line)))
+    finally:
+        p.kill()
+        p.wait()
+
+
+def timed(name, step, seconds, work_per_iter, unit, sample, gpu_index):
+    import torch
+
+    # Warm-up: compile, allocate, learn costs (the hook times the first launches).
+    t_end = time.monotonic() + min(1.0, seconds / 5)
+    while time.monotonic() < t_end:
+        step()
+    torch.cuda.synchronize()
+
+    samples, stop = [], threading.Event()
+    th = None
+    if sample:
+        th = threading.Thread(target=smi_sampler, args=(stop, samples, gpu_index), daemon=True)
+        th.start()
+        time.sleep(0.3)
+    iters = 0
+    t0 = time.monotonic()
+    while True:
+        for _ in range(8):
+            step()
+        iters += 8
+        if time.monotonic() - t0 >= seconds:
+            break
+    torch.cuda.synchronize()
+    dt = time.monotonic() - t0
+    stop.set()
+    util = [u for (t, u) in samples if t0 + 0.5 <= t <= t0 + dt]
+    res = {
+        "name": name,
+        "iters_per_s": iters / dt,
+        "work_per_s": iters * work_per_iter / dt,
+        "unit": unit,
+        "util_mean": statistics.mean(util) if util else None,
+        "util_stdev": statistics.pstdev(util) if len(util) > 1 else None,
+    }
+    u = (
+        f" util {res['util_mean']:.1f} ± {res['util_stdev']:.1f}"
+        if res["util_mean"] is not None and res["util_stdev"] is not None
+        else ""
+    )
+    print(f"{name:7s} {res['iters_per_s']:12.1f} it/s {res['work_per_s']:14.3f} {unit}{u}", flush=True)
+    return res
+
+
+def run_all(args):
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    dev = torch.device("cuda", args.device)
+    torch.cuda.set_device(dev)
+    results = {}
+
+    if "matmul" in args.workloads:
+        n = 4096
+        a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+        c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
+
+        def mm():
+            torch.matmul(a, b, out=c)
+
+        results["matmul"] = timed("matmul", mm, args.seconds, 2 * n**3 / 1e12, "TFLOP/s", args.smi, args.device)
+
+    if "tiny" in args.workloads:
+        x = torch.zeros(4096, device=dev)
+
+        def tiny():
+            x.add_(1.0)
+
+        results["tiny"] = timed("tiny", tiny, args.seconds, 1, "kernels/s", args.smi, args.device)
+
+    if "graph" in args.workloads:
+        x = torch.zeros(4096, device=dev)
+        m = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
+        out = torch.empty(1024, 1024, device=dev, dtype=torch.bfloat16)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                x.add_(1.0)
+                torch.matmul(m, m, out=out)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(20):
+                x.add_(1.0)
+            torch.matmul(m, m, out=out)
+
+        results["graph"] = timed("graph", g.replay, args.seconds, 1, "replays/s", args.smi, args.device)
+    return results
+
+
+def sweep(args):
+    """Baseline without the hook, then each limit under it; prints a table."""
+    me = os.path.abspath(__file__)
+    base_cmd = [sys.executable, me, "--seconds", str(args.seconds), "--json", "--device", str(args.device)]
+    base_cmd += ["--workloads", ",".join(args.workloads)]
+    if not args.smi:
+        base_cmd.append("--no-smi")
+
+    def run(env):
+        out = subprocess.run(base_cmd, env=env, capture_output=True, text=True)
+        sys.stderr.write(out.stderr)
+        for line in out.stdout.splitlines():
+            if line.startswith("JSON "):
+                return json.loads(line[5:])
+        raise SystemExit(f"no result: {out.stdout}")
+
+    env0 = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    print("# unlimited (no hook)", flush=True)
+    base = run(env0)
+    rows = []
+    for limit in args.sweep:
+        d = tempfile.mkdtemp(prefix="vgpu-smbench-")
+        env = dict(env0)
+        env.update(
+            {
+                "LD_PRELOAD": args.hook,
+                "CUDA_DEVICE_SM_LIMIT": str(limit),
+                "GPU_CORE_UTILIZATION_POLICY": "force",
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE": os.path.join(d, "bench.cache"),
+            }
+        )
+        print(f"# limit {limit}", flush=True)
+        rows.append((limit, run(env)))
+    print()
+    print(f"{'limit':>5} {'workload':8} {'share of unlimited':>18} {'util mean':>9} {'stdev':>6}")
+    for limit, res in rows:
+        for name, r in res.items():
+            share = 100.0 * r["work_per_s"] / base[name]["work_per_s"]
+            um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
+            us = f"{r['util_stdev']:.1f}" if r["util_stdev"] is not None else "-"
+            print(f"{limit:5d} {name:8} {share:17.1f}% {um:>9} {us:>6}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per workload")
+    p.add_argument("--device", type=int, default=0)
+    p.add_argument("--workloads", default="matmul,tiny,graph", type=lambda s: s.split(","))
+    p.add_argument("--no-smi", dest="smi", action="store_false", help="do not sample nvidia-smi")
+    p.add_argument("--json", action="store_true", help="also print one `JSON {...}` line")
+    p.add_argument("--save", help="write the results as JSON to this file (for --baseline)")
+    p.add_argument("--baseline", help="JSON file of an unlimited run (--save): print shares against it")
+    p.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], help="limits to sweep")
+    p.add_argument("--hook", help="libvgpu.so for --sweep")
+    args = p.parse_args()
+    if args.sweep:
+        if not args.hook:
+            p.error("--sweep needs --hook")
+        sweep(args)
+        return
+    res = run_all(args)
+    if args.baseline:
+        with open(args.baseline) as f:
+            base = json.load(f)
+        for name, r in res.items():
+            if name in base:
+                print(f"{name:7s} {100.0 * r['work_per_s'] / base[name]['work_per_s']:.1f}% of unlimited")
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(res, f)
+    if args.json:
+        print("JSON " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
