@@ -64,25 +64,26 @@ pub fn proc_alive(pid: i64) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct Mappers {
     procs: Vec<(i32, i32)>,
-    /// Every process's maps could be read (else some may be missing).
-    complete: bool,
+    /// Namespace PIDs of processes whose maps could not be read (they may
+    /// map the region unseen).
+    unreadable: Vec<i32>,
+    /// Some process could be read neither its maps nor its status, or the
+    /// scan could not run at all: any PID may be hidden.
+    opaque: bool,
 }
 
 impl Mappers {
     /// Scans `/proc/*/maps` for mappings of `file`'s inode.
     pub fn scan(file: &File) -> Self {
         let Ok(meta) = file.metadata() else {
-            return Self::default();
+            return Self::none();
         };
         let (dev, ino) = (meta.dev(), meta.ino());
         let want_dev = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
         let Ok(dir) = std::fs::read_dir("/proc") else {
-            return Self::default();
+            return Self::none();
         };
-        let mut out = Self {
-            procs: Vec::new(),
-            complete: true,
-        };
+        let mut out = Self::default();
         for entry in dir.flatten() {
             let Some(pid) = entry
                 .file_name()
@@ -95,7 +96,12 @@ impl Mappers {
                 Ok(m) => m,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(_) => {
-                    out.complete = false;
+                    // Not readable (e.g. a more privileged process): its
+                    // namespace PID says which slots it could hide.
+                    match innermost_nspid(pid) {
+                        Some(ns) => out.unreadable.push(ns),
+                        None => out.opaque = true,
+                    }
                     continue;
                 }
             };
@@ -114,9 +120,17 @@ impl Mappers {
     }
 
     /// A scan that found nothing and is not trusted.
-    #[cfg(test)]
     pub fn none() -> Self {
-        Self::default()
+        Self {
+            opaque: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the scan can tell that no process with namespace PID `pid`
+    /// maps the region.
+    fn decides(&self, pid: i32) -> bool {
+        !self.opaque && !self.unreadable.contains(&pid)
     }
 
     /// The host PID of the mapping process whose namespace PID is `nspid`,
@@ -143,7 +157,7 @@ impl Mappers {
                 host_pid: Some(hostpid),
             };
         }
-        if self.complete {
+        if self.decides(pid) {
             return Alive {
                 alive: self.has_nspid(pid),
                 by: AliveBy::Mapping,
@@ -169,12 +183,12 @@ impl Mappers {
 /// for itself (what the hook writes into `pid`).
 fn innermost_nspid(pid: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|rest| rest.split_ascii_whitespace().last())
-        .and_then(|s| s.parse().ok())
-        .or(Some(pid))
+    let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"));
+    match nspid {
+        Some(rest) => rest.split_ascii_whitespace().last()?.parse().ok(),
+        // Kernels without NSpid (< 4.1): no nested namespaces to tell.
+        None => Some(pid),
+    }
 }
 
 /// The host PID to signal for a slot: `hostpid` when known, else the one
@@ -205,7 +219,7 @@ mod tests {
         let path = dir.path().join("r.cache");
         std::fs::write(&path, vec![0u8; 8192]).unwrap();
         let file = File::open(&path).unwrap();
-        let map = memmap2::MmapRaw::map_raw(&file).unwrap();
+        let map = memmap2::MmapRaw::map_raw_read_only(&file).unwrap();
         let me = std::process::id() as i32;
         let m = Mappers::scan(&file);
         let got = m.liveness(me, 0);
@@ -213,7 +227,7 @@ mod tests {
         assert_eq!(got.host_pid, Some(me));
         drop(map);
         let m = Mappers::scan(&file);
-        if m.complete {
+        if m.decides(me) {
             assert!(!m.liveness(me, 0).alive);
         }
     }

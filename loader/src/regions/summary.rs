@@ -289,7 +289,7 @@ impl RegionSummary {
             sem_postinit_value: sem_value(&r.sem_postinit),
         };
         lock_findings(&lock, &mut findings);
-        findings.sort_by(|a, b| b.severity.cmp(&a.severity));
+        findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
         Self {
             path: file.path().to_owned(),
             pod_uid: owner.map(|o| o.pod_uid.clone()),
