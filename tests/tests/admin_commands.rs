@@ -321,7 +321,9 @@ fn suspend_and_resume_wait_for_the_slots() {
     assert_eq!(b.cmd("status"), "status 2");
     let json = vgpu(&["inspect", "--json", s(&path)]);
     assert_eq!(
-        json.stdout.matches("\"status_name\": \"suspended\"").count(),
+        json.stdout
+            .matches("\"status_name\": \"suspended\"")
+            .count(),
         2,
         "{}",
         json.stdout
