@@ -476,3 +476,67 @@ fn bad_input_writes_nothing() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(!missing.exists(), "nothing creates a missing region");
 }
+
+/// A process in its own PID namespace has a small `pid` that names another,
+/// live process on the host (here 2, the host's kthreadd), and no daemon
+/// filled its `hostpid`. inspect finds it alive through its mapping of the
+/// region (with its real host PID); once it is killed, cleanup reclaims its
+/// slot although host PID 2 lives.
+#[test]
+fn container_pids_are_judged_by_mapping_not_by_host_pid_of_the_same_number() {
+    let env = HookEnv::new("admin-ns", "1g");
+    let exe = env.build("admin_prog");
+    let path = env.region_path();
+    let inner = env.hooked(&exe, &[]);
+    let mut c = Command::new("unshare");
+    c.args([
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "sh",
+        "-c",
+        "\"$0\"; :",
+    ])
+    .arg(&exe);
+    for (k, v) in inner.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let mut p = Prog::start_cmd(c, true);
+    assert_eq!(p.pid, 2, "sh is pid 1 of the namespace, the program pid 2");
+    assert!(Path::new("/proc/2").exists(), "host pid 2 lives");
+    assert_eq!(p.cmd(&format!("alloc {}", 8 * M)), "alloc 0");
+
+    let json = vgpu(&["inspect", "--json", s(&path)]);
+    let doc: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
+    let slot = &doc["regions"][0]["slots"][0];
+    assert_eq!(slot["pid"], 2, "{slot:#}");
+    assert_eq!(slot["hostpid"], 0, "{slot:#}");
+    assert_eq!(slot["alive"]["alive"], true, "{slot:#}");
+    assert_eq!(slot["alive"]["by"], "mapping", "{slot:#}");
+    let host_pid = slot["alive"]["host_pid"].as_i64().expect("host pid");
+    assert!(host_pid > 2, "{slot:#}");
+    let out = vgpu(&["cleanup", s(&path)]);
+    assert!(
+        out.ok && out.stdout.contains("no dead slots"),
+        "{}",
+        out.stdout
+    );
+
+    p.run.kill9();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while Path::new(&format!("/proc/{host_pid}")).exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = vgpu(&["cleanup", s(&path)]);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(
+        out.stdout.contains("reclaimed slot 0 of dead pid 2"),
+        "{}",
+        out.stdout
+    );
+    assert!(slot_bytes(&path, 0).iter().all(|&b| b == 0));
+}
