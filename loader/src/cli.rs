@@ -37,6 +37,8 @@ impl Cli {
 /// The subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    Daemon(cmd::daemon::Args),
+    Findings(cmd::daemon::FindingsArgs),
     Trace(cmd::trace::Args),
     InstallHook(cmd::install_hook::Args),
     Inspect(cmd::inspect::Args),
@@ -52,6 +54,8 @@ impl Command {
     /// Runs the subcommand.
     pub fn run(self) -> anyhow::Result<ExitCode> {
         match self {
+            Command::Daemon(a) => cmd::daemon::run(a),
+            Command::Findings(a) => cmd::daemon::run_findings(a),
             Command::Trace(a) => cmd::trace::run(a),
             Command::InstallHook(a) => cmd::install_hook::run(a),
             Command::Inspect(a) => cmd::inspect::run(a),

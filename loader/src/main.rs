@@ -3,6 +3,7 @@
 mod cgroup;
 mod cli;
 mod cmd;
+mod daemon;
 mod install;
 mod probes;
 mod regions;

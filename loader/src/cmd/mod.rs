@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod cleanup;
+pub mod daemon;
 pub mod inspect;
 pub mod install_hook;
 pub mod set_limit;

@@ -1,0 +1,265 @@
+//! `vgpu daemon` (the node's eBPF observer) and `vgpu findings` (what it found).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::time::MissedTickBehavior;
+use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT};
+
+use crate::daemon::check::{Thresholds, MIB};
+use crate::daemon::findings::{write_state, FILE_NAME};
+use crate::daemon::http::{self, Published, Shared};
+use crate::daemon::libs::LibWatch;
+use crate::daemon::nvml::NvmlView;
+use crate::daemon::observer::{Observer, Settings};
+use crate::daemon::procfs::Procfs;
+use crate::probes::{btf, Options, ProbeError, ProbeSet};
+
+/// The node daemon: host PIDs for the hook, an accounting cross-check, metrics.
+///
+/// Puts uprobes on the real libcuda (the host's, and every container's,
+/// found under /proc/<pid>/root and rescanned every few seconds; each file
+/// once by inode) at driver init, context creation and every allocation and
+/// free entry point. Never on a kernel launch: the launch path pays nothing.
+///
+/// For each CUDA process it writes the host PID into the process's slot of
+/// its shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE in /proc/<pid>/environ,
+/// resolved under /proc/<pid>/root), which the hook cannot learn inside a
+/// PID namespace and without which per-container utilization reads 0.
+///
+/// It compares what the kernel saw each process allocate, what its slot
+/// tracks and what NVML says it uses. A persistent difference (default
+/// max(16 MiB, 2 %) for 2 scans) is an `untracked_allocation` finding; a CUDA
+/// process without a region or slot is `no_region`. Findings are logged,
+/// exported as metrics, written to <state-dir>/findings.json and served at
+/// /findings (see `vgpu findings`).
+///
+/// HTTP (default 0.0.0.0:9396): /metrics (Prometheus text, HAMi monitor's
+/// metric names plus vgpu_*), /readyz (200 once probes are attached and the
+/// first scan is done), /healthz, /findings. See docs/daemon.md.
+///
+/// Needs root or CAP_BPF+CAP_PERFMON+CAP_SYS_PTRACE (to read other
+/// processes' /proc entries). SIGINT/SIGTERM detach everything and exit.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Probe only this libcuda file (repeatable); disables the host and
+    /// container scan. E.g. the simulated driver in tests.
+    #[arg(long, value_name = "PATH")]
+    libcuda: Vec<PathBuf>,
+
+    /// Address of the HTTP endpoint.
+    #[arg(long, value_name = "ADDR", default_value_t = SocketAddr::from(([0, 0, 0, 0], METRICS_PORT)))]
+    listen: SocketAddr,
+
+    /// Directory of the state file (findings.json).
+    #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
+    state_dir: PathBuf,
+
+    /// HAMi's per-container region directory, also exported when present.
+    #[arg(long, value_name = "DIR", default_value = CONTAINERS_DIR)]
+    regions_root: PathBuf,
+
+    /// Seconds between cross-check scans (findings, metrics).
+    #[arg(long, value_name = "SECS", default_value_t = 0.5)]
+    interval: f64,
+
+    /// Milliseconds between polls of the probe maps (host-PID fill).
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    poll_ms: u64,
+
+    /// Seconds between rescans for new libcuda files (containers).
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    rescan: f64,
+
+    /// A difference below this many MiB is never a finding.
+    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    min_untracked_mib: u64,
+
+    /// … nor one below this percentage of the larger value.
+    #[arg(long, value_name = "PCT", default_value_t = 2.0)]
+    untracked_percent: f64,
+
+    /// Consecutive scans a difference must persist.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    scans: u32,
+
+    /// Seconds a CUDA process may run without a slot before it is a finding.
+    #[arg(long, value_name = "SECS", default_value_t = 3.0)]
+    slot_grace: f64,
+
+    /// Do not use NVML (no per-process used memory, no host GPU metrics).
+    #[arg(long)]
+    no_nvml: bool,
+}
+
+/// Runs `vgpu daemon`.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("vgpu daemon: starting the async runtime")?;
+    rt.block_on(daemon(args))
+}
+
+fn sentence(e: ProbeError) -> anyhow::Error {
+    match e {
+        ProbeError::Permission { .. } => anyhow::anyhow!("vgpu daemon {e}"),
+        e => anyhow::anyhow!("vgpu daemon: {e}"),
+    }
+}
+
+fn secs(s: f64, min: f64) -> Duration {
+    Duration::from_secs_f64(if s.is_finite() { s.max(min) } else { min })
+}
+
+async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
+    let listener = http::bind(args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("vgpu daemon: {e}"))?;
+    let offsets = match btf::running_kernel_offsets() {
+        Ok(o) => Some(o),
+        Err(e) => {
+            tracing::warn!("namespace pids from /proc instead of the probes: {e}");
+            None
+        }
+    };
+    let probes = ProbeSet::load(Options {
+        emit_events: false,
+        aggregate: true,
+        offsets,
+    })
+    .map_err(sentence)?;
+    let nvml = if args.no_nvml {
+        None
+    } else {
+        match NvmlView::init() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::warn!("NVML unavailable, cross-checking against the probes only: {e}");
+                None
+            }
+        }
+    };
+    let settings = Settings {
+        thresholds: Thresholds {
+            min_bytes: args.min_untracked_mib.saturating_mul(MIB),
+            ratio: args.untracked_percent.max(0.0) / 100.0,
+            scans: args.scans.max(1),
+        },
+        slot_grace: secs(args.slot_grace, 0.0),
+        regions_root: Some(args.regions_root.clone()),
+    };
+    let libs = LibWatch::new(Procfs::default(), args.libcuda.clone());
+    let mut obs = Observer::new(settings, probes, libs, nvml);
+    obs.attach_new_libs().map_err(sentence)?;
+    if obs.attached_libs() == 0 {
+        tracing::warn!("no libcuda found yet; looking again every {}s", args.rescan);
+    }
+
+    let shared: Shared = Arc::new(Mutex::new(Published::default()));
+    let server = tokio::spawn(http::serve(listener, shared.clone()));
+    eprintln!(
+        "vgpu daemon: {} libcuda file(s) probed; http://{}; state {}",
+        obs.attached_libs(),
+        args.listen,
+        args.state_dir.join(FILE_NAME).display()
+    );
+
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut poll = tokio::time::interval(Duration::from_millis(args.poll_ms.max(10)));
+    let mut scan = tokio::time::interval(secs(args.interval, 0.05));
+    let mut rescan = tokio::time::interval(secs(args.rescan, 0.5));
+    for t in [&mut poll, &mut scan, &mut rescan] {
+        t.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    }
+    rescan.tick().await;
+    let mut state_warned = false;
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = poll.tick() => {
+                if let Err(e) = obs.poll() {
+                    tracing::warn!("reading the probe maps: {e}");
+                }
+                if let Ok(mut p) = shared.lock() {
+                    p.last_poll = Instant::now();
+                }
+            }
+            _ = scan.tick() => {
+                let out = obs.scan();
+                match write_state(&args.state_dir, &out.findings_json) {
+                    Ok(()) => state_warned = false,
+                    Err(e) if !state_warned => {
+                        tracing::warn!("{e}");
+                        state_warned = true;
+                    }
+                    Err(_) => {}
+                }
+                if let Ok(mut p) = shared.lock() {
+                    p.metrics = out.metrics;
+                    p.findings = out.findings_json;
+                    p.ready = obs.attached_libs() > 0;
+                }
+            }
+            _ = rescan.tick() => {
+                if let Err(e) = obs.attach_new_libs() {
+                    tracing::warn!("attaching to a new libcuda: {e}");
+                }
+            }
+        }
+    }
+    server.abort();
+    drop(obs); // detaches every probe
+    eprintln!("vgpu daemon: probes detached, exiting");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Show what `vgpu daemon` found: untracked allocations and CUDA processes
+/// without a region. Reads the daemon's state file (format in docs/daemon.md).
+///
+/// Exits 0 when there are no findings, 3 when there are, 1 on error.
+#[derive(clap::Args, Debug)]
+pub struct FindingsArgs {
+    /// The daemon's --state-dir.
+    #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
+    state_dir: PathBuf,
+
+    /// Print the state file's JSON unchanged.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `vgpu findings`.
+pub fn run_findings(args: FindingsArgs) -> anyhow::Result<ExitCode> {
+    let path = args.state_dir.join(FILE_NAME);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("reading {} (is vgpu daemon running?)", path.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let list = v["findings"].as_array().cloned().unwrap_or_default();
+    if args.json {
+        print!("{text}");
+    } else if list.is_empty() {
+        println!("no findings");
+    } else {
+        for f in &list {
+            println!(
+                "{:<22} {}",
+                f["kind"].as_str().unwrap_or("?"),
+                f["message"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(if list.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}

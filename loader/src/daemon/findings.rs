@@ -1,0 +1,202 @@
+//! Findings of the cross-check and the state file that publishes them
+//! (`<state-dir>/findings.json`, replaced atomically every scan; the same
+//! JSON is served at `/findings`). Field names are documented in
+//! docs/daemon.md; rename nothing.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use super::check::Source;
+
+/// Name of the state file under `--state-dir`.
+pub const FILE_NAME: &str = "findings.json";
+/// Version of the file's format.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Finding kinds (stable, snake_case in JSON).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Device memory the hook did not account (probes or NVML saw more
+    /// than the slot holds, persistently).
+    UntrackedAllocation,
+    /// A CUDA process with no region or no slot: the hook is not loaded,
+    /// disabled, or bypassed.
+    NoRegion,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 2] = [Kind::UntrackedAllocation, Kind::NoRegion];
+
+    /// The JSON / metric label value.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::UntrackedAllocation => "untracked_allocation",
+            Kind::NoRegion => "no_region",
+        }
+    }
+}
+
+/// One finding about one process.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Finding {
+    pub kind: Kind,
+    /// Host PID.
+    pub pid: u32,
+    /// PID in the process's own namespace (0: unknown).
+    pub ns_pid: u32,
+    pub comm: String,
+    /// cgroup path under the cgroup2 mount (empty if unknown).
+    pub cgroup: String,
+    pub pod_uid: Option<String>,
+    pub container_id: Option<String>,
+    /// Region file as the process names it (absent for `no_region`).
+    pub region: Option<PathBuf>,
+    pub slot: Option<usize>,
+    /// Bytes not accounted by the hook.
+    pub untracked_bytes: u64,
+    /// Which view saw them (absent when nothing was measured yet).
+    pub source: Option<Source>,
+    /// Probe-observed bytes allocated minus freed.
+    pub probe_bytes: Option<u64>,
+    /// NVML used memory of the process.
+    pub nvml_bytes: Option<u64>,
+    /// Slot `data_size` and `total`, summed over devices.
+    pub tracked_data_bytes: u64,
+    pub tracked_total_bytes: u64,
+    /// Unix milliseconds when the finding first held.
+    pub since_unix_ms: u64,
+    /// One sentence for people.
+    pub message: String,
+}
+
+/// The state file's content.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Report<'a> {
+    pub version: u32,
+    /// Unix milliseconds of the scan.
+    pub updated_unix_ms: u64,
+    pub findings: &'a [Finding],
+}
+
+/// Why the state file could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot create state directory {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Serializes a report (the `/findings` body and the file content).
+pub fn to_json(findings: &[Finding], now_ms: u64) -> String {
+    let report = Report {
+        version: FORMAT_VERSION,
+        updated_unix_ms: now_ms,
+        findings,
+    };
+    let mut s = serde_json::to_string_pretty(&report).unwrap_or_else(|_| "{}".to_owned());
+    s.push('\n');
+    s
+}
+
+/// Replaces `<dir>/findings.json` with `json` atomically (temp file +
+/// rename), so a reader never sees a torn file.
+pub fn write_state(dir: &Path, json: &str) -> Result<(), StateError> {
+    std::fs::create_dir_all(dir).map_err(|source| StateError::Dir {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let path = dir.join(FILE_NAME);
+    let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
+    let werr = |source| StateError::Write {
+        path: path.clone(),
+        source,
+    };
+    let mut f = std::fs::File::create(&tmp).map_err(werr)?;
+    f.write_all(json.as_bytes()).map_err(werr)?;
+    f.sync_data().map_err(werr)?;
+    std::fs::rename(&tmp, &path).map_err(werr)
+}
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_file_is_replaced_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("run/vgpu");
+        let f = Finding {
+            kind: Kind::NoRegion,
+            pid: 42,
+            ns_pid: 1,
+            comm: "python".into(),
+            cgroup: "/kubepods/x".into(),
+            pod_uid: None,
+            container_id: None,
+            region: None,
+            slot: None,
+            untracked_bytes: 1 << 20,
+            source: Some(Source::Probes),
+            probe_bytes: Some(1 << 20),
+            nvml_bytes: None,
+            tracked_data_bytes: 0,
+            tracked_total_bytes: 0,
+            since_unix_ms: 5,
+            message: "m".into(),
+        };
+        write_state(&state, &to_json(&[f.clone(), f], 7)).unwrap();
+        write_state(&state, &to_json(&[], 8)).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(state.join(FILE_NAME)).unwrap()).unwrap();
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["updated_unix_ms"], 8);
+        assert_eq!(v["findings"].as_array().unwrap().len(), 0);
+        let one = to_json(
+            &[Finding {
+                kind: Kind::UntrackedAllocation,
+                ..f_default()
+            }],
+            1,
+        );
+        let v: serde_json::Value = serde_json::from_str(&one).unwrap();
+        assert_eq!(v["findings"][0]["kind"], "untracked_allocation");
+        assert_eq!(v["findings"][0]["source"], "nvml");
+    }
+
+    fn f_default() -> Finding {
+        Finding {
+            kind: Kind::NoRegion,
+            pid: 1,
+            ns_pid: 1,
+            comm: String::new(),
+            cgroup: String::new(),
+            pod_uid: None,
+            container_id: None,
+            region: None,
+            slot: None,
+            untracked_bytes: 0,
+            source: Some(Source::Nvml),
+            probe_bytes: None,
+            nvml_bytes: None,
+            tracked_data_bytes: 0,
+            tracked_total_bytes: 0,
+            since_unix_ms: 0,
+            message: String::new(),
+        }
+    }
+}

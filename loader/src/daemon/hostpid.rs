@@ -1,0 +1,211 @@
+//! Host-PID fill: the hook registers its slot under its namespace PID and
+//! cannot know its host PID (spec §2.8); the daemon sees both in libcuda and
+//! writes `hostpid` into the slot, so NVML's per-process samples (keyed by
+//! host PID) can be attributed to it.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::SeqCst;
+
+use vgpu_common::env::{SHARED_CACHE, SHARED_CACHE_DEFAULT};
+use vgpu_common::region::status;
+
+use super::procfs::Procfs;
+use super::regions::{OpenError, RegionCache, RegionKey};
+
+/// Where a process's slot is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotRef {
+    pub region: RegionKey,
+    pub slot: usize,
+}
+
+/// Why a process has no slot (yet).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Miss {
+    /// `/proc/<pid>/environ` is gone or unreadable.
+    #[error("cannot read the environment of host pid {0}")]
+    Environ(u32),
+    /// The region file named by the process does not exist.
+    #[error("no region file {0} (hook not loaded, or not initialised yet)")]
+    NoRegion(PathBuf),
+    /// The region exists but cannot be used.
+    #[error("region {path}: {error}")]
+    BadRegion { path: PathBuf, error: String },
+    /// The region has no slot with this namespace PID.
+    #[error("region {path} has no slot for pid {ns_pid}")]
+    NoSlot { path: PathBuf, ns_pid: u32 },
+}
+
+/// What an attempt did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Filled {
+    pub at: SlotRef,
+    /// Whether `hostpid` was written (false: it already held the right value).
+    pub wrote: bool,
+}
+
+/// The region path a process uses, as it names it.
+pub fn region_path_of(procfs: &Procfs, host_pid: u32) -> Result<PathBuf, Miss> {
+    let named = procfs
+        .env_var(host_pid, SHARED_CACHE)
+        .map_err(|_| Miss::Environ(host_pid))?;
+    Ok(PathBuf::from(
+        named
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| SHARED_CACHE_DEFAULT.to_owned()),
+    ))
+}
+
+/// Finds the slot of (`host_pid`, `ns_pid`) and writes its host PID.
+pub fn fill(
+    procfs: &Procfs,
+    cache: &mut RegionCache,
+    host_pid: u32,
+    ns_pid: u32,
+    cgroup_id: u64,
+) -> Result<Filled, Miss> {
+    let shown = region_path_of(procfs, host_pid)?;
+    let host_path = procfs.resolve(host_pid, &shown);
+    let (key, open) = cache.get_or_open(&host_path, &shown).map_err(|e| match e {
+        OpenError::Missing(_) => Miss::NoRegion(shown.clone()),
+        OpenError::Region(e) => Miss::BadRegion {
+            path: shown.clone(),
+            error: e.to_string(),
+        },
+    })?;
+    if open.cgroup_id.is_none() {
+        open.cgroup_id = Some(cgroup_id);
+    }
+    let region = open.file.region();
+    let slot = find_slot(region, ns_pid).ok_or(Miss::NoSlot {
+        path: shown.clone(),
+        ns_pid,
+    })?;
+    let wrote = write_hostpid(region, slot, ns_pid, host_pid);
+    Ok(Filled {
+        at: SlotRef { region: key, slot },
+        wrote,
+    })
+}
+
+/// Re-checks a filled slot: `Some(wrote)` while it still belongs to
+/// `ns_pid` (rewriting `hostpid` if something reset it, e.g. the hook's
+/// registration racing the first fill), `None` when the slot moved or the
+/// region is gone.
+pub fn refresh(cache: &RegionCache, at: SlotRef, ns_pid: u32, host_pid: u32) -> Option<bool> {
+    let region = cache.get(&at.region)?.file.region();
+    if find_slot(region, ns_pid) != Some(at.slot) {
+        return None;
+    }
+    Some(write_hostpid(region, at.slot, ns_pid, host_pid))
+}
+
+/// The live slot (status not exited) whose `pid` is `ns_pid`.
+pub fn find_slot(region: &vgpu_common::region::SharedRegion, ns_pid: u32) -> Option<usize> {
+    let pid = i32::try_from(ns_pid).ok()?;
+    region
+        .active_slots()
+        .iter()
+        .position(|s| s.pid.load(SeqCst) == pid && s.status.load(SeqCst) != status::EXITED)
+}
+
+/// Stores `host_pid` if the slot still carries `ns_pid` and holds another
+/// value; returns whether it wrote.
+fn write_hostpid(
+    region: &vgpu_common::region::SharedRegion,
+    slot: usize,
+    ns_pid: u32,
+    host_pid: u32,
+) -> bool {
+    let (Ok(pid), Ok(host)) = (i32::try_from(ns_pid), i32::try_from(host_pid)) else {
+        return false;
+    };
+    let Some(s) = region.procs.get(slot) else {
+        return false;
+    };
+    if s.pid.load(SeqCst) != pid || s.hostpid.load(SeqCst) == host {
+        return false;
+    }
+    s.hostpid.store(host, SeqCst);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+    use std::sync::atomic::Ordering::Relaxed;
+    use vgpu_common::region::{MAGIC, MAJOR_VERSION};
+    use vgpu_common::view::RegionFile;
+
+    /// A fake /proc with one process whose root is `root`.
+    fn fake_proc(dir: &Path, pid: u32, env: &str) {
+        let p = dir.join("proc").join(pid.to_string());
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("environ"), env).unwrap();
+        std::os::unix::fs::symlink(dir.join("ctr"), p.join("root")).unwrap();
+    }
+
+    fn region_at(path: &Path) -> RegionFile {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let f = RegionFile::create_or_open(path).unwrap();
+        let r = f.region();
+        r.major_version.store(MAJOR_VERSION, Relaxed);
+        r.initialized_flag.store(MAGIC, Relaxed);
+        f
+    }
+
+    #[test]
+    fn fills_the_slot_with_the_namespace_pid() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_proc(
+            dir.path(),
+            1021,
+            "X=1\0CUDA_DEVICE_MEMORY_SHARED_CACHE=/r/a.cache\0",
+        );
+        let f = region_at(&dir.path().join("ctr/r/a.cache"));
+        let r = f.region();
+        r.proc_num.store(2, Relaxed);
+        r.procs[0].pid.store(5, Relaxed);
+        r.procs[0].status.store(1, Relaxed);
+        r.procs[1].pid.store(1, Relaxed);
+        r.procs[1].status.store(1, Relaxed);
+        let procfs = Procfs::at(dir.path().join("proc"));
+        let mut cache = RegionCache::default();
+
+        let got = fill(&procfs, &mut cache, 1021, 1, 77).unwrap();
+        assert_eq!(got.at.slot, 1);
+        assert!(got.wrote);
+        assert_eq!(r.procs[1].hostpid.load(Relaxed), 1021);
+        assert_eq!(r.procs[0].hostpid.load(Relaxed), 0);
+        // Again: nothing to write.
+        assert!(!fill(&procfs, &mut cache, 1021, 1, 77).unwrap().wrote);
+        // Something reset it: refresh rewrites.
+        r.procs[1].hostpid.store(0, Relaxed);
+        assert_eq!(refresh(&cache, got.at, 1, 1021), Some(true));
+        assert_eq!(r.procs[1].hostpid.load(Relaxed), 1021);
+        // The slot was freed: refresh says so.
+        r.procs[1].status.store(0, Relaxed);
+        assert_eq!(refresh(&cache, got.at, 1, 1021), None);
+    }
+
+    #[test]
+    fn misses_say_why() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_proc(dir.path(), 7, "A=1\0");
+        let procfs = Procfs::at(dir.path().join("proc"));
+        let mut cache = RegionCache::default();
+        // No variable: HAMi's default path, absent here.
+        assert_eq!(
+            fill(&procfs, &mut cache, 7, 7, 0),
+            Err(Miss::NoRegion(PathBuf::from("/tmp/cudevshr.cache")))
+        );
+        assert_eq!(fill(&procfs, &mut cache, 8, 8, 0), Err(Miss::Environ(8)));
+        fake_proc(dir.path(), 9, "CUDA_DEVICE_MEMORY_SHARED_CACHE=/b.cache\0");
+        let _f = region_at(&dir.path().join("ctr/b.cache"));
+        assert!(matches!(
+            fill(&procfs, &mut cache, 9, 3, 0),
+            Err(Miss::NoSlot { ns_pid: 3, .. })
+        ));
+    }
+}

@@ -1,0 +1,102 @@
+//! Which container a process is in: cgroup id (from the probes) -> cgroup
+//! path (a walk of the cgroup2 mount, `/sys/fs/cgroup` or the hybrid
+//! `/sys/fs/cgroup/unified`) -> Kubernetes pod UID and container id.
+//! The path parsing is `crate::cgroup::ContainerInfo`; this adds the cache
+//! the daemon needs.
+
+use crate::cgroup::{CgroupIndex, ContainerInfo};
+
+/// A process's container, as far as its cgroup tells.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Identity {
+    /// Path under the cgroup2 mount (`/kubepods/...`); empty if unknown.
+    pub cgroup: String,
+    pub pod_uid: Option<String>,
+    pub container_id: Option<String>,
+}
+
+impl Identity {
+    /// Parses a cgroup path (cgroupfs and systemd layouts, docker/cri-o/containerd).
+    pub fn from_cgroup_path(path: &str) -> Identity {
+        let info = ContainerInfo::from_path(path);
+        Identity {
+            cgroup: path.to_owned(),
+            pod_uid: info.pod_uid,
+            container_id: info.container_id,
+        }
+    }
+}
+
+/// cgroup id -> identity, rescanning the hierarchy on a miss (at most once a second).
+pub struct Identities {
+    index: CgroupIndex,
+}
+
+impl Default for Identities {
+    fn default() -> Self {
+        Self {
+            index: CgroupIndex::new(),
+        }
+    }
+}
+
+impl Identities {
+    /// The identity of cgroup `id` (empty when the id is unknown or 0).
+    pub fn of(&mut self, id: u64) -> Identity {
+        if id == 0 {
+            return Identity::default();
+        }
+        self.index
+            .path(id)
+            .map(Identity::from_cgroup_path)
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "0f9c1d2e-3a4b-4c5d-8e6f-7a8b9c0d1e2f";
+    const CID: &str = "4f1b3c0a9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b";
+
+    #[test]
+    fn cgroupfs_driver_layouts() {
+        for qos in ["", "burstable/", "besteffort/"] {
+            let p = format!("/kubepods/{qos}pod{UID}/{CID}");
+            let id = Identity::from_cgroup_path(&p);
+            assert_eq!(id.pod_uid.as_deref(), Some(UID), "{p}");
+            assert_eq!(id.container_id.as_deref(), Some(CID), "{p}");
+            assert_eq!(id.cgroup, p);
+        }
+    }
+
+    #[test]
+    fn systemd_driver_layouts() {
+        let uid_ = UID.replace('-', "_");
+        for (qos, runtime) in [
+            ("burstable", "cri-containerd"),
+            ("besteffort", "crio"),
+            ("burstable", "docker"),
+        ] {
+            let p = format!(
+                "/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid_}.slice/{runtime}-{CID}.scope"
+            );
+            let id = Identity::from_cgroup_path(&p);
+            assert_eq!(id.pod_uid.as_deref(), Some(UID), "{p}");
+            assert_eq!(id.container_id.as_deref(), Some(CID), "{p}");
+        }
+        // Guaranteed pods sit directly under kubepods.slice.
+        let p = format!("/kubepods.slice/kubepods-pod{uid_}.slice/cri-containerd-{CID}.scope");
+        assert_eq!(Identity::from_cgroup_path(&p).pod_uid.as_deref(), Some(UID));
+    }
+
+    #[test]
+    fn non_kubernetes_paths() {
+        let id = Identity::from_cgroup_path(&format!("/system.slice/docker-{CID}.scope"));
+        assert_eq!((id.pod_uid, id.container_id.as_deref()), (None, Some(CID)));
+        let id = Identity::from_cgroup_path("/user.slice/user-0.slice/session-1.scope");
+        assert_eq!((id.pod_uid, id.container_id), (None, None));
+        assert_eq!(Identities::default().of(0), Identity::default());
+    }
+}

@@ -1,0 +1,175 @@
+//! Which libcuda files to probe: the host's, and those of running
+//! containers (`/proc/<pid>/root/...`), each file once by (dev, inode). A
+//! container that bind-mounts the host's driver shares its inode, so one
+//! attachment covers it.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use crate::probes::libcuda::{Libcuda, SONAME};
+
+use super::procfs::Procfs;
+
+/// Where the NVIDIA container toolkit and distributions put libcuda.
+const DIRS: &[&str] = &[
+    "usr/local/nvidia/lib64",
+    "usr/local/nvidia/lib",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "usr/lib",
+    "lib64",
+    "lib",
+];
+
+/// Finds libcuda files not seen before.
+pub struct LibWatch {
+    procfs: Procfs,
+    /// `--libcuda`: only these, never scan.
+    forced: Option<Vec<PathBuf>>,
+    host_done: bool,
+    mount_ns: HashSet<u64>,
+    pids: HashSet<u32>,
+    files: HashSet<(u64, u64)>,
+}
+
+impl LibWatch {
+    /// Scans the host and containers, or uses `forced` only when non-empty.
+    pub fn new(procfs: Procfs, forced: Vec<PathBuf>) -> Self {
+        Self {
+            procfs,
+            forced: (!forced.is_empty()).then_some(forced),
+            host_done: false,
+            mount_ns: HashSet::new(),
+            pids: HashSet::new(),
+            files: HashSet::new(),
+        }
+    }
+
+    /// Libraries found since the last call (each (dev, inode) once).
+    /// Errors on forced paths are returned; scanning is best effort.
+    pub fn scan(&mut self) -> Result<Vec<Libcuda>, crate::probes::libcuda::LibcudaError> {
+        let mut out = Vec::new();
+        if let Some(forced) = self.forced.take() {
+            for p in &forced {
+                let lib = Libcuda::open(p)?;
+                if self.files.insert((lib.dev, lib.ino)) {
+                    out.push(lib);
+                }
+            }
+            self.forced = Some(Vec::new());
+            return Ok(out);
+        }
+        if self.forced.is_some() {
+            return Ok(out);
+        }
+        if !self.host_done {
+            self.host_done = true;
+            match Libcuda::discover() {
+                Ok(lib) => self.push(lib, &mut out),
+                Err(e) => tracing::info!("host: {e}"),
+            }
+        }
+        let live: HashSet<u32> = self.procfs.pids().into_iter().collect();
+        self.pids.retain(|p| live.contains(p));
+        for pid in live {
+            if !self.pids.insert(pid) {
+                continue;
+            }
+            let dir = self.procfs.dir(pid);
+            let root = dir.join("root");
+            if let Ok(md) = std::fs::metadata(dir.join("ns/mnt")) {
+                if self.mount_ns.insert(md.ino()) {
+                    for d in DIRS {
+                        self.try_path(&root.join(d).join(SONAME), &mut out);
+                    }
+                }
+            }
+            if let Ok(maps) = std::fs::read_to_string(dir.join("maps")) {
+                for p in mapped_libcuda(&maps) {
+                    self.try_path(&root.join(p.trim_start_matches('/')), &mut out);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn push(&mut self, lib: Libcuda, out: &mut Vec<Libcuda>) {
+        if self.files.insert((lib.dev, lib.ino)) {
+            out.push(lib);
+        }
+    }
+
+    /// A path under `/proc/<pid>/root`: not canonicalized (that would
+    /// leave the container's mount namespace), identified by its inode.
+    fn try_path(&mut self, path: &Path, out: &mut Vec<Libcuda>) {
+        let Ok(md) = std::fs::metadata(path) else {
+            return;
+        };
+        if md.is_file() {
+            self.push(
+                Libcuda {
+                    path: path.to_owned(),
+                    dev: md.dev(),
+                    ino: md.ino(),
+                },
+                out,
+            );
+        }
+    }
+}
+
+/// Paths of mapped `libcuda.so*` files in a `/proc/<pid>/maps` text.
+pub fn mapped_libcuda(maps: &str) -> Vec<&str> {
+    let mut v: Vec<&str> = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| {
+            p.starts_with('/')
+                && Path::new(p)
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("libcuda.so"))
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_yield_each_libcuda_once() {
+        let maps = "\
+7f00-7f01 r--p 00000000 fd:01 123 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04
+7f01-7f02 r-xp 00001000 fd:01 123 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04
+7f02-7f03 r--p 00000000 fd:01 124 /usr/lib/x86_64-linux-gnu/libcudart.so.13
+7f03-7f04 rw-p 00000000 00:00 0 
+7f04-7f05 r--p 00000000 fd:01 125 /opt/x/libcuda.so.1 (deleted)
+";
+        assert_eq!(
+            mapped_libcuda(maps),
+            [
+                "/opt/x/libcuda.so.1",
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04"
+            ]
+        );
+    }
+
+    #[test]
+    fn forced_paths_are_used_once_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("libcuda.so.1");
+        std::fs::write(&lib, b"x").unwrap();
+        let link = dir.path().join("libcuda.so");
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+        let mut w = LibWatch::new(Procfs::at(dir.path()), vec![lib.clone(), link]);
+        let got = w.scan().unwrap();
+        assert_eq!(got.len(), 1, "same inode twice");
+        assert!(w.scan().unwrap().is_empty());
+    }
+}

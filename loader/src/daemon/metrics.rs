@@ -1,0 +1,289 @@
+//! Prometheus text: HAMi monitor's metric names (spec §8) fed from the
+//! regions and NVML, plus vgpu's own. A fresh registry is built for every
+//! scan and rendered once, so a scrape never sees a half-updated set and
+//! series of gone containers disappear; counters live across scans.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::findings::{Finding, Kind};
+use super::identity::Identity;
+use super::nvml::DeviceSample;
+
+/// Label pairs.
+pub type Labels = Vec<(String, String)>;
+
+/// One device of one region, summed over slots with status != 0 (as HAMi's
+/// monitor does).
+#[derive(Clone, Debug, Default)]
+pub struct RegionDevice {
+    pub index: usize,
+    pub uuid: String,
+    pub limit: u64,
+    pub total: u64,
+    pub context: u64,
+    pub module: u64,
+    pub data: u64,
+    pub sm_util: u64,
+}
+
+/// One region (one container).
+#[derive(Clone, Debug, Default)]
+pub struct RegionView {
+    /// pod_uid, container, container_id, cgroup, region.
+    pub labels: Labels,
+    pub devices: Vec<RegionDevice>,
+    /// Unix seconds; 0 = never.
+    pub last_kernel_time: u64,
+}
+
+/// Everything one scan exports besides the counters.
+#[derive(Debug, Default)]
+pub struct Snapshot<'a> {
+    pub regions: Vec<RegionView>,
+    pub host: Vec<DeviceSample>,
+    pub findings: &'a [Finding],
+    /// Untracked bytes per container (cgroup identity).
+    pub untracked: Vec<(Identity, u64)>,
+    /// Probed libcuda entry points: (symbol, libcuda path).
+    pub probes: Vec<(String, String)>,
+    /// Processes the probes know.
+    pub processes: usize,
+    pub now_unix: u64,
+}
+
+/// Counters that accumulate over the daemon's life.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    /// `hostpid` writes into slots.
+    pub hostpid_fills: Counter,
+    /// Calls seen by the probes, by kind (`alloc`, `alloc_failure`, `free`, `launch`, `graph_launch`).
+    pub probe_events: Family<Labels, Counter>,
+    /// Calls the probes could not record, by reason.
+    pub probe_lost: Family<Labels, Counter>,
+}
+
+/// `[("kind", v)]`.
+pub fn one(k: &str, v: &str) -> Labels {
+    vec![(k.to_owned(), v.to_owned())]
+}
+
+fn with(base: &Labels, more: &[(&str, String)]) -> Labels {
+    let mut l = base.clone();
+    l.extend(more.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+    l
+}
+
+fn identity_labels(id: &Identity) -> Labels {
+    vec![
+        ("pod_uid".into(), id.pod_uid.clone().unwrap_or_default()),
+        (
+            "container_id".into(),
+            id.container_id.clone().unwrap_or_default(),
+        ),
+        ("cgroup".into(), id.cgroup.clone()),
+    ]
+}
+
+type GaugeF = Gauge<f64, AtomicU64>;
+
+/// Renders the snapshot and the counters as Prometheus (OpenMetrics) text.
+pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
+    let mut reg = Registry::default();
+    let hami = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
+
+    let vused = Family::<Labels, Gauge>::default();
+    let vlimit = Family::<Labels, Gauge>::default();
+    let cmem = Family::<Labels, Gauge>::default();
+    let cutil = Family::<Labels, GaugeF>::default();
+    let clast = Family::<Labels, GaugeF>::default();
+    let vctx = Family::<Labels, Gauge>::default();
+    let vmod = Family::<Labels, Gauge>::default();
+    let vbuf = Family::<Labels, Gauge>::default();
+    for r in &s.regions {
+        for d in &r.devices {
+            let l = with(
+                &r.labels,
+                &[
+                    ("vdevice_index", d.index.to_string()),
+                    ("device_uuid", d.uuid.clone()),
+                ],
+            );
+            vused.get_or_create(&l).set(d.total as i64);
+            cmem.get_or_create(&l).set(d.total as i64);
+            vlimit.get_or_create(&l).set(d.limit as i64);
+            vctx.get_or_create(&l).set(d.context as i64);
+            vmod.get_or_create(&l).set(d.module as i64);
+            vbuf.get_or_create(&l).set(d.data as i64);
+            cutil.get_or_create(&l).set(d.sm_util as f64);
+            if r.last_kernel_time > 0 {
+                let ago = s.now_unix.saturating_sub(r.last_kernel_time);
+                clast.get_or_create(&l).set(ago as f64);
+            }
+        }
+    }
+    hami.register(
+        "hami_vgpu_memory_used_bytes",
+        "Device memory the container uses (sum of slot totals)",
+        vused,
+    );
+    hami.register(
+        "hami_vgpu_memory_limit_bytes",
+        "Device memory limit of the container (0 = none)",
+        vlimit,
+    );
+    hami.register(
+        "hami_container_device_memory_bytes",
+        "Device memory the container uses (same as hami_vgpu_memory_used_bytes)",
+        cmem,
+    );
+    hami.register(
+        "hami_container_device_utilization_ratio",
+        "Sum of the slots' SM utilization samples (percent, as HAMi)",
+        cutil,
+    );
+    hami.register(
+        "hami_container_last_kernel_elapsed_seconds",
+        "Seconds since the container's last kernel launch",
+        clast,
+    );
+    hami.register(
+        "hami_vgpu_memory_context_bytes",
+        "CUDA context memory of the container",
+        vctx,
+    );
+    hami.register(
+        "hami_vgpu_memory_module_bytes",
+        "Module memory of the container",
+        vmod,
+    );
+    hami.register(
+        "hami_vgpu_memory_buffer_bytes",
+        "Data (buffer) memory of the container",
+        vbuf,
+    );
+
+    let hused = Family::<Labels, Gauge>::default();
+    let hutil = Family::<Labels, GaugeF>::default();
+    for d in &s.host {
+        let l = vec![
+            ("device_index".to_owned(), d.index.to_string()),
+            ("device_uuid".to_owned(), d.uuid.clone()),
+            ("device_type".to_owned(), d.device_type.clone()),
+        ];
+        hused.get_or_create(&l).set(d.memory_used as i64);
+        if let Some(u) = d.utilization {
+            hutil.get_or_create(&l).set(f64::from(u));
+        }
+    }
+    hami.register(
+        "hami_host_gpu_memory_used_bytes",
+        "Device memory used on the GPU (NVML)",
+        hused,
+    );
+    hami.register(
+        "hami_host_gpu_utilization_ratio",
+        "GPU utilization percent (NVML)",
+        hutil,
+    );
+
+    let untracked = Family::<Labels, Gauge>::default();
+    for (id, b) in &s.untracked {
+        untracked.get_or_create(&identity_labels(id)).set(*b as i64);
+    }
+    reg.register(
+        "vgpu_untracked_bytes",
+        "Device memory the hook did not account, per container (persistent findings)",
+        untracked,
+    );
+    let findings = Family::<Labels, Gauge>::default();
+    for k in Kind::ALL {
+        let n = s.findings.iter().filter(|f| f.kind == k).count();
+        findings.get_or_create(&one("kind", k.name())).set(n as i64);
+    }
+    reg.register("vgpu_findings", "Current findings, by kind", findings);
+    let probes = Family::<Labels, Gauge>::default();
+    for (func, lib) in &s.probes {
+        let l = vec![
+            ("function".to_owned(), func.clone()),
+            ("libcuda".to_owned(), lib.clone()),
+        ];
+        probes.get_or_create(&l).set(1);
+    }
+    reg.register(
+        "vgpu_probe_attached",
+        "1 per probed libcuda entry point",
+        probes,
+    );
+    let procs = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+    procs.set(s.processes as i64);
+    reg.register("vgpu_processes", "CUDA processes the probes know", procs);
+    reg.register(
+        "vgpu_hostpid_fills",
+        "Host PIDs written into region slots",
+        c.hostpid_fills.clone(),
+    );
+    reg.register(
+        "vgpu_probe_events",
+        "libcuda calls seen by the probes, by kind",
+        c.probe_events.clone(),
+    );
+    reg.register(
+        "vgpu_probe_lost_events",
+        "libcuda calls the probes could not record, by reason",
+        c.probe_lost.clone(),
+    );
+
+    let mut out = String::new();
+    if encode(&mut out, &reg).is_err() {
+        tracing::warn!("encoding metrics failed");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_labels_and_values() {
+        let c = Counters::default();
+        c.hostpid_fills.inc_by(3);
+        let s = Snapshot {
+            regions: vec![RegionView {
+                labels: vec![
+                    ("pod_uid".into(), "p".into()),
+                    ("container".into(), "c".into()),
+                ],
+                devices: vec![RegionDevice {
+                    index: 0,
+                    uuid: "GPU-x".into(),
+                    limit: 1 << 30,
+                    total: 600,
+                    context: 500,
+                    data: 100,
+                    ..RegionDevice::default()
+                }],
+                last_kernel_time: 90,
+            }],
+            now_unix: 100,
+            ..Snapshot::default()
+        };
+        let text = render(&s, &c);
+        for line in [
+            r#"hami_vgpu_memory_used_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 600"#,
+            r#"hami_vgpu_memory_limit_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 1073741824"#,
+            r#"hami_vgpu_memory_context_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 500"#,
+            r#"hami_container_last_kernel_elapsed_seconds{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 10.0"#,
+            "vgpu_hostpid_fills_total 3",
+            r#"vgpu_findings{kind="untracked_allocation"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! `vgpu daemon`: the always-on eBPF observer of a GPU node.
+//!
+//! - [`libs`] finds the libcuda files to probe (host and containers);
+//! - [`hostpid`] writes host PIDs into the hook's slots ([`regions`] keeps
+//!   the region files open, [`procfs`] reads what `/proc` says);
+//! - [`check`] decides when usage escaped the hook, [`findings`] records it;
+//! - [`nvml`] samples the driver's own view;
+//! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
+//! - [`metrics`] renders Prometheus text, [`http`] serves it.
+//!
+//! See docs/daemon.md.
+
+pub mod check;
+pub mod findings;
+pub mod hostpid;
+pub mod http;
+pub mod identity;
+pub mod libs;
+pub mod metrics;
+pub mod nvml;
+pub mod observer;
+pub mod procfs;
+pub mod regions;

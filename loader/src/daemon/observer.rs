@@ -1,0 +1,607 @@
+//! The daemon's state and its two periodic jobs: [`Observer::poll`] (fast:
+//! learn processes from the probes, fill host PIDs, forget the dead) and
+//! [`Observer::scan`] (the cross-check, findings and metrics).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+
+use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
+use vgpu_common::region::{status, MAX_DEVICES};
+
+use super::check::{excess, Excess, Observation, Streaks, Thresholds};
+use super::findings::{self, Finding, Kind};
+use super::hostpid::{self, Miss, SlotRef};
+use super::identity::{Identities, Identity};
+use super::libs::LibWatch;
+use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
+use super::nvml::{NvmlView, Sample};
+use super::procfs::Procfs;
+use super::regions::RegionCache;
+use crate::probes::{ProbeError, ProbeSet};
+use crate::regions::discover::discover;
+
+/// Entry points the daemon probes: driver init, context creation, every
+/// allocation and free. Never a launch (a uprobe there taxes every launch).
+pub fn daemon_funcs() -> Vec<Func> {
+    Func::CONTEXT
+        .into_iter()
+        .chain(
+            Func::ALL
+                .into_iter()
+                .filter(|f| matches!(f.class(), FuncClass::Alloc | FuncClass::Free)),
+        )
+        .collect()
+}
+
+/// Settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub thresholds: Thresholds,
+    /// How long a process may run without a slot before it is `no_region`.
+    pub slot_grace: Duration,
+    /// HAMi's container directory to scan for regions (skipped if absent).
+    pub regions_root: Option<PathBuf>,
+}
+
+/// One process the daemon knows.
+#[derive(Debug)]
+struct Proc {
+    caller: Caller,
+    identity: Option<Identity>,
+    first_seen: Instant,
+    counts: ProcCounters,
+    /// Seen in NVML's list but never in the probed libcuda.
+    nvml_only: bool,
+    slot: Option<SlotRef>,
+    miss: Option<Miss>,
+}
+
+/// What one scan publishes.
+#[derive(Debug)]
+pub struct ScanOutput {
+    pub metrics: String,
+    pub findings_json: String,
+    pub findings: usize,
+}
+
+/// The daemon.
+pub struct Observer {
+    settings: Settings,
+    probes: ProbeSet,
+    libs: LibWatch,
+    procfs: Procfs,
+    cache: RegionCache,
+    ids: Identities,
+    nvml: Option<NvmlView>,
+    procs: HashMap<u32, Proc>,
+    streaks: Streaks<u32>,
+    since: HashMap<(u32, Kind), u64>,
+    counters: Counters,
+    lost_seen: HashMap<&'static str, u64>,
+    attached: Vec<(String, String)>,
+}
+
+impl Observer {
+    pub fn new(
+        settings: Settings,
+        probes: ProbeSet,
+        libs: LibWatch,
+        nvml: Option<NvmlView>,
+    ) -> Self {
+        Self {
+            settings,
+            probes,
+            libs,
+            procfs: Procfs::default(),
+            cache: RegionCache::default(),
+            ids: Identities::default(),
+            nvml,
+            procs: HashMap::new(),
+            streaks: Streaks::default(),
+            since: HashMap::new(),
+            counters: Counters::default(),
+            lost_seen: HashMap::new(),
+            attached: Vec::new(),
+        }
+    }
+
+    /// Libraries with probes attached so far.
+    pub fn attached_libs(&self) -> usize {
+        let mut libs: Vec<&String> = self.attached.iter().map(|(_, l)| l).collect();
+        libs.dedup();
+        libs.len()
+    }
+
+    /// Attaches to libcuda files not seen before; returns how many.
+    pub fn attach_new_libs(&mut self) -> Result<usize, ProbeError> {
+        let found = self.libs.scan()?;
+        let funcs = daemon_funcs();
+        let mut n = 0;
+        for lib in found {
+            let rep = match self.probes.attach(&lib, &funcs) {
+                Ok(r) => r,
+                // A container's file may vanish or be unreadable: skip it.
+                Err(ProbeError::Libcuda(e)) => {
+                    tracing::info!("skipping {}: {e}", lib.path.display());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if rep.already {
+                continue;
+            }
+            let path = lib.path.display().to_string();
+            tracing::info!(
+                "probing {} (inode {}): {}",
+                path,
+                lib.ino,
+                rep.attached
+                    .iter()
+                    .map(|f| f.symbol())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            for f in &rep.attached {
+                self.attached.push((f.symbol().to_owned(), path.clone()));
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Fast job: new processes from the probe maps, host-PID fills and
+    /// re-checks, forgetting the dead.
+    pub fn poll(&mut self) -> Result<(), ProbeError> {
+        for (caller, counts) in self.probes.procs()? {
+            let tgid = caller.host_tgid;
+            let p = self.procs.entry(tgid).or_insert_with(|| Proc {
+                caller,
+                identity: None,
+                first_seen: Instant::now(),
+                counts: ProcCounters::default(),
+                nvml_only: false,
+                slot: None,
+                miss: None,
+            });
+            if p.nvml_only {
+                p.nvml_only = false;
+                p.caller = caller;
+            }
+            count_events(&self.counters, &p.counts, &counts);
+            p.counts = counts;
+        }
+        let mut dead = Vec::new();
+        for (&tgid, p) in &mut self.procs {
+            if !self.procfs.alive(tgid) {
+                dead.push(tgid);
+                continue;
+            }
+            if p.identity.is_none() {
+                p.identity = Some(identity_of(
+                    &mut self.ids,
+                    &self.procfs,
+                    tgid,
+                    p.caller.cgroup_id,
+                ));
+            }
+            let ns_pid = match p.caller.ns_tgid {
+                0 => self.procfs.ns_pid(tgid).unwrap_or(tgid),
+                n => n,
+            };
+            if let Some(at) = p.slot {
+                match hostpid::refresh(&self.cache, at, ns_pid, tgid) {
+                    Some(true) => {
+                        self.counters.hostpid_fills.inc();
+                    }
+                    Some(false) => {}
+                    None => p.slot = None,
+                }
+                if p.slot.is_some() {
+                    continue;
+                }
+            }
+            match hostpid::fill(
+                &self.procfs,
+                &mut self.cache,
+                tgid,
+                ns_pid,
+                p.caller.cgroup_id,
+            ) {
+                Ok(f) => {
+                    if f.wrote {
+                        self.counters.hostpid_fills.inc();
+                    }
+                    tracing::debug!(
+                        "host pid {tgid} (pid {ns_pid}) in slot {} after {:?}",
+                        f.at.slot,
+                        p.first_seen.elapsed()
+                    );
+                    p.slot = Some(f.at);
+                    p.miss = None;
+                }
+                Err(m) => p.miss = Some(m),
+            }
+        }
+        for tgid in dead {
+            self.procs.remove(&tgid);
+            if let Err(e) = self.probes.forget(tgid) {
+                tracing::debug!("forgetting {tgid}: {e}");
+            }
+        }
+        let procs = &self.procs;
+        self.streaks.retain(|k| procs.contains_key(k));
+        self.since.retain(|(pid, _), _| procs.contains_key(pid));
+        Ok(())
+    }
+
+    /// Slow job: NVML, the cross-check, findings, metrics.
+    pub fn scan(&mut self) -> ScanOutput {
+        let nv = self.nvml.as_ref().map(NvmlView::sample);
+        self.adopt_nvml_processes(nv.as_ref());
+        self.count_lost();
+        let now_ms = findings::now_ms();
+        let mut out = Vec::new();
+        for (&tgid, p) in &self.procs {
+            if let Some(at) = p.slot {
+                self.cache.touch(&at.region);
+            }
+            let obs = self.observe(tgid, p, nv.as_ref());
+            let (kind, ex) = match p.slot {
+                Some(_) => {
+                    let e = self.streaks.update(
+                        &tgid,
+                        excess(&obs, &self.settings.thresholds),
+                        &self.settings.thresholds,
+                    );
+                    match e {
+                        Some(e) => (Kind::UntrackedAllocation, Some(e)),
+                        None => continue,
+                    }
+                }
+                None if p.first_seen.elapsed() >= self.settings.slot_grace => {
+                    let none = Thresholds {
+                        min_bytes: 0,
+                        ratio: 0.0,
+                        scans: 1,
+                    };
+                    (Kind::NoRegion, excess(&obs, &none))
+                }
+                None => continue,
+            };
+            let since = *self.since.entry((tgid, kind)).or_insert(now_ms);
+            out.push(self.finding(tgid, p, kind, ex, &obs, since));
+        }
+        // Log what is new and what cleared.
+        for f in &out {
+            if f.since_unix_ms == now_ms {
+                tracing::warn!("{}", f.message);
+            }
+        }
+        self.since.retain(|(pid, kind), _| {
+            let keep = out.iter().any(|f| f.pid == *pid && f.kind == *kind);
+            if !keep {
+                tracing::info!("finding {} for pid {pid} cleared", kind.name());
+            }
+            keep
+        });
+        out.sort_by(|a, b| (a.kind.name(), a.pid).cmp(&(b.kind.name(), b.pid)));
+
+        let regions = self.region_views();
+        self.cache.evict_idle(Duration::from_secs(60));
+        let mut untracked: HashMap<Identity, u64> = HashMap::new();
+        for f in &out {
+            let id = Identity {
+                cgroup: f.cgroup.clone(),
+                pod_uid: f.pod_uid.clone(),
+                container_id: f.container_id.clone(),
+            };
+            *untracked.entry(id).or_insert(0) += f.untracked_bytes;
+        }
+        let mut untracked: Vec<_> = untracked.into_iter().collect();
+        untracked.sort();
+        let snap = Snapshot {
+            regions,
+            host: nv.map(|s| s.devices).unwrap_or_default(),
+            findings: &out,
+            untracked,
+            probes: self.attached.clone(),
+            processes: self.procs.len(),
+            now_unix: now_ms / 1000,
+        };
+        ScanOutput {
+            metrics: metrics::render(&snap, &self.counters),
+            findings_json: findings::to_json(&out, now_ms),
+            findings: out.len(),
+        }
+    }
+
+    /// Processes NVML lists that the probes never saw (a libcuda we do not
+    /// probe, or static linking): tracked too, so a missing region shows.
+    fn adopt_nvml_processes(&mut self, nv: Option<&Sample>) {
+        let Some(nv) = nv else { return };
+        for &pid in nv.processes.keys() {
+            if self.procs.contains_key(&pid) || !self.procfs.alive(pid) {
+                continue;
+            }
+            let comm =
+                std::fs::read_to_string(self.procfs.dir(pid).join("comm")).unwrap_or_default();
+            let mut c = Caller {
+                host_tgid: pid,
+                host_pid: pid,
+                ..Caller::default()
+            };
+            let b = comm.trim().as_bytes();
+            let n = b.len().min(c.comm.len());
+            c.comm[..n].copy_from_slice(&b[..n]);
+            self.procs.insert(
+                pid,
+                Proc {
+                    caller: c,
+                    identity: None,
+                    first_seen: Instant::now(),
+                    counts: ProcCounters::default(),
+                    nvml_only: true,
+                    slot: None,
+                    miss: None,
+                },
+            );
+        }
+    }
+
+    fn observe(&self, tgid: u32, p: &Proc, nv: Option<&Sample>) -> Observation {
+        let (mut data, mut total) = (0u64, 0u64);
+        if let Some(at) = p.slot {
+            if let Some(r) = self.cache.get(&at.region) {
+                let s = &r.file.region().procs[at.slot];
+                for d in 0..MAX_DEVICES {
+                    data = data.saturating_add(s.used[d].data_size.load(SeqCst));
+                    total = total.saturating_add(s.used[d].total.load(SeqCst));
+                }
+            }
+        }
+        Observation {
+            probe_bytes: (!p.nvml_only).then(|| {
+                p.counts
+                    .bytes_allocated
+                    .saturating_sub(p.counts.bytes_freed)
+            }),
+            nvml_bytes: nv.and_then(|s| s.processes.get(&tgid).copied()),
+            tracked_data: data,
+            tracked_total: total,
+        }
+    }
+
+    fn finding(
+        &self,
+        tgid: u32,
+        p: &Proc,
+        kind: Kind,
+        ex: Option<Excess>,
+        obs: &Observation,
+        since: u64,
+    ) -> Finding {
+        let id = p.identity.clone().unwrap_or_default();
+        let comm = p.caller.comm_str();
+        let region = p
+            .slot
+            .and_then(|at| self.cache.get(&at.region))
+            .map(|r| r.file.path().to_owned());
+        let shown = p
+            .slot
+            .and_then(|at| self.cache.get(&at.region))
+            .map(|r| r.shown_path.clone());
+        let bytes = ex.map_or(0, |e| e.bytes);
+        let ctr = id
+            .container_id
+            .as_deref()
+            .map(|c| &c[..c.len().min(12)])
+            .unwrap_or(if id.cgroup.is_empty() {
+                "-"
+            } else {
+                id.cgroup.as_str()
+            });
+        let message = match kind {
+            Kind::UntrackedAllocation => format!(
+                "untracked allocation: pid {tgid} ({comm}, ns pid {}) container {ctr}: {bytes} bytes not accounted by the hook ({} saw {} bytes, slot tracks data {} / total {}) in {}",
+                p.caller.ns_tgid,
+                ex.map_or("probes", |e| match e.source {
+                    super::check::Source::Probes => "probes",
+                    super::check::Source::Nvml => "nvml",
+                }),
+                match ex.map(|e| e.source) {
+                    Some(super::check::Source::Nvml) => obs.nvml_bytes.unwrap_or(0),
+                    _ => obs.probe_bytes.unwrap_or(0),
+                },
+                obs.tracked_data,
+                obs.tracked_total,
+                shown.as_deref().map_or("-".into(), |s| s.display().to_string()),
+            ),
+            Kind::NoRegion => format!(
+                "no region: pid {tgid} ({comm}) container {ctr} uses CUDA without the hook's accounting ({}); {bytes} bytes untracked",
+                p.miss.as_ref().map_or("no slot".into(), ToString::to_string),
+            ),
+        };
+        Finding {
+            kind,
+            pid: tgid,
+            ns_pid: p.caller.ns_tgid,
+            comm,
+            cgroup: id.cgroup.clone(),
+            pod_uid: id.pod_uid.clone(),
+            container_id: id.container_id.clone(),
+            region: shown.or(region),
+            slot: p.slot.map(|at| at.slot),
+            untracked_bytes: bytes,
+            source: ex.map(|e| e.source),
+            probe_bytes: obs.probe_bytes,
+            nvml_bytes: obs.nvml_bytes,
+            tracked_data_bytes: obs.tracked_data,
+            tracked_total_bytes: obs.tracked_total,
+            since_unix_ms: since,
+            message,
+        }
+    }
+
+    fn region_views(&mut self) -> Vec<RegionView> {
+        if let Some(root) = self.settings.regions_root.clone() {
+            if let Ok(found) = discover(&root) {
+                for f in found {
+                    if let Ok((_, r)) = self.cache.get_or_open(&f.path, &f.path) {
+                        if r.owner.is_none() {
+                            r.owner = f.owner;
+                        }
+                    }
+                }
+            }
+        }
+        let mut views = Vec::new();
+        for (_, r) in self.cache.iter() {
+            let region = r.file.region();
+            if !region.is_initialized() {
+                continue;
+            }
+            let id = r.cgroup_id.map(|c| self.ids.of(c)).unwrap_or_default();
+            let labels = vec![
+                (
+                    "pod_uid".to_owned(),
+                    r.owner
+                        .as_ref()
+                        .map(|o| o.pod_uid.clone())
+                        .or(id.pod_uid.clone())
+                        .unwrap_or_default(),
+                ),
+                (
+                    "container".to_owned(),
+                    r.owner
+                        .as_ref()
+                        .map(|o| o.container.clone())
+                        .unwrap_or_default(),
+                ),
+                (
+                    "container_id".to_owned(),
+                    id.container_id.clone().unwrap_or_default(),
+                ),
+                ("cgroup".to_owned(), id.cgroup.clone()),
+                ("region".to_owned(), r.shown_path.display().to_string()),
+            ];
+            views.push(RegionView {
+                labels,
+                devices: region_devices(region),
+                last_kernel_time: region.last_kernel_time.load(SeqCst),
+            });
+        }
+        views.sort_by(|a, b| a.labels.cmp(&b.labels));
+        views
+    }
+
+    fn count_lost(&mut self) {
+        let Ok(counters) = self.probes.counters() else {
+            return;
+        };
+        for (c, n) in counters {
+            let last = self.lost_seen.insert(c.name(), n).unwrap_or(0);
+            let fam = self
+                .counters
+                .probe_lost
+                .get_or_create(&metrics::one("reason", c.name()));
+            fam.inc_by(n.saturating_sub(last));
+        }
+    }
+}
+
+/// Per-device sums over slots with status != 0, as HAMi's monitor makes them.
+pub fn region_devices(region: &vgpu_common::region::SharedRegion) -> Vec<RegionDevice> {
+    let device_num = region.device_num.load(SeqCst).min(MAX_DEVICES as u64) as usize;
+    let mut devs: Vec<RegionDevice> = (0..MAX_DEVICES)
+        .map(|d| {
+            let (uuid, len) = region.uuid(d);
+            RegionDevice {
+                index: d,
+                uuid: String::from_utf8_lossy(&uuid[..len])
+                    .chars()
+                    .take(40)
+                    .collect(),
+                limit: region.limit[d].load(SeqCst),
+                ..RegionDevice::default()
+            }
+        })
+        .collect();
+    for s in region.active_slots() {
+        if s.status.load(SeqCst) == status::EXITED {
+            continue;
+        }
+        for (d, dev) in devs.iter_mut().enumerate() {
+            let m = &s.used[d];
+            dev.total = dev.total.saturating_add(m.total.load(SeqCst));
+            dev.context = dev.context.saturating_add(m.context_size.load(SeqCst));
+            dev.module = dev.module.saturating_add(m.module_size.load(SeqCst));
+            dev.data = dev.data.saturating_add(m.data_size.load(SeqCst));
+            dev.sm_util = dev
+                .sm_util
+                .saturating_add(s.device_util[d].sm_util.load(SeqCst));
+        }
+    }
+    devs.retain(|d| d.index < device_num || d.total != 0 || d.limit != 0);
+    devs
+}
+
+fn identity_of(ids: &mut Identities, procfs: &Procfs, pid: u32, cgroup_id: u64) -> Identity {
+    let id = ids.of(cgroup_id);
+    if !id.cgroup.is_empty() {
+        return id;
+    }
+    // No probe cgroup id (NVML-only process): `0::/path` from /proc.
+    std::fs::read_to_string(procfs.dir(pid).join("cgroup"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+        })
+        .map(|p| Identity::from_cgroup_path(&p))
+        .unwrap_or_default()
+}
+
+fn count_events(c: &Counters, old: &ProcCounters, new: &ProcCounters) {
+    let kinds = [
+        ("alloc", old.allocs, new.allocs),
+        ("alloc_failure", old.alloc_failures, new.alloc_failures),
+        ("free", old.frees, new.frees),
+        ("launch", old.launches, new.launches),
+        ("graph_launch", old.graph_launches, new.graph_launches),
+    ];
+    for (kind, a, b) in kinds {
+        let d = b.saturating_sub(a);
+        if d > 0 {
+            c.probe_events
+                .get_or_create(&metrics::one("kind", kind))
+                .inc_by(d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_daemon_never_probes_a_launch() {
+        let funcs = daemon_funcs();
+        assert!(funcs
+            .iter()
+            .all(|f| !matches!(f.class(), FuncClass::Launch | FuncClass::GraphLaunch)));
+        for f in [
+            Func::Init,
+            Func::CtxCreate,
+            Func::DevicePrimaryCtxRetain,
+            Func::MemAlloc,
+            Func::MemFree,
+            Func::MemCreate,
+            Func::MemRelease,
+            Func::MemAllocFromPoolAsync,
+        ] {
+            assert!(funcs.contains(&f), "{f:?}");
+        }
+    }
+}

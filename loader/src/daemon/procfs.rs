@@ -1,0 +1,152 @@
+//! What the daemon reads from `/proc/<pid>`: a process's environment, its
+//! PID in its own namespace, whether it still exists, and where its root is.
+
+use std::io;
+use std::path::{Component, Path, PathBuf};
+
+/// `/proc` (a parameter so tests can point at a fake tree).
+#[derive(Clone, Debug)]
+pub struct Procfs {
+    root: PathBuf,
+}
+
+impl Default for Procfs {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/proc"),
+        }
+    }
+}
+
+impl Procfs {
+    /// A procfs mounted at `root`.
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// `/proc/<pid>`.
+    pub fn dir(&self, pid: u32) -> PathBuf {
+        self.root.join(pid.to_string())
+    }
+
+    /// Whether process `pid` exists and is not a zombie.
+    pub fn alive(&self, pid: u32) -> bool {
+        match std::fs::read_to_string(self.dir(pid).join("stat")) {
+            Ok(stat) => !matches!(state_of(&stat), Some('Z' | 'X' | 'x')),
+            Err(_) => false,
+        }
+    }
+
+    /// The value of environment variable `name` in the process's initial
+    /// environment (`/proc/<pid>/environ`); `Ok(None)` when it is unset.
+    pub fn env_var(&self, pid: u32, name: &str) -> io::Result<Option<String>> {
+        let raw = std::fs::read(self.dir(pid).join("environ"))?;
+        Ok(env_lookup(&raw, name))
+    }
+
+    /// The process's PID in its own (innermost) PID namespace, from the
+    /// `NSpid:` line of `/proc/<pid>/status`.
+    pub fn ns_pid(&self, pid: u32) -> Option<u32> {
+        let status = std::fs::read_to_string(self.dir(pid).join("status")).ok()?;
+        ns_pid_of(&status)
+    }
+
+    /// `path` as the process sees it, reachable from here: under
+    /// `/proc/<pid>/root` (absolute) or `/proc/<pid>/cwd` (relative).
+    pub fn resolve(&self, pid: u32, path: &Path) -> PathBuf {
+        let base = if path.is_absolute() { "root" } else { "cwd" };
+        // `..` never climbs above the process's root.
+        let mut parts = Vec::new();
+        for c in path.components() {
+            match c {
+                Component::Normal(part) => parts.push(part),
+                Component::ParentDir => {
+                    parts.pop();
+                }
+                _ => {}
+            }
+        }
+        let mut out = self.dir(pid).join(base);
+        out.extend(parts);
+        out
+    }
+
+    /// Host PIDs of every process (`/proc/[0-9]*`).
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(dir) = std::fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+}
+
+/// The state letter of a `/proc/<pid>/stat` line (after the `(comm)`).
+fn state_of(stat: &str) -> Option<char> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// Looks `name` up in NUL-separated `KEY=value` records.
+pub fn env_lookup(raw: &[u8], name: &str) -> Option<String> {
+    raw.split(|&b| b == 0).find_map(|rec| {
+        let rest = rec.strip_prefix(name.as_bytes())?;
+        let value = rest.strip_prefix(b"=")?;
+        Some(String::from_utf8_lossy(value).into_owned())
+    })
+}
+
+/// The last number of the `NSpid:` line: the PID in the innermost namespace.
+pub fn ns_pid_of(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environ_lookup_is_exact() {
+        let raw = b"A=1\0CUDA_DEVICE_MEMORY_SHARED_CACHE_X=no\0CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/r.cache\0";
+        assert_eq!(
+            env_lookup(raw, "CUDA_DEVICE_MEMORY_SHARED_CACHE").as_deref(),
+            Some("/tmp/r.cache")
+        );
+        assert_eq!(env_lookup(raw, "A").as_deref(), Some("1"));
+        assert_eq!(env_lookup(raw, "B"), None);
+    }
+
+    #[test]
+    fn nspid_takes_the_innermost() {
+        let status = "Name:\tx\nNSpid:\t1021\t7\t1\nPPid:\t1\n";
+        assert_eq!(ns_pid_of(status), Some(1));
+        assert_eq!(ns_pid_of("NSpid:\t42\n"), Some(42));
+        assert_eq!(ns_pid_of("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn resolve_stays_under_the_process_root() {
+        let p = Procfs::at("/proc");
+        assert_eq!(
+            p.resolve(12, Path::new("/tmp/../../etc/r.cache")),
+            PathBuf::from("/proc/12/root/etc/r.cache")
+        );
+        assert_eq!(
+            p.resolve(12, Path::new("r.cache")),
+            PathBuf::from("/proc/12/cwd/r.cache")
+        );
+    }
+
+    #[test]
+    fn zombie_state_is_read_after_the_comm() {
+        assert_eq!(state_of("12 (a) b) Z 1 2"), Some('Z'));
+        assert_eq!(state_of("12 (sleep) S 1"), Some('S'));
+    }
+}

@@ -1,0 +1,540 @@
+//! `vgpu daemon` end to end (root, simulated GPU): real uprobes on a
+//! per-test copy of the simulated libcuda (its own inode, so parallel tests
+//! do not see each other), "containers" made of a child cgroup and a PID
+//! namespace, each with its own region file.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use vgpu_common::region::status;
+use vgpu_common::view::{Access, RegionFile};
+use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::dist;
+use vgpu_tests::sim::SimGpu;
+
+const MIB: u64 = 1 << 20;
+
+/// A running daemon with its own libcuda copy, state dir and port.
+struct Daemon {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+    state: PathBuf,
+}
+
+impl Daemon {
+    fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
+        let port = free_port();
+        let log = fx.dir.path().join("daemon.log");
+        let state = fx.dir.path().join("state");
+        let mut cmd = Command::new(dist::vgpu_bin());
+        cmd.arg("-v")
+            .arg("daemon")
+            .arg("--libcuda")
+            .arg(fx.libcuda())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--state-dir")
+            .arg(&state)
+            .arg("--regions-root")
+            .arg(fx.dir.path().join("no-hami-dir"))
+            .args(extra)
+            .envs(fx.envs(gpu))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"));
+        let child = cmd.spawn().expect("spawn vgpu daemon");
+        let mut d = Daemon {
+            child,
+            port,
+            log,
+            state,
+        };
+        let t = Instant::now();
+        while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!("daemon exited {st}: {}", d.log_text());
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "daemon not ready: {}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn metrics(&self) -> String {
+        let (code, body) = get(self.port, "/metrics").expect("scrape");
+        assert_eq!(code, 200);
+        body
+    }
+
+    fn findings(&self) -> Value {
+        let (code, body) = get(self.port, "/findings").expect("findings");
+        assert_eq!(code, 200);
+        serde_json::from_str(&body).expect("findings json")
+    }
+
+    /// SIGTERM, then wait: a clean exit that detaches the probes.
+    fn stop(mut self) -> String {
+        // SAFETY: signalling the daemon this test started.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let st = self.child.wait().expect("wait daemon");
+        let log = self.log_text();
+        assert!(st.success(), "daemon exit {st}: {log}");
+        assert!(log.contains("probes detached"), "{log}");
+        log
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Temp dir with a copy of the simulated libcuda and the test program.
+struct Fixture {
+    dir: tempfile::TempDir,
+    prog: PathBuf,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-daemon-")
+            .tempdir()
+            .expect("tempdir");
+        let lib = dir.path().join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::copy(
+            dist::sim_dir().join("libcuda.so.1"),
+            lib.join("libcuda.so.1"),
+        )
+        .unwrap();
+        let prog = dist::compile_c("daemon_prog", dir.path(), false);
+        for d in ["regions", "out"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        Fixture { dir, prog }
+    }
+
+    fn libcuda(&self) -> PathBuf {
+        self.dir.path().join("lib/libcuda.so.1")
+    }
+
+    /// The simulator's environment, with this fixture's libcuda first.
+    fn envs(&self, gpu: &SimGpu) -> Vec<(String, String)> {
+        let mut v: Vec<_> = gpu
+            .envs()
+            .into_iter()
+            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
+            .collect();
+        v.push((
+            "LD_LIBRARY_PATH".into(),
+            format!(
+                "{}:{}",
+                self.dir.path().join("lib").display(),
+                gpu.lib_dir().display()
+            ),
+        ));
+        v
+    }
+
+    fn region(&self, name: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("regions")
+            .join(format!("{name}.cache"))
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join("out").join(name)
+    }
+
+    /// Starts `daemon_prog` in a new container; it waits for "go".
+    fn spawn(
+        &self,
+        gpu: &SimGpu,
+        cg: &Cgroup,
+        name: &str,
+        hooked: bool,
+        args: &[&str],
+    ) -> ContainerProcess {
+        let envs = self.envs(gpu);
+        let hook = dist::hook_lib();
+        let region = self.region(name);
+        let mut env: Vec<(&str, &OsStr)> = envs
+            .iter()
+            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
+            .collect();
+        env.push(("CUDA_DEVICE_MEMORY_SHARED_CACHE", region.as_os_str()));
+        env.push(("CUDA_DEVICE_MEMORY_LIMIT", OsStr::new("2g")));
+        if hooked {
+            env.push(("LD_PRELOAD", hook.as_os_str()));
+        }
+        let out = self.out(name);
+        let mut argv: Vec<&OsStr> = vec![self.prog.as_os_str(), out.as_os_str()];
+        argv.extend(args.iter().map(OsStr::new));
+        cg.spawn(&argv, &env)
+    }
+
+    /// Unix ns of `what` in the program's output file, once written.
+    fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
+            {
+                return v;
+            }
+            assert!(t.elapsed() < timeout, "{name}: no {what:?} line");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A minimal HTTP/1.1 GET: (status, body).
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+/// Value of the sample whose name is `name` and whose labels include all of `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(name)?;
+        let (lab, val) = match rest.strip_prefix('{') {
+            Some(r) => r.split_once("} ")?,
+            None => ("", rest.strip_prefix(' ')?),
+        };
+        let ok = labels
+            .iter()
+            .all(|(k, v)| lab.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+        ok.then(|| val.trim().parse().ok())?
+    })
+}
+
+/// The slot of namespace pid `pid`: (hostpid, total, data) on device 0.
+fn slot_of(path: &Path, pid: i32) -> Option<(i32, u64, u64)> {
+    let f = RegionFile::open(path, Access::ReadOnly).ok()?;
+    let r = f.region();
+    r.active_slots()
+        .iter()
+        .find(|s| s.pid.load(SeqCst) == pid && s.status.load(SeqCst) != status::EXITED)
+        .map(|s| {
+            (
+                s.hostpid.load(SeqCst),
+                s.used[0].total.load(SeqCst),
+                s.used[0].data_size.load(SeqCst),
+            )
+        })
+}
+
+#[test]
+fn sixteen_containers_get_host_pids_within_a_second() {
+    const N: usize = 16;
+    let fx = Fixture::new();
+    let gpu = SimGpu::new();
+    let daemon = Daemon::start(&fx, &gpu, &[]);
+
+    // No launch entry point is probed; allocation, free and context ones are.
+    let m = daemon.metrics();
+    let attached: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("vgpu_probe_attached{"))
+        .collect();
+    assert!(!attached.is_empty(), "{m}");
+    for l in &attached {
+        assert!(
+            !l.contains("cuLaunch") && !l.contains("cuGraphLaunch"),
+            "{l}"
+        );
+    }
+    for f in [
+        "cuInit",
+        "cuDevicePrimaryCtxRetain",
+        "cuMemAlloc_v2",
+        "cuMemFree_v2",
+        "cuMemCreate",
+    ] {
+        assert!(
+            attached
+                .iter()
+                .any(|l| l.contains(&format!("function=\"{f}\""))),
+            "{f}: {m}"
+        );
+    }
+
+    let cgroups: Vec<Cgroup> = (0..N)
+        .map(|i| Cgroup::unique(&format!("daemon-c{i}")))
+        .collect();
+    let mut procs: Vec<ContainerProcess> = (0..N)
+        .map(|i| fx.spawn(&gpu, &cgroups[i], &format!("c{i}"), true, &["64"]))
+        .collect();
+    let host: Vec<u32> = procs.iter().map(ContainerProcess::host_pid).collect();
+    for p in &mut procs {
+        p.send_line("go");
+    }
+    let mut filled: Vec<Option<u64>> = vec![None; N];
+    let t = Instant::now();
+    while filled.iter().any(Option::is_none) && t.elapsed() < Duration::from_secs(15) {
+        for i in 0..N {
+            if filled[i].is_none() {
+                if let Some((hp, _, _)) = slot_of(&fx.region(&format!("c{i}")), 1) {
+                    if hp == host[i] as i32 {
+                        filled[i] = Some(now_ns());
+                    } else {
+                        assert!(
+                            hp == 0,
+                            "c{i}: slot has host pid {hp}, expected {}",
+                            host[i]
+                        );
+                    }
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut lat = Vec::new();
+    for i in 0..N {
+        let first = fx.mark(&format!("c{i}"), "first_call", Duration::from_secs(1));
+        let at = filled[i]
+            .unwrap_or_else(|| panic!("c{i}: host pid never filled: {}", daemon.log_text()));
+        lat.push(Duration::from_nanos(at.saturating_sub(first)));
+    }
+    lat.sort();
+    eprintln!(
+        "host-PID fill latency over {N} containers: min {:?} median {:?} max {:?}",
+        lat[0],
+        lat[N / 2],
+        lat[N - 1]
+    );
+    assert!(
+        lat[N - 1] <= Duration::from_secs(1),
+        "slowest fill {:?}",
+        lat[N - 1]
+    );
+
+    // Metrics match the regions (every program holds its 64 MiB now).
+    for i in 0..N {
+        fx.mark(&format!("c{i}"), "allocated", Duration::from_secs(10));
+    }
+    std::thread::sleep(Duration::from_millis(1200));
+    let m = daemon.metrics();
+    for i in 0..N {
+        let path = fx.region(&format!("c{i}"));
+        let (_, total, data) = slot_of(&path, 1).expect("slot");
+        assert!(data >= 64 * MIB, "c{i} data {data}");
+        let shown = path.display().to_string();
+        let labels = [("region", shown.as_str()), ("vdevice_index", "0")];
+        assert_eq!(
+            sample(&m, "hami_vgpu_memory_used_bytes", &labels),
+            Some(total as f64),
+            "c{i}\n{m}"
+        );
+        assert_eq!(
+            sample(&m, "hami_container_device_memory_bytes", &labels),
+            Some(total as f64)
+        );
+        assert_eq!(
+            sample(&m, "hami_vgpu_memory_buffer_bytes", &labels),
+            Some(data as f64)
+        );
+        assert_eq!(
+            sample(&m, "hami_vgpu_memory_limit_bytes", &labels),
+            Some((2u64 << 30) as f64)
+        );
+        assert!(
+            m.contains(&format!("cgroup=\"{}\"", cgroups[i].rel())),
+            "c{i}: no series with cgroup {}",
+            cgroups[i].rel()
+        );
+    }
+    let fills = sample(&m, "vgpu_hostpid_fills_total", &[]).unwrap_or(0.0);
+    assert!(fills >= N as f64, "fills {fills}");
+    assert_eq!(
+        sample(&m, "vgpu_probe_events_total", &[("kind", "launch")]),
+        None
+    );
+    assert!(sample(&m, "vgpu_probe_events_total", &[("kind", "alloc")]).unwrap_or(0.0) >= N as f64);
+    // Hooked programs whose accounting is right are not findings.
+    let f = daemon.findings();
+    assert_eq!(f["findings"].as_array().map(Vec::len), Some(0), "{f:#}");
+    assert_eq!(
+        sample(&m, "vgpu_findings", &[("kind", "untracked_allocation")]),
+        Some(0.0)
+    );
+
+    for p in procs {
+        p.wait();
+    }
+    daemon.stop();
+}
+
+#[test]
+fn allocations_behind_the_hook_are_findings() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::new();
+    let daemon = Daemon::start(&fx, &gpu, &["--slot-grace", "1"]);
+    let cg_hidden = Cgroup::unique("daemon-hidden");
+    let cg_bare = Cgroup::unique("daemon-bare");
+    // Hooked, 64 MiB through the hook and 256 MiB through a dlmopen'd libcuda.
+    let mut hidden = fx.spawn(&gpu, &cg_hidden, "hidden", true, &["64", "256"]);
+    // No hook at all: no region, 128 MiB.
+    let mut bare = fx.spawn(&gpu, &cg_bare, "bare", false, &["128"]);
+    let hidden_pid = hidden.host_pid();
+    let bare_pid = bare.host_pid();
+    hidden.send_line("go");
+    bare.send_line("go");
+    let t_alloc = fx.mark("hidden", "allocated", Duration::from_secs(10));
+    fx.mark("bare", "allocated", Duration::from_secs(10));
+
+    // The findings endpoint, within 2 s of the allocation.
+    let t = Instant::now();
+    let found = loop {
+        let f = daemon.findings();
+        let list = f["findings"].as_array().cloned().unwrap_or_default();
+        let hit = list
+            .iter()
+            .find(|x| x["kind"] == "untracked_allocation" && x["pid"] == hidden_pid)
+            .cloned();
+        if let Some(h) = hit {
+            break h;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no finding: {f:#}\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let after = Duration::from_nanos(now_ns().saturating_sub(t_alloc));
+    eprintln!("untracked allocation reported {after:?} after it was made: {found:#}");
+    assert!(after <= Duration::from_secs(2), "took {after:?}");
+    let bytes = found["untracked_bytes"].as_u64().unwrap();
+    assert!(bytes >= 256 * MIB, "{found:#}");
+    assert_eq!(found["ns_pid"], 1);
+    assert_eq!(found["cgroup"], cg_hidden.rel());
+    assert_eq!(found["region"], fx.region("hidden").display().to_string());
+    assert!(found["tracked_data_bytes"].as_u64().unwrap() >= 64 * MIB);
+
+    // The unhooked process: no region (after the 1 s grace).
+    let t = Instant::now();
+    let bare_f = loop {
+        let f = daemon.findings();
+        let hit = f["findings"]
+            .as_array()
+            .and_then(|l| l.iter().find(|x| x["pid"] == bare_pid).cloned());
+        if let Some(h) = hit {
+            break h;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no finding for the bare process: {f:#}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(bare_f["kind"], "no_region", "{bare_f:#}");
+    assert!(
+        bare_f["untracked_bytes"].as_u64().unwrap() >= 128 * MIB,
+        "{bare_f:#}"
+    );
+
+    // Metrics.
+    let m = daemon.metrics();
+    assert_eq!(
+        sample(&m, "vgpu_findings", &[("kind", "untracked_allocation")]),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "vgpu_findings", &[("kind", "no_region")]),
+        Some(1.0),
+        "{m}"
+    );
+    let rel = cg_hidden.rel();
+    let ub = sample(&m, "vgpu_untracked_bytes", &[("cgroup", rel.as_str())])
+        .expect("untracked bytes series");
+    assert_eq!(ub as u64, bytes);
+    // The state file and `vgpu findings`.
+    let out = Command::new(dist::vgpu_bin())
+        .args(["findings", "--json", "--state-dir"])
+        .arg(&daemon.state)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: HashMap<u64, String> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                x["pid"].as_u64().unwrap(),
+                x["kind"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds.get(&(hidden_pid as u64)).map(String::as_str),
+        Some("untracked_allocation")
+    );
+    assert_eq!(
+        kinds.get(&(bare_pid as u64)).map(String::as_str),
+        Some("no_region")
+    );
+
+    hidden.wait();
+    bare.wait();
+    // The log has one line per finding with pid, container and bytes.
+    let log = daemon.stop();
+    let line = log
+        .lines()
+        .find(|l| l.contains("untracked allocation: pid") && l.contains(&hidden_pid.to_string()))
+        .unwrap_or_else(|| panic!("no log line: {log}"));
+    assert!(
+        line.contains(&rel) && line.contains(&bytes.to_string()),
+        "{line}"
+    );
+}
