@@ -2,6 +2,10 @@
 //! `unlock`, `suspend`, `resume`) against regions used by live hooked
 //! programs on the simulated GPU, and bad input that must write nothing.
 //! Needs the built artifacts (`cargo xtask build`) and root.
+#![allow(
+    clippy::expect_used,
+    reason = "test helpers panic with a message when the test machine misbehaves"
+)]
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

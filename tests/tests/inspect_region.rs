@@ -2,6 +2,10 @@
 //! simulated GPU, HAMi's directory layout, and counter anomalies. Needs the
 //! built artifacts (`cargo xtask build`) and root (liveness reads every
 //! process's /proc/<pid>/maps).
+#![allow(
+    clippy::expect_used,
+    reason = "test helpers panic with a message when the test machine misbehaves"
+)]
 
 use std::io::Write as _;
 use std::path::Path;

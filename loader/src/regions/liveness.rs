@@ -219,7 +219,9 @@ mod tests {
         let path = dir.path().join("r.cache");
         std::fs::write(&path, vec![0u8; 8192]).unwrap();
         let file = File::open(&path).unwrap();
-        let map = memmap2::MmapRaw::map_raw_read_only(&file).unwrap();
+        let map = memmap2::MmapOptions::new()
+            .map_raw_read_only(&file)
+            .unwrap();
         let me = std::process::id() as i32;
         let m = Mappers::scan(&file);
         let got = m.liveness(me, 0);
