@@ -42,12 +42,21 @@ pub struct Args {
     /// Print JSON (format in docs/inspect.md) instead of tables.
     #[arg(long)]
     json: bool,
+
+    /// State directory of `vgpu daemon`: its findings (untracked
+    /// allocations, CUDA processes without a region) are added to --json as
+    /// `daemon_findings` (docs/daemon.md).
+    #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
+    state_dir: PathBuf,
 }
 
 #[derive(serde::Serialize)]
 struct Output {
     regions: Vec<RegionSummary>,
     errors: Vec<ReadError>,
+    /// `vgpu daemon`'s findings file, when the daemon runs on this node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    daemon_findings: Option<serde_json::Value>,
 }
 
 #[derive(serde::Serialize)]
@@ -78,6 +87,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut out = Output {
         regions: Vec::new(),
         errors: Vec::new(),
+        daemon_findings: crate::daemon::findings::read_state(&args.state_dir),
     };
     for f in &found {
         match summarize(f) {

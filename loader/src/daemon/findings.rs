@@ -125,6 +125,13 @@ pub fn write_state(dir: &Path, json: &str) -> Result<(), StateError> {
     std::fs::rename(&tmp, &path).map_err(werr)
 }
 
+/// The findings file under `dir` as JSON, if present and valid (for
+/// `vgpu inspect --json`).
+pub fn read_state(dir: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(dir.join(FILE_NAME)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 /// Unix time in milliseconds.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
