@@ -32,6 +32,19 @@ static void note(const char *path, const char *what) {
     fclose(f);
 }
 
+static const char *out_path;
+
+/* Records why the program stopped, for the test's message. */
+static int fail(int code, int rc) {
+    FILE *f = fopen(out_path, "a");
+    if (f) {
+        fprintf(f, "error %d (CUresult %d)\n", code, rc);
+        fclose(f);
+    }
+    return code;
+}
+#define TRY(call, code) do { int rc_ = (call); if (rc_ != CUDA_SUCCESS) return fail(code, rc_); } while (0)
+
 typedef CUresult (*init_t)(unsigned);
 typedef CUresult (*retain_t)(CUcontext *, CUdevice);
 typedef CUresult (*setcur_t)(CUcontext);
@@ -40,6 +53,7 @@ typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     const char *out = argv[1];
+    out_path = out;
     size_t hooked = (size_t)atol(argv[2]) << 20;
     size_t hidden = argc > 3 ? (size_t)atol(argv[3]) << 20 : 0;
     char line[16];
@@ -48,25 +62,28 @@ int main(int argc, char **argv) {
     note(out, "first_call");
     CUcontext ctx;
     CUdeviceptr p;
-    if (cuInit(0) != CUDA_SUCCESS) return 3;
-    if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS) return 4;
-    if (cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 5;
-    if (hooked && cuMemAlloc(&p, hooked) != CUDA_SUCCESS) return 6;
+    TRY(cuInit(0), 3);
+    TRY(cuDevicePrimaryCtxRetain(&ctx, 0), 4);
+    TRY(cuCtxSetCurrent(ctx), 5);
+    if (hooked) TRY(cuMemAlloc(&p, hooked), 6);
 
     if (hidden) {
         void *h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
         if (!h) {
             fprintf(stderr, "dlmopen: %s\n", dlerror());
-            return 7;
+            return fail(7, 0);
         }
         init_t init = (init_t)dlsym(h, "cuInit");
         retain_t retain = (retain_t)dlsym(h, "cuDevicePrimaryCtxRetain");
         setcur_t setcur = (setcur_t)dlsym(h, "cuCtxSetCurrent");
         alloc_t alloc = (alloc_t)dlsym(h, "cuMemAlloc_v2");
-        if (!init || !retain || !setcur || !alloc) return 8;
+        if (!init || !retain || !setcur || !alloc) return fail(8, 0);
         CUcontext c2;
         CUdeviceptr q;
-        if (init(0) || retain(&c2, 0) || setcur(c2) || alloc(&q, hidden)) return 9;
+        TRY(init(0), 9);
+        TRY(retain(&c2, 0), 10);
+        TRY(setcur(c2), 11);
+        TRY(alloc(&q, hidden), 12);
     }
     note(out, "allocated");
     while (fgets(line, sizeof line, stdin)) {
