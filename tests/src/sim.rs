@@ -247,16 +247,21 @@ pub fn c_program(name: &str) -> PathBuf {
 }
 
 /// A running program whose stdout is read line by line (e.g. `simgpu_tool
-/// ... hold`, which keeps running until its stdin closes).
+/// ... hold`, which keeps running until its stdin closes). Reads time out
+/// after [`Running::TIMEOUT`] so a stuck program fails the test instead of
+/// hanging it.
 pub struct Running {
     /// The child process.
     pub child: std::process::Child,
-    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    lines: std::sync::mpsc::Receiver<String>,
     /// Every line read so far.
     pub seen: Vec<String>,
 }
 
 impl Running {
+    /// How long [`Running::line`] waits for a line.
+    pub const TIMEOUT: Duration = Duration::from_secs(30);
+
     /// Starts `program args…` with `gpu`'s environment, stdin and stdout
     /// piped.
     pub fn start(gpu: &SimGpu, program: &Path, args: &[&str]) -> Running {
@@ -277,24 +282,40 @@ impl Running {
             .stdout
             .take()
             .unwrap_or_else(|| unreachable!("stdout is piped"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines() {
+                if tx.send(l.unwrap_or_default()).is_err() {
+                    break;
+                }
+            }
+        });
         Running {
             child,
-            lines: std::io::BufReader::new(out).lines(),
+            lines: rx,
             seen: Vec::new(),
         }
     }
 
-    /// Reads lines until one starts with `prefix`; returns it (panics at
-    /// end of output, with everything seen).
+    /// Reads lines until one starts with `prefix` and returns it; panics at
+    /// end of output or after [`Running::TIMEOUT`], showing what was seen.
     pub fn line(&mut self, prefix: &str) -> String {
-        for l in self.lines.by_ref() {
-            let l = l.unwrap_or_default();
-            self.seen.push(l.clone());
-            if l.starts_with(prefix) {
-                return l;
+        let deadline = Instant::now() + Running::TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.starts_with(prefix) {
+                        return l;
+                    }
+                }
+                Err(e) => panic!(
+                    "no line starting with {prefix:?} ({e}); output so far: {:?}",
+                    self.seen
+                ),
             }
         }
-        panic!("no line starting with {prefix:?}; output: {:?}", self.seen);
     }
 
     /// The host PID of the child as the outside sees it.
@@ -305,16 +326,25 @@ impl Running {
     /// Closes stdin (a `hold` ends) and waits for exit.
     pub fn finish(mut self) -> std::process::ExitStatus {
         drop(self.child.stdin.take());
-        for l in self.lines.by_ref() {
-            self.seen.push(l.unwrap_or_default());
-        }
-        self.child.wait().unwrap_or_else(|e| panic!("wait: {e}"))
+        let status = self.child.wait().unwrap_or_else(|e| panic!("wait: {e}"));
+        self.seen.extend(self.lines.try_iter());
+        status
     }
 
     /// SIGKILLs the child and reaps it.
     pub fn kill(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // A test that panics must not leave its programs running.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

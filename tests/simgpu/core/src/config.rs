@@ -42,6 +42,14 @@ impl Default for DeviceConfig {
 impl DeviceConfig {
     /// Reads the device configuration from the environment.
     pub fn from_env() -> Result<Self, SimError> {
+        DeviceConfig::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// Reads the device configuration through `get` (variable → value).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, SimError> {
+        let env_u64 = |var: &'static str, default: u64, parse: fn(&str) -> Result<u64, String>| {
+            var_u64(get(var), var, default, parse)
+        };
         let d = DeviceConfig::default();
         let devices = env_u64("SIMGPU_DEVICES", u64::from(d.devices), parse_u64)?;
         if devices == 0 || devices > u64::from(MAX_DEVICES) {
@@ -135,8 +143,17 @@ fn env_u64(
     default: u64,
     parse: fn(&str) -> Result<u64, String>,
 ) -> Result<u64, SimError> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => parse(v.trim()).map_err(|reason| SimError::Config {
+    var_u64(std::env::var(var).ok(), var, default, parse)
+}
+
+fn var_u64(
+    value: Option<String>,
+    var: &'static str,
+    default: u64,
+    parse: fn(&str) -> Result<u64, String>,
+) -> Result<u64, SimError> {
+    match value {
+        Some(v) if !v.trim().is_empty() => parse(v.trim()).map_err(|reason| SimError::Config {
             var,
             value: v,
             reason,
@@ -190,5 +207,13 @@ mod tests {
         assert!(parse_size("1gb").is_err());
         assert!(parse_size("g").is_err());
         assert!(parse_size("99999999999t").is_err());
+    }
+
+    #[test]
+    fn device_config_from_vars() {
+        let c = DeviceConfig::from_vars(|k| (k == "SIMGPU_MEMORY").then(|| "1g".to_string()));
+        assert_eq!(c.map(|c| c.memory).ok(), Some(1 << 30));
+        assert!(DeviceConfig::from_vars(|k| (k == "SIMGPU_DEVICES").then(|| "17".into())).is_err());
+        assert!(DeviceConfig::from_vars(|k| (k == "SIMGPU_MEMORY").then(|| "1gb".into())).is_err());
     }
 }

@@ -129,6 +129,14 @@ pub fn own_object_path() -> Option<PathBuf> {
 /// Spawns the server for `dir`, detached from the caller, with `envs` added
 /// to its environment (e.g. the `SIMGPU_*` device configuration).
 pub fn spawn_server(dir: &Path, server: &Path, envs: &[(String, String)]) -> Result<(), SimError> {
+    // Fail fast on a configuration the server would refuse.
+    crate::config::DeviceConfig::from_vars(|k| {
+        envs.iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .or_else(|| std::env::var(k).ok())
+    })?;
     ensure_dir(dir)?;
     let log_path = dir.join(SERVER_LOG);
     let log = OpenOptions::new()
