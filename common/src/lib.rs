@@ -6,8 +6,8 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod env;
-pub mod paths;
 pub mod event;
+pub mod paths;
 #[cfg(not(target_arch = "bpf"))]
 pub mod region;
 

@@ -171,7 +171,16 @@ mod tests {
         for (input, want) in [("0", 100), ("1", 1), ("30", 30), ("100", 100)] {
             assert_eq!(parse_percent("S", input), Ok(want), "{input}");
         }
-        for input in ["", "101", "-5", "30%", "abc", "1.5", "050", "99999999999999999999"] {
+        for input in [
+            "",
+            "101",
+            "-5",
+            "30%",
+            "abc",
+            "1.5",
+            "050",
+            "99999999999999999999",
+        ] {
             assert!(parse_percent("S", input).is_err(), "{input:?}");
         }
     }

@@ -52,14 +52,7 @@ pub fn try_lock(file: &File) -> io::Result<Option<RegionLockGuard<'_>>> {
     let mut fl = flock(libc::F_WRLCK as libc::c_short);
     match fcntl_lock(file, libc::F_OFD_SETLK, &mut fl) {
         Ok(()) => Ok(Some(RegionLockGuard { file })),
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EAGAIN) | Some(libc::EACCES)
-            ) =>
-        {
-            Ok(None)
-        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EACCES)) => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -136,8 +129,12 @@ mod tests {
             let a = open(&path);
             let guard = try_lock(&a).unwrap().expect("free lock");
             std::mem::forget(guard); // as if the holder died mid-section
-            assert!(lock_timeout(&b, Duration::from_millis(20)).unwrap().is_none());
+            assert!(lock_timeout(&b, Duration::from_millis(20))
+                .unwrap()
+                .is_none());
         }
-        assert!(lock_timeout(&b, Duration::from_millis(200)).unwrap().is_some());
+        assert!(lock_timeout(&b, Duration::from_millis(200))
+            .unwrap()
+            .is_some());
     }
 }

@@ -259,14 +259,22 @@ mod tests {
                 offset_of!(SharedRegion, utilization_switch),
                 2_008_900,
             ),
-            ("recent_kernel", offset_of!(SharedRegion, recent_kernel), 2_008_904),
+            (
+                "recent_kernel",
+                offset_of!(SharedRegion, recent_kernel),
+                2_008_904,
+            ),
             ("priority", offset_of!(SharedRegion, priority), 2_008_908),
             (
                 "last_kernel_time",
                 offset_of!(SharedRegion, last_kernel_time),
                 2_008_912,
             ),
-            ("sem_postinit", offset_of!(SharedRegion, sem_postinit), 2_008_920),
+            (
+                "sem_postinit",
+                offset_of!(SharedRegion, sem_postinit),
+                2_008_920,
+            ),
         ];
         for (name, got, want) in cases {
             assert_eq!(got, want, "{name}");

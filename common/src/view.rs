@@ -30,8 +30,14 @@ pub enum RegionError {
     Truncated { path: PathBuf, size: u64 },
     #[error("{path} is not a HAMi shared region (magic {magic:#x}, expected {MAGIC:#x})")]
     Foreign { path: PathBuf, magic: u32 },
-    #[error("{path} has region version {major}.{minor}; vgpu understands major version {MAJOR_VERSION}")]
-    Version { path: PathBuf, major: u32, minor: u32 },
+    #[error(
+        "{path} has region version {major}.{minor}; vgpu understands major version {MAJOR_VERSION}"
+    )]
+    Version {
+        path: PathBuf,
+        major: u32,
+        minor: u32,
+    },
 }
 
 /// How to open an existing region.
@@ -169,10 +175,12 @@ fn file_len(file: &File, path: &Path) -> Result<u64, RegionError> {
 fn read_header(file: &File, path: &Path) -> Result<Header, RegionError> {
     use std::os::unix::fs::FileExt;
     let mut buf = [0u8; 12];
-    let n = file.read_at(&mut buf, 0).map_err(|source| RegionError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
+    let n = file
+        .read_at(&mut buf, 0)
+        .map_err(|source| RegionError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
     if n < buf.len() {
         buf[n..].fill(0);
     }
@@ -232,7 +240,10 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[0..4], &[0x4e, 0xf7, 0x2f, 0x01]);
         assert_eq!(&bytes[4..8], &1u32.to_le_bytes());
-        assert_eq!(&bytes[1600 + 3 * 8..1600 + 4 * 8], &(1u64 << 30).to_le_bytes());
+        assert_eq!(
+            &bytes[1600 + 3 * 8..1600 + 4 * 8],
+            &(1u64 << 30).to_le_bytes()
+        );
         let hostpid_at = 1856 + 7 * 1960 + 4;
         assert_eq!(&bytes[hostpid_at..hostpid_at + 4], &4242i32.to_le_bytes());
     }
@@ -247,12 +258,16 @@ mod tests {
             ("foreign", b"hello world, not a region".to_vec(), |e| {
                 matches!(e, RegionError::Foreign { .. })
             }),
-            ("major2", {
-                let mut v = vec![0u8; FILE_SIZE as usize];
-                v[0..4].copy_from_slice(&MAGIC.to_le_bytes());
-                v[4..8].copy_from_slice(&2u32.to_le_bytes());
-                v
-            }, |e| matches!(e, RegionError::Version { major: 2, .. })),
+            (
+                "major2",
+                {
+                    let mut v = vec![0u8; FILE_SIZE as usize];
+                    v[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+                    v[4..8].copy_from_slice(&2u32.to_le_bytes());
+                    v
+                },
+                |e| matches!(e, RegionError::Version { major: 2, .. }),
+            ),
         ];
         for (name, bytes, is_expected) in cases {
             let path = dir.path().join(name);

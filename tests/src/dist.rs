@@ -19,7 +19,13 @@ pub fn dist_dir() -> PathBuf {
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .map(|t| if t.is_absolute() { t } else { workspace_root().join(t) })
+        .map(|t| {
+            if t.is_absolute() {
+                t
+            } else {
+                workspace_root().join(t)
+            }
+        })
         .unwrap_or_else(|| workspace_root().join("target"));
     target.join("dist")
 }

@@ -1,8 +1,7 @@
 //! Several processes sharing one limit, and processes killed at any instant.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use vgpu_common::region::MAX_DEVICES;
@@ -22,8 +21,13 @@ fn region_used(env: &HookEnv, dev: usize) -> u64 {
 }
 
 /// Eight processes allocating and freeing random sizes at once never hold
-/// more than the limit in sum: not in the region, not on the (simulated)
-/// device as NVML sees it.
+/// more than the limit in sum, as the (simulated) device's own used-memory
+/// counter shows: an exact, atomic figure, sampled by NVML throughout.
+///
+/// The region's per-slot sum is not the measure: a reservation that finds
+/// the limit passed is visible for a moment before it is taken back (the
+/// algorithm is add-then-check), and a reader summing 8 slots one by one
+/// sees them at different instants.
 #[test]
 fn eight_processes_never_pass_the_limit() {
     let env = HookEnv::new("eight", "2g").env("SIMGPU_CONTEXT_BYTES", "64m");
@@ -36,47 +40,30 @@ fn eight_processes_never_pass_the_limit() {
         assert_eq!(p.wait_for("ready"), "ready");
     }
     let watcher = Running::start(env.unhooked(&nvml, &["watch", "2500"]));
-    let stop = Arc::new(AtomicBool::new(false));
-    let peak = Arc::new(AtomicU64::new(0));
-    let sampler = {
-        let (stop, peak) = (stop.clone(), peak.clone());
-        let path = env.region_path();
-        std::thread::spawn(move || {
-            let f = vgpu_common::view::RegionFile::open(&path, vgpu_common::view::Access::ReadOnly)
-                .expect("region");
-            while !stop.load(Ordering::Relaxed) {
-                let used: u64 = f
-                    .region()
-                    .active_slots()
-                    .iter()
-                    .filter(|s| s.pid.load(Ordering::SeqCst) != 0)
-                    .map(|s| s.used[0].total.load(Ordering::SeqCst))
-                    .sum();
-                peak.fetch_max(used, Ordering::Relaxed);
-            }
-        })
-    };
     for p in &mut procs {
         let _ = writeln!(p.child.stdin.as_mut().expect("stdin"), "go");
     }
-    let mut total_ok = 0;
+    let (mut total_ok, mut total_oom) = (0, 0);
     for p in &mut procs {
         let l = p.wait_for("ok");
         total_ok += field(&l, "ok").unwrap_or(0);
+        total_oom += field(&l, "oom").unwrap_or(0);
     }
-    stop.store(true, Ordering::Relaxed);
-    let _ = sampler.join();
     let mut watcher = watcher;
     let w = watcher.wait_for("max_used");
     let nvml_peak = field(&w, "max_used").expect("nvml watcher output");
     assert!(total_ok > 0, "no allocation succeeded");
-    assert!(
-        peak.load(Ordering::Relaxed) <= 2 * G,
-        "region peak {}",
-        peak.load(Ordering::Relaxed)
-    );
     assert!(nvml_peak <= 2 * G, "device peak per NVML {nvml_peak}");
-    assert!(nvml_peak > 0, "{w}");
+    // The limit was actually contended: some requests were refused and the
+    // device was driven close to it, so the check above could have failed.
+    assert!(
+        total_oom > 0,
+        "no request was refused: the test did not press the limit"
+    );
+    assert!(
+        nvml_peak > 3 * G / 2,
+        "device peak {nvml_peak} never neared the limit"
+    );
 }
 
 /// Processes SIGKILLed in the middle of registration or of an alloc/free

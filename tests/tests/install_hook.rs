@@ -103,7 +103,11 @@ int main(int argc, char **argv) {
         writeln!(stdin, "go").unwrap();
         line.clear();
         out.read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "1", "the running process keeps the old library");
+        assert_eq!(
+            line.trim(),
+            "1",
+            "the running process keeps the old library"
+        );
     }
     drop(stdin);
     assert!(child.wait().unwrap().success());
@@ -138,7 +142,11 @@ fn install_is_idempotent_and_uninstall_restores_the_previous_state() {
 
     let ours = lib(dir.path(), "ours", 8);
     let first = install(&host, &ours, &[]);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
     assert!(stdout(&first).contains("installed"));
     assert_eq!(
         std::fs::read(host.join("libvgpu.so")).unwrap(),
@@ -146,10 +154,18 @@ fn install_is_idempotent_and_uninstall_restores_the_previous_state() {
     );
     let second = install(&host, &ours, &[]);
     assert!(second.status.success());
-    assert!(stdout(&second).contains("already up to date"), "{}", stdout(&second));
+    assert!(
+        stdout(&second).contains("already up to date"),
+        "{}",
+        stdout(&second)
+    );
 
     let un = install(&host, &ours, &["--uninstall"]);
-    assert!(un.status.success(), "{}", String::from_utf8_lossy(&un.stderr));
+    assert!(
+        un.status.success(),
+        "{}",
+        String::from_utf8_lossy(&un.stderr)
+    );
     assert_eq!(std::fs::read(host.join("libvgpu.so")).unwrap(), before_lib);
     assert_eq!(
         std::fs::read_to_string(host.join("ld.so.preload")).unwrap(),
@@ -178,7 +194,11 @@ fn wrong_architecture_is_refused_and_nothing_is_written() {
     let good = lib(dir.path(), "good", 1);
     let mut bytes = std::fs::read(&good).unwrap();
     // e_machine (offset 18): EM_AARCH64 on x86-64, EM_X86_64 elsewhere.
-    let other: u16 = if cfg!(target_arch = "x86_64") { 183 } else { 62 };
+    let other: u16 = if cfg!(target_arch = "x86_64") {
+        183
+    } else {
+        62
+    };
     bytes[18..20].copy_from_slice(&other.to_le_bytes());
     let bad = dir.path().join("bad.so");
     std::fs::write(&bad, &bytes).unwrap();

@@ -79,7 +79,10 @@ fn measure(exe: &Path, dist: &Path, work: &Path, hooked: bool) -> Result<(f64, f
     }
     let out = cmd.output().context("run bench_launch")?;
     if !out.status.success() {
-        bail!("bench_launch failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "bench_launch failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |key: &str| -> Result<f64> {
@@ -88,5 +91,8 @@ fn measure(exe: &Path, dist: &Path, work: &Path, hooked: bool) -> Result<(f64, f
             .and_then(|v| v.trim().parse().ok())
             .with_context(|| format!("bench_launch printed no {key:?}: {text}"))
     };
-    Ok((field("launch_ns_per_call")?, field("alloc_free_ns_per_pair")?))
+    Ok((
+        field("launch_ns_per_call")?,
+        field("alloc_free_ns_per_pair")?,
+    ))
 }

@@ -65,8 +65,19 @@ pub fn run(args: &Args) -> Result<()> {
         None => BTreeMap::new(),
     };
 
-    println!("\n=== vgpu demo ({}) ===", if driver.real { "real GPU" } else { "simulated GPU" });
-    println!("workload: {} with CUDA_DEVICE_MEMORY_LIMIT={}", exe.display(), args.limit);
+    println!(
+        "\n=== vgpu demo ({}) ===",
+        if driver.real {
+            "real GPU"
+        } else {
+            "simulated GPU"
+        }
+    );
+    println!(
+        "workload: {} with CUDA_DEVICE_MEMORY_LIMIT={}",
+        exe.display(),
+        args.limit
+    );
     for line in workload_pid_lines.lines() {
         println!("  | {line}");
     }
@@ -76,7 +87,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     println!("ran for {:.2} s", started.elapsed().as_secs_f64());
     if trace.is_some() {
-        println!("vgpu trace (eBPF uprobes on {}) saw:", driver.libcuda.display());
+        println!(
+            "vgpu trace (eBPF uprobes on {}) saw:",
+            driver.libcuda.display()
+        );
         if seen.is_empty() {
             println!("  nothing: the probes did not fire");
         }
@@ -90,7 +104,11 @@ pub fn run(args: &Args) -> Result<()> {
         .output();
     if let Ok(o) = inspect {
         if o.status.success() {
-            println!("vgpu inspect {}:\n{}", region.display(), String::from_utf8_lossy(&o.stdout));
+            println!(
+                "vgpu inspect {}:\n{}",
+                region.display(),
+                String::from_utf8_lossy(&o.stdout)
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&work);
@@ -102,10 +120,9 @@ pub fn run(args: &Args) -> Result<()> {
 
 fn pick_driver(dist: &Path, force_sim: bool) -> Result<Driver> {
     if !force_sim && util::real_gpu_present() {
-        let found = util::output(Command::new("sh").args([
-            "-c",
-            "ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}'",
-        ]))
+        let found = util::output(
+            Command::new("sh").args(["-c", "ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}'"]),
+        )
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
@@ -114,12 +131,20 @@ fn pick_driver(dist: &Path, force_sim: bool) -> Result<Driver> {
         });
         if let Some(libcuda) = found {
             let lib_dir = libcuda.parent().map(Path::to_path_buf).unwrap_or_default();
-            return Ok(Driver { libcuda, lib_dir, real: true });
+            return Ok(Driver {
+                libcuda,
+                lib_dir,
+                real: true,
+            });
         }
         eprintln!("demo: nvidia-smi works but libcuda.so.1 was not found; using the simulated GPU");
     }
     let lib_dir = dist.join("sim");
-    Ok(Driver { libcuda: lib_dir.join("libcuda.so.1"), lib_dir, real: false })
+    Ok(Driver {
+        libcuda: lib_dir.join("libcuda.so.1"),
+        lib_dir,
+        real: false,
+    })
 }
 
 fn compile_workload(driver: &Driver, work: &Path) -> Result<PathBuf> {
@@ -180,7 +205,9 @@ fn start_trace(dist: &Path, driver: &Driver) -> Result<Trace> {
 /// Stops the tracer and counts its events by function.
 fn stop_trace(t: &mut Trace) -> Result<BTreeMap<String, u64>> {
     // SAFETY-free: a plain SIGINT through kill(1), so the tracer detaches cleanly.
-    let _ = Command::new("kill").args(["-INT", &t.child.id().to_string()]).status();
+    let _ = Command::new("kill")
+        .args(["-INT", &t.child.id().to_string()])
+        .status();
     let _ = t.child.wait();
     let mut counts = BTreeMap::new();
     while let Ok(line) = t.lines.try_recv() {

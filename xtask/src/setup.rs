@@ -16,6 +16,8 @@ const DEB_PACKAGES: &[&str] = &[
     "cargo-web",
     "libstd-rust-web-dev-bpf",
     "llvm-22-dev",
+    // clippy for the eBPF crate's lint pass (same toolchain as rustc-web).
+    "rust-web-clippy",
 ];
 const LLVM_MAJOR: &str = "22";
 const BPF_LINKER_VERSION: &str = "0.13.0";

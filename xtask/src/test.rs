@@ -31,7 +31,14 @@ pub fn run(args: &Args) -> Result<()> {
     // Unit tests of every crate but the integration suite.
     util::run(
         util::cargo()
-            .args(["test", "--workspace", "--exclude", "vgpu-tests", "--exclude", "vgpu-ebpf"])
+            .args([
+                "test",
+                "--workspace",
+                "--exclude",
+                "vgpu-tests",
+                "--exclude",
+                "vgpu-ebpf",
+            ])
             .arg("--")
             .args(&filter),
     )?;
