@@ -194,6 +194,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             }
             _ = scan.tick() => {
                 let out = obs.scan();
+                tracing::trace!("scan: {} finding(s)", out.findings);
                 match write_state(&args.state_dir, &out.findings_json) {
                     Ok(()) => state_warned = false,
                     Err(e) if !state_warned => {

@@ -19,7 +19,8 @@ impl Default for Procfs {
 }
 
 impl Procfs {
-    /// A procfs mounted at `root`.
+    /// A procfs mounted at `root` (tests use a fake tree).
+    #[cfg(test)]
     pub fn at(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
     }
