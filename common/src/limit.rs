@@ -137,7 +137,8 @@ mod tests {
         for (input, want) in ok {
             assert_eq!(parse_size("V", input), Ok(*want), "{input}");
         }
-        let bad: &[(&str, fn(&LimitError) -> bool)] = &[
+        type Case = (&'static str, fn(&LimitError) -> bool);
+        let bad: &[Case] = &[
             ("", |e| matches!(e, LimitError::Empty { .. })),
             ("1024mb", |e| matches!(e, LimitError::Malformed { .. })),
             ("-1", |e| matches!(e, LimitError::Malformed { .. })),

@@ -251,7 +251,8 @@ mod tests {
     #[test]
     fn bad_files_are_refused_and_left_alone() {
         let dir = tempfile::tempdir().unwrap();
-        let cases: Vec<(&str, Vec<u8>, fn(&RegionError) -> bool)> = vec![
+        type Case = (&'static str, Vec<u8>, fn(&RegionError) -> bool);
+        let cases: Vec<Case> = vec![
             ("short", vec![0x4e, 0xf7, 0x2f, 0x01, 1, 0, 0, 0], |e| {
                 matches!(e, RegionError::Truncated { .. })
             }),
