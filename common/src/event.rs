@@ -28,6 +28,8 @@ pub mod names {
     pub const PROG_ENTRY: &str = "vgpu_call_entry";
     /// Program run at the return of probed functions whose result matters (uretprobe).
     pub const PROG_RETURN: &str = "vgpu_call_return";
+    /// An empty program, to measure the bare uprobe cost (`vgpu trace --floor`).
+    pub const PROG_FLOOR: &str = "vgpu_floor";
 }
 
 /// Map sizes (entries). Insert failures are counted, never silent.

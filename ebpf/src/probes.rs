@@ -45,6 +45,14 @@ pub fn vgpu_call_return(ctx: RetProbeContext) -> u32 {
     }
 }
 
+/// Does nothing. `vgpu trace --floor` attaches it alone to the launch entry
+/// points, to measure what the trap itself costs: the floor under every
+/// other probe.
+#[uprobe]
+pub fn vgpu_floor(_ctx: ProbeContext) -> u32 {
+    0
+}
+
 #[inline(always)]
 fn func_of<C: aya_ebpf::EbpfContext>(ctx: &C) -> Result<(u32, Func), Error> {
     // SAFETY: ctx is this program's context; the helper only reads the cookie.

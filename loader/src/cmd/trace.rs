@@ -93,6 +93,11 @@ pub struct Args {
     /// Do not probe launch entry points (allocations and frees only).
     #[arg(long)]
     no_launches: bool,
+
+    /// Attach only an empty program to the launch entry points and print
+    /// nothing: the bare-trap cost, a baseline for overhead measurements.
+    #[arg(long, hide = true)]
+    floor: bool,
 }
 
 /// How long an exited process stays in the table.
@@ -126,6 +131,9 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| sentence(e.into()))?
     };
+    if args.floor {
+        return floor(&libs, args.duration).await;
+    }
     let offsets = match btf::running_kernel_offsets() {
         Ok(o) => Some(o),
         Err(e) => {
@@ -291,4 +299,34 @@ fn report_lost(probes: &ProbeSet) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--floor`: the empty program on every launch entry point until the
+/// duration ends or a signal comes.
+async fn floor(libs: &[Libcuda], duration: Option<f64>) -> anyhow::Result<ExitCode> {
+    let mut held = Vec::new();
+    for lib in libs {
+        let (ebpf, funcs) = ProbeSet::attach_floor(lib).map_err(sentence)?;
+        eprintln!(
+            "attached the empty floor program to {} launch entry points of {}",
+            funcs.len(),
+            lib.path.display()
+        );
+        held.push(ebpf);
+    }
+    let wait = async {
+        match duration {
+            Some(s) => tokio::time::sleep(Duration::from_secs_f64(s)).await,
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let mut term =
+        signal(SignalKind::terminate()).context("vgpu trace: installing the SIGTERM handler")?;
+    tokio::select! {
+        () = wait => {}
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    drop(held);
+    Ok(ExitCode::SUCCESS)
 }

@@ -150,6 +150,52 @@ impl ProbeSet {
         Ok(())
     }
 
+    /// Loads only the empty program and attaches it to every launch entry
+    /// point of `lib`: the cost of the trap alone, for overhead baselines.
+    /// Returns the loaded object (dropping it detaches) and the entry
+    /// points probed.
+    pub fn attach_floor(lib: &Libcuda) -> Result<(Ebpf, Vec<Func>), ProbeError> {
+        if EBPF_ELF.is_empty() {
+            return Err(ProbeError::NoObject);
+        }
+        raise_memlock_rlimit();
+        let mut ebpf = EbpfLoader::new()
+            .load(EBPF_ELF)
+            .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
+        let prog: &mut UProbe = ebpf
+            .program_mut(names::PROG_FLOOR)
+            .ok_or(ProbeError::MissingProgram(names::PROG_FLOOR))?
+            .try_into()
+            .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
+        prog.load()
+            .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
+        let launches: Vec<Func> = Func::ALL
+            .iter()
+            .copied()
+            .filter(|f| matches!(f.class(), FuncClass::Launch | FuncClass::GraphLaunch))
+            .collect();
+        let names: Vec<&str> = launches.iter().map(|f| f.symbol()).collect();
+        let offsets = libcuda::symbol_offsets(&lib.path, &names)?;
+        let mut attached = Vec::new();
+        let mut seen = HashSet::new();
+        for func in launches {
+            let Some(&off) = offsets.get(func.symbol()) else {
+                continue;
+            };
+            if !seen.insert(off) {
+                continue;
+            }
+            let point = UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(off),
+                cookie: None,
+            };
+            prog.attach(point, &lib.path, UProbeScope::AllProcesses)
+                .map_err(|e| ProbeError::classify("attaching uprobes", e))?;
+            attached.push(func);
+        }
+        Ok((ebpf, attached))
+    }
+
     /// Takes the ring buffer of per-call events (once).
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>, ProbeError> {
         let map = self
