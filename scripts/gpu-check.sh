@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# Real-GPU checks (cargo xtask gpu-check stages the artifacts in .device/dist).
+# The GPU machine has no Rust toolchain: everything Rust comes prebuilt from
+# VGPU_DIST; C test programs are compiled here with cc against the real
+# libcuda. Phases keep each run under 10 minutes:
+#
+#   bash scripts/gpu-check.sh mem        memory limit: C program, PyTorch, nvidia-smi, entry points
+#   bash scripts/gpu-check.sh overhead   launch and alloc cost: native vs hook (limit set)
+#   bash scripts/gpu-check.sh trace      launch cost: native, bare uprobe, vgpu trace views; PyTorch launches seen
+#   bash scripts/gpu-check.sh daemon     host-PID fill in 8 containers, untracked process, launch cost
+#   bash scripts/gpu-check.sh sm         SM limit sweep 10/30/60/90 on three workloads
+#   bash scripts/gpu-check.sh pair       two containers at 30 / 70
+#
+# Every figure printed is measured in this run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DIST=$(realpath "${VGPU_DIST:-.device/dist}")
+OUT=${OUT:-/tmp/vgpu-gpu-check}
+mkdir -p "$OUT"
+W=$(mktemp -d /tmp/vgpu-gpu.XXXXXX)
+export PATH=/usr/local/cuda/bin:$PATH
+LIBCUDA=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
+[ -n "$LIBCUDA" ] || LIBCUDA=/usr/local/nvidia/lib64/libcuda.so.1
+LIBDIR=$(dirname "$LIBCUDA")
+export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+PHASE=${1:-mem}
+
+say() { printf '\n=== %s\n' "$*"; }
+now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+
+echo "vgpu gpu-check $PHASE, $(now)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+echo "libcuda: $LIBCUDA"
+
+build() { # name, extra cc args
+    cc -O2 -Wall -o "$W/$1" "$ROOT/tests/c/$1.c" -I "$ROOT/tests/c" "${@:2}" \
+        -L"$LIBDIR" -l:libcuda.so.1 -ldl -lpthread
+}
+build demo_workload
+build bench_launch
+cc -O1 -DUSE_CUDA_H -I/usr/local/cuda/include -o "$W/hook_mem" "$ROOT/tests/c/hook_mem.c" \
+    -L"$LIBDIR" -l:libcuda.so.1 -ldl
+
+# hooked REGION LIMIT cmd... : run cmd under the hook with its own region.
+hooked() {
+    local region=$1 limit=$2
+    shift 2
+    env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$region" \
+        CUDA_DEVICE_MEMORY_LIMIT="$limit" "$@"
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+field() { awk -v k="$1" '{for (i=1;i<NF;i++) if ($i==k) {print $(i+1); exit}}'; }
+
+# apps_used PID: nvidia-smi's used memory (MiB) of a host pid, or empty.
+apps_used() {
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+        awk -F', *' -v p="$1" '$1==p {print $2}'
+}
+
+# bench N_REPS LABEL... : interleaved runs of configs defined as functions cfg_<label>.
+bench_launch_configs() {
+    local reps=$1
+    shift
+    for c in "$@"; do : >"$W/launch-$c" && : >"$W/alloc-$c"; done
+    for ((i = 0; i < reps; i++)); do
+        for c in "$@"; do
+            out=$("cfg_$c")
+            echo "$out" | field launch_ns_per_call >>"$W/launch-$c"
+            echo "$out" | field alloc_free_ns_per_pair >>"$W/alloc-$c"
+        done
+    done
+    local base_l base_a
+    base_l=$(median <"$W/launch-$1")
+    base_a=$(median <"$W/alloc-$1")
+    echo "| configuration | launch ns/call (median of $reps) | ratio | alloc+free 1 MiB ns | ratio |"
+    echo "|---|---|---|---|---|"
+    for c in "$@"; do
+        l=$(median <"$W/launch-$c")
+        a=$(median <"$W/alloc-$c")
+        printf '| %s | %.0f | %.3f | %.0f | %.3f |\n' "$c" "$l" "$(echo "$l / $base_l" | bc -l)" \
+            "$a" "$(echo "$a / $base_a" | bc -l)"
+    done
+}
+
+BENCH_ARGS="200000 2000"
+cfg_native() { "$W/bench_launch" $BENCH_ARGS; }
+cfg_hook_memlimit() { hooked "$W/bench.cache" 4g "$W/bench_launch" $BENCH_ARGS; }
+
+# wait_line FILE PATTERN SECS
+wait_line() {
+    for ((t = 0; t < $3 * 10; t++)); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "timed out waiting for '$2' in $1"
+    return 1
+}
+
+phase_mem() {
+    say "native context size (nvidia-smi, a process holding 256 MiB)"
+    sleep 8 | "$W/hook_mem" hold 268435456 >"$W/native-hold.txt" &
+    wait_line "$W/native-hold.txt" held 30
+    sleep 1
+    np=$(pgrep -f "hook_mem hold 268435456" | head -1)
+    used=$(apps_used "$np")
+    echo "native process $np: nvidia-smi used ${used} MiB => context $((used - 256)) MiB"
+    wait
+
+    say "hooked process holding 256 MiB under a 1 GiB limit: hook vs nvidia-smi, and nvidia-smi inside"
+    R=$W/hold.cache
+    sleep 10 | hooked "$R" 1g "$W/hook_mem" hold 268435456 >"$W/hook-hold.txt" &
+    wait_line "$W/hook-hold.txt" held 30
+    sleep 1
+    hp=$(pgrep -f "hook_mem hold 268435456" | head -1)
+    echo "nvidia-smi (outside) used by $hp: $(apps_used "$hp") MiB"
+    "$DIST/vgpu" inspect "$R" | sed -n 1,12p
+    echo "nvidia-smi inside the hooked container (memory.total, memory.used):"
+    LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$R" CUDA_DEVICE_MEMORY_LIMIT=1g \
+        nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader
+    LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$R" CUDA_DEVICE_MEMORY_LIMIT=1g \
+        nvidia-smi | grep -E 'MiB' | head -2
+    wait
+
+    for lim in 1g 4g; do
+        say "C program (driver API), limit $lim: 64 MiB chunks until refused"
+        hooked "$W/c-$lim.cache" $lim "$W/demo_workload" | grep -E 'cuMemGetInfo|allocated'
+        say "PyTorch, limit $lim: 64 MiB tensors until refused"
+        hooked "$W/t-$lim.cache" $lim python3 "$ROOT/scripts/gpu/torch_limit.py" 2>&1 | grep -E 'torch_limit|Error' | tail -2
+    done
+
+    say "each counted entry point at a 1 GiB limit: exact OOM edge (hook_mem limit <ep>)"
+    for ep in alloc pitch managed create async pool array mipmap graph; do
+        printf '%-8s ' "$ep"
+        hooked "$W/ep-$ep.cache" 1g "$W/hook_mem" limit $ep 2>&1 | grep -E 'PASS|FAIL|rc' | tail -1
+    done
+    sleep 8 | hooked "$W/ipc-exp.cache" 1g "$W/hook_mem" ipc_export 67108864 >"$W/ipc.txt" &
+    wait_line "$W/ipc.txt" '[0-9a-f]' 30
+    hex=$(grep -Eo '[0-9a-f]{128}' "$W/ipc.txt" | head -1)
+    printf '%-8s ' ipc
+    hooked "$W/ep-ipc.cache" 1g "$W/hook_mem" limit ipc "$hex" 2>&1 | grep -E 'PASS|FAIL|rc' | tail -1
+    wait
+}
+
+phase_overhead() {
+    say "launch and alloc cost, native vs hook with a memory limit (interleaved)"
+    bench_launch_configs 7 native hook_memlimit
+}
+
+cfg_floor() { with_tracer --floor; }
+cfg_trace_table() { with_tracer --interval 1; }
+cfg_trace_events() { with_tracer --events; }
+cfg_trace_json() { with_tracer --json; }
+# with_tracer ARGS: run the benchmark while `vgpu trace ARGS` is attached.
+with_tracer() {
+    "$DIST/vgpu" trace --libcuda "$LIBCUDA" "$@" >/dev/null 2>"$W/tracer.err" &
+    local tp=$!
+    wait_line "$W/tracer.err" ttach 30 >&2
+    sleep 0.5
+    "$W/bench_launch" $BENCH_ARGS
+    kill -INT $tp
+    wait $tp 2>/dev/null
+}
+
+phase_trace() {
+    say "empty-kernel launch cost: native, bare uprobe (floor), vgpu trace views (interleaved)"
+    bench_launch_configs 5 native floor trace_table trace_events trace_json
+
+    say "PyTorch launches are all seen by vgpu trace --json"
+    mkfifo "$W/go"
+    python3 "$ROOT/scripts/gpu/torch_launches.py" 1000 <"$W/go" >"$W/torch.txt" 2>&1 &
+    tpid=$!
+    exec 9>"$W/go"
+    wait_line "$W/torch.txt" ready 120
+    "$DIST/vgpu" trace --libcuda "$LIBCUDA" --json --pid $tpid >"$W/torch.jsonl" 2>"$W/tracer.err" &
+    trp=$!
+    wait_line "$W/tracer.err" ttach 30
+    sleep 0.5
+    echo go >&9
+    exec 9>&-
+    wait_line "$W/torch.txt" launched 60
+    sleep 0.5
+    kill -INT $trp
+    wait $trp 2>/dev/null
+    wait $tpid
+    seen=$(grep -c '"func":"cuLaunchKernel' "$W/torch.jsonl")
+    echo "torch launched $(field launched <"$W/torch.txt") kernels; vgpu trace saw $seen launch calls from pid $tpid"
+    grep -o '"func":"[A-Za-z_]*"' "$W/torch.jsonl" | sort | uniq -c
+
+    say "demo: the sample workload under the hook while vgpu trace watches"
+    "$DIST/vgpu" trace --libcuda "$LIBCUDA" --json >"$W/demo.jsonl" 2>"$W/tracer.err" &
+    trp=$!
+    wait_line "$W/tracer.err" ttach 30
+    hooked "$W/demo.cache" 1g "$W/demo_workload"
+    sleep 0.5
+    kill -INT $trp
+    wait $trp 2>/dev/null
+    grep -o '"func":"[A-Za-z_0-9]*"' "$W/demo.jsonl" | sort | uniq -c
+}
+
+cfg_daemon() { "$W/bench_launch" $BENCH_ARGS; }
+
+phase_daemon() {
+    "$DIST/vgpu" daemon --libcuda "$LIBCUDA" --state-dir "$W/state" --listen 127.0.0.1:9396 \
+        >"$W/daemon.log" 2>&1 &
+    dp=$!
+    for ((t = 0; t < 300; t++)); do
+        curl -sf localhost:9396/readyz >/dev/null && break
+        sleep 0.1
+    done
+    echo "daemon ready after ~$((t / 10)) s"
+
+    say "8 PID-namespace containers, each a hooked CUDA program: region hostpid vs nvidia-smi"
+    for i in $(seq 8); do
+        (sleep 12 | unshare --pid --fork --mount-proc env LD_PRELOAD="$DIST/libvgpu.so" \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/ctr$i.cache" CUDA_DEVICE_MEMORY_LIMIT=2g \
+            "$W/hook_mem" hold 134217728 >"$W/ctr$i.txt" 2>&1) &
+    done
+    for i in $(seq 8); do wait_line "$W/ctr$i.txt" held 60; done
+    sleep 1.5
+    smi_pids=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader | sort -n | tr '\n' ' ')
+    echo "nvidia-smi compute pids: $smi_pids"
+    ok=0
+    for i in $(seq 8); do
+        line=$("$DIST/vgpu" inspect --json "$W/ctr$i.cache" |
+            python3 -c 'import json,sys; d=json.load(sys.stdin); r=d["regions"][0] if "regions" in d else d; s=[x for x in r["slots"] if x.get("pid")][0]; print(s["pid"], s["hostpid"])')
+        set -- $line
+        if echo " $smi_pids " | grep -q " $2 "; then ok=$((ok + 1)); m=yes; else m=NO; fi
+        echo "container $i: slot pid $1 hostpid $2 listed by nvidia-smi: $m"
+    done
+    echo "hostpid correct in $ok of 8 containers"
+    wait
+
+    say "an unhooked CUDA process (no region): daemon finding vs nvidia-smi"
+    sleep 8 | "$W/hook_mem" hold 1073741824 >"$W/unhooked.txt" 2>&1 &
+    wait_line "$W/unhooked.txt" held 30
+    up=$(pgrep -f "hook_mem hold 1073741824" | head -1)
+    sleep 2.5
+    echo "nvidia-smi used by $up: $(apps_used "$up") MiB"
+    curl -s localhost:9396/findings | python3 -m json.tool | grep -B2 -A12 "\"$up\"\|: $up," | head -30
+    curl -s localhost:9396/metrics | grep -E "^vgpu_(untracked|findings)" | head
+    wait
+
+    say "launch cost with the daemon running vs native (interleaved)"
+    kill -INT $dp
+    wait $dp 2>/dev/null
+    : >"$W/launch-native"
+    : >"$W/launch-daemon"
+    for r in 1 2 3 4 5; do
+        cfg_native | field launch_ns_per_call >>"$W/launch-native"
+        "$DIST/vgpu" daemon --libcuda "$LIBCUDA" --state-dir "$W/state" --listen 127.0.0.1:9396 \
+            >/dev/null 2>&1 &
+        dp=$!
+        for ((t = 0; t < 300; t++)); do curl -sf localhost:9396/readyz >/dev/null && break; sleep 0.1; done
+        cfg_daemon | field launch_ns_per_call >>"$W/launch-daemon"
+        kill -INT $dp
+        wait $dp 2>/dev/null
+    done
+    n=$(median <"$W/launch-native")
+    d=$(median <"$W/launch-daemon")
+    printf 'native %.0f ns, daemon running %.0f ns, ratio %.3f\n' "$n" "$d" "$(echo "$d / $n" | bc -l)"
+}
+
+phase_sm() {
+    say "SM limit sweep: throughput share of unlimited and nvidia-smi utilization (20 s runs)"
+    mkdir -p "$W/sm"
+    cd "$W/sm" && python3 "$ROOT/scripts/gpu/sm_bench.py" --sweep 10,30,60,90 --hook "$DIST/libvgpu.so" \
+        --seconds 20
+}
+
+phase_pair() {
+    say "two containers at 30 and 70 on one GPU (bf16 matmul): throughput share of solo unlimited"
+    python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
+    for lim in 30 70; do
+        LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_SM_LIMIT=$lim GPU_CORE_UTILIZATION_POLICY=force \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/pair-$lim.cache" \
+            python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 20 --no-smi \
+            --baseline "$W/base.json" >"$W/pair-$lim.txt" 2>&1 &
+    done
+    wait
+    for lim in 30 70; do echo "limit $lim:"; cat "$W/pair-$lim.txt"; done
+}
+
+"phase_$PHASE"
+echo "done $(now)"
+rm -rf "$W"
