@@ -128,7 +128,23 @@ pub type nvmlDevice_t = *mut c_void;
 
 pub const NVML_SUCCESS: nvmlReturn_t = 0;
 pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
+/// `NVML_VALUE_NOT_AVAILABLE` as an `unsigned long long`.
+pub const NVML_VALUE_NOT_AVAILABLE_U64: u64 = u64::MAX;
+
+/// `nvmlProcessInfo_t` of `nvmlDeviceGetComputeRunningProcesses_v2/_v3`
+/// (24 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessInfo_t {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<nvmlProcessInfo_t>() == 24);
 pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
 
 /// `nvmlMemory_t`.

@@ -1,4 +1,5 @@
-//! Launch entry points: each asks the SM limiter (`sm::before_launch`,
+//! Launch entry points: each waits while the process is suspended
+//! (`suspend::ensure_running`), asks the SM limiter (`sm::before_launch`,
 //! which may sleep), forwards, and reports the result
 //! (`sm::after_launch`, which closes a timing sample).
 
@@ -9,6 +10,7 @@ use crate::sm::{after_launch, before_launch, Launch, LaunchKind};
 
 /// Runs `call` between the limiter's two hook points.
 fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
+    crate::suspend::ensure_running();
     let ticket = before_launch(&launch);
     let rc = call();
     after_launch(ticket, rc);

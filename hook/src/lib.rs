@@ -22,3 +22,4 @@ mod procaddr;
 pub mod region;
 pub mod sm;
 pub mod state;
+mod suspend;

@@ -140,6 +140,14 @@ const TABLE: &[Entry] = &[
         None,
     ),
     e(
+        "cuDevicePrimaryCtxReset",
+        &[
+            (7000, "cuDevicePrimaryCtxReset"),
+            (11000, "cuDevicePrimaryCtxReset_v2"),
+        ],
+        None,
+    ),
+    e(
         "cuCtxCreate",
         &[
             (2000, "cuCtxCreate"),
@@ -284,6 +292,12 @@ mod tests {
                 12000,
                 0,
                 Some("cuDevicePrimaryCtxRelease_v2"),
+            ),
+            (
+                "cuDevicePrimaryCtxReset",
+                12000,
+                0,
+                Some("cuDevicePrimaryCtxReset_v2"),
             ),
             ("cuStreamCreate", 12000, 0, None),
         ];

@@ -129,6 +129,9 @@ fn attach_locked(gen: u64) -> Option<&'static Process> {
             let leaked: &'static Process = Box::leak(Box::new(proc_));
             CURRENT.store(leaked as *const Process as *mut Process, Release);
             install_process_hooks();
+            if let Some(w) = leaked.att.status_word() {
+                crate::suspend::register(w);
+            }
             Some(leaked)
         }
         Err(e) => {
@@ -184,4 +187,5 @@ extern "C" fn on_fork_child() {
     FORK_GEN.fetch_add(1, SeqCst);
     ATTACHING.store(false, SeqCst);
     CURRENT.store(std::ptr::null_mut(), SeqCst);
+    crate::suspend::on_fork_child();
 }

@@ -51,6 +51,8 @@ macro_rules! hook_list {
                 fn cuCtxCreate_v3(ctx: *mut CUcontext, params: *mut c_void, nparams: c_int, flags: c_uint, dev: CUdevice) -> CUresult => crate::memory::context::ctx_create_v3;
                 fn cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult => crate::memory::context::ctx_create_v4;
                 fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => crate::memory::context::ctx_destroy;
+                fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => crate::memory::context::primary_reset_v1;
+                fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => crate::memory::context::primary_reset_v2;
 
                 fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => crate::memory::info::mem_get_info;
                 fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => crate::memory::info::device_total_mem;
@@ -91,6 +93,8 @@ macro_rules! hook_list {
                 fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut nvmlDevice_t) -> nvmlReturn_t;
                 fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t;
                 fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t;
+                fn nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+                fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
             }
         }
     };

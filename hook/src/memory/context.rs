@@ -2,17 +2,17 @@
 //! context retain/release, `cuCtxCreate_v2/v3/v4` / `cuCtxDestroy_v2`.
 //!
 //! A context's device memory is *measured* the first time this process
-//! creates one on a device: NVML's device-wide `used` before and after the
-//! creation, with the creation serialised node-wide by `flock` on
-//! `/tmp/vgpulock/lock` (HAMi mounts that directory into every container)
-//! so another process's context does not land in the window. The size is
-//! cached per device; later contexts reserve it *before* they are created.
+//! creates one on a device (see [`counted_context`] and docs/hook.md): from this
+//! process's own line of NVML's process list when its host PID is known
+//! (initial PID namespace, or `hostpid` filled by the daemon); else, under
+//! the node-wide lock `/tmp/vgpulock/lock`, from the one PID that appeared
+//! in the list (which is then our host PID); else from the size another
+//! process of the container measured exactly (the sidecar); else from the
+//! device-wide `used` delta when plausible. The size is cached per device
+//! (per process, and exact sizes in the container's sidecar); a known size
+//! is reserved *before* the context is created.
 
-use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::Ordering::SeqCst;
-use std::time::{Duration, Instant};
 
 use vgpu_common::region::MAX_DEVICES;
 
@@ -23,68 +23,130 @@ use crate::ffi::*;
 use crate::region::Kind;
 use crate::state::{process, Process, UNKNOWN};
 
-const NODE_LOCK: &str = "/tmp/vgpulock/lock";
-const NODE_LOCK_WAIT: Duration = Duration::from_secs(3);
+/// A device-wide `used` delta larger than this is not taken for one
+/// context (another process allocated in the window).
+const PLAUSIBLE_DELTA: u64 = 4 << 30;
 
-/// `flock` on the node-wide lock file, released on drop (and by the kernel
-/// if the process dies).
-struct NodeLock(File);
+/// How a context size was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Measured {
+    /// From this process's own NVML process-list entry (exact).
+    Own(u64),
+    /// From the one PID that appeared in the process list while the node
+    /// lock was held: our host PID (exact).
+    NewPid { pid: u32, bytes: u64 },
+    /// Measured exactly by another process of the container.
+    Shared(u64),
+    /// The device-wide used-memory delta (plausible, not certain).
+    Delta(u64),
+    /// Nothing usable.
+    Unknown,
+}
 
-impl NodeLock {
-    fn take() -> Option<Self> {
-        if !std::path::Path::new("/tmp/vgpulock").is_dir() {
-            return None;
+impl Measured {
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            Self::Own(b) | Self::NewPid { bytes: b, .. } | Self::Shared(b) | Self::Delta(b) => {
+                Some(b)
+            }
+            Self::Unknown => None,
         }
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o666)
-            .open(NODE_LOCK)
-            .ok()?;
-        let deadline = Instant::now() + NODE_LOCK_WAIT;
-        loop {
-            // SAFETY: flock on an fd owned by `f`.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Some(Self(f));
-            }
-            if Instant::now() >= deadline {
-                vlog!(
-                    crate::log::WARN,
-                    "{NODE_LOCK} busy; measuring the context without it"
-                );
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(2));
+    }
+
+    fn exact(self) -> bool {
+        matches!(self, Self::Own(_) | Self::NewPid { .. })
+    }
+}
+
+/// One observation around the creation: NVML's process list and the
+/// device's used memory.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub procs: Option<Vec<(u32, u64)>>,
+    pub used: Option<u64>,
+}
+
+impl Snapshot {
+    fn take(d: &impl Driver, dev: usize) -> Self {
+        Self {
+            procs: d.processes(dev),
+            used: d.device_used(dev),
         }
     }
 }
 
-impl Drop for NodeLock {
-    fn drop(&mut self) {
-        // SAFETY: unlocking an fd owned by `self.0`.
-        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+/// Infers the context size from snapshots before and after the creation.
+/// `own` is this process's host PID when known.
+pub fn infer(
+    own: Option<u32>,
+    before: &Snapshot,
+    after: &Snapshot,
+    shared: Option<u64>,
+) -> Measured {
+    if let (Some(b), Some(a)) = (&before.procs, &after.procs) {
+        let used_of = |list: &[(u32, u64)], pid: u32| {
+            list.iter()
+                .filter(|(p, _)| *p == pid)
+                .map(|(_, u)| *u)
+                .sum::<u64>()
+        };
+        match own {
+            Some(pid) if a.iter().any(|(p, _)| *p == pid) => {
+                return Measured::Own(used_of(a, pid).saturating_sub(used_of(b, pid)));
+            }
+            Some(_) => {}
+            None => {
+                let mut new: Vec<(u32, u64)> = a
+                    .iter()
+                    .filter(|(p, _)| !b.iter().any(|(q, _)| q == p))
+                    .copied()
+                    .collect();
+                new.dedup_by_key(|(p, _)| *p);
+                if let [(pid, _)] = new[..] {
+                    return Measured::NewPid {
+                        pid,
+                        bytes: used_of(a, pid),
+                    };
+                }
+            }
+        }
+    }
+    if let Some(s) = shared {
+        return Measured::Shared(s);
+    }
+    match (before.used, after.used) {
+        (Some(b), Some(a)) if a > b && a - b <= PLAUSIBLE_DELTA => Measured::Delta(a - b),
+        _ => Measured::Unknown,
     }
 }
 
-/// Runs `create` (which makes a context on `dev`) and returns its result
-/// with the measured footprint.
-pub fn measure(
-    d: &impl Driver,
+/// Reserves a known context size, then creates the context.
+fn reserve_then_create(
+    p: &Process,
     dev: usize,
+    size: u64,
     create: impl FnOnce() -> CUresult,
-) -> (CUresult, Option<u64>) {
-    let _lock = NodeLock::take();
-    let before = d.device_used(dev);
+) -> (CUresult, u64) {
+    if !p.att.reserve(dev, size, Kind::Context) {
+        return (CUDA_ERROR_OUT_OF_MEMORY, 0);
+    }
     let rc = create();
-    let after = d.device_used(dev);
-    (rc, before.zip(after).map(|(b, a)| a.saturating_sub(b)))
+    if rc != CUDA_SUCCESS {
+        p.att.release(dev, size, Kind::Context);
+        return (rc, 0);
+    }
+    (rc, size)
 }
 
 /// Counts a context on `dev` around `create`; `destroy` undoes a created
 /// context when the limit refuses it. Returns the driver's result or
 /// `CUDA_ERROR_OUT_OF_MEMORY`, and the bytes counted.
+///
+/// A size known before the creation (this process's cache, else the
+/// container's sidecar) is reserved first, so the device never holds more
+/// than the limit. A first measurement is reserved right after the
+/// creation: for that moment the device may hold one context more than the
+/// limit (the context is destroyed again if it does not fit).
 pub fn counted_context(
     p: &Process,
     d: &impl Driver,
@@ -92,33 +154,52 @@ pub fn counted_context(
     create: impl FnOnce() -> CUresult,
     destroy: impl FnOnce(),
 ) -> (CUresult, u64) {
-    let known = p.ctx_size[dev].load(SeqCst);
-    if known != UNKNOWN {
-        if !p.att.reserve(dev, known, Kind::Context) {
-            return (CUDA_ERROR_OUT_OF_MEMORY, 0);
-        }
-        let rc = create();
-        if rc != CUDA_SUCCESS {
-            p.att.release(dev, known, Kind::Context);
-            return (rc, 0);
-        }
-        return (rc, known);
+    crate::suspend::ensure_running();
+    let cached = p.ctx_size[dev].load(SeqCst);
+    if cached != UNKNOWN {
+        return reserve_then_create(p, dev, cached, create);
     }
-    let (rc, size) = measure(d, dev, create);
+    if let Some(s) = d.shared_ctx_size(dev) {
+        p.ctx_size[dev].store(s, SeqCst);
+        return reserve_then_create(p, dev, s, create);
+    }
+    let own = d.own_host_pid().or_else(|| p.att.host_pid());
+    // Without our host PID, serialise node-wide so that the one PID that
+    // appears in NVML's list is ours.
+    let lock = if own.is_none() { d.node_lock() } else { None };
+    if lock.is_some() {
+        // Another process of the container may have measured meanwhile.
+        if let Some(s) = d.shared_ctx_size(dev) {
+            drop(lock);
+            p.ctx_size[dev].store(s, SeqCst);
+            return reserve_then_create(p, dev, s, create);
+        }
+    }
+    let before = Snapshot::take(d, dev);
+    let rc = create();
+    let after = Snapshot::take(d, dev);
+    drop(lock);
+    let m = infer(own, &before, &after, d.shared_ctx_size(dev));
     if rc != CUDA_SUCCESS {
         return (rc, 0);
     }
-    let size = size.unwrap_or_else(|| {
+    if let Measured::NewPid { pid, .. } = m {
+        p.att.set_host_pid(pid);
+    }
+    let size = m.bytes().unwrap_or_else(|| {
         vlog_once!(
             crate::log::WARN,
             "cannot measure the CUDA context's memory (no NVML); contexts are not counted"
         );
         0
     });
+    if m.exact() {
+        d.set_shared_ctx_size(dev, size);
+    }
     p.ctx_size[dev].store(size, SeqCst);
     vlog!(
         crate::log::INFO,
-        "device {dev}: CUDA context uses {size} bytes"
+        "device {dev}: CUDA context uses {size} bytes ({m:?})"
     );
     if !p.att.reserve(dev, size, Kind::Context) {
         destroy();
@@ -195,6 +276,81 @@ fn primary_release(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
         }
     }
     rc
+}
+
+/// `cuDevicePrimaryCtxReset(_v2)` destroys the primary context of `dev`
+/// with every allocation made in it: on success their accounting is
+/// released (pointers, VMM handles, arrays, graph memory of that device),
+/// and the context's own size with its retain count, as the driver drops
+/// it. Allocations on that device could also belong to a context this
+/// process made with `cuCtxCreate` (the tables do not record the context):
+/// when such a context is alive, they are left counted (warned once).
+fn primary_reset(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+    let (Some(p), Some(d)) = (process(), dev_index(dev)) else {
+        return call();
+    };
+    let mut counts = p.primary.lock().unwrap_or_else(|e| e.into_inner());
+    let rc = call();
+    if rc != CUDA_SUCCESS {
+        return rc;
+    }
+    released_by_reset(p, d, &mut counts[d]);
+    rc
+}
+
+/// The accounting side of a successful primary-context reset of `d`.
+pub fn released_by_reset(p: &Process, d: usize, retained: &mut u32) {
+    if *retained > 0 {
+        *retained = 0;
+        let size = p.ctx_size[d].load(SeqCst);
+        if size != UNKNOWN {
+            p.att.release(d, size, Kind::Context);
+        }
+    }
+    if p.contexts.any(|e| e.dev == d) {
+        vlog_once!(
+            crate::log::WARN,
+            "cuDevicePrimaryCtxReset with other contexts alive on device {d}: \
+             its allocations stay counted until freed"
+        );
+        return;
+    }
+    let on_dev = |e: &Entry| e.dev == d;
+    let mut freed: Vec<Entry> = Vec::new();
+    for t in [&p.ptrs, &p.handles, &p.arrays] {
+        freed.extend(t.drain_where(on_dev));
+    }
+    {
+        let mut graphs = p.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        for entries in graphs.values_mut() {
+            entries.retain(|e| {
+                if on_dev(e) {
+                    freed.push(*e);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        graphs.retain(|_, v| !v.is_empty());
+    }
+    let total: u64 = freed.iter().map(|e| e.bytes).sum();
+    for e in &freed {
+        p.att.release(e.dev, e.bytes, e.kind);
+    }
+    vlog!(
+        crate::log::INFO,
+        "device {d}: primary context reset released {} objects, {total} bytes",
+        freed.len()
+    );
+}
+
+pub fn primary_reset_v1(dev: CUdevice) -> CUresult {
+    primary_reset(dev, || real_cuda!(cuDevicePrimaryCtxReset(dev)))
+}
+
+pub fn primary_reset_v2(dev: CUdevice) -> CUresult {
+    primary_reset(dev, || real_cuda!(cuDevicePrimaryCtxReset_v2(dev)))
 }
 
 pub fn primary_release_v1(dev: CUdevice) -> CUresult {

@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
-use super::context::counted_context;
+use super::context::{counted_context, infer, released_by_reset, Measured, Snapshot};
 use super::driver::Driver;
 use super::{counted, uncounted};
 use crate::config::Config;
@@ -15,9 +15,14 @@ use crate::state::Process;
 
 const M: u64 = 1 << 20;
 
+#[derive(Default)]
 struct Fake {
     dev: usize,
     used: Cell<u64>,
+    /// NVML's process list (`None`: no list).
+    procs: std::cell::RefCell<Option<Vec<(u32, u64)>>>,
+    own: Option<u32>,
+    shared: Cell<Option<u64>>,
 }
 
 impl Driver for Fake {
@@ -29,6 +34,18 @@ impl Driver for Fake {
     }
     fn device_used(&self, _dev: usize) -> Option<u64> {
         Some(self.used.get())
+    }
+    fn processes(&self, _dev: usize) -> Option<Vec<(u32, u64)>> {
+        self.procs.borrow().clone()
+    }
+    fn own_host_pid(&self) -> Option<u32> {
+        self.own
+    }
+    fn shared_ctx_size(&self, _dev: usize) -> Option<u64> {
+        self.shared.get()
+    }
+    fn set_shared_ctx_size(&self, _dev: usize, bytes: u64) {
+        self.shared.set(Some(bytes));
     }
 }
 
@@ -232,6 +249,7 @@ fn context_is_measured_once_then_reserved_before_creation() {
     let fake = Fake {
         dev: 0,
         used: Cell::new(1000 * M),
+        ..Default::default()
     };
     let (rc, bytes) = counted_context(
         &p,
@@ -278,6 +296,7 @@ fn a_first_context_over_the_limit_is_destroyed() {
     let fake = Fake {
         dev: 0,
         used: Cell::new(0),
+        ..Default::default()
     };
     let destroyed = Cell::new(false);
     let (rc, _) = counted_context(
@@ -293,4 +312,111 @@ fn a_first_context_over_the_limit_is_destroyed() {
     assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
     assert!(destroyed.get());
     assert_eq!(used(&p, 0), 0);
+}
+
+fn snap(procs: &[(u32, u64)], used: u64) -> Snapshot {
+    Snapshot {
+        procs: Some(procs.to_vec()),
+        used: Some(used),
+    }
+}
+
+#[test]
+fn context_size_inference() {
+    // Our own line is exact, whatever else happened on the device.
+    let (b, a) = (
+        snap(&[(7, 100 * M)], 100 * M),
+        snap(&[(7, 100 * M), (42, 64 * M), (9, 64 * M)], 900 * M),
+    );
+    assert_eq!(infer(Some(42), &b, &a, None), Measured::Own(64 * M));
+    // Host PID unknown: the one new PID is ours.
+    let a1 = snap(&[(7, 100 * M), (42, 64 * M)], 300 * M);
+    assert_eq!(
+        infer(None, &b, &a1, Some(5)),
+        Measured::NewPid {
+            pid: 42,
+            bytes: 64 * M
+        }
+    );
+    // Two new PIDs: the container's shared size, else a plausible delta,
+    // else nothing.
+    assert_eq!(infer(None, &b, &a, Some(64 * M)), Measured::Shared(64 * M));
+    assert_eq!(infer(None, &b, &a, None), Measured::Delta(800 * M));
+    let huge = snap(&[], 100 * M + (5 << 30));
+    assert_eq!(infer(None, &b, &huge, None), Measured::Unknown);
+    assert_eq!(
+        infer(None, &b, &snap(&[], 50 * M), None),
+        Measured::Unknown,
+        "something was freed in the window"
+    );
+}
+
+#[test]
+fn an_exact_size_is_shared_and_then_reserved_before_creation() {
+    let dir = tempfile::tempdir().unwrap();
+    let live_a = Live::new();
+    let a = Process::new(&cfg(dir.path(), "100m"), live_a.pid(), 0).unwrap();
+    let fake = Fake {
+        own: Some(4242),
+        procs: std::cell::RefCell::new(Some(vec![(1, 30 * M)])),
+        used: Cell::new(30 * M),
+        ..Default::default()
+    };
+    let (rc, bytes) = counted_context(
+        &a,
+        &fake,
+        0,
+        || {
+            *fake.procs.borrow_mut() = Some(vec![(1, 30 * M), (4242, 60 * M)]);
+            fake.used.set(200 * M);
+            CUDA_SUCCESS
+        },
+        || {},
+    );
+    assert_eq!((rc, bytes), (CUDA_SUCCESS, 60 * M));
+    assert_eq!(fake.shared.get(), Some(60 * M));
+    // Another process of the container reuses it and, as it does not fit
+    // (60 + 60 > 100), is refused before the driver creates anything.
+    let live = Live::new();
+    let b = Process::new(&cfg(dir.path(), "100m"), live.pid(), 0).unwrap();
+    let created = Cell::new(false);
+    let (rc, _) = counted_context(
+        &b,
+        &fake,
+        0,
+        || {
+            created.set(true);
+            CUDA_SUCCESS
+        },
+        || {},
+    );
+    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(!created.get());
+}
+
+#[test]
+fn a_primary_reset_releases_the_device_s_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "1g"), 8004, 0).unwrap();
+    p.ctx_size[0].store(10 * M, SeqCst);
+    assert!(p.att.reserve(0, 10 * M, Kind::Context));
+    let mut retained = 1;
+    for (i, t) in [&p.ptrs, &p.handles, &p.arrays].into_iter().enumerate() {
+        let rc = counted(&p, t, 0, 20 * M, Kind::Data, || {
+            (CUDA_SUCCESS, 0x1000 + i as u64)
+        });
+        assert_eq!(rc, CUDA_SUCCESS);
+    }
+    // One allocation on another device stays.
+    assert_eq!(
+        counted(&p, &p.ptrs, 1, 5 * M, Kind::Data, || (CUDA_SUCCESS, 0x9000)),
+        CUDA_SUCCESS
+    );
+    assert_eq!(used(&p, 0), 70 * M);
+    released_by_reset(&p, 0, &mut retained);
+    assert_eq!(retained, 0);
+    assert_eq!(used(&p, 0), 0);
+    assert_eq!(used(&p, 1), 5 * M);
+    assert_eq!(p.ptrs.len(), 1);
+    assert!(p.handles.is_empty() && p.arrays.is_empty());
 }

@@ -51,6 +51,30 @@ impl Tracker {
         self.shard(key).remove(&key)
     }
 
+    /// Removes and returns every entry for which `f` holds.
+    pub fn drain_where(&self, f: impl Fn(&Entry) -> bool) -> Vec<Entry> {
+        let mut out = Vec::new();
+        for s in &self.shards {
+            let mut m = s.lock().unwrap_or_else(|p| p.into_inner());
+            m.retain(|_, e| {
+                if f(e) {
+                    out.push(*e);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        out
+    }
+
+    /// Whether some entry satisfies `f`.
+    pub fn any(&self, f: impl Fn(&Entry) -> bool) -> bool {
+        self.shards
+            .iter()
+            .any(|s| s.lock().unwrap_or_else(|p| p.into_inner()).values().any(&f))
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.shards

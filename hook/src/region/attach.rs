@@ -2,7 +2,8 @@
 //! wins), and this process's registration in it.
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -85,6 +86,31 @@ impl Attachment {
         self.file.path()
     }
 
+    /// This slot's `status` word (suspend/resume).
+    pub fn status_word(&self) -> Option<&std::sync::atomic::AtomicI32> {
+        self.region().procs.get(self.slot).map(|s| &s.status)
+    }
+
+    /// The slot's `hostpid` when someone (the daemon, or our own context
+    /// measurement) filled it.
+    pub fn host_pid(&self) -> Option<u32> {
+        let h = self.region().procs.get(self.slot)?.hostpid.load(SeqCst);
+        u32::try_from(h).ok().filter(|h| *h != 0)
+    }
+
+    /// Fills the slot's `hostpid` if it is still 0.
+    pub fn set_host_pid(&self, pid: u32) {
+        let (Some(s), Ok(pid)) = (self.region().procs.get(self.slot), i32::try_from(pid)) else {
+            return;
+        };
+        if s.hostpid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok() {
+            vlog!(
+                crate::log::INFO,
+                "host pid {pid} (from NVML's process list)"
+            );
+        }
+    }
+
     /// Runs `f` under the region lock (in-process mutex + OFD record lock,
     /// which the kernel drops if this process dies). If a *live* holder
     /// keeps it past `LOCK_WAIT`, `f` runs anyway, loudly.
@@ -123,6 +149,7 @@ impl Attachment {
     /// mid-reservation) and reclaims dead processes' slots once before
     /// refusing.
     pub fn reserve(&self, dev: usize, bytes: u64, kind: Kind) -> bool {
+        crate::suspend::ensure_running();
         let region = self.region();
         let mut reclaimed = false;
         for attempt in 0..RESERVE_ATTEMPTS {
@@ -138,11 +165,11 @@ impl Attachment {
             }
             std::thread::sleep(Duration::from_micros(50 << attempt));
         }
-        vlog!(
-            crate::log::WARN,
-            "device {dev}: {bytes} bytes refused, container uses {} of limit {}",
+        refused_log(
+            dev,
+            bytes,
             usage::container_used(region, dev),
-            usage::limit(region, dev)
+            usage::limit(region, dev),
         );
         false
     }
@@ -168,6 +195,80 @@ impl Attachment {
                 slots::release(r, self.slot);
             }
         });
+    }
+}
+
+/// Refusals are frequent where frameworks probe for memory: the first one
+/// per device is a warning, later ones are debug lines, and their count is
+/// summarised as a warning at most once per [`REFUSAL_SUMMARY`].
+const REFUSAL_SUMMARY: Duration = Duration::from_secs(10);
+
+struct Refusals {
+    /// Refusals not yet summarised (the first one is never counted here).
+    pending: AtomicU64,
+    /// Monotonic ms of the last summary (or of the first refusal); 0 = none yet.
+    last_ms: AtomicU64,
+}
+
+static REFUSALS: [Refusals; MAX_DEVICES] = [const {
+    Refusals {
+        pending: AtomicU64::new(0),
+        last_ms: AtomicU64::new(0),
+    }
+}; MAX_DEVICES];
+
+fn monotonic_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    // +1 so that 0 keeps meaning "never".
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1
+}
+
+/// What to log for a refusal at `now_ms`: `Some(n)` = a warning (`n`
+/// refusals summarised; 0 for the first), `None` = a debug line.
+fn refusal_action(r: &Refusals, now_ms: u64) -> Option<u64> {
+    let last = r.last_ms.load(Relaxed);
+    if last == 0
+        && r.last_ms
+            .compare_exchange(0, now_ms, Relaxed, Relaxed)
+            .is_ok()
+    {
+        return Some(0);
+    }
+    r.pending.fetch_add(1, Relaxed);
+    let last = r.last_ms.load(Relaxed);
+    if now_ms.saturating_sub(last) >= REFUSAL_SUMMARY.as_millis() as u64
+        && r.last_ms
+            .compare_exchange(last, now_ms, Relaxed, Relaxed)
+            .is_ok()
+    {
+        return Some(r.pending.swap(0, Relaxed));
+    }
+    None
+}
+
+fn refused_log(dev: usize, bytes: u64, used: u64, limit: u64) {
+    let Some(r) = REFUSALS.get(dev) else {
+        return;
+    };
+    match refusal_action(r, monotonic_ms()) {
+        Some(0) => vlog!(
+            crate::log::WARN,
+            "device {dev}: {bytes} bytes refused, container uses {used} of limit {limit} \
+             (further refusals are logged at debug level, counted every {REFUSAL_SUMMARY:?})"
+        ),
+        Some(n) => vlog!(
+            crate::log::WARN,
+            "device {dev}: {n} allocations refused since the last report; latest {bytes} bytes, \
+             container uses {used} of limit {limit}"
+        ),
+        None => vlog!(
+            crate::log::DEBUG,
+            "device {dev}: {bytes} bytes refused, container uses {used} of limit {limit}"
+        ),
     }
 }
 
@@ -216,5 +317,26 @@ fn check_existing(r: &SharedRegion, cfg: &Config) {
                 cfg.mem_limit[dev]
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_warn_once_then_summarise_every_ten_seconds() {
+        let r = Refusals {
+            pending: AtomicU64::new(0),
+            last_ms: AtomicU64::new(0),
+        };
+        assert_eq!(refusal_action(&r, 1), Some(0));
+        for t in 2..1000 {
+            assert_eq!(refusal_action(&r, t), None);
+        }
+        assert_eq!(refusal_action(&r, 10_001), Some(999));
+        assert_eq!(refusal_action(&r, 10_002), None);
+        assert_eq!(refusal_action(&r, 20_000), None);
+        assert_eq!(refusal_action(&r, 20_001), Some(3));
     }
 }

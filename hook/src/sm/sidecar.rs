@@ -5,6 +5,11 @@
 //! here, in our own `#[repr(C)]` layout with a magic and a version. HAMi's
 //! monitor only reads files ending in `.cache`, so it never sees this one.
 //! One bucket per device, each on its own cache line.
+//!
+//! Version 2 adds `DevBucket::ctx_bytes`, carved out of the reserved words
+//! (zero in a version-1 file, which reads as "not measured"): the CUDA
+//! context size measured exactly by one process of the container, reused by
+//! the others (`memory::context`). Version-1 files are accepted as they are.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -16,7 +21,11 @@ use vgpu_common::region::MAX_DEVICES;
 
 /// `"vgpusm01"` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusm01");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The oldest layout this code reads (its reserved words are zero).
+pub const MIN_VERSION: u32 = 1;
+/// Set in `ctx_bytes` when a size is stored (a size may be 0).
+const CTX_KNOWN: u64 = 1 << 63;
 
 /// One device's bucket (see `bucket`): 64 bytes.
 #[repr(C, align(64))]
@@ -29,7 +38,25 @@ pub struct DevBucket {
     pub charged_ns: AtomicU64,
     /// Launches admitted after a wait (diagnostics).
     pub throttled: AtomicU64,
-    pub reserved: [AtomicU64; 5],
+    /// The device's CUDA context size, exactly measured by a process of the
+    /// container, `| CTX_KNOWN`; 0 = not measured yet (v2).
+    pub ctx_bytes: AtomicU64,
+    pub reserved: [AtomicU64; 4],
+}
+
+impl DevBucket {
+    /// The context size stored by [`Self::set_ctx_bytes`], if any.
+    pub fn ctx_bytes(&self) -> Option<u64> {
+        let v = self.ctx_bytes.load(Acquire);
+        (v & CTX_KNOWN != 0).then_some(v & !CTX_KNOWN)
+    }
+
+    /// Stores an exactly measured context size (the last writer wins; all
+    /// writers measured the same thing).
+    pub fn set_ctx_bytes(&self, bytes: u64) {
+        self.ctx_bytes
+            .store((bytes & !CTX_KNOWN) | CTX_KNOWN, Release);
+    }
 }
 
 /// The whole file.
@@ -145,7 +172,7 @@ pub fn init_or_check(s: &SmShared) -> Result<(), (u64, u32)> {
             // The creator may not have stamped the version yet: wait a bit.
             for _ in 0..1000 {
                 let v = s.version.load(Acquire);
-                if v == VERSION {
+                if (MIN_VERSION..=VERSION).contains(&v) {
                     return Ok(());
                 }
                 if v != 0 {
@@ -157,6 +184,23 @@ pub fn init_or_check(s: &SmShared) -> Result<(), (u64, u32)> {
         }
         Err(m) => Err((m, s.version.load(Relaxed))),
     }
+}
+
+/// The container's sidecar for the hook's own shared values (context
+/// sizes), mapped once; `None` when it cannot be used (logged once).
+pub fn shared() -> Option<&'static SmShared> {
+    static S: std::sync::OnceLock<Option<&'static SmShared>> = std::sync::OnceLock::new();
+    *S.get_or_init(|| {
+        let path = path_for(&crate::state::config().region_path);
+        open(&path)
+            .map_err(|e| {
+                vlog!(
+                    crate::log::WARN,
+                    "{e}; measured context sizes are not shared with the container"
+                )
+            })
+            .ok()
+    })
 }
 
 /// A process-private bucket set, when the sidecar cannot be used (the limit
@@ -181,6 +225,23 @@ mod tests {
         a.devs[3].tat.store(42, Relaxed);
         assert_eq!(b.devs[3].tat.load(Relaxed), 42);
         assert_eq!(std::fs::metadata(&p).unwrap().len(), SIZE as u64);
+    }
+
+    #[test]
+    fn ctx_bytes_round_trip_and_v1_files_are_accepted() {
+        let s = private();
+        assert_eq!(s.devs[1].ctx_bytes(), None);
+        s.devs[1].set_ctx_bytes(0);
+        assert_eq!(s.devs[1].ctx_bytes(), Some(0));
+        s.devs[1].set_ctx_bytes(64 << 20);
+        assert_eq!(s.devs[1].ctx_bytes(), Some(64 << 20));
+        let v1 = SmShared::default();
+        v1.magic.store(MAGIC, Relaxed);
+        v1.version.store(1, Relaxed);
+        assert!(init_or_check(&v1).is_ok());
+        assert_eq!(v1.devs[0].ctx_bytes(), None);
+        v1.version.store(3, Relaxed);
+        assert!(init_or_check(&v1).is_err());
     }
 
     #[test]
