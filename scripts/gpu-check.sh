@@ -79,8 +79,8 @@ bench_launch_configs() {
     for c in "$@"; do
         l=$(median <"$W/launch-$c")
         a=$(median <"$W/alloc-$c")
-        printf '| %s | %.0f | %.3f | %.0f | %.3f |\n' "$c" "$l" "$(echo "$l / $base_l" | bc -l)" \
-            "$a" "$(echo "$a / $base_a" | bc -l)"
+        awk -v c="$c" -v l="$l" -v a="$a" -v bl="$base_l" -v ba="$base_a" \
+            'BEGIN {printf "| %s | %.0f | %.3f | %.0f | %.3f |\n", c, l, l / bl, a, a / ba}'
     done
 }
 
@@ -135,7 +135,7 @@ phase_mem() {
         printf '%-8s ' "$ep"
         hooked "$W/ep-$ep.cache" 1g "$W/hook_mem" limit $ep 2>&1 | grep -E 'PASS|FAIL|rc' | tail -1
     done
-    sleep 8 | hooked "$W/ipc-exp.cache" 1g "$W/hook_mem" ipc_export 67108864 >"$W/ipc.txt" &
+    sleep 8 | hooked "$W/ipc-exp.cache" 1g "$W/hook_mem" ipc_export 4194304 >"$W/ipc.txt" &
     wait_line "$W/ipc.txt" '[0-9a-f]' 30
     hex=$(grep -Eo '[0-9a-f]{128}' "$W/ipc.txt" | head -1)
     printf '%-8s ' ipc
@@ -145,7 +145,7 @@ phase_mem() {
 
 phase_overhead() {
     say "launch and alloc cost, native vs hook with a memory limit (interleaved)"
-    bench_launch_configs 7 native hook_memlimit
+    bench_launch_configs 11 native hook_memlimit
 }
 
 cfg_floor() { with_tracer --floor; }
@@ -259,7 +259,7 @@ phase_daemon() {
     done
     n=$(median <"$W/launch-native")
     d=$(median <"$W/launch-daemon")
-    printf 'native %.0f ns, daemon running %.0f ns, ratio %.3f\n' "$n" "$d" "$(echo "$d / $n" | bc -l)"
+    awk -v n="$n" -v d="$d" 'BEGIN {printf "native %.0f ns, daemon running %.0f ns, ratio %.3f\n", n, d, d / n}'
 }
 
 phase_sm() {
