@@ -39,6 +39,7 @@ build() { # name, extra cc args
 }
 build demo_workload
 build bench_launch
+cc -O2 -shared -fPIC -o "$W/bench_shim.so" "$ROOT/tests/c/bench_shim.c" -ldl
 cc -O1 -DUSE_CUDA_H -I/usr/local/cuda/include -o "$W/hook_mem" "$ROOT/tests/c/hook_mem.c" \
     -L"$LIBDIR" -l:libcuda.so.1 -ldl
 
@@ -87,6 +88,8 @@ bench_launch_configs() {
 BENCH_ARGS="200000 2000"
 cfg_native() { "$W/bench_launch" $BENCH_ARGS; }
 cfg_hook_memlimit() { hooked "$W/bench.cache" 4g "$W/bench_launch" $BENCH_ARGS; }
+cfg_hook_nolimit() { LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/bench0.cache" "$W/bench_launch" $BENCH_ARGS; }
+cfg_c_shim() { LD_PRELOAD="$W/bench_shim.so" "$W/bench_launch" $BENCH_ARGS; }
 
 # wait_line FILE PATTERN SECS
 wait_line() {
@@ -145,7 +148,7 @@ phase_mem() {
 
 phase_overhead() {
     say "launch and alloc cost, native vs hook with a memory limit (interleaved)"
-    bench_launch_configs 11 native hook_memlimit
+    bench_launch_configs 11 native c_shim hook_nolimit hook_memlimit
 }
 
 cfg_floor() { with_tracer --floor; }
@@ -156,7 +159,7 @@ cfg_trace_json() { with_tracer --json; }
 with_tracer() {
     "$DIST/vgpu" trace --libcuda "$LIBCUDA" "$@" >/dev/null 2>"$W/tracer.err" &
     local tp=$!
-    wait_line "$W/tracer.err" ttach 30 >&2
+    wait_line "$W/tracer.err" 'probes on\|attached' 30 >&2
     sleep 0.5
     "$W/bench_launch" $BENCH_ARGS
     kill -INT $tp
@@ -175,7 +178,7 @@ phase_trace() {
     wait_line "$W/torch.txt" ready 120
     "$DIST/vgpu" trace --libcuda "$LIBCUDA" --json --pid $tpid >"$W/torch.jsonl" 2>"$W/tracer.err" &
     trp=$!
-    wait_line "$W/tracer.err" ttach 30
+    wait_line "$W/tracer.err" 'probes on\|attached' 30
     sleep 0.5
     echo go >&9
     exec 9>&-
@@ -191,7 +194,7 @@ phase_trace() {
     say "demo: the sample workload under the hook while vgpu trace watches"
     "$DIST/vgpu" trace --libcuda "$LIBCUDA" --json >"$W/demo.jsonl" 2>"$W/tracer.err" &
     trp=$!
-    wait_line "$W/tracer.err" ttach 30
+    wait_line "$W/tracer.err" 'probes on\|attached' 30
     hooked "$W/demo.cache" 1g "$W/demo_workload"
     sleep 0.5
     kill -INT $trp

@@ -308,15 +308,21 @@ fn check_existing(r: &SharedRegion, cfg: &Config) {
             "region minor version {minor}, expected {MINOR_VERSION}"
         );
     }
-    for dev in 0..MAX_DEVICES {
-        let have = r.limit[dev].load(SeqCst);
-        if have != cfg.mem_limit[dev] {
-            vlog!(
-                crate::log::WARN,
-                "device {dev}: region memory limit {have} differs from this process's {} (the region's wins)",
-                cfg.mem_limit[dev]
-            );
-        }
+    // The first creator's limits win (HAMi). Say so once, and only where this
+    // process asked for a different limit: a process started without the
+    // variable (a shell, nvidia-smi) has nothing to disagree about.
+    let differs: Vec<String> = (0..MAX_DEVICES)
+        .filter_map(|dev| {
+            let (have, want) = (r.limit[dev].load(SeqCst), cfg.mem_limit[dev]);
+            (want != 0 && have != want).then(|| format!("device {dev}: {have} (asked {want})"))
+        })
+        .collect();
+    if !differs.is_empty() {
+        vlog!(
+            crate::log::WARN,
+            "the region's memory limits win over this process's: {}",
+            differs.join(", ")
+        );
     }
 }
 
