@@ -22,15 +22,22 @@ pub fn in_hook() -> bool {
 /// Runs `policy` with the guard set, or `forward` if the thread is already
 /// inside the hook (or its thread-locals are gone, at thread exit).
 fn enter<R>(name: &str, unknown: R, forward: impl FnOnce() -> R, policy: impl FnOnce() -> R) -> R {
-    let was = IN_HOOK.try_with(|c| c.replace(true)).unwrap_or(true);
-    if was {
-        return forward();
-    }
-    let r = catch_unwind(AssertUnwindSafe(policy));
-    let _ = IN_HOOK.try_with(|c| c.set(false));
-    match r {
-        Ok(v) => v,
-        Err(_) => {
+    // One thread-local access per call (each is a `__tls_get_addr` in a
+    // shared library): the whole policy runs inside it.
+    let inside = IN_HOOK.try_with(|c| {
+        if c.replace(true) {
+            return None;
+        }
+        let r = catch_unwind(AssertUnwindSafe(policy));
+        c.set(false);
+        Some(r)
+    });
+    match inside {
+        // Already inside the hook on this thread, or its thread-locals are
+        // gone (thread exit): forward untouched.
+        Ok(None) | Err(_) => forward(),
+        Ok(Some(Ok(v))) => v,
+        Ok(Some(Err(_))) => {
             vlog!(
                 crate::log::ERROR,
                 "internal error (panic) in {name}; the call reports an unknown error"
