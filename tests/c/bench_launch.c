@@ -3,6 +3,7 @@
  * Prints `launch_ns_per_call N` and `alloc_free_ns_per_pair N`. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include "cuda_min.h"
 
@@ -59,6 +60,12 @@ int main(int argc, char **argv) {
     }
     t1 = now_ns();
     printf("alloc_free_ns_per_pair %.1f\n", (t1 - t0) / allocs);
+    /* Threads the process runs at the end (the driver's, and any a hook added). */
+    FILE *st = fopen("/proc/self/status", "r");
+    char line[256];
+    while (st && fgets(line, sizeof line, st))
+        if (!strncmp(line, "Threads:", 8)) printf("threads %d\n", atoi(line + 8));
+    if (st) fclose(st);
     CHECK(cuModuleUnload(mod));
     CHECK(cuDevicePrimaryCtxRelease_v2(dev));
     return 0;
