@@ -215,10 +215,12 @@ phase_daemon() {
     echo "daemon ready after ~$((t / 10)) s"
 
     say "8 PID-namespace containers, each a hooked CUDA program: region hostpid vs nvidia-smi"
+    cpids=()
     for i in $(seq 8); do
         (sleep 12 | unshare --pid --fork --mount-proc env LD_PRELOAD="$DIST/libvgpu.so" \
             CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/ctr$i.cache" CUDA_DEVICE_MEMORY_LIMIT=2g \
             "$W/hook_mem" hold 134217728 >"$W/ctr$i.txt" 2>&1) &
+        cpids+=($!)
     done
     for i in $(seq 8); do wait_line "$W/ctr$i.txt" held 60; done
     sleep 1.5
@@ -233,17 +235,18 @@ phase_daemon() {
         echo "container $i: slot pid $1 hostpid $2 listed by nvidia-smi: $m"
     done
     echo "hostpid correct in $ok of 8 containers"
-    wait
+    wait "${cpids[@]}" # not a bare wait: the daemon runs in the background too
 
     say "an unhooked CUDA process (no region): daemon finding vs nvidia-smi"
     sleep 8 | "$W/hook_mem" hold 1073741824 >"$W/unhooked.txt" 2>&1 &
+    upipe=$!
     wait_line "$W/unhooked.txt" held 30
     up=$(pgrep -f "hook_mem hold 1073741824" | head -1)
     sleep 2.5
     echo "nvidia-smi used by $up: $(apps_used "$up") MiB"
     curl -s localhost:9396/findings | python3 -m json.tool | grep -B2 -A12 "\"$up\"\|: $up," | head -30
     curl -s localhost:9396/metrics | grep -E "^vgpu_(untracked|findings)" | head
-    wait
+    wait $upipe
 
     say "launch cost with the daemon running vs native (interleaved)"
     kill -INT $dp
