@@ -238,13 +238,15 @@ phase_daemon() {
     wait "${cpids[@]}" # not a bare wait: the daemon runs in the background too
 
     say "an unhooked CUDA process (no region): daemon finding vs nvidia-smi"
-    sleep 8 | "$W/hook_mem" hold 1073741824 >"$W/unhooked.txt" 2>&1 &
+    sleep 12 | "$W/hook_mem" hold 1073741824 >"$W/unhooked.txt" 2>&1 &
     upipe=$!
     wait_line "$W/unhooked.txt" held 30
     up=$(pgrep -f "hook_mem hold 1073741824" | head -1)
-    sleep 2.5
+    sleep 5 # the daemon gives a process 3 s to register a slot
     echo "nvidia-smi used by $up: $(apps_used "$up") MiB"
-    curl -s localhost:9396/findings | python3 -m json.tool | grep -B2 -A12 "\"$up\"\|: $up," | head -30
+    curl -s localhost:9396/findings | python3 -c 'import json,sys
+for f in json.load(sys.stdin)["findings"]:
+    print({k: f.get(k) for k in ("kind","pid","untracked_bytes","probe_bytes","nvml_bytes","source","message")})'
     curl -s localhost:9396/metrics | grep -E "^vgpu_(untracked|findings)" | head
     wait $upipe
 
