@@ -165,7 +165,7 @@ fn sm_two_processes_share_one_container_limit() {
 }
 
 #[test]
-fn sm_runtime_change_is_followed_within_two_seconds() {
+fn sm_runtime_change_by_vgpu_set_sm_limit_is_followed_within_two_seconds() {
     let _s = serial();
     let gpu = SimGpu::new();
     let env = HookEnv::new("sm-runtime", "0");
@@ -173,8 +173,18 @@ fn sm_runtime_change_is_followed_within_two_seconds() {
     let _p = start(&env, &gpu, 80, &["kernel", "busy_1000us", "5"], &force);
     std::thread::sleep(Duration::from_millis(500));
     let before = device_share(&gpu, Duration::from_secs(1));
-    let region = RegionFile::open(&env.region_path(), Access::ReadWrite).expect("open region");
-    region.region().sm_limit[0].store(20, Relaxed);
+    // The operator's way: `vgpu set-sm-limit` on the running container's region.
+    let set = std::process::Command::new(vgpu_tests::dist::vgpu_bin())
+        .args(["set-sm-limit", "--device", "0"])
+        .arg(env.region_path())
+        .arg("20")
+        .output()
+        .expect("run vgpu set-sm-limit");
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
     std::thread::sleep(Duration::from_millis(500));
     let after = device_share(&gpu, Duration::from_millis(1500));
     eprintln!("limit 80 then 20: {before:.1}% then {after:.1}% (0.5-2 s after the change)");
