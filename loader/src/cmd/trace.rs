@@ -36,10 +36,11 @@ use crate::{
 /// record leaves the kernel. --events / --json print one record per call instead.
 ///
 /// OVERHEAD: a uprobe is a trap taken on every probed call, by every process
-/// using the library, while vgpu trace runs. On an H200 a bare uprobe adds
-/// about 0.5 us to a ~3.4 us kernel launch, and one that writes a ring-buffer
-/// record per launch (--events/--json) about 2.2 us. The default view stays
-/// close to the bare-trap cost. Nothing is probed after vgpu trace exits.
+/// using the library, while vgpu trace runs. Measured on an H200 (driver
+/// 580, 2026-11-22; docs/benchmarks.md) on a 3.4 us empty-kernel launch: an
+/// empty uprobe adds 0.7 us, the default view 0.85 us (1.03x the empty
+/// probe), --json 2.3 us and --events 3.2 us per launch. Nothing is probed
+/// after vgpu trace exits.
 ///
 /// Needs root or CAP_BPF+CAP_PERFMON. Events the probes could not record
 /// (full ring buffer or maps) are counted and reported, never dropped silently.
