@@ -98,6 +98,7 @@ pub fn run(args: &Args) -> Result<()> {
             println!("  {n:>6} x {func}");
         }
     }
+    summarize(&workload_pid_lines, &seen, &args.limit);
     let inspect = Command::new(dist.join("vgpu"))
         .args(["inspect"])
         .arg(&region)
@@ -116,6 +117,33 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("the demo workload failed");
     }
     Ok(())
+}
+
+/// The account in plain words, from what the workload printed and what the
+/// tracer saw.
+fn summarize(workload: &str, seen: &BTreeMap<String, u64>, limit: &str) {
+    let line = |prefix: &str| workload.lines().find(|l| l.starts_with(prefix));
+    println!("\nWhat happened:");
+    if let Some(info) = line("cuMemGetInfo") {
+        println!(
+            "  - under the hook the program saw the {limit} limit as the GPU's size ({info});"
+        );
+        println!("    the CUDA context is already counted in what is used");
+    }
+    if let Some(alloc) = line("allocated") {
+        println!(
+            "  - it then {alloc}: the hook refused the allocation that would have passed the limit"
+        );
+    }
+    let allocs = seen.get("cuMemAlloc_v2").copied().unwrap_or(0);
+    let launches = seen.get("cuLaunchKernel").copied().unwrap_or(0);
+    if allocs + launches > 0 {
+        println!(
+            "  - vgpu trace, watching libcuda from the kernel with eBPF (below the hook), saw \
+             {allocs} successful cuMemAlloc_v2 calls and {launches} kernel launches: the refused \
+             call never reached the driver"
+        );
+    }
 }
 
 fn pick_driver(dist: &Path, force_sim: bool) -> Result<Driver> {
@@ -191,7 +219,8 @@ fn start_trace(dist: &Path, driver: &Driver) -> Result<Trace> {
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             eprintln!("  [trace] {line}");
-            if line.contains("attached") || line.contains("ttach") {
+            // `vgpu trace: N probes on <libcuda> ...` once attached.
+            if line.contains("probes on") {
                 let _ = ready_tx.send(());
             }
         }
