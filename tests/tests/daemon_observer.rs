@@ -371,7 +371,7 @@ fn sixteen_containers_get_host_pids_within_a_second() {
     }
     std::thread::sleep(Duration::from_millis(1200));
     let m = daemon.metrics();
-    for i in 0..N {
+    for (i, cgroup) in cgroups.iter().enumerate() {
         let path = fx.region(&format!("c{i}"));
         let (_, total, data) = slot_of(&path, 1).expect("slot");
         assert!(data >= 64 * MIB, "c{i} data {data}");
@@ -395,9 +395,9 @@ fn sixteen_containers_get_host_pids_within_a_second() {
             Some((2u64 << 30) as f64)
         );
         assert!(
-            m.contains(&format!("cgroup=\"{}\"", cgroups[i].rel())),
+            m.contains(&format!("cgroup=\"{}\"", cgroup.rel())),
             "c{i}: no series with cgroup {}",
-            cgroups[i].rel()
+            cgroup.rel()
         );
     }
     let fills = sample(&m, "vgpu_hostpid_fills_total", &[]).unwrap_or(0.0);
