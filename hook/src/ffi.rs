@@ -145,6 +145,23 @@ pub struct nvmlProcessInfo_t {
 }
 
 const _: () = assert!(std::mem::size_of::<nvmlProcessInfo_t>() == 24);
+
+/// `nvmlProcessUtilizationSample_t` of `nvmlDeviceGetProcessUtilization`
+/// (32 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessUtilizationSample_t {
+    pub pid: c_uint,
+    /// µs since the Unix epoch.
+    pub time_stamp: u64,
+    pub sm_util: c_uint,
+    pub mem_util: c_uint,
+    pub enc_util: c_uint,
+    pub dec_util: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<nvmlProcessUtilizationSample_t>() == 32);
+pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
 pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
 
 /// `nvmlMemory_t`.

@@ -272,3 +272,38 @@ fn sm_share_is_published_in_the_slot() {
     eprintln!("published sm_util at limit 50: {u}");
     assert!((45..=55).contains(&u), "sm_util {u}");
 }
+
+/// The feedback loop is active on the sim (host pids known, NVML per-process
+/// utilization) and, the sim's costs being exact, keeps the gain near 1 and
+/// the share at the limit.
+#[test]
+fn sm_feedback_loop_measures_and_keeps_the_share() {
+    let _s = serial();
+    let gpu = SimGpu::new();
+    let env = HookEnv::new("sm-feedback", "0");
+    let _p = start(
+        &env,
+        &gpu,
+        40,
+        &["kernel", "busy_1000us", "4"],
+        &[("GPU_CORE_UTILIZATION_POLICY", "force")],
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let s = device_share(&gpu, Duration::from_secs(2));
+    let mut sm = env.region_path().into_os_string();
+    sm.push(".sm");
+    let b = std::fs::read(&sm).expect("read the sidecar");
+    let word = |off: usize| u64::from_le_bytes(b[off..off + 8].try_into().unwrap());
+    let version = u32::from_le_bytes(b[8..12].try_into().unwrap());
+    // Device 0's line: tat, charged, throttled, ctx, gain, lease, measured_at.
+    let gain = match word(64 + 32) {
+        0 => 1.0,
+        g => f64::from_bits(g),
+    };
+    let measured_at = word(64 + 48);
+    eprintln!("feedback at 40: {s:.1}%, gain {gain:.3}, sidecar v{version}");
+    assert_eq!(version, 3);
+    assert!(measured_at != 0, "the loop never measured");
+    assert!((0.85..=1.15).contains(&gain), "gain {gain:.3}");
+    assert!((s - 40.0).abs() <= TOLERANCE, "{s:.1}%");
+}

@@ -104,10 +104,7 @@ impl Attachment {
             return;
         };
         if s.hostpid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok() {
-            vlog!(
-                crate::log::INFO,
-                "host pid {pid} (from NVML's process list)"
-            );
+            vlog!(crate::log::INFO, "host pid {pid} recorded in the slot");
         }
     }
 

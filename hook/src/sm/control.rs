@@ -8,7 +8,7 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64};
 use std::sync::Mutex;
 
@@ -16,6 +16,7 @@ use vgpu_common::region::MAX_DEVICES;
 
 use super::bucket::{self, Admit};
 use super::cost::{Costs, Key};
+use super::feedback::{self, Reading};
 use super::policy;
 use super::sys::{Poll, Sys};
 
@@ -46,6 +47,8 @@ pub struct Ticket {
     dev: usize,
     key: Key,
     cost_ns: u64,
+    /// What the bucket was charged (`cost_ns × gain`).
+    billed_ns: u64,
     /// Percent it was charged at (0 = not charged to the bucket).
     pct: u32,
     stream: usize,
@@ -78,6 +81,28 @@ struct Learn {
     pending: VecDeque<Pending>,
 }
 
+/// The feedback loop's memory of one device (leader only).
+#[derive(Debug, Default, Clone, Copy)]
+struct Loop {
+    /// The lease value this process last wrote (see `DevBucket::lease`).
+    lease: u64,
+    /// CLOCK_MONOTONIC ns of the previous measurement (0 = none).
+    at: u64,
+    /// Its Unix µs (NVML's `lastSeenTimeStamp` for the next one).
+    at_us: u64,
+    /// The container's `throttled` counter then.
+    throttled: u64,
+    /// The limit then.
+    pct: u32,
+}
+
+/// A leader holds the loop this long without renewing it.
+const LEASE_NS: u64 = 4 * feedback::PERIOD_NS;
+/// Low bits of a lease that carry the leader's pid.
+const LEASE_PID_MASK: u64 = (1 << 20) - 1;
+/// While the leader measured this recently, it publishes `sm_util`.
+const MEASURED_FRESH_NS: u64 = 2 * PUBLISH_NS;
+
 #[derive(Debug, Default)]
 struct Publish {
     at: u64,
@@ -101,6 +126,10 @@ pub struct Controller<S: Sys> {
     charged: [AtomicI64; MAX_DEVICES],
     learn: Mutex<Learn>,
     publish: Mutex<Publish>,
+    /// Next feedback step due, per device (CLOCK_MONOTONIC ns).
+    fb_next: [AtomicU64; MAX_DEVICES],
+    fb: Mutex<[Loop; MAX_DEVICES]>,
+    host_pid_noted: AtomicBool,
 }
 
 impl<S: Sys> Controller<S> {
@@ -118,6 +147,9 @@ impl<S: Sys> Controller<S> {
             charged: std::array::from_fn(|_| AtomicI64::new(0)),
             learn: Mutex::new(Learn::default()),
             publish: Mutex::new(Publish::default()),
+            fb_next: std::array::from_fn(|_| AtomicU64::new(0)),
+            fb: Mutex::new([Loop::default(); MAX_DEVICES]),
+            host_pid_noted: AtomicBool::new(false),
         }
     }
 
@@ -161,12 +193,13 @@ impl<S: Sys> Controller<S> {
             (c, s)
         };
         self.charged[dev].fetch_add(charge.cost_ns as i64, Relaxed);
-        let (pct, slept) = self.admit(dev, charge.cost_ns);
+        let (pct, slept, billed_ns) = self.admit(dev, charge.cost_ns);
         let _ = SLEPT.try_with(|c| c.set(slept));
         let mut t = Ticket {
             dev,
             key: w.key,
             cost_ns: charge.cost_ns,
+            billed_ns,
             pct,
             stream: w.stream,
             sample: None,
@@ -181,26 +214,30 @@ impl<S: Sys> Controller<S> {
         Some(t)
     }
 
-    /// Charges `cost` to the bucket of `dev` while enforced, sleeping until
-    /// it is non-negative. Returns the percent charged at (0: not charged)
-    /// and whether it slept.
-    fn admit(&self, dev: usize, cost: u64) -> (u32, bool) {
-        let tat = &self.sys.buckets().devs[dev].tat;
+    /// Charges `cost × gain` to the bucket of `dev` while enforced, sleeping
+    /// until it is non-negative. Returns the percent charged at (0: not
+    /// charged), whether it slept, and the amount charged.
+    fn admit(&self, dev: usize, cost: u64) -> (u32, bool, u64) {
+        let b = &self.sys.buckets().devs[dev];
+        let tat = &b.tat;
         let mut slept = false;
         loop {
             let pct = self.limits[dev].load(Relaxed);
             if pct == 0 || !self.enforce.load(Relaxed) {
-                return (0, slept);
+                return (0, slept, 0);
             }
+            let billed = scale(cost, b.gain());
             let now = self.sys.now();
-            match bucket::try_admit(tat, now, cost, pct) {
+            match bucket::try_admit(tat, now, billed, pct) {
                 Admit::Go => {
-                    let b = &self.sys.buckets().devs[dev];
-                    b.charged_ns.fetch_add(cost, Relaxed);
+                    b.charged_ns.fetch_add(billed, Relaxed);
                     if slept {
                         b.throttled.fetch_add(1, Relaxed);
+                        if now >= self.fb_next[dev].load(Relaxed) {
+                            self.feedback(dev, now, pct);
+                        }
                     }
-                    return (pct, slept);
+                    return (pct, slept, billed);
                 }
                 Admit::WaitUntil(t) => {
                     slept = true;
@@ -245,7 +282,7 @@ impl<S: Sys> Controller<S> {
         self.charged[t.dev].fetch_sub(t.cost_ns as i64, Relaxed);
         if t.pct > 0 {
             let tat = &self.sys.buckets().devs[t.dev].tat;
-            bucket::adjust(tat, self.sys.now(), -(t.cost_ns as i64), t.pct);
+            bucket::adjust(tat, self.sys.now(), -(t.billed_ns as i64), t.pct);
         }
     }
 
@@ -288,9 +325,98 @@ impl<S: Sys> Controller<S> {
         self.charged[dev].fetch_add(owed, Relaxed);
         let pct = self.limits[dev].load(Relaxed);
         if pct > 0 && self.enforce.load(Relaxed) {
-            let tat = &self.sys.buckets().devs[dev].tat;
-            bucket::adjust(tat, self.sys.now(), owed, pct);
+            let b = &self.sys.buckets().devs[dev];
+            let owed = (owed as f64 * b.gain()) as i64;
+            bucket::adjust(&b.tat, self.sys.now(), owed, pct);
         }
+    }
+
+    /// One step of the outer loop on `dev` (docs/sm-limit.md, "Feedback"):
+    /// called on the throttled launch path at most once per period. Only
+    /// the container's leader (a lease in the sidecar) measures and steers.
+    fn feedback(&self, dev: usize, now: u64, pct: u32) {
+        let Ok(mut all) = self.fb.try_lock() else {
+            return;
+        };
+        if now < self.fb_next[dev].load(Relaxed) {
+            return;
+        }
+        self.fb_next[dev].store(now.saturating_add(feedback::PERIOD_NS), Relaxed);
+        let b = &self.sys.buckets().devs[dev];
+        let st = &mut all[dev];
+        let cur = b.lease.load(Acquire);
+        let new = (now.saturating_add(LEASE_NS) & !LEASE_PID_MASK)
+            | (u64::from(self.sys.pid()) & LEASE_PID_MASK);
+        let mine = cur != 0 && cur == st.lease;
+        let expired = (cur & !LEASE_PID_MASK) < now;
+        if !(mine || expired) || b.lease.compare_exchange(cur, new, AcqRel, Acquire).is_err() {
+            // Someone else leads: forget our history.
+            *st = Loop::default();
+            return;
+        }
+        st.lease = new;
+        let prev = *st;
+        let at_us = self.sys.unix_us();
+        let throttled = b.throttled.load(Relaxed);
+        st.at = now;
+        st.at_us = at_us;
+        st.throttled = throttled;
+        st.pct = pct;
+        // Open loop (gain 1) unless every process's host pid is known and
+        // NVML answers.
+        let Some(pids) = self.container_pids() else {
+            b.gain.store(0, Relaxed);
+            return;
+        };
+        let Some(samples) = self.sys.proc_util(dev, prev.at_us) else {
+            b.gain.store(0, Relaxed);
+            return;
+        };
+        b.measured_at.store(now, Relaxed);
+        if let Some((region, _)) = self.sys.region() {
+            for s in region.procs.iter().take(region.proc_count()) {
+                let h = s.hostpid.load(Relaxed);
+                if s.pid.load(Relaxed) != 0 && h > 0 {
+                    let u = feedback::container_share(&samples, &[h as u32]);
+                    s.device_util[dev].sm_util.store(u.round() as u64, Relaxed);
+                }
+            }
+        }
+        if prev.at == 0 || now.saturating_sub(prev.at) > feedback::MAX_GAP_NS || prev.pct != pct {
+            // First measurement, the container was not throttled for a
+            // while, or the limit changed (the measurement still shows the
+            // old one): this one only sets the baseline.
+            return;
+        }
+        let r = Reading {
+            measured: feedback::container_share(&samples, &pids),
+            throttled: throttled > prev.throttled,
+        };
+        let g = feedback::step(b.gain(), pct, r);
+        b.gain.store(feedback::encode(g), Relaxed);
+    }
+
+    /// Host pids of the container's processes (slots in use); `None` when
+    /// any is unknown.
+    fn container_pids(&self) -> Option<Vec<u32>> {
+        let (region, _) = self.sys.region()?;
+        let mut v = Vec::new();
+        for s in region.procs.iter().take(region.proc_count()) {
+            if s.pid.load(Relaxed) == 0 {
+                continue;
+            }
+            let h = s.hostpid.load(Relaxed);
+            if h <= 0 {
+                return None;
+            }
+            v.push(h as u32);
+        }
+        (!v.is_empty()).then_some(v)
+    }
+
+    /// The gain published for `dev` (1 in open loop).
+    pub fn gain(&self, dev: usize) -> f64 {
+        self.sys.buckets().devs.get(dev).map_or(1.0, |b| b.gain())
     }
 
     fn take_pair(&self, l: &mut Learn, ctx: usize) -> Option<(usize, usize)> {
@@ -336,6 +462,9 @@ impl<S: Sys> Controller<S> {
             }
             self.enforce.store(s.enforce, Relaxed);
             self.limited.store(s.limited_mask(), Relaxed);
+            if s.limited_mask() != 0 && !self.host_pid_noted.swap(true, Relaxed) {
+                self.sys.note_host_pid();
+            }
             self.blocked.store(s.blocked, Relaxed);
             if !s.blocked {
                 policy::mark_activity(region, self.sys.unix_secs(), &self.last_secs);
@@ -364,7 +493,14 @@ impl<S: Sys> Controller<S> {
             return;
         };
         let mask = self.limited.load(Relaxed);
-        for d in 0..MAX_DEVICES {
+        let devs = &self.sys.buckets().devs;
+        for (d, b) in devs.iter().enumerate() {
+            let m = b.measured_at.load(Relaxed);
+            if m != 0 && now.saturating_sub(m) < MEASURED_FRESH_NS {
+                // The feedback leader publishes NVML's measurement.
+                p.charged[d] = self.charged[d].load(Relaxed);
+                continue;
+            }
             let c = self.charged[d].load(Relaxed);
             let delta = c.saturating_sub(p.charged[d]).max(0) as u64;
             p.charged[d] = c;
@@ -396,5 +532,14 @@ impl<S: Sys> Controller<S> {
     pub fn estimate(&self, key: &Key) -> Option<u64> {
         let l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
         l.costs.estimate(key)
+    }
+}
+
+/// `cost × gain`, exact when the gain is 1.
+fn scale(cost: u64, gain: f64) -> u64 {
+    if gain == 1.0 {
+        cost
+    } else {
+        (cost as f64 * gain) as u64
     }
 }

@@ -15,6 +15,7 @@
 pub mod bucket;
 pub mod control;
 pub mod cost;
+pub mod feedback;
 pub mod policy;
 pub mod sidecar;
 pub mod sys;

@@ -10,6 +10,10 @@
 //! (zero in a version-1 file, which reads as "not measured"): the CUDA
 //! context size measured exactly by one process of the container, reused by
 //! the others (`memory::context`). Version-1 files are accepted as they are.
+//!
+//! Version 3 adds the feedback loop's words (`sm::feedback`), again carved
+//! out of reserved words that read zero in older files: `gain` (0 = 1, open
+//! loop), `lease` (the loop's leader) and `measured_at`.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -21,7 +25,7 @@ use vgpu_common::region::MAX_DEVICES;
 
 /// `"vgpusm01"` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusm01");
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The oldest layout this code reads (its reserved words are zero).
 pub const MIN_VERSION: u32 = 1;
 /// Set in `ctx_bytes` when a size is stored (a size may be 0).
@@ -41,7 +45,15 @@ pub struct DevBucket {
     /// The device's CUDA context size, exactly measured by a process of the
     /// container, `| CTX_KNOWN`; 0 = not measured yet (v2).
     pub ctx_bytes: AtomicU64,
-    pub reserved: [AtomicU64; 4],
+    /// The charge correction, `f64` bits; 0 = 1 (v3, `sm::feedback`).
+    pub gain: AtomicU64,
+    /// The feedback leader's lease: CLOCK_MONOTONIC ns it runs out, low 20
+    /// bits replaced by the leader's pid; 0 = none (v3).
+    pub lease: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the leader's last measurement (while recent,
+    /// the leader publishes every process's measured `sm_util`) (v3).
+    pub measured_at: AtomicU64,
+    pub reserved: [AtomicU64; 1],
 }
 
 impl DevBucket {
@@ -49,6 +61,11 @@ impl DevBucket {
     pub fn ctx_bytes(&self) -> Option<u64> {
         let v = self.ctx_bytes.load(Acquire);
         (v & CTX_KNOWN != 0).then_some(v & !CTX_KNOWN)
+    }
+
+    /// The published charge correction.
+    pub fn gain(&self) -> f64 {
+        super::feedback::decode(self.gain.load(Relaxed))
     }
 
     /// Stores an exactly measured context size (the last writer wins; all
@@ -240,7 +257,10 @@ mod tests {
         v1.version.store(1, Relaxed);
         assert!(init_or_check(&v1).is_ok());
         assert_eq!(v1.devs[0].ctx_bytes(), None);
-        v1.version.store(3, Relaxed);
+        assert_eq!(v1.devs[0].gain(), 1.0);
+        v1.version.store(2, Relaxed);
+        assert!(init_or_check(&v1).is_ok());
+        v1.version.store(4, Relaxed);
         assert!(init_or_check(&v1).is_err());
     }
 

@@ -4,9 +4,11 @@
 //! driver's, never the hooked exports), and the region.
 
 use std::cell::Cell;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::OnceLock;
 
-use vgpu_common::region::SharedRegion;
+use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use super::sidecar::{self, SmShared};
 use crate::ffi::*;
@@ -42,6 +44,23 @@ pub trait Sys: Sync {
     fn policy(&self) -> i32;
     /// The container's buckets.
     fn buckets(&self) -> &'static SmShared;
+    /// CLOCK_REALTIME, µs (NVML's sample time base).
+    fn unix_us(&self) -> u64 {
+        self.unix_secs().saturating_mul(1_000_000)
+    }
+    /// This process's pid (as seen here; it only tells leaders apart).
+    fn pid(&self) -> u32 {
+        std::process::id()
+    }
+    /// NVML's per-process SM samples `(host pid, sm %)` of CUDA device
+    /// `dev` since `since_us` (Unix µs; 0 = all it has); `None` when NVML
+    /// cannot say (the loop then stays open).
+    fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
+        None
+    }
+    /// Fills this process's slot `hostpid` when its host pid is known
+    /// without a guess (it runs in the initial PID namespace).
+    fn note_host_pid(&self) {}
 }
 
 fn clock(id: libc::clockid_t) -> u64 {
@@ -66,6 +85,8 @@ thread_local! {
 #[derive(Debug, Default)]
 pub struct Real {
     buckets: OnceLock<&'static SmShared>,
+    /// NVML handles by CUDA ordinal (0: not looked up yet).
+    nvml: [AtomicUsize; MAX_DEVICES],
 }
 
 impl Sys for Real {
@@ -179,5 +200,46 @@ impl Sys for Real {
                 }
             }
         })
+    }
+
+    fn unix_us(&self) -> u64 {
+        clock(libc::CLOCK_REALTIME) / 1_000
+    }
+
+    fn proc_util(&self, dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
+        let slot = self.nvml.get(dev)?;
+        let mut h = slot.load(Relaxed) as nvmlDevice_t;
+        if h.is_null() {
+            h = crate::memory::driver::nvml_handle_for_cuda(dev)?;
+            slot.store(h as usize, Relaxed);
+        }
+        let call = crate::real::nvml::fns()?.nvmlDeviceGetProcessUtilization?;
+        let mut cap: usize = 64;
+        for _ in 0..4 {
+            let mut v = vec![nvmlProcessUtilizationSample_t::default(); cap];
+            let mut count = cap as std::ffi::c_uint;
+            // SAFETY: `v` holds `count` initialised entries of the C struct;
+            // `count` and `v` are live locals for the whole call.
+            let rc = unsafe { call(h, v.as_mut_ptr(), &mut count, since_us) };
+            match rc {
+                NVML_SUCCESS => {
+                    v.truncate((count as usize).min(cap));
+                    return Some(v.iter().map(|s| (s.pid, s.sm_util.min(100))).collect());
+                }
+                // No process ran since `since_us`.
+                NVML_ERROR_NOT_FOUND => return Some(Vec::new()),
+                NVML_ERROR_INSUFFICIENT_SIZE => cap = (count as usize).max(cap) + 16,
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    fn note_host_pid(&self) {
+        if crate::memory::driver::in_initial_pid_ns() {
+            if let Some(p) = crate::state::process() {
+                p.att.set_host_pid(std::process::id());
+            }
+        }
     }
 }

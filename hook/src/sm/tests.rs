@@ -37,7 +37,15 @@ struct Fake {
     sleeps: AtomicU32,
     /// Unblock the container after this many sleeps (0: never).
     unblock_after: AtomicU32,
+    /// Timings read back as this percent of the real ones (a mis-learnt
+    /// cost); 100 = exact.
+    skew_pct: AtomicU64,
+    /// Fake NVML: per-process utilization over the last 200 ms, reported
+    /// as host pid `NVML_PID`.
+    nvml: std::sync::atomic::AtomicBool,
 }
+
+const NVML_PID: u32 = 4242;
 
 impl Fake {
     fn new(pct: u64, policy_: i32) -> Self {
@@ -56,6 +64,8 @@ impl Fake {
             buckets: sidecar::private(),
             sleeps: AtomicU32::new(0),
             unblock_after: AtomicU32::new(0),
+            skew_pct: AtomicU64::new(100),
+            nvml: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -107,7 +117,7 @@ impl Sys for Fake {
     }
     fn elapsed_ns(&self, a: usize, b: usize) -> Option<u64> {
         let g = self.gpu.lock().unwrap();
-        Some(g.events.get(&b)? - g.events.get(&a)?)
+        Some((g.events.get(&b)? - g.events.get(&a)?) * self.skew_pct.load(Relaxed) / 100)
     }
     fn region(&self) -> Option<(&SharedRegion, usize)> {
         Some((self.file.region(), 0))
@@ -117,6 +127,14 @@ impl Sys for Fake {
     }
     fn buckets(&self) -> &'static SmShared {
         self.buckets
+    }
+    fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
+        if !self.nvml.load(Relaxed) {
+            return None;
+        }
+        let now = self.now();
+        let u = busy_share(self, now.saturating_sub(200_000_000), now);
+        Some(vec![(NVML_PID, u.round() as u32)])
     }
 }
 
@@ -284,4 +302,79 @@ fn share_is_published_and_failed_launches_refunded() {
     let t = c.before(&w);
     c.after_opt(t, false);
     assert_eq!(c.charged_ns(0), charged);
+}
+
+/// A container of one process whose host pid is known (`hostpid`), with
+/// NVML, at `pct`, whose timings read `skew` % of the truth.
+fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Controller<Fake> {
+    let f = Fake::new(pct, policy::DEFAULT);
+    let r = f.file.region();
+    r.proc_num.store(1, Relaxed);
+    r.procs[0].pid.store(77, Relaxed);
+    r.procs[0].hostpid.store(hostpid, Relaxed);
+    f.skew_pct.store(skew, Relaxed);
+    f.nvml.store(true, Relaxed);
+    Controller::new(f)
+}
+
+#[test]
+fn feedback_corrects_an_under_estimate() {
+    // Costs learnt 10 % short (as the min-filter does for matmuls): open
+    // loop gives limit × 1.1.
+    let c = closed_loop(60, 91, NVML_PID as i32);
+    let s = run(&c, kernel(1), 2_000_000, 6 * SEC, 4 * SEC);
+    let g = c.gain(0);
+    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (gain {g:.3})");
+    assert!((1.05..1.15).contains(&g), "gain {g:.3}");
+    let u = c.sys.file.region().procs[0].device_util[0]
+        .sm_util
+        .load(Relaxed);
+    assert!((55..=65).contains(&u), "published sm_util {u}");
+}
+
+#[test]
+fn feedback_corrects_a_double_over_estimate() {
+    let c = closed_loop(30, 200, NVML_PID as i32);
+    let s = run(&c, kernel(1), 100_000, 6 * SEC, 4 * SEC);
+    let g = c.gain(0);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {g:.3})");
+    assert!((0.45..0.55).contains(&g), "gain {g:.3}");
+}
+
+#[test]
+fn feedback_stays_open_without_host_pids_or_nvml() {
+    // The slot's host pid is unknown: gain 1, today's open loop.
+    let c = closed_loop(60, 91, 0);
+    let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
+    assert_eq!(c.gain(0), 1.0);
+    assert!(s > 63.0, "{s:.1}%");
+    let c = closed_loop(60, 91, NVML_PID as i32);
+    c.sys.nvml.store(false, Relaxed);
+    run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
+    assert_eq!(c.gain(0), 1.0);
+}
+
+#[test]
+fn feedback_holds_while_not_throttled() {
+    // Over-estimated costs, but the application itself only uses 10 % of
+    // a 60 % limit: never throttled, the gain holds at 1.
+    let c = closed_loop(60, 200, NVML_PID as i32);
+    let f = &c.sys;
+    let w = Work {
+        key: kernel(1),
+        stream: 0,
+    };
+    let start = f.now();
+    while f.now() < start + 4 * SEC {
+        let t = c.before(&w);
+        {
+            let mut g = f.gpu.lock().unwrap();
+            let s = g.free_at.max(f.now());
+            g.free_at = s + 1_000_000;
+            g.intervals.push((s, s + 1_000_000));
+        }
+        c.after_opt(t, true);
+        f.advance(10_000_000);
+    }
+    assert_eq!(c.gain(0), 1.0);
 }
