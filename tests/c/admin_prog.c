@@ -11,6 +11,10 @@
  *                       SIGUSR1 (status := 1) handlers on it, as HAMi-core
  *                       does (spec 2.6)                        -> "sigs SLOT"
  *   status              -> "status S" (own slot, after sigs)
+ *   nosigs              restore the default SIGUSR1/SIGUSR2 actions (which
+ *                       terminate), undoing what the hook installed, as an
+ *                       application that resets its signals would
+ *                                                          -> "nosigs 0"
  *   lock PATH           take the region lock the way a holder that then
  *                       hangs would: the OFD lock on the region's bytes
  *                       (vgpu), sem_wait on HAMi-core's semaphore, and
@@ -118,6 +122,10 @@ int main(void) {
             printf("pid %d\n", (int)getpid());
         } else if (!strcmp(cmd, "sigs")) {
             printf("sigs %d\n", install(arg));
+        } else if (!strcmp(cmd, "nosigs")) {
+            signal(SIGUSR1, SIG_DFL);
+            signal(SIGUSR2, SIG_DFL);
+            printf("nosigs 0\n");
         } else if (!strcmp(cmd, "status")) {
             printf("status %d\n", my_status ? atomic_load(my_status) : -1);
         } else if (!strcmp(cmd, "lock")) {

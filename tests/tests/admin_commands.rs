@@ -339,8 +339,9 @@ fn suspend_and_resume_wait_for_the_slots() {
     assert_eq!(b.cmd("status"), "status 1");
 }
 
-/// A process that does not handle SIGUSR2 would be killed by it: suspend
-/// refuses and signals nobody, not even the processes that would cope.
+/// A process that does not handle SIGUSR2 (here: one that reset the hook's
+/// handler) would be killed by it: suspend refuses and signals nobody, not
+/// even the processes that would cope.
 #[test]
 fn suspend_refuses_processes_without_handlers() {
     let env = HookEnv::new("admin-nosig", "1g");
@@ -349,6 +350,9 @@ fn suspend_refuses_processes_without_handlers() {
     let mut with = Prog::start(&env, &exe);
     let mut without = Prog::start(&env, &exe);
     assert_ne!(with.cmd(&format!("sigs {}", s(&path))), "sigs -1");
+    // The hook installs handlers in every process it registers; this one
+    // resets them to the default action, as an application may.
+    assert_eq!(without.cmd("nosigs"), "nosigs 0");
     let out = vgpu(&["suspend", s(&path), "--timeout", "2"]);
     assert!(!out.ok);
     assert!(
@@ -491,6 +495,16 @@ fn container_pids_are_judged_by_mapping_not_by_host_pid_of_the_same_number() {
     let env = HookEnv::new("admin-ns", "1g");
     let exe = env.build("admin_prog");
     let path = env.region_path();
+    // A hooked process on the host first: it starts the simulated driver's
+    // server in the host PID namespace (which is what makes NVML report host
+    // PIDs, as the real driver does), and it measures the context and stores
+    // the size for the container. The namespaced process then reuses that
+    // size instead of learning its host PID from NVML, so no host PID is
+    // known for it: the case this test is about.
+    let mut warm = Prog::start(&env, &exe);
+    assert_eq!(warm.cmd(&format!("alloc {M}")), "alloc 0");
+    let _ = writeln!(warm.run.child.stdin.as_mut().expect("stdin"), "quit");
+    assert!(warm.run.child.wait().expect("wait").success());
     let inner = env.hooked(&exe, &[]);
     let mut c = Command::new("unshare");
     c.args([
