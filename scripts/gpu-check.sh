@@ -85,7 +85,7 @@ bench_launch_configs() {
     done
 }
 
-BENCH_ARGS="200000 2000"
+BENCH_ARGS=${BENCH_ARGS:-200000 2000}
 cfg_native() { "$W/bench_launch" $BENCH_ARGS; }
 cfg_hook_memlimit() { hooked "$W/bench.cache" 4g "$W/bench_launch" $BENCH_ARGS; }
 cfg_hook_nolimit() { LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/bench0.cache" "$W/bench_launch" $BENCH_ARGS; }
@@ -148,7 +148,7 @@ phase_mem() {
 
 phase_overhead() {
     say "launch and alloc cost, native vs hook with a memory limit (interleaved)"
-    bench_launch_configs 11 native c_shim hook_nolimit hook_memlimit
+    bench_launch_configs "${REPS:-11}" native c_shim hook_nolimit hook_memlimit
 }
 
 cfg_floor() { with_tracer --floor; }
