@@ -62,6 +62,10 @@ pub struct Snapshot<'a> {
 pub struct Counters {
     /// `hostpid` writes into slots.
     pub hostpid_fills: Counter,
+    /// Processes whose slot already held the right `hostpid` when the daemon
+    /// first found it (the hook learnt it itself, e.g. outside a PID
+    /// namespace or from NVML during its context measurement).
+    pub hostpid_verified: Counter,
     /// Calls seen by the probes, by kind (`alloc`, `alloc_failure`, `free`, `launch`, `graph_launch`).
     pub probe_events: Family<Labels, Counter>,
     /// Calls the probes could not record, by reason.
@@ -227,6 +231,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "vgpu_hostpid_fills",
         "Host PIDs written into region slots",
         c.hostpid_fills.clone(),
+    );
+    reg.register(
+        "vgpu_hostpid_verified",
+        "Processes whose slot already held the right host PID when first found",
+        c.hostpid_verified.clone(),
     );
     reg.register(
         "vgpu_probe_events",

@@ -212,6 +212,8 @@ impl Observer {
                 Ok(f) => {
                     if f.wrote {
                         self.counters.hostpid_fills.inc();
+                    } else {
+                        self.counters.hostpid_verified.inc();
                     }
                     tracing::debug!(
                         "host pid {tgid} (pid {ns_pid}) in slot {} after {:?}",
