@@ -235,6 +235,8 @@ phase_daemon() {
         echo "container $i: slot pid $1 hostpid $2 listed by nvidia-smi: $m"
     done
     echo "hostpid correct in $ok of 8 containers"
+    echo "who recorded them (daemon writes / already right, learnt by the hook):"
+    curl -s localhost:9396/metrics | grep -E '^vgpu_hostpid_(fills|verified)_total' 
     wait "${cpids[@]}" # not a bare wait: the daemon runs in the background too
 
     say "an unhooked CUDA process (no region): daemon finding vs nvidia-smi"
