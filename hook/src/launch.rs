@@ -53,69 +53,41 @@ fn ex(config: *const c_void, f: CUfunction, per_thread: bool) -> Launch {
     kernel(LaunchKind::KernelEx, f, grid, block, stream, per_thread)
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the C signature of cuLaunchKernel"
-)]
-pub fn launch_kernel(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    let l = kernel(
-        LaunchKind::Kernel,
-        f,
-        [gx, gy, gz],
-        [bx, by, bz],
-        stream,
-        false,
-    );
-    limited(l, || {
-        real_cuda!(cuLaunchKernel(
-            f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
-        ))
-    })
+/// The grid launches (`cuLaunchKernel`, `cuLaunchCooperativeKernel` and
+/// their `_ptsz` twins) differ only in the driver symbol, the kind, the
+/// per-thread-stream flag and `cuLaunchKernel`'s trailing `extra`.
+macro_rules! grid_launch {
+    ($name:ident => $real:ident, $kind:expr, $per_thread:expr $(, $extra:ident)?) => {
+        #[expect(clippy::too_many_arguments, reason = "the C signature of a grid launch")]
+        pub fn $name(
+            f: CUfunction,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shmem: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            $($extra: *mut *mut c_void,)?
+        ) -> CUresult {
+            let l = kernel($kind, f, [gx, gy, gz], [bx, by, bz], stream, $per_thread);
+            limited(l, || {
+                real_cuda!($real(f, gx, gy, gz, bx, by, bz, shmem, stream, params $(, $extra)?))
+            })
+        }
+    };
 }
 
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the C signature of cuLaunchKernel_ptsz"
-)]
-pub fn launch_kernel_ptsz(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    let l = kernel(
-        LaunchKind::Kernel,
-        f,
-        [gx, gy, gz],
-        [bx, by, bz],
-        stream,
-        true,
-    );
-    limited(l, || {
-        real_cuda!(cuLaunchKernel_ptsz(
-            f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra
-        ))
-    })
-}
+grid_launch!(launch_kernel => cuLaunchKernel, LaunchKind::Kernel, false, extra);
+grid_launch!(launch_kernel_ptsz => cuLaunchKernel_ptsz, LaunchKind::Kernel, true, extra);
+grid_launch!(launch_cooperative => cuLaunchCooperativeKernel, LaunchKind::Cooperative, false);
+grid_launch!(
+    launch_cooperative_ptsz => cuLaunchCooperativeKernel_ptsz,
+    LaunchKind::Cooperative,
+    true
+);
 
 pub fn launch_kernel_ex(
     config: *const c_void,
@@ -136,68 +108,6 @@ pub fn launch_kernel_ex_ptsz(
 ) -> CUresult {
     limited(ex(config, f, true), || {
         real_cuda!(cuLaunchKernelEx_ptsz(config, f, params, extra))
-    })
-}
-
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the C signature of cuLaunchCooperativeKernel"
-)]
-pub fn launch_cooperative(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    let l = kernel(
-        LaunchKind::Cooperative,
-        f,
-        [gx, gy, gz],
-        [bx, by, bz],
-        stream,
-        false,
-    );
-    limited(l, || {
-        real_cuda!(cuLaunchCooperativeKernel(
-            f, gx, gy, gz, bx, by, bz, shmem, stream, params
-        ))
-    })
-}
-
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the C signature of cuLaunchCooperativeKernel_ptsz"
-)]
-pub fn launch_cooperative_ptsz(
-    f: CUfunction,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> CUresult {
-    let l = kernel(
-        LaunchKind::Cooperative,
-        f,
-        [gx, gy, gz],
-        [bx, by, bz],
-        stream,
-        true,
-    );
-    limited(l, || {
-        real_cuda!(cuLaunchCooperativeKernel_ptsz(
-            f, gx, gy, gz, bx, by, bz, shmem, stream, params
-        ))
     })
 }
 
