@@ -42,10 +42,11 @@ pub fn run(args: &Args) -> Result<()> {
             .arg("--")
             .args(&filter),
     )?;
-    // Integration tests against the built artifacts.
+    // Integration tests against the built artifacts; every suite runs even
+    // after a failure, so one run reports all of them.
     util::run(
         util::cargo()
-            .args(["test", "-p", "vgpu-tests", "--"])
+            .args(["test", "-p", "vgpu-tests", "--no-fail-fast", "--"])
             .args(&filter)
             .env("VGPU_DIST", &dist),
     )?;
