@@ -365,10 +365,18 @@ impl<S: Sys> Controller<S> {
         // Open loop (gain 1) unless every process's host pid is known and
         // NVML answers.
         let Some(pids) = self.container_pids() else {
+            vlog_once!(
+                crate::log::INFO,
+                "sm feedback: a host pid is unknown, open loop"
+            );
             b.gain.store(0, Relaxed);
             return;
         };
         let Some(samples) = self.sys.proc_util(dev, prev.at_us) else {
+            vlog_once!(
+                crate::log::INFO,
+                "sm feedback: no NVML process utilization, open loop"
+            );
             b.gain.store(0, Relaxed);
             return;
         };
@@ -393,6 +401,14 @@ impl<S: Sys> Controller<S> {
             throttled: throttled > prev.throttled,
         };
         let g = feedback::step(b.gain(), pct, r);
+        vlog!(
+            crate::log::DEBUG,
+            "sm feedback dev {dev}: limit {pct}, measured {:.1} ({} samples), throttled {}, gain {:.3} -> {g:.3}",
+            r.measured,
+            samples.len(),
+            r.throttled,
+            b.gain()
+        );
         b.gain.store(feedback::encode(g), Relaxed);
     }
 
