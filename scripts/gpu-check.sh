@@ -272,11 +272,14 @@ for f in json.load(sys.stdin)["findings"]:
     awk -v n="$n" -v d="$d" 'BEGIN {printf "native %.0f ns, daemon running %.0f ns, ratio %.3f\n", n, d, d / n}'
 }
 
+# SM_SWEEP, SM_WORKLOADS, SM_SECONDS narrow the sweep (a diagnostic run);
+# LIBCUDA_LOG_LEVEL=4 adds the hook's feedback steps to stderr.
 phase_sm() {
-    say "SM limit sweep: throughput share of unlimited and nvidia-smi utilization (20 s runs)"
+    local secs=${SM_SECONDS:-20}
+    say "SM limit sweep: throughput share of unlimited and nvidia-smi utilization ($secs s runs)"
     mkdir -p "$W/sm"
-    cd "$W/sm" && python3 "$ROOT/scripts/gpu/sm_bench.py" --sweep 10,30,60,90 --hook "$DIST/libvgpu.so" \
-        --seconds 20
+    cd "$W/sm" && python3 "$ROOT/scripts/gpu/sm_bench.py" --sweep "${SM_SWEEP:-10,30,60,90}" \
+        --workloads "${SM_WORKLOADS:-matmul,tiny,graph}" --hook "$DIST/libvgpu.so" --seconds "$secs"
 }
 
 phase_pair() {

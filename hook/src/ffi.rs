@@ -161,6 +161,17 @@ pub struct nvmlProcessUtilizationSample_t {
 }
 
 const _: () = assert!(std::mem::size_of::<nvmlProcessUtilizationSample_t>() == 32);
+
+/// `nvmlUtilization_t` of `nvmlDeviceGetUtilizationRates` (percent of the
+/// last sample period in which a kernel ran / memory was read or written).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlUtilization_t {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<nvmlUtilization_t>() == 8);
 pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
 pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
 

@@ -105,6 +105,17 @@ pub fn in_initial_pid_ns() -> bool {
 /// `nvmlDeviceGetComputeRunningProcesses_v3` (else `_v2`, same struct) as
 /// `(host pid, used bytes)`; entries without a memory figure are dropped.
 pub fn running_processes(handle: nvmlDevice_t) -> Option<Vec<(u32, u64)>> {
+    Some(
+        compute_processes(handle)?
+            .iter()
+            .filter(|i| i.used_gpu_memory != NVML_VALUE_NOT_AVAILABLE_U64)
+            .map(|i| (i.pid, i.used_gpu_memory))
+            .collect(),
+    )
+}
+
+/// Every compute process on the device, as NVML lists it (host pids).
+pub fn compute_processes(handle: nvmlDevice_t) -> Option<Vec<nvmlProcessInfo_t>> {
     let fns = crate::real::nvml::fns()?;
     let call = fns
         .nvmlDeviceGetComputeRunningProcesses_v3
@@ -119,13 +130,7 @@ pub fn running_processes(handle: nvmlDevice_t) -> Option<Vec<(u32, u64)>> {
         match rc {
             NVML_SUCCESS => {
                 infos.truncate((count as usize).min(cap));
-                return Some(
-                    infos
-                        .iter()
-                        .filter(|i| i.used_gpu_memory != NVML_VALUE_NOT_AVAILABLE_U64)
-                        .map(|i| (i.pid, i.used_gpu_memory))
-                        .collect(),
-                );
+                return Some(infos);
             }
             NVML_ERROR_INSUFFICIENT_SIZE => cap = (count as usize).max(cap) + 16,
             _ => return None,

@@ -397,7 +397,7 @@ impl<S: Sys> Controller<S> {
             return;
         }
         let r = Reading {
-            measured: feedback::container_share(&samples, &pids),
+            measured: self.measure(dev, &samples, &pids),
             throttled: throttled > prev.throttled,
         };
         let g = feedback::step(b.gain(), pct, r);
@@ -412,13 +412,31 @@ impl<S: Sys> Controller<S> {
         b.gain.store(feedback::encode(g), Relaxed);
     }
 
-    /// Host pids of the container's processes (slots in use); `None` when
-    /// any is unknown.
+    /// The container's share of `dev` over the last period. Alone on the
+    /// device (every compute process NVML lists is one of `pids`), that is
+    /// the device's own utilization, the figure `nvidia-smi` shows and the
+    /// limit is a share of; NVML's per-process SM samples read several
+    /// points below it (H100, docs/sm-limit.md). Sharing the device, the
+    /// per-process samples are the only attribution there is.
+    fn measure(&self, dev: usize, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
+        match self.sys.device_busy(dev) {
+            Some((util, running))
+                if !running.is_empty() && running.iter().all(|p| pids.contains(p)) =>
+            {
+                f64::from(util)
+            }
+            _ => feedback::container_share(samples, pids),
+        }
+    }
+
+    /// Host pids of the container's processes that hold GPU memory (a
+    /// process without a context, such as `nvidia-smi` run in the
+    /// container, runs no kernels); `None` when any of them is unknown.
     fn container_pids(&self) -> Option<Vec<u32>> {
         let (region, _) = self.sys.region()?;
         let mut v = Vec::new();
         for s in region.procs.iter().take(region.proc_count()) {
-            if s.pid.load(Relaxed) == 0 {
+            if s.pid.load(Relaxed) == 0 || s.used.iter().all(|u| u.total.load(Relaxed) == 0) {
                 continue;
             }
             let h = s.hostpid.load(Relaxed);

@@ -58,6 +58,12 @@ pub trait Sys: Sync {
     fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
         None
     }
+    /// The device's own utilization (percent of its last sample period in
+    /// which a kernel ran, what `nvidia-smi` shows) and the host pids of
+    /// every compute process on it; `None` when NVML cannot say.
+    fn device_busy(&self, _dev: usize) -> Option<(u32, Vec<u32>)> {
+        None
+    }
     /// Fills this process's slot `hostpid` when its host pid is known
     /// without a guess (it runs in the initial PID namespace).
     fn note_host_pid(&self) {}
@@ -87,6 +93,19 @@ pub struct Real {
     buckets: OnceLock<&'static SmShared>,
     /// NVML handles by CUDA ordinal (0: not looked up yet).
     nvml: [AtomicUsize; MAX_DEVICES],
+}
+
+impl Real {
+    /// The NVML handle of CUDA device `dev`, looked up once.
+    fn nvml_handle(&self, dev: usize) -> Option<nvmlDevice_t> {
+        let slot = self.nvml.get(dev)?;
+        let mut h = slot.load(Relaxed) as nvmlDevice_t;
+        if h.is_null() {
+            h = crate::memory::driver::nvml_handle_for_cuda(dev)?;
+            slot.store(h as usize, Relaxed);
+        }
+        Some(h)
+    }
 }
 
 impl Sys for Real {
@@ -207,12 +226,7 @@ impl Sys for Real {
     }
 
     fn proc_util(&self, dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
-        let slot = self.nvml.get(dev)?;
-        let mut h = slot.load(Relaxed) as nvmlDevice_t;
-        if h.is_null() {
-            h = crate::memory::driver::nvml_handle_for_cuda(dev)?;
-            slot.store(h as usize, Relaxed);
-        }
+        let h = self.nvml_handle(dev)?;
         let call = crate::real::nvml::fns()?.nvmlDeviceGetProcessUtilization?;
         let mut cap: usize = 64;
         for _ in 0..4 {
@@ -233,6 +247,18 @@ impl Sys for Real {
             }
         }
         None
+    }
+
+    fn device_busy(&self, dev: usize) -> Option<(u32, Vec<u32>)> {
+        let h = self.nvml_handle(dev)?;
+        let call = crate::real::nvml::fns()?.nvmlDeviceGetUtilizationRates?;
+        let mut u = nvmlUtilization_t::default();
+        // SAFETY: `u` is a live local of the C struct's layout.
+        if unsafe { call(h, &mut u) } != NVML_SUCCESS {
+            return None;
+        }
+        let pids = crate::memory::driver::compute_processes(h)?;
+        Some((u.gpu.min(100), pids.iter().map(|p| p.pid).collect()))
     }
 
     fn note_host_pid(&self) {

@@ -43,6 +43,11 @@ struct Fake {
     /// Fake NVML: per-process utilization over the last 200 ms, reported
     /// as host pid `NVML_PID`.
     nvml: std::sync::atomic::AtomicBool,
+    /// Per-process samples read as this percent of the truth (100 = exact).
+    proc_pct: AtomicU64,
+    /// Fake NVML also reports the device's utilization, with these host
+    /// pids running on it.
+    device: Mutex<Option<Vec<u32>>>,
 }
 
 const NVML_PID: u32 = 4242;
@@ -66,6 +71,8 @@ impl Fake {
             unblock_after: AtomicU32::new(0),
             skew_pct: AtomicU64::new(100),
             nvml: std::sync::atomic::AtomicBool::new(false),
+            proc_pct: AtomicU64::new(100),
+            device: Mutex::new(None),
         }
     }
 
@@ -134,7 +141,14 @@ impl Sys for Fake {
         }
         let now = self.now();
         let u = busy_share(self, now.saturating_sub(200_000_000), now);
+        let u = u * self.proc_pct.load(Relaxed) as f64 / 100.0;
         Some(vec![(NVML_PID, u.round() as u32)])
+    }
+    fn device_busy(&self, _dev: usize) -> Option<(u32, Vec<u32>)> {
+        let pids = self.device.lock().unwrap().clone()?;
+        let now = self.now();
+        let u = busy_share(self, now.saturating_sub(200_000_000), now);
+        Some((u.round() as u32, pids))
     }
 }
 
@@ -312,6 +326,7 @@ fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Controller<Fake> {
     r.proc_num.store(1, Relaxed);
     r.procs[0].pid.store(77, Relaxed);
     r.procs[0].hostpid.store(hostpid, Relaxed);
+    r.procs[0].used[0].total.store(500 << 20, Relaxed);
     f.skew_pct.store(skew, Relaxed);
     f.nvml.store(true, Relaxed);
     Controller::new(f)
@@ -350,6 +365,44 @@ fn feedback_stays_open_without_host_pids_or_nvml() {
     assert!(s > 63.0, "{s:.1}%");
     let c = closed_loop(60, 91, NVML_PID as i32);
     c.sys.nvml.store(false, Relaxed);
+    run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
+    assert_eq!(c.gain(0), 1.0);
+}
+
+#[test]
+fn feedback_follows_the_device_counter_when_alone() {
+    // NVML's per-process samples read 80 % of the truth (as on the H100)
+    // but the container is alone on the device: the device's utilization
+    // is what the loop steers by, so the share stays at the limit.
+    let c = closed_loop(30, 100, NVML_PID as i32);
+    c.sys.proc_pct.store(80, Relaxed);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
+    let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    // Another process on the device: back to the per-process samples,
+    // which read low, so the loop raises the share above the limit.
+    let c = closed_loop(30, 100, NVML_PID as i32);
+    c.sys.proc_pct.store(80, Relaxed);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, 9999]);
+    let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
+    assert!(s > 33.0, "{s:.1}% (gain {:.3})", c.gain(0));
+}
+
+#[test]
+fn a_process_without_gpu_memory_does_not_open_the_loop() {
+    // `nvidia-smi` in the container: a slot, no host pid, no memory.
+    let c = closed_loop(60, 91, NVML_PID as i32);
+    let r = c.sys.file.region();
+    r.proc_num.store(2, Relaxed);
+    r.procs[1].pid.store(78, Relaxed);
+    let s = run(&c, kernel(1), 2_000_000, 6 * SEC, 4 * SEC);
+    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    // Once it holds memory, its unknown host pid opens the loop.
+    let c = closed_loop(60, 91, NVML_PID as i32);
+    let r = c.sys.file.region();
+    r.proc_num.store(2, Relaxed);
+    r.procs[1].pid.store(78, Relaxed);
+    r.procs[1].used[0].total.store(1 << 20, Relaxed);
     run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
     assert_eq!(c.gain(0), 1.0);
 }
