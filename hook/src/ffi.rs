@@ -127,6 +127,10 @@ pub type nvmlReturn_t = c_uint;
 pub type nvmlDevice_t = *mut c_void;
 
 pub const NVML_SUCCESS: nvmlReturn_t = 0;
+/// `CU_STREAM_CAPTURE_STATUS_NONE` of `cuStreamIsCapturing`.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED` of `cuThreadExchangeStreamCaptureMode`.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;

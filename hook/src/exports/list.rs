@@ -77,6 +77,8 @@ macro_rules! hook_list {
                 fn cuEventDestroy_v2(event: CUevent) -> CUresult;
                 fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
                 fn cuEventQuery(event: CUevent) -> CUresult;
+                fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult;
+                fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult;
                 fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
                 fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
             }

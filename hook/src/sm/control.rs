@@ -174,6 +174,11 @@ impl<S: Sys> Controller<S> {
         if dev >= MAX_DEVICES || self.limited.load(Relaxed) & (1 << dev) == 0 {
             return None;
         }
+        // A launch captured into a graph runs when the graph is launched,
+        // and is charged then.
+        if self.sys.capturing(w.stream) {
+            return None;
+        }
         let idle = SLEPT.try_with(Cell::get).unwrap_or(false);
         let (charge, sample) = {
             let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());

@@ -40,6 +40,12 @@ pub trait Sys: Sync {
     fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64>;
     /// The region and this process's slot.
     fn region(&self) -> Option<(&SharedRegion, usize)>;
+    /// `stream` is being captured into a graph (or the driver cannot say):
+    /// its launches do not run now, and an event recorded into it would
+    /// become part of the graph.
+    fn capturing(&self, _stream: usize) -> bool {
+        false
+    }
     /// `GPU_CORE_UTILIZATION_POLICY`.
     fn policy(&self) -> i32;
     /// The container's buckets.
@@ -67,6 +73,19 @@ pub trait Sys: Sync {
     /// Fills this process's slot `hostpid` when its host pid is known
     /// without a guess (it runs in the initial PID namespace).
     fn note_host_pid(&self) {}
+}
+
+/// Runs `f` (the limiter's own event calls) in the relaxed capture mode, so
+/// that they never invalidate a graph capture another thread runs in the
+/// default global mode (where an event query from any thread is "unsafe").
+fn relaxed<T>(f: impl FnOnce() -> T) -> T {
+    let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    let swapped = real_cuda!(cuThreadExchangeStreamCaptureMode(&mut mode)) == CUDA_SUCCESS;
+    let r = f();
+    if swapped {
+        let _ = real_cuda!(cuThreadExchangeStreamCaptureMode(&mut mode));
+    }
+    r
 }
 
 fn clock(id: libc::clockid_t) -> u64 {
@@ -164,20 +183,20 @@ impl Sys for Real {
     fn create_event(&self) -> Option<usize> {
         let mut ev: CUevent = std::ptr::null_mut();
         // CU_EVENT_DEFAULT: timing enabled, spin-wait (never waited on).
-        (real_cuda!(cuEventCreate(&mut ev, 0)) == CUDA_SUCCESS && !ev.is_null())
+        relaxed(|| real_cuda!(cuEventCreate(&mut ev, 0)) == CUDA_SUCCESS && !ev.is_null())
             .then_some(ev as usize)
     }
 
     fn destroy_event(&self, ev: usize) {
-        let _ = real_cuda!(cuEventDestroy_v2(ev as CUevent));
+        let _ = relaxed(|| real_cuda!(cuEventDestroy_v2(ev as CUevent)));
     }
 
     fn record(&self, ev: usize, stream: usize) -> bool {
-        real_cuda!(cuEventRecord(ev as CUevent, stream as CUstream)) == CUDA_SUCCESS
+        relaxed(|| real_cuda!(cuEventRecord(ev as CUevent, stream as CUstream))) == CUDA_SUCCESS
     }
 
     fn query(&self, ev: usize) -> Poll {
-        match real_cuda!(cuEventQuery(ev as CUevent)) {
+        match relaxed(|| real_cuda!(cuEventQuery(ev as CUevent))) {
             CUDA_SUCCESS => Poll::Ready,
             CUDA_ERROR_NOT_READY => Poll::NotReady,
             _ => Poll::Failed,
@@ -188,12 +207,28 @@ impl Sys for Real {
         let mut ms: f32 = 0.0;
         let (a, b) = (start as CUevent, end as CUevent);
         let v2 = crate::real::cuda::fns().and_then(|t| t.cuEventElapsedTime_v2);
-        let rc = if v2.is_some() {
-            real_cuda!(cuEventElapsedTime_v2(&mut ms, a, b))
-        } else {
-            real_cuda!(cuEventElapsedTime(&mut ms, a, b))
-        };
+        let rc = relaxed(|| {
+            if v2.is_some() {
+                real_cuda!(cuEventElapsedTime_v2(&mut ms, a, b))
+            } else {
+                real_cuda!(cuEventElapsedTime(&mut ms, a, b))
+            }
+        });
         (rc == CUDA_SUCCESS && ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
+    }
+
+    fn capturing(&self, stream: usize) -> bool {
+        if crate::real::cuda::fns()
+            .and_then(|t| t.cuStreamIsCapturing)
+            .is_none()
+        {
+            return false;
+        }
+        let mut status: std::ffi::c_int = CU_STREAM_CAPTURE_STATUS_NONE;
+        let rc = real_cuda!(cuStreamIsCapturing(stream as CUstream, &mut status));
+        // An error (the legacy stream while another thread captures) also
+        // means: keep out of it.
+        rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
     }
 
     fn region(&self) -> Option<(&SharedRegion, usize)> {

@@ -48,6 +48,10 @@ struct Fake {
     /// Fake NVML also reports the device's utilization, with these host
     /// pids running on it.
     device: Mutex<Option<Vec<u32>>>,
+    /// Stream 0 is being captured into a graph.
+    capturing: std::sync::atomic::AtomicBool,
+    /// Events recorded so far.
+    records: AtomicU32,
 }
 
 const NVML_PID: u32 = 4242;
@@ -73,6 +77,8 @@ impl Fake {
             nvml: std::sync::atomic::AtomicBool::new(false),
             proc_pct: AtomicU64::new(100),
             device: Mutex::new(None),
+            capturing: std::sync::atomic::AtomicBool::new(false),
+            records: AtomicU32::new(0),
         }
     }
 
@@ -110,6 +116,7 @@ impl Sys for Fake {
         self.gpu.lock().unwrap().events.remove(&ev);
     }
     fn record(&self, ev: usize, _stream: usize) -> bool {
+        self.records.fetch_add(1, Relaxed);
         let mut g = self.gpu.lock().unwrap();
         let t = g.free_at.max(self.now());
         g.events.insert(ev, t);
@@ -143,6 +150,9 @@ impl Sys for Fake {
         let u = busy_share(self, now.saturating_sub(200_000_000), now);
         let u = u * self.proc_pct.load(Relaxed) as f64 / 100.0;
         Some(vec![(NVML_PID, u.round() as u32)])
+    }
+    fn capturing(&self, _stream: usize) -> bool {
+        self.capturing.load(Relaxed)
     }
     fn device_busy(&self, _dev: usize) -> Option<(u32, Vec<u32>)> {
         let pids = self.device.lock().unwrap().clone()?;
@@ -405,6 +415,31 @@ fn a_process_without_gpu_memory_does_not_open_the_loop() {
     r.procs[1].used[0].total.store(1 << 20, Relaxed);
     run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
     assert_eq!(c.gain(0), 1.0);
+}
+
+#[test]
+fn captured_launches_are_neither_charged_nor_timed() {
+    // A stream capture at a 10 % limit: nothing runs on the GPU, so no
+    // launch may sleep, be charged, or record an event into the graph.
+    let f = Fake::new(10, policy::FORCE);
+    f.capturing.store(true, Relaxed);
+    let c = Controller::new(f);
+    let w = Work {
+        key: kernel(1),
+        stream: 0,
+    };
+    for _ in 0..1000 {
+        assert!(c.before(&w).is_none());
+        c.sys.advance(1_000);
+    }
+    assert_eq!(c.sys.sleeps.load(Relaxed), 0);
+    assert_eq!(c.sys.records.load(Relaxed), 0);
+    assert_eq!(c.charged_ns(0), 0);
+    // After the capture, launches are limited again.
+    c.sys.capturing.store(false, Relaxed);
+    let s = run(&c, kernel(1), 1_000_000, 3 * SEC, SEC);
+    assert!((s - 10.0).abs() < 2.0, "{s:.1}%");
+    assert!(c.sys.records.load(Relaxed) > 0);
 }
 
 #[test]
