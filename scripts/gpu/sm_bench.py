@@ -167,9 +167,13 @@ def sweep(args):
         raise SystemExit(f"no result: {out.stdout}")
 
     env0 = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    print("# unlimited (no hook)", flush=True)
     base = run(env0)
-    rows = []
+    # Rows are printed as each limit finishes, so a run cut short by a time
+    # limit still shows what it measured.
+    print(f"{'limit':>5} {'workload':8} {'share of unlimited':>18} {'util mean':>9} {'stdev':>6}", flush=True)
+    for name, r in base.items():
+        um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
+        print(f"{'none':>5} {name:8} {100.0:17.1f}% {um:>9}", flush=True)
     for limit in args.sweep:
         d = tempfile.mkdtemp(prefix="vgpu-smbench-")
         env = dict(env0)
@@ -181,16 +185,11 @@ def sweep(args):
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE": os.path.join(d, "bench.cache"),
             }
         )
-        print(f"# limit {limit}", flush=True)
-        rows.append((limit, run(env)))
-    print()
-    print(f"{'limit':>5} {'workload':8} {'share of unlimited':>18} {'util mean':>9} {'stdev':>6}")
-    for limit, res in rows:
-        for name, r in res.items():
+        for name, r in run(env).items():
             share = 100.0 * r["work_per_s"] / base[name]["work_per_s"]
             um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
             us = f"{r['util_stdev']:.1f}" if r["util_stdev"] is not None else "-"
-            print(f"{limit:5d} {name:8} {share:17.1f}% {um:>9} {us:>6}")
+            print(f"{limit:5d} {name:8} {share:17.1f}% {um:>9} {us:>6}", flush=True)
 
 
 def main():
