@@ -16,6 +16,10 @@
  *   hook_mem loop                 alloc/free forever (to be killed)
  *   hook_mem fill                 context + allocate everything cuMemGetInfo says is free
  *   hook_mem info                 print cuMemGetInfo and cuDeviceTotalMem
+ *   hook_mem ctxdestroy           allocate half the free memory in a second context and
+ *                                 destroy that context without freeing: free memory must
+ *                                 come back, and a larger allocation must then succeed.
+ *                                 Prints PASS/FAIL.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -123,6 +127,9 @@ typedef CUresult (*graph_destroy_t)(CUgraph);
 typedef CUresult (*ipc_get_t)(CUipcMemHandle *, CUdeviceptr);
 typedef CUresult (*ipc_open_t)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 typedef CUresult (*ipc_close_t)(CUdeviceptr);
+typedef CUresult (*ctx_create_t)(CUcontext *, unsigned int, CUdevice);
+typedef CUresult (*ctx_destroy_t)(CUcontext);
+typedef CUresult (*ctx_current_t)(CUcontext *);
 
 static CUdevice dev;
 
@@ -327,6 +334,44 @@ static int stress(double seconds) {
     return 0;
 }
 
+/* Allocations die with their context (cuCtxDestroy); the hook must release
+ * them, or the container's limit shrinks with every such context. */
+static int ctxdestroy(void) {
+    CUcontext prim = 0, other = 0;
+    CUdeviceptr p = 0, q = 0;
+    CUresult r;
+    if (context()) return 1;
+    if ((r = CALL(ctx_current_t, cuCtxGetCurrent, &prim))) {
+        printf("FAIL ctxdestroy: cuCtxGetCurrent rc %d\n", (int)r);
+        return 1;
+    }
+    size_t f0 = free_now();
+    if ((r = CALL(ctx_create_t, cuCtxCreate_v2, &other, 0, dev))) {
+        printf("FAIL ctxdestroy: cuCtxCreate rc %d\n", (int)r);
+        return 1;
+    }
+    size_t half = f0 / 2;
+    if ((r = cuMemAlloc_v2(&p, half))) {
+        printf("FAIL ctxdestroy: alloc of %zu in the second context rc %d (free %zu)\n", half, (int)r,
+               free_now());
+        return 1;
+    }
+    if ((r = CALL(ctx_destroy_t, cuCtxDestroy_v2, other)) || (r = cuCtxSetCurrent(prim))) {
+        printf("FAIL ctxdestroy: destroy rc %d\n", (int)r);
+        return 1;
+    }
+    size_t f1 = free_now();
+    size_t big = f0 - f0 / 8;
+    r = cuMemAlloc_v2(&q, big);
+    if (f1 != f0 || r != CUDA_SUCCESS) {
+        printf("FAIL ctxdestroy: free before %zu after %zu; alloc of %zu rc %d\n", f0, f1, big, (int)r);
+        return 1;
+    }
+    cuMemFree_v2(q);
+    printf("PASS ctxdestroy free %zu\n", f1);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "limit")) {
@@ -362,6 +407,7 @@ int main(int argc, char **argv) {
         printf("fill %zu rc %d in %.3f s\n", f, (int)r, now_s() - t0);
         return r != CUDA_SUCCESS;
     }
+    if (argc >= 2 && !strcmp(argv[1], "ctxdestroy")) return ctxdestroy();
     if (argc >= 2 && !strcmp(argv[1], "info")) {
         size_t f = 0, t = 0, tm = 0;
         if (cuInit(0) || cuDeviceGet(&dev, 0)) return 1;

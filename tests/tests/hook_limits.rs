@@ -56,6 +56,18 @@ fn memory_info_shows_the_limit_and_counts_the_context() {
     assert_eq!(free, G - 500 * M, "{out}");
 }
 
+/// Destroying a context frees its allocations: the hook releases them, so
+/// the memory is usable again under the limit.
+#[test]
+fn a_destroyed_context_gives_its_memory_back() {
+    let env = HookEnv::new("ctxdestroy", "2g");
+    let exe = env.build("hook_mem");
+    let (ok, out, err) = run(env.hooked(&exe, &["ctxdestroy"]));
+    assert!(ok && out.contains("PASS ctxdestroy"), "{out}{err}");
+    // The simulated context costs 500 MiB: 1.5 GiB free before and after.
+    assert_eq!(field(&out, "PASS ctxdestroy free"), Some(2 * G - 500 * M), "{out}");
+}
+
 /// Without a limit the driver's values come back; cuDeviceTotalMem is never 0.
 #[test]
 fn no_limit_means_physical_values() {

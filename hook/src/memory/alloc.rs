@@ -71,14 +71,8 @@ pub fn mem_alloc_pitch(
         let _ = uncounted(p, &p.ptrs, ptr, || real_cuda!(cuMemFree_v2(ptr)));
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    p.ptrs.insert(
-        ptr,
-        super::track::Entry {
-            dev,
-            bytes: actual,
-            kind: Kind::Data,
-        },
-    );
+    p.ptrs
+        .insert(ptr, super::track::Entry::here(dev, actual, Kind::Data));
     rc
 }
 

@@ -14,10 +14,15 @@ fn alloc(dptr: *mut CUdeviceptr, bytes: usize, call: impl Fn() -> CUresult) -> C
     let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
         return call();
     };
-    counted(p, &p.ptrs, dev, bytes as u64, Kind::Data, || {
+    let rc = counted(p, &p.ptrs, dev, bytes as u64, Kind::Data, || {
         let rc = call();
         (rc, read(dptr).unwrap_or(0))
-    })
+    });
+    if rc == CUDA_SUCCESS {
+        // Pool memory belongs to the pool, not to the context.
+        p.ptrs.unbind(read(dptr).unwrap_or(0));
+    }
+    rc
 }
 
 fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {

@@ -375,14 +375,8 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
     });
     if rc == CUDA_SUCCESS {
         if let Some(c) = read(ctx) {
-            p.contexts.insert(
-                c as u64,
-                Entry {
-                    dev: d,
-                    bytes,
-                    kind: Kind::Context,
-                },
-            );
+            p.contexts
+                .insert(c as u64, Entry::unbound(d, bytes, Kind::Context));
         }
     }
     rc
@@ -415,11 +409,42 @@ pub fn ctx_create_v4(
     })
 }
 
+/// `cuCtxDestroy(_v2)` frees every allocation made in the context: on
+/// success their accounting goes with the context's own size.
 pub fn ctx_destroy(ctx: CUcontext) -> CUresult {
-    match process() {
-        Some(p) => uncounted(p, &p.contexts, ctx as u64, || {
-            real_cuda!(cuCtxDestroy_v2(ctx))
-        }),
-        None => real_cuda!(cuCtxDestroy_v2(ctx)),
+    let Some(p) = process() else {
+        return real_cuda!(cuCtxDestroy_v2(ctx));
+    };
+    let rc = uncounted(p, &p.contexts, ctx as u64, || {
+        real_cuda!(cuCtxDestroy_v2(ctx))
+    });
+    if rc == CUDA_SUCCESS {
+        released_by_destroy(p, ctx as u64);
     }
+    rc
+}
+
+/// The accounting side of a successful `cuCtxDestroy` of `ctx`: device
+/// pointers (plain, pitched, managed, IPC mappings) and arrays made in it.
+/// VMM handles, pool and graph memory are not bound to a context.
+pub fn released_by_destroy(p: &Process, ctx: u64) {
+    if ctx == 0 {
+        return;
+    }
+    let mut freed: Vec<Entry> = Vec::new();
+    for t in [&p.ptrs, &p.arrays] {
+        freed.extend(t.drain_where(|e| e.ctx == ctx));
+    }
+    if freed.is_empty() {
+        return;
+    }
+    let total: u64 = freed.iter().map(|e| e.bytes).sum();
+    for e in &freed {
+        p.att.release(e.dev, e.bytes, e.kind);
+    }
+    vlog!(
+        crate::log::INFO,
+        "context destroyed with {} allocations alive: released {total} bytes",
+        freed.len()
+    );
 }

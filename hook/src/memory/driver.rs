@@ -42,6 +42,16 @@ pub trait Driver {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Real;
 
+/// The calling thread's current context (0: none, or no driver).
+pub fn current_context() -> u64 {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if real_cuda!(cuCtxGetCurrent(&mut ctx)) == CUDA_SUCCESS {
+        ctx as u64
+    } else {
+        0
+    }
+}
+
 impl Driver for Real {
     fn current_device(&self) -> Option<usize> {
         let mut dev: CUdevice = -1;

@@ -51,11 +51,7 @@ pub fn add_mem_alloc_node(
         .unwrap_or_else(|e| e.into_inner())
         .entry(graph as usize)
         .or_default()
-        .push(Entry {
-            dev,
-            bytes,
-            kind: Kind::Data,
-        });
+        .push(Entry::unbound(dev, bytes, Kind::Data));
     rc
 }
 

@@ -29,14 +29,7 @@ pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_u
         write(dptr, 0);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if let Some(old) = p.ptrs.insert(
-        ptr,
-        Entry {
-            dev,
-            bytes,
-            kind: Kind::Data,
-        },
-    ) {
+    if let Some(old) = p.ptrs.insert(ptr, Entry::here(dev, bytes, Kind::Data)) {
         p.att.release(old.dev, old.bytes, old.kind);
     }
     rc

@@ -60,7 +60,7 @@ pub fn counted(
         p.att.release(dev, bytes, kind);
         return rc;
     }
-    if let Some(old) = tracker.insert(key, Entry { dev, bytes, kind }) {
+    if let Some(old) = tracker.insert(key, Entry::here(dev, bytes, kind)) {
         // The driver handed out a key we still track: its free escaped us.
         p.att.release(old.dev, old.bytes, old.kind);
     }

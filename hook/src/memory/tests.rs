@@ -5,7 +5,9 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
-use super::context::{counted_context, infer, released_by_reset, Measured, Snapshot};
+use super::context::{
+    counted_context, infer, released_by_destroy, released_by_reset, Measured, Snapshot,
+};
 use super::driver::Driver;
 use super::{counted, uncounted};
 use crate::config::Config;
@@ -419,4 +421,40 @@ fn a_primary_reset_releases_the_device_s_allocations() {
     assert_eq!(used(&p, 1), 5 * M);
     assert_eq!(p.ptrs.len(), 1);
     assert!(p.handles.is_empty() && p.arrays.is_empty());
+}
+
+#[test]
+fn a_context_destroy_releases_only_that_context_s_allocations() {
+    use super::track::Entry;
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "1g"), 8005, 0).unwrap();
+    let (a, b) = (0xa000, 0xb000);
+    let mut key = 0x100;
+    let mut add = |t: &super::track::Tracker, ctx: u64, bytes: u64| {
+        assert!(p.att.reserve(0, bytes, Kind::Data));
+        key += 1;
+        t.insert(
+            key,
+            Entry {
+                ctx,
+                ..Entry::unbound(0, bytes, Kind::Data)
+            },
+        );
+    };
+    add(&p.ptrs, a, 10 * M);
+    add(&p.ptrs, a, 20 * M);
+    add(&p.arrays, a, M);
+    add(&p.ptrs, b, 5 * M);
+    // Not bound to a context: a VMM handle and pool memory.
+    add(&p.handles, a, 7 * M);
+    add(&p.ptrs, 0, 3 * M);
+    assert_eq!(used(&p, 0), 46 * M);
+    released_by_destroy(&p, a);
+    assert_eq!(used(&p, 0), 15 * M);
+    assert_eq!(p.ptrs.len(), 2);
+    assert!(p.arrays.is_empty());
+    assert_eq!(p.handles.len(), 1);
+    // Unknown context (0): nothing.
+    released_by_destroy(&p, 0);
+    assert_eq!(used(&p, 0), 15 * M);
 }

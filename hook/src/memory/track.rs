@@ -18,6 +18,31 @@ pub struct Entry {
     pub dev: usize,
     pub bytes: u64,
     pub kind: Kind,
+    /// The context the object dies with (`cuCtxDestroy`), 0 when it is
+    /// not bound to one (VMM handles, pool and graph memory) or unknown.
+    pub ctx: u64,
+}
+
+impl Entry {
+    /// An object of the calling thread's current context.
+    pub fn here(dev: usize, bytes: u64, kind: Kind) -> Self {
+        Self {
+            dev,
+            bytes,
+            kind,
+            ctx: super::driver::current_context(),
+        }
+    }
+
+    /// An object that outlives the context it was made in.
+    pub fn unbound(dev: usize, bytes: u64, kind: Kind) -> Self {
+        Self {
+            dev,
+            bytes,
+            kind,
+            ctx: 0,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -49,6 +74,13 @@ impl Tracker {
 
     pub fn remove(&self, key: u64) -> Option<Entry> {
         self.shard(key).remove(&key)
+    }
+
+    /// Marks `key` as not bound to a context.
+    pub fn unbind(&self, key: u64) {
+        if let Some(e) = self.shard(key).get_mut(&key) {
+            e.ctx = 0;
+        }
     }
 
     /// Removes and returns every entry for which `f` holds.
