@@ -49,6 +49,7 @@ enum {
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
@@ -57,6 +58,10 @@ enum {
     CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_CAPTURED_EVENT = 907,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
     CUDA_ERROR_UNKNOWN = 999
 };
 
@@ -81,6 +86,16 @@ enum { CU_EVENT_DEFAULT = 0, CU_EVENT_BLOCKING_SYNC = 1, CU_EVENT_DISABLE_TIMING
 enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
 enum { CU_MEMHOSTALLOC_PORTABLE = 1, CU_MEMHOSTALLOC_DEVICEMAP = 2 };
 enum { CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1 };
+typedef enum {
+    CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2
+} CUstreamCaptureMode;
+typedef enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
 
 /* cuGetProcAddress */
 enum {
@@ -322,6 +337,12 @@ CUresult cuEventSynchronize(CUevent hEvent);
 CUresult cuEventQuery(CUevent hEvent);
 CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 
+/* Stream capture */
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
+
 /* Modules and functions */
 CUresult cuModuleLoad(CUmodule *module, const char *fname);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
@@ -402,6 +423,7 @@ CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr
 #define cuStreamDestroy cuStreamDestroy_v2
 #define cuEventDestroy cuEventDestroy_v2
 #define cuGraphAddKernelNode cuGraphAddKernelNode_v2
+#define cuStreamBeginCapture cuStreamBeginCapture_v2
 #endif
 
 #ifdef __cplusplus

@@ -6,6 +6,7 @@
  * failing check and exits 1.
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,25 @@ static double now_ms(void) {
 }
 
 typedef unsigned long long (*count_fn)(unsigned);
+
+/* Another thread's global-mode capture, begun and ended between barriers. */
+static struct {
+    CUcontext ctx;
+    CUstream st;
+    pthread_barrier_t bar;
+    CUresult begin, end;
+} other;
+
+static void *other_capture(void *arg) {
+    CUgraph g;
+    (void)arg;
+    other.begin = cuCtxSetCurrent(other.ctx);
+    if (other.begin == CUDA_SUCCESS) other.begin = cuStreamBeginCapture(other.st, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    pthread_barrier_wait(&other.bar);
+    pthread_barrier_wait(&other.bar);
+    other.end = cuStreamEndCapture(other.st, &g);
+    return NULL;
+}
 
 int main(void) {
     CUdevice dev;
@@ -322,6 +342,81 @@ int main(void) {
     OK(cuGraphExecDestroy(ge));
     CHECK(used() == 110 * MiB);
     OK(cuGraphDestroy(g));
+
+    /* Stream capture: launches become kernel nodes of the returned graph. */
+    CUstreamCaptureStatus cs;
+    CUstreamCaptureMode cm;
+    CUgraph cg;
+    CHECK(cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    OK(cuStreamIsCapturing(st, &cs));
+    CHECK(cs == CU_STREAM_CAPTURE_STATUS_NONE);
+    n0 = launches(0);
+    OK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_ILLEGAL_STATE);
+    OK(cuStreamIsCapturing(st, &cs));
+    CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
+    OK(cuEventRecord(e0, st)); /* captured */
+    cm = CU_STREAM_CAPTURE_MODE_RELAXED;
+    OK(cuThreadExchangeStreamCaptureMode(&cm));
+    CHECK(cm == CU_STREAM_CAPTURE_MODE_GLOBAL);
+    OK(cuCtxSynchronize()); /* relaxed: allowed */
+    CHECK(cuStreamQuery(st) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* never the capturing stream */
+    OK(cuThreadExchangeStreamCaptureMode(&cm));
+    CHECK(cm == CU_STREAM_CAPTURE_MODE_RELAXED);
+    OK(cuStreamIsCapturing(st, &cs));
+    CHECK(cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    cg = (CUgraph)1;
+    CHECK(cuStreamEndCapture(st, &cg) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && cg == NULL);
+    CHECK(cuStreamEndCapture(st, &cg) == CUDA_ERROR_ILLEGAL_STATE);
+    CHECK(cuEventQuery(e0) == CUDA_ERROR_CAPTURED_EVENT);
+    OK(cuEventRecord(e0, st)); /* a normal record clears it */
+    OK(cuEventSynchronize(e0));
+    CHECK(launches(0) == n0); /* nothing ran */
+
+    OK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
+    OK(cuLaunchKernel_ptsz(busy, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
+    OK(cuStreamEndCapture(st, &cg));
+    OK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    OK(cuGraphInstantiateWithFlags(&ge, cg, 0));
+    OK(cuGraphLaunch(ge, st)); /* a graph launched into a capture adds its kernels */
+    OK(cuGraphExecDestroy(ge));
+    OK(cuGraphDestroy(cg));
+    OK(cuStreamEndCapture(st, &cg));
+    CHECK(launches(0) == n0);
+    OK(cuGraphInstantiateWithFlags(&ge, cg, 0));
+    t0 = now_ms();
+    OK(cuGraphLaunch(ge, st));
+    OK(cuStreamSynchronize(st));
+    CHECK(now_ms() - t0 >= 4.0 && launches(0) - n0 == 2); /* 2 x busy_2ms */
+    OK(cuGraphExecDestroy(ge));
+    OK(cuGraphDestroy(cg));
+
+    /* Unsafe calls: a thread in global mode may not wait during its own
+     * capture or another thread's global capture. */
+    OK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    CHECK(cuEventSynchronize(e0) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK(cuStreamEndCapture(st, &cg) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    other.ctx = ctx;
+    OK(cuStreamCreate(&other.st, CU_STREAM_NON_BLOCKING));
+    pthread_t th;
+    CHECK(pthread_barrier_init(&other.bar, NULL, 2) == 0);
+    CHECK(pthread_create(&th, NULL, other_capture, NULL) == 0);
+    pthread_barrier_wait(&other.bar);
+    OK(other.begin);
+    cm = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    OK(cuThreadExchangeStreamCaptureMode(&cm));
+    OK(cuEventQuery(e0)); /* thread-local mode: other threads' captures do not matter */
+    OK(cuThreadExchangeStreamCaptureMode(&cm));
+    CHECK(cuEventQuery(e0) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CHECK(cuStreamEndCapture(other.st, &cg) == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    pthread_barrier_wait(&other.bar);
+    pthread_join(th, NULL);
+    CHECK(other.end == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cuEventQuery(e0));
+    OK(cuStreamDestroy(other.st));
+    pthread_barrier_destroy(&other.bar);
 
     /* cuGetProcAddress_v2 resolves versions and per-thread variants. */
     void *pfn;

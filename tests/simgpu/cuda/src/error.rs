@@ -38,6 +38,9 @@ pub enum CuErr {
     /// CUDA_ERROR_INVALID_HANDLE
     #[error("invalid resource handle")]
     InvalidHandle = 400,
+    /// CUDA_ERROR_ILLEGAL_STATE
+    #[error("the operation cannot be performed in the present state")]
+    IllegalState = 401,
     /// CUDA_ERROR_NOT_FOUND
     #[error("named symbol not found")]
     NotFound = 500,
@@ -65,6 +68,18 @@ pub enum CuErr {
     /// CUDA_ERROR_NOT_SUPPORTED
     #[error("operation not supported")]
     NotSupported = 801,
+    /// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    #[error("operation not permitted when stream is capturing")]
+    StreamCaptureUnsupported = 900,
+    /// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+    #[error("operation failed due to a previous error during capture")]
+    StreamCaptureInvalidated = 901,
+    /// CUDA_ERROR_CAPTURED_EVENT
+    #[error("operation not permitted on an event last recorded in a capturing stream")]
+    CapturedEvent = 907,
+    /// CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+    #[error("attempt to terminate a thread-local capture sequence from another thread")]
+    StreamCaptureWrongThread = 908,
     /// CUDA_ERROR_UNKNOWN
     #[error("unknown error")]
     Unknown = 999,
@@ -208,6 +223,21 @@ const CODES: &[(u32, &CStr, &CStr)] = &[
         900,
         c"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
         c"operation not permitted when stream is capturing",
+    ),
+    (
+        901,
+        c"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        c"operation failed due to a previous error during capture",
+    ),
+    (
+        907,
+        c"CUDA_ERROR_CAPTURED_EVENT",
+        c"operation not permitted on an event last recorded in a capturing stream",
+    ),
+    (
+        908,
+        c"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+        c"attempt to terminate a thread-local capture sequence from another thread",
     ),
     (999, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];

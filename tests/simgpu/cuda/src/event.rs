@@ -1,4 +1,6 @@
 //! Events: a recorded event holds the time its stream's queued work ends.
+//! Recorded into a capturing stream it is *captured* instead (see
+//! `capture.rs`) until it is recorded again into a normal stream.
 
 use std::ffi::c_uint;
 
@@ -14,6 +16,8 @@ pub(crate) struct Event {
     pub flags: u32,
     /// Completion time (monotonic ns) of the last record, None if never.
     pub time: Option<u64>,
+    /// The capture (its id) the event was last recorded into, if it was.
+    pub capture: Option<Handle>,
 }
 
 /// `cuEventCreate`.
@@ -26,7 +30,14 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut Handle, flags: c_uint) -> CUresu
         let h = with(|d| {
             d.current_ctx()?;
             let h = d.new_handle();
-            d.events.insert(h, Event { flags, time: None });
+            d.events.insert(
+                h,
+                Event {
+                    flags,
+                    time: None,
+                    capture: None,
+                },
+            );
             Ok(h)
         })?;
         put!(ph, h);
@@ -49,13 +60,18 @@ fn record(ev: Handle, stream: Handle, per_thread: bool) -> Result<(), CuErr> {
     with(|d| {
         let r = d.resolve_stream(stream, per_thread)?;
         let t = d.stream_end_of(&r).max(simgpu::clock::mono_ns());
+        let capture = d.captures.get(&r.key).map(|c| c.id);
         let e = d.events.get_mut(&ev).ok_or(CuErr::InvalidHandle)?;
-        e.time = Some(t);
+        e.capture = capture;
+        if capture.is_none() {
+            e.time = Some(t);
+        }
         Ok(())
     })
 }
 
-/// `cuEventRecord`: completes when the stream's queued work ends.
+/// `cuEventRecord`: completes when the stream's queued work ends (into a
+/// capturing stream: the event is captured).
 #[no_mangle]
 pub unsafe extern "C" fn cuEventRecord(ev: Handle, stream: Handle) -> CUresult {
     guard(|| record(ev, stream, false))
@@ -87,8 +103,15 @@ pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
     guard(|| record(ev, stream, true))
 }
 
+/// The completion time of an event a thread waits for or queries: an
+/// "unsafe" call during a capture, and an error on a captured event.
 fn time_of(ev: Handle) -> Result<Option<u64>, CuErr> {
-    with(|d| Ok(d.events.get(&ev).ok_or(CuErr::InvalidHandle)?.time))
+    with(|d| {
+        let time = d.events.get(&ev).ok_or(CuErr::InvalidHandle)?.time;
+        d.check_unsafe(None)?;
+        d.check_captured(ev)?;
+        Ok(time)
+    })
 }
 
 /// `cuEventSynchronize`: sleeps until the event completes.
@@ -113,6 +136,8 @@ fn elapsed(ms: *mut f32, start: Handle, end: Handle) -> Result<(), CuErr> {
     let (s, e) = with(|d| {
         let s = *d.events.get(&start).ok_or(CuErr::InvalidHandle)?;
         let e = *d.events.get(&end).ok_or(CuErr::InvalidHandle)?;
+        d.check_captured(start)?;
+        d.check_captured(end)?;
         Ok((s, e))
     })?;
     if (s.flags | e.flags) & DISABLE_TIMING != 0 {

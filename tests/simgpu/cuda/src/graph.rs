@@ -42,6 +42,20 @@ pub(crate) struct Graphs {
 }
 
 impl Graphs {
+    /// Adds a graph made of `nodes` (a stream capture's).
+    pub(crate) fn add(&mut self, h: Handle, nodes: Vec<Node>) {
+        self.graphs.insert(h, nodes);
+    }
+
+    /// The kernel nodes of an instantiated graph (launched into a capture).
+    pub(crate) fn kernel_nodes(&self, exec: Handle) -> Result<Vec<Node>, CuErr> {
+        let e = self.execs.get(&exec).ok_or(CuErr::InvalidValue)?;
+        Ok(e.kernels
+            .iter()
+            .map(|&(f, g)| Node::Kernel { f, g })
+            .collect())
+    }
+
     fn note(&mut self, dev: u32, delta: i64) {
         let u = self.used.entry(dev).or_insert(0);
         *u = u.saturating_add_signed(delta);
@@ -369,6 +383,9 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CUresult {
 }
 
 fn launch_graph(exec: Handle, stream: Handle, per_thread: bool) -> Result<(), CuErr> {
+    if crate::capture::captured(stream, per_thread, |d| d.graphs.kernel_nodes(exec))? {
+        return Ok(());
+    }
     let end = submit(stream, per_thread, |d, _| {
         let e = d
             .graphs
@@ -407,7 +424,8 @@ fn launch_graph(exec: Handle, stream: Handle, per_thread: bool) -> Result<(), Cu
     })
 }
 
-/// `cuGraphLaunch`: kernel nodes run back to back on the stream.
+/// `cuGraphLaunch`: kernel nodes run back to back on the stream (into a
+/// capturing stream: they are added to the capture).
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
     guard(|| launch_graph(exec, stream, false))

@@ -1,10 +1,13 @@
 //! Kernel launches through every entry point. A launch computes the
 //! kernel's duration (see `simgpu::model`), blocks only when its stream is
 //! already more than `SIMGPU_QUEUE_MS` ahead of now, and queues the kernel
-//! on the shared device timeline (`simgpu::timeline::schedule`).
+//! on the shared device timeline (`simgpu::timeline::schedule`); a launch
+//! into a capturing stream becomes a node of the capture's graph instead
+//! (`capture.rs`).
 
 use std::ffi::{c_uint, c_void};
 
+use crate::graph::Node;
 use crate::state::{with, Driver};
 use crate::stream::Resolved;
 use crate::{get, guard, CUresult, CuErr, Handle};
@@ -92,16 +95,20 @@ fn launch(
         return Err(CuErr::InvalidHandle);
     }
     g.validate()?;
-    submit(stream, per_thread, |d, _| {
+    let duration = |d: &Driver| {
         if cooperative {
             let per_wave = u64::from(d.cfg.sms) * simgpu::model::blocks_per_sm(g.threads());
             if g.blocks() > per_wave {
                 return Err(CuErr::CooperativeLaunchTooLarge);
             }
         }
-        Ok(vec![d.kernel_duration(f, &g)?])
-    })
-    .map(|_| ())
+        d.kernel_duration(f, &g)
+    };
+    let node = |d: &Driver| duration(d).map(|_| vec![Node::Kernel { f, g }]);
+    if crate::capture::captured(stream, per_thread, node)? {
+        return Ok(());
+    }
+    submit(stream, per_thread, |d, _| Ok(vec![duration(d)?])).map(|_| ())
 }
 
 /// `cuLaunchKernel`.

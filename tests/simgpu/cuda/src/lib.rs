@@ -9,6 +9,7 @@
 //! host and managed memory is real.
 
 mod array;
+mod capture;
 mod control;
 mod ctx;
 mod device;

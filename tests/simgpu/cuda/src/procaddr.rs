@@ -83,6 +83,13 @@ const VERSIONED: &[(&str, &[(i32, &str)])] = &[
             (12080, "cuEventElapsedTime_v2"),
         ],
     ),
+    (
+        "cuStreamBeginCapture",
+        &[
+            (10000, "cuStreamBeginCapture"),
+            (10010, "cuStreamBeginCapture_v2"),
+        ],
+    ),
 ];
 
 /// Resolves `symbol` to an export name, or the `symbolStatus` failure.
@@ -211,6 +218,14 @@ mod tests {
         assert_eq!(
             resolve("cuGraphInstantiate", 12000, 0).as_deref(),
             Ok("cuGraphInstantiateWithFlags")
+        );
+        assert_eq!(
+            resolve("cuStreamBeginCapture", 12000, 2).as_deref(),
+            Ok("cuStreamBeginCapture_v2_ptsz")
+        );
+        assert_eq!(
+            resolve("cuStreamBeginCapture", 10000, 0).as_deref(),
+            Ok("cuStreamBeginCapture")
         );
         assert_eq!(resolve("cuCtxCreate", 3000, 0), Err(VERSION_NOT_SUFFICIENT));
         assert_eq!(resolve("cuNoSuchThing", 12000, 0), Err(SYMBOL_NOT_FOUND));

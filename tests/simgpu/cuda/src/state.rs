@@ -95,6 +95,8 @@ pub(crate) struct Driver {
     pub funcs: HashMap<Handle, crate::module::Func>,
     pub libraries: HashMap<Handle, Handle>,
     pub graphs: crate::graph::Graphs,
+    /// Streams being captured into a graph.
+    pub captures: HashMap<StreamKey, crate::capture::Capture>,
 }
 
 static DRIVER: Mutex<Option<Driver>> = Mutex::new(None);
@@ -173,6 +175,7 @@ pub(crate) fn init() -> Result<(), CuErr> {
         funcs: HashMap::new(),
         libraries: HashMap::new(),
         graphs: Default::default(),
+        captures: HashMap::new(),
     });
     Ok(())
 }

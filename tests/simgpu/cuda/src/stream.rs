@@ -86,20 +86,23 @@ pub(crate) fn wait_and_settle(deadline: u64) -> Result<(), CuErr> {
     })
 }
 
+/// When a stream's work ends, for a thread that waits for it or queries
+/// it: an "unsafe" call during a capture.
+fn end_of(h: Handle, per_thread: bool) -> Result<u64, CuErr> {
+    with(|d| {
+        let r = d.resolve_stream(h, per_thread)?;
+        d.check_unsafe(Some(&r))?;
+        Ok(d.stream_end_of(&r))
+    })
+}
+
 /// Synchronizes a stream.
 pub(crate) fn sync_stream(h: Handle, per_thread: bool) -> Result<(), CuErr> {
-    let end = with(|d| {
-        let r = d.resolve_stream(h, per_thread)?;
-        Ok(d.stream_end_of(&r))
-    })?;
-    wait_and_settle(end)
+    wait_and_settle(end_of(h, per_thread)?)
 }
 
 fn query_stream(h: Handle, per_thread: bool) -> Result<(), CuErr> {
-    let end = with(|d| {
-        let r = d.resolve_stream(h, per_thread)?;
-        Ok(d.stream_end_of(&r))
-    })?;
+    let end = end_of(h, per_thread)?;
     if simgpu::clock::mono_ns() >= end {
         Ok(())
     } else {
@@ -244,6 +247,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     guard(|| {
         let end = with(|d| {
             let (ctx, _) = d.current_ctx()?;
+            d.check_unsafe(None)?;
             Ok(d.ctxs.get(&ctx).map_or(0, |c| c.last_end))
         })?;
         wait_and_settle(end)
