@@ -176,6 +176,23 @@ pub struct nvmlUtilization_t {
 }
 
 const _: () = assert!(std::mem::size_of::<nvmlUtilization_t>() == 8);
+
+/// `nvmlSample_t` of `nvmlDeviceGetSamples`: CPU timestamp (Unix µs) and
+/// the `nvmlValue_t` union, read per `nvmlValueType_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlSample_t {
+    pub time_stamp: u64,
+    pub value: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<nvmlSample_t>() == 16);
+
+/// `NVML_GPU_UTILIZATION_SAMPLES` of `nvmlSamplingType_t`.
+pub const NVML_GPU_UTILIZATION_SAMPLES: c_uint = 1;
+/// `NVML_VALUE_TYPE_UNSIGNED_INT` of `nvmlValueType_t` (utilization
+/// samples come as this).
+pub const NVML_VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
 pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
 pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
 

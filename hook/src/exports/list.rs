@@ -99,6 +99,7 @@ macro_rules! hook_list {
                 fn nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> nvmlReturn_t;
                 fn nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, samples: *mut nvmlProcessUtilizationSample_t, count: *mut c_uint, last_seen: u64) -> nvmlReturn_t;
                 fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, utilization: *mut nvmlUtilization_t) -> nvmlReturn_t;
+                fn nvmlDeviceGetSamples(device: nvmlDevice_t, kind: c_uint, last_seen: u64, val_type: *mut c_uint, count: *mut c_uint, samples: *mut nvmlSample_t) -> nvmlReturn_t;
             }
         }
     };

@@ -402,7 +402,7 @@ impl<S: Sys> Controller<S> {
             return;
         }
         let r = Reading {
-            measured: self.measure(dev, &samples, &pids),
+            measured: self.measure(dev, prev.at_us, &samples, &pids),
             throttled: throttled > prev.throttled,
         };
         let g = feedback::step(b.gain(), pct, r);
@@ -423,12 +423,12 @@ impl<S: Sys> Controller<S> {
     /// limit is a share of; NVML's per-process SM samples read several
     /// points below it (H100, docs/sm-limit.md). Sharing the device, the
     /// per-process samples are the only attribution there is.
-    fn measure(&self, dev: usize, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
-        match self.sys.device_busy(dev) {
+    fn measure(&self, dev: usize, since_us: u64, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
+        match self.sys.device_busy(dev, since_us) {
             Some((util, running))
                 if !running.is_empty() && running.iter().all(|p| pids.contains(p)) =>
             {
-                f64::from(util)
+                util
             }
             _ => feedback::container_share(samples, pids),
         }

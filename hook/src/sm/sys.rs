@@ -64,10 +64,10 @@ pub trait Sys: Sync {
     fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
         None
     }
-    /// The device's own utilization (percent of its last sample period in
-    /// which a kernel ran, what `nvidia-smi` shows) and the host pids of
-    /// every compute process on it; `None` when NVML cannot say.
-    fn device_busy(&self, _dev: usize) -> Option<(u32, Vec<u32>)> {
+    /// The device's own utilization since `since_us` (percent of the time
+    /// a kernel ran, what `nvidia-smi` shows) and the host pids of every
+    /// compute process on it; `None` when NVML cannot say.
+    fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
         None
     }
     /// Fills this process's slot `hostpid` when its host pid is known
@@ -86,6 +86,46 @@ fn relaxed<T>(f: impl FnOnce() -> T) -> T {
         let _ = real_cuda!(cuThreadExchangeStreamCaptureMode(&mut mode));
     }
     r
+}
+
+/// The mean of the device's utilization samples since `since_us` (every
+/// internal sample period, 1/6 s to 1 s, not just the last one). `None`
+/// when NVML has none, or they do not look like percentages.
+fn util_samples_mean(h: nvmlDevice_t, since_us: u64) -> Option<f64> {
+    let call = crate::real::nvml::fns()?.nvmlDeviceGetSamples?;
+    let mut v = [nvmlSample_t::default(); 64];
+    let mut count = v.len() as std::ffi::c_uint;
+    let mut kind: std::ffi::c_uint = 0;
+    // SAFETY: `v` holds `count` initialised entries of the C struct; `kind`
+    // and `count` are live locals for the whole call.
+    let rc = unsafe {
+        call(
+            h,
+            NVML_GPU_UTILIZATION_SAMPLES,
+            since_us,
+            &mut kind,
+            &mut count,
+            v.as_mut_ptr(),
+        )
+    };
+    let n = (count as usize).min(v.len());
+    if rc != NVML_SUCCESS || n == 0 || kind != NVML_VALUE_TYPE_UNSIGNED_INT {
+        return None;
+    }
+    // The union's `unsigned int` is its low 4 bytes (little-endian).
+    let vals: Vec<u32> = v[..n].iter().map(|s| s.value as u32).collect();
+    if vals.iter().any(|&u| u > 100) {
+        return None;
+    }
+    Some(vals.iter().map(|&u| f64::from(u)).sum::<f64>() / n as f64)
+}
+
+/// The device's utilization over its last sample period.
+fn util_now(h: nvmlDevice_t) -> Option<f64> {
+    let call = crate::real::nvml::fns()?.nvmlDeviceGetUtilizationRates?;
+    let mut u = nvmlUtilization_t::default();
+    // SAFETY: `u` is a live local of the C struct's layout.
+    (unsafe { call(h, &mut u) } == NVML_SUCCESS).then(|| f64::from(u.gpu.min(100)))
 }
 
 fn clock(id: libc::clockid_t) -> u64 {
@@ -284,16 +324,11 @@ impl Sys for Real {
         None
     }
 
-    fn device_busy(&self, dev: usize) -> Option<(u32, Vec<u32>)> {
+    fn device_busy(&self, dev: usize, since_us: u64) -> Option<(f64, Vec<u32>)> {
         let h = self.nvml_handle(dev)?;
-        let call = crate::real::nvml::fns()?.nvmlDeviceGetUtilizationRates?;
-        let mut u = nvmlUtilization_t::default();
-        // SAFETY: `u` is a live local of the C struct's layout.
-        if unsafe { call(h, &mut u) } != NVML_SUCCESS {
-            return None;
-        }
+        let util = util_samples_mean(h, since_us).or_else(|| util_now(h))?;
         let pids = crate::memory::driver::compute_processes(h)?;
-        Some((u.gpu.min(100), pids.iter().map(|p| p.pid).collect()))
+        Some((util, pids.iter().map(|p| p.pid).collect()))
     }
 
     fn note_host_pid(&self) {

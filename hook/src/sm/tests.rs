@@ -154,11 +154,11 @@ impl Sys for Fake {
     fn capturing(&self, _stream: usize) -> bool {
         self.capturing.load(Relaxed)
     }
-    fn device_busy(&self, _dev: usize) -> Option<(u32, Vec<u32>)> {
+    fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
         let pids = self.device.lock().unwrap().clone()?;
         let now = self.now();
         let u = busy_share(self, now.saturating_sub(200_000_000), now);
-        Some((u.round() as u32, pids))
+        Some((u.round(), pids))
     }
 }
 

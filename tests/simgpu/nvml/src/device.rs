@@ -316,3 +316,53 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
         Ok(())
     })
 }
+
+/// `nvmlSample_t`: CPU timestamp (Unix µs) and an 8-byte value union.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    time_stamp: u64,
+    value: u64,
+}
+
+/// `NVML_GPU_UTILIZATION_SAMPLES`.
+const GPU_UTILIZATION_SAMPLES: u32 = 1;
+/// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+const VALUE_TYPE_UNSIGNED_INT: u32 = 1;
+
+/// `nvmlDeviceGetSamples`, GPU utilization only: one sample, the percent of
+/// the span since `last_seen` (see `procs::sampled_span_ns`) the device
+/// was running kernels, as an `unsigned int`. Other sample types are
+/// `NOT_SUPPORTED`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSamples(
+    dev: NvmlDevice,
+    kind: u32,
+    last_seen: u64,
+    val_type: *mut u32,
+    count: *mut u32,
+    samples: *mut Sample,
+) -> NvmlReturn {
+    guard(|| {
+        if kind != GPU_UTILIZATION_SAMPLES {
+            return Err(NvmlErr::NotSupported);
+        }
+        let util = with(|s| {
+            let i = index(s, dev)?;
+            let span = crate::procs::sampled_span_ns(s.pcfg.sample_ms, last_seen);
+            Ok(simgpu::timeline::utilization(s.client.shm(), i, span))
+        })?;
+        if !val_type.is_null() {
+            put!(val_type, VALUE_TYPE_UNSIGNED_INT);
+        }
+        let now_us = simgpu::clock::real_ns() / 1_000;
+        crate::procs::fill(
+            count,
+            samples,
+            vec![Sample {
+                time_stamp: now_us,
+                value: u64::from(util),
+            }],
+        )
+    })
+}

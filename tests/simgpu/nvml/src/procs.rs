@@ -43,9 +43,24 @@ fn running(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlErr> {
     })
 }
 
+/// The span a sampled query covers, ending now: the last `SIMGPU_SAMPLE_MS`
+/// for `last_seen == 0`, else everything since `last_seen` (Unix µs), at
+/// least one sample period and at most 2 s. Real NVML returns one sample
+/// per internal period since `last_seen`; their mean is this span's.
+pub(crate) fn sampled_span_ns(sample_ms: u64, last_seen: u64) -> u64 {
+    let window = sample_ms * 1_000_000;
+    if last_seen == 0 {
+        return window;
+    }
+    let since = simgpu::clock::real_us_to_mono(last_seen);
+    simgpu::clock::mono_ns()
+        .saturating_sub(since)
+        .clamp(window, window.max(2_000_000_000))
+}
+
 /// Fills a caller's array in the NVML convention: too small (or NULL with
 /// a non-zero need) sets `*count` to the need and is `INSUFFICIENT_SIZE`.
-fn fill<T>(count: *mut u32, infos: *mut T, items: Vec<T>) -> Result<(), NvmlErr> {
+pub(crate) fn fill<T>(count: *mut u32, infos: *mut T, items: Vec<T>) -> Result<(), NvmlErr> {
     if count.is_null() {
         return Err(NvmlErr::InvalidArgument);
     }
@@ -192,7 +207,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     guard(|| {
         let items: Vec<ProcessUtilizationSample> = with(|s| {
             let i = index(s, dev)?;
-            let window = s.pcfg.sample_ms * 1_000_000;
+            let window = sampled_span_ns(s.pcfg.sample_ms, last_seen);
             let since = if last_seen == 0 {
                 0
             } else {
