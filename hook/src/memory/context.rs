@@ -334,15 +334,20 @@ pub fn released_by_reset(p: &Process, d: usize, retained: &mut u32) {
         }
         graphs.retain(|_, v| !v.is_empty());
     }
-    let total: u64 = freed.iter().map(|e| e.bytes).sum();
-    for e in &freed {
-        p.att.release(e.dev, e.bytes, e.kind);
-    }
+    let total = release_all(p, &freed);
     vlog!(
         crate::log::INFO,
         "device {d}: primary context reset released {} objects, {total} bytes",
         freed.len()
     );
+}
+
+/// Releases what `freed` counted; returns the bytes.
+fn release_all(p: &Process, freed: &[Entry]) -> u64 {
+    for e in freed {
+        p.att.release(e.dev, e.bytes, e.kind);
+    }
+    freed.iter().map(|e| e.bytes).sum()
 }
 
 pub fn primary_reset_v1(dev: CUdevice) -> CUresult {
@@ -438,10 +443,7 @@ pub fn released_by_destroy(p: &Process, ctx: u64) {
     if freed.is_empty() {
         return;
     }
-    let total: u64 = freed.iter().map(|e| e.bytes).sum();
-    for e in &freed {
-        p.att.release(e.dev, e.bytes, e.kind);
-    }
+    let total = release_all(p, &freed);
     vlog!(
         crate::log::INFO,
         "context destroyed with {} allocations alive: released {total} bytes",
