@@ -60,13 +60,21 @@ apps_used() {
         awk -F', *' -v p="$1" '$1==p {print $2}'
 }
 
-# bench N_REPS LABEL... : interleaved runs of configs defined as functions cfg_<label>.
+# The arguments, one a line, in random order (as given without shuf).
+shuffled() {
+    if command -v shuf >/dev/null; then printf '%s\n' "$@" | shuf; else printf '%s\n' "$@"; fi
+}
+
+# bench N_REPS LABEL... : interleaved runs of configs defined as functions cfg_<label>;
+# each round runs them in a fresh random order, so no configuration always
+# runs first (on a cold GPU) or right after another one. The first LABEL is
+# the baseline of the ratios.
 bench_launch_configs() {
     local reps=$1
     shift
     for c in "$@"; do : >"$W/launch-$c" && : >"$W/alloc-$c"; done
     for ((i = 0; i < reps; i++)); do
-        for c in "$@"; do
+        for c in $(shuffled "$@"); do
             out=$("cfg_$c")
             echo "$out" | field launch_ns_per_call >>"$W/launch-$c"
             echo "$out" | field alloc_free_ns_per_pair >>"$W/alloc-$c"
