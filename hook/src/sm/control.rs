@@ -422,7 +422,8 @@ impl<S: Sys> Controller<S> {
     /// the device's own utilization, the figure `nvidia-smi` shows and the
     /// limit is a share of; NVML's per-process SM samples read several
     /// points below it (H100, docs/sm-limit.md). Sharing the device, the
-    /// per-process samples are the only attribution there is.
+    /// device's utilization is split by the per-process samples'
+    /// proportions; without it, the container's samples are taken as read.
     fn measure(&self, dev: usize, since_us: u64, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
         match self.sys.device_busy(dev, since_us) {
             Some((util, running))
@@ -430,7 +431,9 @@ impl<S: Sys> Controller<S> {
             {
                 util
             }
-            _ => feedback::container_share(samples, pids),
+            Some((util, _)) => feedback::attributed_share(samples, pids, util)
+                .unwrap_or_else(|| feedback::container_share(samples, pids)),
+            None => feedback::container_share(samples, pids),
         }
     }
 

@@ -78,6 +78,24 @@ pub fn encode(gain: f64) -> u64 {
 /// samples are averaged (NVML returns one per internal sample period since
 /// the last poll), then the container's pids are added up.
 pub fn container_share(samples: &[(u32, u32)], pids: &[u32]) -> f64 {
+    pid_sum(samples, pids).min(100.0)
+}
+
+/// The container's part of the device's utilization `device`: its
+/// per-process samples over all processes' samples, times `device`. NVML's
+/// per-process figures do not add up to the device counter (on an H100 a
+/// lone matmul read 25 against 31), but their proportions attribute it.
+/// `None` without any sample.
+pub fn attributed_share(samples: &[(u32, u32)], pids: &[u32], device: f64) -> Option<f64> {
+    let mut all: Vec<u32> = samples.iter().map(|(p, _)| *p).collect();
+    all.sort_unstable();
+    all.dedup();
+    let total = pid_sum(samples, &all);
+    (total > 0.0).then(|| (pid_sum(samples, pids) / total * device.clamp(0.0, 100.0)).min(100.0))
+}
+
+/// Each pid's samples averaged, then added up over `pids` (uncapped).
+fn pid_sum(samples: &[(u32, u32)], pids: &[u32]) -> f64 {
     pids.iter()
         .map(|p| {
             let (n, sum) = samples
@@ -91,7 +109,6 @@ pub fn container_share(samples: &[(u32, u32)], pids: &[u32]) -> f64 {
             }
         })
         .sum::<f64>()
-        .min(100.0)
 }
 
 #[cfg(test)]
@@ -215,5 +232,19 @@ mod tests {
         let s = [(10, 20), (10, 40), (11, 5), (99, 90)];
         assert_eq!(container_share(&s, &[10, 11]), 35.0);
         assert_eq!(container_share(&s, &[12]), 0.0);
+    }
+
+    #[test]
+    fn the_device_counter_is_split_by_the_samples_proportions() {
+        // Two samples of pid 1 (avg 20), one of pid 2 (40), one of pid 3 (0):
+        // pid 1 has a third of the attributed 90.
+        let s = [(1, 18), (1, 22), (2, 40), (3, 0)];
+        let a = attributed_share(&s, &[1], 90.0).unwrap();
+        assert!((a - 30.0).abs() < 1e-9, "{a}");
+        let a = attributed_share(&s, &[1, 2], 90.0).unwrap();
+        assert!((a - 90.0).abs() < 1e-9, "{a}");
+        assert_eq!(attributed_share(&s, &[7], 90.0), Some(0.0));
+        assert_eq!(attributed_share(&[], &[1], 90.0), None);
+        assert_eq!(attributed_share(&[(1, 0)], &[1], 90.0), None);
     }
 }

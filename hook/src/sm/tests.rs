@@ -45,6 +45,9 @@ struct Fake {
     nvml: std::sync::atomic::AtomicBool,
     /// Per-process samples read as this percent of the truth (100 = exact).
     proc_pct: AtomicU64,
+    /// Another container's process (`OTHER_PID`) keeps the device busy
+    /// this percent of the time, as NVML sees it (0: no such process).
+    other_pct: AtomicU64,
     /// Fake NVML also reports the device's utilization, with these host
     /// pids running on it.
     device: Mutex<Option<Vec<u32>>>,
@@ -55,6 +58,7 @@ struct Fake {
 }
 
 const NVML_PID: u32 = 4242;
+const OTHER_PID: u32 = 9999;
 
 impl Fake {
     fn new(pct: u64, policy_: i32) -> Self {
@@ -76,6 +80,7 @@ impl Fake {
             skew_pct: AtomicU64::new(100),
             nvml: std::sync::atomic::AtomicBool::new(false),
             proc_pct: AtomicU64::new(100),
+            other_pct: AtomicU64::new(0),
             device: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
             records: AtomicU32::new(0),
@@ -148,8 +153,13 @@ impl Sys for Fake {
         }
         let now = self.now();
         let u = busy_share(self, now.saturating_sub(200_000_000), now);
-        let u = u * self.proc_pct.load(Relaxed) as f64 / 100.0;
-        Some(vec![(NVML_PID, u.round() as u32)])
+        let skew = self.proc_pct.load(Relaxed) as f64 / 100.0;
+        let mut v = vec![(NVML_PID, (u * skew).round() as u32)];
+        let other = self.other_pct.load(Relaxed);
+        if other > 0 {
+            v.push((OTHER_PID, (other as f64 * skew).round() as u32));
+        }
+        Some(v)
     }
     fn capturing(&self, _stream: usize) -> bool {
         self.capturing.load(Relaxed)
@@ -158,7 +168,7 @@ impl Sys for Fake {
         let pids = self.device.lock().unwrap().clone()?;
         let now = self.now();
         let u = busy_share(self, now.saturating_sub(200_000_000), now);
-        Some((u.round(), pids))
+        Some(((u + self.other_pct.load(Relaxed) as f64).min(100.0), pids))
     }
 }
 
@@ -389,11 +399,20 @@ fn feedback_follows_the_device_counter_when_alone() {
     *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
     assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
-    // Another process on the device: back to the per-process samples,
-    // which read low, so the loop raises the share above the limit.
+    // Another container's process keeps the device 40 % busy: the device
+    // counter is split by the per-process samples' proportions, which are
+    // right even though each reads low, so the share stays at the limit.
     let c = closed_loop(30, 100, NVML_PID as i32);
     c.sys.proc_pct.store(80, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, 9999]);
+    c.sys.other_pct.store(40, Relaxed);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    // Without the device counter the container's own samples are taken as
+    // read: they read low, so the loop lets the share rise above the limit.
+    let c = closed_loop(30, 100, NVML_PID as i32);
+    c.sys.proc_pct.store(80, Relaxed);
+    c.sys.other_pct.store(40, Relaxed);
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
     assert!(s > 33.0, "{s:.1}% (gain {:.3})", c.gain(0));
 }
