@@ -385,12 +385,13 @@ impl<S: Sys> Controller<S> {
             b.gain.store(0, Relaxed);
             return;
         };
+        let device = self.sys.device_busy(dev, prev.at_us);
         b.measured_at.store(now, Relaxed);
         if let Some((region, _)) = self.sys.region() {
             for s in region.procs.iter().take(region.proc_count()) {
                 let h = s.hostpid.load(Relaxed);
                 if s.pid.load(Relaxed) != 0 && h > 0 {
-                    let u = feedback::container_share(&samples, &[h as u32]);
+                    let u = attributed(device.as_ref(), &samples, &[h as u32]);
                     s.device_util[dev].sm_util.store(u.round() as u64, Relaxed);
                 }
             }
@@ -402,7 +403,7 @@ impl<S: Sys> Controller<S> {
             return;
         }
         let r = Reading {
-            measured: self.measure(dev, prev.at_us, &samples, &pids),
+            measured: measure(device.as_ref(), &samples, &pids),
             throttled: throttled > prev.throttled,
         };
         let g = feedback::step(b.gain(), pct, r);
@@ -415,26 +416,6 @@ impl<S: Sys> Controller<S> {
             b.gain()
         );
         b.gain.store(feedback::encode(g), Relaxed);
-    }
-
-    /// The container's share of `dev` over the last period. Alone on the
-    /// device (every compute process NVML lists is one of `pids`), that is
-    /// the device's own utilization, the figure `nvidia-smi` shows and the
-    /// limit is a share of; NVML's per-process SM samples read several
-    /// points below it (H100, docs/sm-limit.md). Sharing the device, the
-    /// device's utilization is split by the per-process samples'
-    /// proportions; without it, the container's samples are taken as read.
-    fn measure(&self, dev: usize, since_us: u64, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
-        match self.sys.device_busy(dev, since_us) {
-            Some((util, running))
-                if !running.is_empty() && running.iter().all(|p| pids.contains(p)) =>
-            {
-                util
-            }
-            Some((util, _)) => feedback::attributed_share(samples, pids, util)
-                .unwrap_or_else(|| feedback::container_share(samples, pids)),
-            None => feedback::container_share(samples, pids),
-        }
     }
 
     /// Host pids of the container's processes that hold GPU memory (a
@@ -575,6 +556,34 @@ impl<S: Sys> Controller<S> {
         let l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
         l.costs.estimate(key)
     }
+}
+
+/// The container's share of the device over the last period, from the
+/// device's reading `device` (utilization, host pids of its compute
+/// processes) and NVML's per-process `samples`. Alone on the device (every
+/// compute process is one of `pids`), that is the device's own
+/// utilization, the figure `nvidia-smi` shows and the limit is a share of;
+/// NVML's per-process SM samples read several points below it (H100,
+/// docs/sm-limit.md). Sharing the device, its utilization is split by the
+/// per-process samples' proportions; without a device reading, the
+/// container's samples are taken as read.
+fn measure(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
+    match device {
+        Some((util, running))
+            if !running.is_empty() && running.iter().all(|p| pids.contains(p)) =>
+        {
+            *util
+        }
+        _ => attributed(device, samples, pids),
+    }
+}
+
+/// `pids`' part of the device's utilization (see [`measure`]); what the
+/// leader publishes as each process's `sm_util`.
+fn attributed(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
+    device
+        .and_then(|(util, _)| feedback::attributed_share(samples, pids, *util))
+        .unwrap_or_else(|| feedback::container_share(samples, pids))
 }
 
 /// `cost × gain`, exact when the gain is 1.
