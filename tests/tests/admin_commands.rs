@@ -14,54 +14,13 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::{FILE_SIZE, REGION_SIZE};
 use vgpu_common::view::{Access, RegionFile};
+use vgpu_tests::admin_prog::Prog;
 use vgpu_tests::dist::vgpu_bin;
-use vgpu_tests::hook::{HookEnv, Running};
+use vgpu_tests::hook::HookEnv;
 
 const M: u64 = 1 << 20;
 const G: u64 = 1 << 30;
 const CUDA_ERROR_OUT_OF_MEMORY: &str = "2";
-
-/// A hooked `admin_prog` driven over stdin.
-struct Prog {
-    run: Running,
-    pid: i32,
-}
-
-impl Prog {
-    /// Started under the hook, with a context on device 0.
-    fn start(env: &HookEnv, exe: &Path) -> Prog {
-        Self::start_cmd(env.hooked(exe, &[]), true)
-    }
-
-    /// Started without the hook and without CUDA (a plain process).
-    fn start_plain(env: &HookEnv, exe: &Path) -> Prog {
-        Self::start_cmd(env.unhooked(exe, &[]), false)
-    }
-
-    fn start_cmd(c: Command, ctx: bool) -> Prog {
-        let mut p = Prog {
-            run: Running::start(c),
-            pid: 0,
-        };
-        let pid = p.cmd("pid");
-        p.pid = pid.trim_start_matches("pid ").parse().expect("pid");
-        if ctx {
-            assert_eq!(p.cmd("ctx"), "ctx 0");
-        }
-        p
-    }
-
-    fn cmd(&mut self, line: &str) -> String {
-        let stdin = self.run.child.stdin.as_mut().expect("stdin");
-        writeln!(stdin, "{line}").expect("write command");
-        stdin.flush().expect("flush");
-        self.run.line()
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.run.child.try_wait(), Ok(None))
-    }
-}
 
 struct Out {
     ok: bool,

@@ -7,46 +7,20 @@
     reason = "test helpers panic with a message when the test machine misbehaves"
 )]
 
-use std::io::Write as _;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 
 use serde_json::Value;
 use vgpu_common::view::{Access, RegionFile};
+use vgpu_tests::admin_prog::Prog;
 use vgpu_tests::dist::vgpu_bin;
-use vgpu_tests::hook::{HookEnv, Running};
+use vgpu_tests::hook::HookEnv;
 
 const M: u64 = 1 << 20;
 const G: u64 = 1 << 30;
 /// The simulated context's default footprint.
 const CONTEXT: u64 = 500 * M;
-
-/// A hooked `admin_prog` driven over stdin.
-struct Prog {
-    run: Running,
-    pid: i32,
-}
-
-impl Prog {
-    fn start(env: &HookEnv, exe: &Path) -> Prog {
-        let mut p = Prog {
-            run: Running::start(env.hooked(exe, &[])),
-            pid: 0,
-        };
-        let pid = p.cmd("pid");
-        p.pid = pid.trim_start_matches("pid ").parse().expect("pid");
-        assert_eq!(p.cmd("ctx"), "ctx 0");
-        p
-    }
-
-    fn cmd(&mut self, line: &str) -> String {
-        let stdin = self.run.child.stdin.as_mut().expect("stdin");
-        writeln!(stdin, "{line}").expect("write command");
-        stdin.flush().expect("flush");
-        self.run.line()
-    }
-}
 
 fn inspect(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(vgpu_bin())
