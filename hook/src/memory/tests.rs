@@ -89,6 +89,24 @@ fn used(p: &Process, dev: usize) -> u64 {
     usage::container_used(p.att.region(), dev)
 }
 
+/// A context for `p` is refused with `CUDA_ERROR_OUT_OF_MEMORY` before the
+/// driver is asked to create it.
+fn refused_before_creating(p: &Process, fake: &Fake) {
+    let created = Cell::new(false);
+    let (rc, _) = counted_context(
+        p,
+        fake,
+        0,
+        || {
+            created.set(true);
+            CUDA_SUCCESS
+        },
+        || {},
+    );
+    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(!created.get());
+}
+
 #[test]
 fn alloc_until_the_limit_then_oom_and_free_releases() {
     let dir = tempfile::tempdir().unwrap();
@@ -276,19 +294,7 @@ fn context_is_measured_once_then_reserved_before_creation() {
         counted_context(&p, &fake, 0, || CUDA_SUCCESS, || {}).0,
         CUDA_SUCCESS
     );
-    let created = Cell::new(false);
-    let (rc, _) = counted_context(
-        &p,
-        &fake,
-        0,
-        || {
-            created.set(true);
-            CUDA_SUCCESS
-        },
-        || {},
-    );
-    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
-    assert!(!created.get());
+    refused_before_creating(&p, &fake);
 }
 
 #[test]
@@ -381,19 +387,7 @@ fn an_exact_size_is_shared_and_then_reserved_before_creation() {
     // (60 + 60 > 100), is refused before the driver creates anything.
     let live = Live::new();
     let b = Process::new(&cfg(dir.path(), "100m"), live.pid(), 0).unwrap();
-    let created = Cell::new(false);
-    let (rc, _) = counted_context(
-        &b,
-        &fake,
-        0,
-        || {
-            created.set(true);
-            CUDA_SUCCESS
-        },
-        || {},
-    );
-    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
-    assert!(!created.get());
+    refused_before_creating(&b, &fake);
 }
 
 #[test]
