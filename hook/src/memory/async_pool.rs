@@ -5,7 +5,8 @@
 //! counted (see docs/hook.md).
 
 use super::driver::Real;
-use super::{counted, target, uncounted};
+use super::track::Entry;
+use super::{counted_as, target, uncounted};
 use crate::ffi::*;
 use crate::region::Kind;
 use crate::state::process;
@@ -14,15 +15,12 @@ fn alloc(dptr: *mut CUdeviceptr, bytes: usize, call: impl Fn() -> CUresult) -> C
     let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
         return call();
     };
-    let rc = counted(p, &p.ptrs, dev, bytes as u64, Kind::Data, || {
+    // Pool memory belongs to the pool, not to the context.
+    let e = Entry::unbound(dev, bytes as u64, Kind::Data);
+    counted_as(p, &p.ptrs, e, || {
         let rc = call();
         (rc, read(dptr).unwrap_or(0))
-    });
-    if rc == CUDA_SUCCESS {
-        // Pool memory belongs to the pool, not to the context.
-        p.ptrs.unbind(read(dptr).unwrap_or(0));
-    }
-    rc
+    })
 }
 
 fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {

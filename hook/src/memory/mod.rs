@@ -52,15 +52,26 @@ pub fn counted(
     kind: Kind,
     call: impl FnOnce() -> (CUresult, u64),
 ) -> CUresult {
-    if !p.att.reserve(dev, bytes, kind) {
+    counted_as(p, tracker, Entry::here(dev, bytes, kind), call)
+}
+
+/// [`counted`] for an object described by `e` (one not bound to the current
+/// context, say).
+pub fn counted_as(
+    p: &Process,
+    tracker: &Tracker,
+    e: Entry,
+    call: impl FnOnce() -> (CUresult, u64),
+) -> CUresult {
+    if !p.att.reserve(e.dev, e.bytes, e.kind) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let (rc, key) = call();
     if rc != CUDA_SUCCESS || key == 0 {
-        p.att.release(dev, bytes, kind);
+        p.att.release(e.dev, e.bytes, e.kind);
         return rc;
     }
-    if let Some(old) = tracker.insert(key, Entry::here(dev, bytes, kind)) {
+    if let Some(old) = tracker.insert(key, e) {
         // The driver handed out a key we still track: its free escaped us.
         p.att.release(old.dev, old.bytes, old.kind);
     }

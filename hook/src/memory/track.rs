@@ -76,13 +76,6 @@ impl Tracker {
         self.shard(key).remove(&key)
     }
 
-    /// Marks `key` as not bound to a context.
-    pub fn unbind(&self, key: u64) {
-        if let Some(e) = self.shard(key).get_mut(&key) {
-            e.ctx = 0;
-        }
-    }
-
     /// Removes and returns every entry for which `f` holds.
     pub fn drain_where(&self, f: impl Fn(&Entry) -> bool) -> Vec<Entry> {
         let mut out = Vec::new();

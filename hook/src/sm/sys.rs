@@ -113,11 +113,11 @@ fn util_samples_mean(h: nvmlDevice_t, since_us: u64) -> Option<f64> {
         return None;
     }
     // The union's `unsigned int` is its low 4 bytes (little-endian).
-    let vals: Vec<u32> = v[..n].iter().map(|s| s.value as u32).collect();
-    if vals.iter().any(|&u| u > 100) {
+    let vals = v[..n].iter().map(|s| s.value as u32);
+    if vals.clone().any(|u| u > 100) {
         return None;
     }
-    Some(vals.iter().map(|&u| f64::from(u)).sum::<f64>() / n as f64)
+    Some(vals.map(f64::from).sum::<f64>() / n as f64)
 }
 
 /// The device's utilization over its last sample period.
