@@ -287,7 +287,7 @@ phase_sm() {
     say "SM limit sweep: throughput share of unlimited and nvidia-smi utilization ($secs s runs)"
     mkdir -p "$W/sm"
     cd "$W/sm" && python3 "$ROOT/scripts/gpu/sm_bench.py" --sweep "${SM_SWEEP:-10,30,60,90}" \
-        --workloads "${SM_WORKLOADS:-matmul,tiny,graph}" --hook "$DIST/libvgpu.so" --seconds "$secs"
+        --workloads "${SM_WORKLOADS:-matmul,tiny,spin,graph}" --hook "$DIST/libvgpu.so" --seconds "$secs"
 }
 
 phase_pair() {
@@ -295,12 +295,30 @@ phase_pair() {
     python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
     for lim in 30 70; do
         LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_SM_LIMIT=$lim GPU_CORE_UTILIZATION_POLICY=force \
-            CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/pair-$lim.cache" \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/pair-$lim.cache" LIBCUDA_LOG_LEVEL=4 \
             python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 20 --no-smi \
-            --baseline "$W/base.json" >"$W/pair-$lim.txt" 2>&1 &
+            --baseline "$W/base.json" >"$W/pair-$lim.txt" 2>"$W/pair-$lim.log" &
+        echo "limit $lim: pid $!"
     done
+    # Per-process SM % (NVML's own attribution) and the device counter, over
+    # the middle of the run, for each container's pid.
+    sleep 7
+    timeout 10 nvidia-smi pmon -s u -d 1 >"$W/pair-pmon.txt" 2>&1 &
+    timeout 10 nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 \
+        >"$W/pair-dev.txt" 2>&1 &
     wait
-    for lim in 30 70; do echo "limit $lim:"; cat "$W/pair-$lim.txt"; done
+    for lim in 30 70; do
+        echo "limit $lim:"
+        cat "$W/pair-$lim.txt"
+        grep 'sm feedback' "$W/pair-$lim.log" | tail -n 40
+    done
+    echo "nvidia-smi pmon -s u (per process sm %), 10 s in the middle:"
+    cat "$W/pair-pmon.txt"
+    awk '$1 == "0" && $4 ~ /^[0-9]+$/ {n[$2]++; s[$2] += $4}
+        END {for (p in n) printf "pid %s: sm %% mean %.1f over %d samples\n", p, s[p] / n[p], n[p]}' \
+        "$W/pair-pmon.txt"
+    awk '/^[0-9]+$/ {n++; s+=$1} END {if (n) printf "device utilization mean %.1f over %d samples\n", s/n, n}' \
+        "$W/pair-dev.txt"
 }
 
 "phase_$PHASE"

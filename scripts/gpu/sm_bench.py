@@ -3,7 +3,11 @@
 
 Runs three workloads, each for N seconds, and prints their throughput:
   matmul  bf16 4096x4096 matmul loop (long kernels)
-  tiny    a loop of tiny element-wise kernels on a 4096-element tensor
+  tiny    a loop of tiny element-wise kernels on a 4096-element tensor (launch-bound:
+          Python issues them slower than the GPU runs them, so unlimited it keeps
+          the GPU busy only part of the time)
+  spin    a loop of one-block kernels of ~10 us each (torch.cuda._sleep): tiny grids
+          (what a grid-size charge undercounts) that keep the GPU busy
   graph   a CUDA-graph replay of 20 tiny kernels + one 1024x1024 matmul
 
 Usage (the lead runs it with and without the hook, at each limit):
@@ -84,7 +88,8 @@ def timed(name, step, seconds, work_per_iter, unit, sample, gpu_index):
     torch.cuda.synchronize()
     dt = time.monotonic() - t0
     stop.set()
-    util = [u for (t, u) in samples if t0 + 0.5 <= t <= t0 + dt]
+    # The issue's window: the middle 60 % of the timed run.
+    util = [u for (t, u) in samples if t0 + 0.2 * dt <= t <= t0 + 0.8 * dt]
     res = {
         "name": name,
         "iters_per_s": iters / dt,
@@ -129,6 +134,14 @@ def run_all(args):
 
         results["tiny"] = timed("tiny", tiny, args.seconds, 1, "kernels/s", args.smi, args.device)
 
+    if "spin" in args.workloads:
+        cycles = 20000  # ~10 us at the H100/H200 boost clock
+
+        def spin():
+            torch.cuda._sleep(cycles)
+
+        results["spin"] = timed("spin", spin, args.seconds, 1, "kernels/s", args.smi, args.device)
+
     if "graph" in args.workloads:
         x = torch.zeros(4096, device=dev)
         m = torch.randn(1024, 1024, device=dev, dtype=torch.bfloat16)
@@ -170,10 +183,17 @@ def sweep(args):
     base = run(env0)
     # Rows are printed as each limit finishes, so a run cut short by a time
     # limit still shows what it measured.
-    print(f"{'limit':>5} {'workload':8} {'share of unlimited':>18} {'util mean':>9} {'stdev':>6}", flush=True)
+    # A limit is a cap: a workload that unlimited keeps the GPU busy only
+    # u % of the time should get min(limit, u) % utilization and
+    # min(1, limit / u) of its throughput. Both are printed as the target.
+    print(
+        f"{'limit':>5} {'workload':8} {'share of unlimited':>18} {'(target)':>8} "
+        f"{'util mean':>9} {'(target)':>8} {'stdev':>6}",
+        flush=True,
+    )
     for name, r in base.items():
         um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
-        print(f"{'none':>5} {name:8} {100.0:17.1f}% {um:>9}", flush=True)
+        print(f"{'none':>5} {name:8} {100.0:17.1f}% {'':>8} {um:>9}", flush=True)
     for limit in args.sweep:
         d = tempfile.mkdtemp(prefix="vgpu-smbench-")
         env = dict(env0)
@@ -189,14 +209,19 @@ def sweep(args):
             share = 100.0 * r["work_per_s"] / base[name]["work_per_s"]
             um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
             us = f"{r['util_stdev']:.1f}" if r["util_stdev"] is not None else "-"
-            print(f"{limit:5d} {name:8} {share:17.1f}% {um:>9} {us:>6}", flush=True)
+            u0 = base[name]["util_mean"]
+            if u0:
+                ut, st = f"{min(limit, u0):.1f}", f"{min(100.0, 100.0 * limit / u0):.1f}%"
+            else:
+                ut, st = "-", "-"
+            print(f"{limit:5d} {name:8} {share:17.1f}% {st:>8} {um:>9} {ut:>8} {us:>6}", flush=True)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per workload")
     p.add_argument("--device", type=int, default=0)
-    p.add_argument("--workloads", default="matmul,tiny,graph", type=lambda s: s.split(","))
+    p.add_argument("--workloads", default="matmul,tiny,spin,graph", type=lambda s: s.split(","))
     p.add_argument("--no-smi", dest="smi", action="store_false", help="do not sample nvidia-smi")
     p.add_argument("--json", action="store_true", help="also print one `JSON {...}` line")
     p.add_argument("--save", help="write the results as JSON to this file (for --baseline)")

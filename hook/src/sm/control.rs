@@ -90,8 +90,8 @@ struct Loop {
     at: u64,
     /// Its Unix µs (NVML's `lastSeenTimeStamp` for the next one).
     at_us: u64,
-    /// The container's `throttled` counter then.
-    throttled: u64,
+    /// The container's `charged_ns` counter then.
+    charged: u64,
     /// The limit then.
     pct: u32,
 }
@@ -238,9 +238,12 @@ impl<S: Sys> Controller<S> {
                     b.charged_ns.fetch_add(billed, Relaxed);
                     if slept {
                         b.throttled.fetch_add(1, Relaxed);
-                        if now >= self.fb_next[dev].load(Relaxed) {
-                            self.feedback(dev, now, pct);
-                        }
+                    }
+                    // Unthrottled launches step the loop too: a container
+                    // whose charges are too low never waits for the bucket,
+                    // and only a measurement can find that out.
+                    if now >= self.fb_next[dev].load(Relaxed) {
+                        self.feedback(dev, now, pct);
                     }
                     return (pct, slept, billed);
                 }
@@ -286,8 +289,9 @@ impl<S: Sys> Controller<S> {
         }
         self.charged[t.dev].fetch_sub(t.cost_ns as i64, Relaxed);
         if t.pct > 0 {
-            let tat = &self.sys.buckets().devs[t.dev].tat;
-            bucket::adjust(tat, self.sys.now(), -(t.billed_ns as i64), t.pct);
+            let b = &self.sys.buckets().devs[t.dev];
+            b.charged_ns.fetch_sub(t.billed_ns, Relaxed);
+            bucket::adjust(&b.tat, self.sys.now(), -(t.billed_ns as i64), t.pct);
         }
     }
 
@@ -332,12 +336,14 @@ impl<S: Sys> Controller<S> {
         if pct > 0 && self.enforce.load(Relaxed) {
             let b = &self.sys.buckets().devs[dev];
             let owed = (owed as f64 * b.gain()) as i64;
+            // Two's complement: adding a negative amount subtracts it.
+            b.charged_ns.fetch_add(owed as u64, Relaxed);
             bucket::adjust(&b.tat, self.sys.now(), owed, pct);
         }
     }
 
     /// One step of the outer loop on `dev` (docs/sm-limit.md, "Feedback"):
-    /// called on the throttled launch path at most once per period. Only
+    /// called on the limited launch path at most once per period. Only
     /// the container's leader (a lease in the sidecar) measures and steers.
     fn feedback(&self, dev: usize, now: u64, pct: u32) {
         let Ok(mut all) = self.fb.try_lock() else {
@@ -362,10 +368,10 @@ impl<S: Sys> Controller<S> {
         st.lease = new;
         let prev = *st;
         let at_us = self.sys.unix_us();
-        let throttled = b.throttled.load(Relaxed);
+        let charged = b.charged_ns.load(Relaxed);
         st.at = now;
         st.at_us = at_us;
-        st.throttled = throttled;
+        st.charged = charged;
         st.pct = pct;
         // Open loop (gain 1) unless every process's host pid is known and
         // NVML answers.
@@ -397,22 +403,23 @@ impl<S: Sys> Controller<S> {
             }
         }
         if prev.at == 0 || now.saturating_sub(prev.at) > feedback::MAX_GAP_NS || prev.pct != pct {
-            // First measurement, the container was not throttled for a
-            // while, or the limit changed (the measurement still shows the
+            // First measurement, no limited launch for a while, or the
+            // limit changed (the measurement still shows the
             // old one): this one only sets the baseline.
             return;
         }
+        let period = now.saturating_sub(prev.at).max(1) as f64;
         let r = Reading {
             measured: measure(device.as_ref(), &samples, &pids),
-            throttled: throttled > prev.throttled,
+            charged: charged.wrapping_sub(prev.charged) as i64 as f64 * 100.0 / period,
         };
         let g = feedback::step(b.gain(), pct, r);
         vlog!(
             crate::log::DEBUG,
-            "sm feedback dev {dev}: limit {pct}, measured {:.1} ({} samples), throttled {}, gain {:.3} -> {g:.3}",
+            "sm feedback dev {dev}: limit {pct}, measured {:.1} ({} samples), charged {:.1}, gain {:.3} -> {g:.3}",
             r.measured,
             samples.len(),
-            r.throttled,
+            r.charged,
             b.gain()
         );
         b.gain.store(feedback::encode(g), Relaxed);

@@ -1,21 +1,22 @@
 //! The slow outer loop: corrects the charges of a device by a gain from the
 //! container's measured utilization (docs/sm-limit.md, "Feedback").
 //!
-//! The bucket charges each launch `cost × gain`. The container's real share
-//! is `limit × true cost / (cost × gain)`, so with `r = measured / limit`
-//! the right gain is `gain × r`. Each period the gain moves a fixed fraction
-//! of the way there in the log domain (`gain × r^K`): an integral step that
-//! converges geometrically and never overshoots (no oscillation), bounded
-//! per step and overall. It only moves when the measurement means something:
-//! the container was throttled during the whole period (the bucket, not the
-//! application, set its pace) or measured above its limit; otherwise the
-//! gain holds (anti-windup: an idle or under-using container never drives it
-//! to a bound).
+//! The bucket charges each launch `cost × gain`; over a period the container
+//! was charged `charged` % of wall time and the device measured `measured` %.
+//! Their ratio is the error of the charges: the right gain is
+//! `gain × measured / charged`, whether the bucket held the container (then
+//! `charged` is the limit) or not (its charges were too low to ever empty
+//! the bucket, or the application used less than its limit). Each period
+//! the gain moves a fixed fraction of the way there in the log domain
+//! (`gain × r^K`): an integral step that converges geometrically and never
+//! overshoots (no oscillation), bounded per step and overall. A period in
+//! which almost nothing was charged says nothing, and the gain holds
+//! (anti-windup: an idle container never drives it to a bound).
 
 /// How often the loop runs (at most).
 pub const PERIOD_NS: u64 = 500_000_000;
-/// A period longer than this since the previous step (the leader was not
-/// throttled in between): re-baseline, do not step.
+/// A period longer than this since the previous step (no limited launch in
+/// between): re-baseline, do not step.
 pub const MAX_GAP_NS: u64 = 2 * PERIOD_NS;
 pub const GAIN_MIN: f64 = 0.25;
 pub const GAIN_MAX: f64 = 4.0;
@@ -23,16 +24,20 @@ pub const GAIN_MAX: f64 = 4.0;
 const K: f64 = 0.5;
 /// Largest factor applied in one period.
 const MAX_STEP: f64 = 1.5;
-/// |measured / limit − 1| below this: hold (measurement noise).
+/// |measured / charged − 1| below this: hold (measurement noise).
 const DEAD_BAND: f64 = 0.02;
+/// Charged less than this percent of the period: too little work to learn
+/// from (an idle or nearly idle container).
+const MIN_CHARGED: f64 = 1.0;
 
 /// One period's reading of the container on a device.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reading {
     /// Percent of the device's time the container's processes used.
     pub measured: f64,
-    /// The container's launches waited for the bucket during the period.
-    pub throttled: bool,
+    /// Percent of the period the container was charged (gain included):
+    /// the GPU time the bucket believes it used.
+    pub charged: f64,
 }
 
 /// The next gain after a period at `limit` percent.
@@ -42,17 +47,20 @@ pub fn step(gain: f64, limit: u32, r: Reading) -> f64 {
     } else {
         1.0
     };
-    if limit == 0 || limit >= 100 || !r.measured.is_finite() {
+    if limit == 0
+        || limit >= 100
+        || !r.measured.is_finite()
+        || !r.charged.is_finite()
+        || r.charged < MIN_CHARGED
+    {
         return gain;
     }
-    let ratio = r.measured.max(0.0) / f64::from(limit);
-    let over = ratio > 1.0 + DEAD_BAND;
-    let under = ratio < 1.0 - DEAD_BAND && r.throttled;
-    if !over && !under {
+    let ratio = r.measured.max(0.0) / r.charged;
+    if (ratio - 1.0).abs() <= DEAD_BAND {
         return gain;
     }
-    // A zero reading while throttled (NVML lost the samples) must not slam
-    // the gain down: the per-step bound limits it.
+    // A zero reading (NVML lost the samples) must not slam the gain down:
+    // the per-step bound limits it.
     let f = ratio.max(1e-3).powf(K).clamp(1.0 / MAX_STEP, MAX_STEP);
     (gain * f).clamp(GAIN_MIN, GAIN_MAX)
 }
@@ -115,28 +123,32 @@ fn pid_sum(samples: &[(u32, u32)], pids: &[u32]) -> f64 {
 mod tests {
     use super::*;
 
-    /// The plant: the container's share when each launch really costs
-    /// `truth` × its estimate, charged `gain` × its estimate.
-    fn plant(limit: u32, truth: f64, gain: f64) -> f64 {
-        (f64::from(limit) * truth / gain).min(100.0)
+    /// The plant: a container that would use `demand` % of the device,
+    /// whose launches really cost `truth` × their estimate and are charged
+    /// `gain` × it. The bucket admits `limit` % of charges; the device
+    /// saturates at 100. Returns (measured, charged).
+    fn plant(limit: u32, demand: f64, truth: f64, gain: f64) -> (f64, f64) {
+        let wanted = demand * gain / truth;
+        let charged = wanted.min(f64::from(limit)).min(100.0 * gain / truth);
+        ((charged * truth / gain).min(100.0), charged)
     }
 
-    fn run(limit: u32, truth: f64, periods: usize) -> Vec<f64> {
+    fn reading((measured, charged): (f64, f64)) -> Reading {
+        Reading { measured, charged }
+    }
+
+    fn run_with(limit: u32, demand: f64, truth: f64, periods: usize) -> Vec<f64> {
         let mut g = 1.0;
         let mut out = vec![g];
         for _ in 0..periods {
-            let m = plant(limit, truth, g);
-            g = step(
-                g,
-                limit,
-                Reading {
-                    measured: m,
-                    throttled: true,
-                },
-            );
+            g = step(g, limit, reading(plant(limit, demand, truth, g)));
             out.push(g);
         }
         out
+    }
+
+    fn run(limit: u32, truth: f64, periods: usize) -> Vec<f64> {
+        run_with(limit, 100.0, truth, periods)
     }
 
     fn monotone(v: &[f64]) -> bool {
@@ -148,7 +160,7 @@ mod tests {
         // Kernels cost 10 % more than learnt (the min-filter at limit 60).
         let g = run(60, 1.1, 8);
         assert!(monotone(&g), "{g:?}");
-        let m = plant(60, 1.1, g[5]);
+        let (m, _) = plant(60, 100.0, 1.1, g[5]);
         assert!((m - 60.0).abs() < 1.5, "{g:?} → {m}");
         assert!(g.iter().all(|x| *x <= 1.1 + 1e-9), "overshoot {g:?}");
     }
@@ -158,54 +170,72 @@ mod tests {
         // Tiny kernels charged twice their real time (launch latency).
         let g = run(30, 0.5, 8);
         assert!(monotone(&g), "{g:?}");
-        let m = plant(30, 0.5, g[5]);
+        let (m, _) = plant(30, 100.0, 0.5, g[5]);
         assert!((m - 30.0).abs() < 1.5, "{g:?} → {m}");
         assert!(g.iter().all(|x| *x >= 0.5 - 1e-9), "overshoot {g:?}");
     }
 
     #[test]
-    fn saturated_measurement_still_raises_the_gain() {
-        // At 90 % an under-estimate shows as 100 % (NVML caps it).
-        let g = run(90, 1.3, 12);
+    fn a_container_charged_too_little_to_be_held_is_corrected() {
+        // At 90 % with costs learnt at 60 % of the truth the bucket never
+        // empties: the device saturates (measured 100) while the charges
+        // say 60. The ratio, not the limit, drives the step.
+        let g = run(90, 1.0 / 0.6, 12);
         assert!(monotone(&g), "{g:?}");
-        assert!(plant(90, 1.3, g[12]) < 92.0, "{g:?}");
+        let (m, _) = plant(90, 100.0, 1.0 / 0.6, g[8]);
+        assert!((m - 90.0).abs() < 2.0, "{g:?} → {m}");
+        assert!(g.iter().all(|x| *x <= 1.0 / 0.6 + 1e-9), "overshoot {g:?}");
     }
 
     #[test]
-    fn holds_when_idle_or_not_throttled() {
+    fn an_application_below_its_limit_corrects_without_moving_its_share() {
+        // A launch-bound application using 20 % of the device under a 60 %
+        // limit, its launches charged 2.5× their time (launch latency): the
+        // gain learns the error while the share stays the application's own.
+        let g = run_with(60, 20.0, 0.4, 10);
+        assert!(monotone(&g), "{g:?}");
+        assert!((g[10] - 0.4).abs() < 0.02, "{g:?}");
+        for x in &g {
+            let (m, _) = plant(60, 20.0, 0.4, *x);
+            assert!((m - 20.0).abs() < 1e-9, "{g:?}");
+        }
+    }
+
+    #[test]
+    fn holds_when_idle_or_in_the_dead_band() {
         let idle = Reading {
             measured: 0.0,
-            throttled: false,
+            charged: 0.0,
         };
-        let under = Reading {
-            measured: 12.0,
-            throttled: false,
+        let nearly_idle = Reading {
+            measured: 3.0,
+            charged: 0.5,
         };
         let mut g = 1.7;
         for _ in 0..100 {
             g = step(g, 30, idle);
-            g = step(g, 30, under);
+            g = step(g, 30, nearly_idle);
         }
         assert_eq!(g, 1.7);
-        // In the dead band: hold too.
-        assert_eq!(
-            step(
-                0.8,
-                50,
-                Reading {
-                    measured: 50.5,
-                    throttled: true
-                }
-            ),
-            0.8
-        );
+        let close = Reading {
+            measured: 50.5,
+            charged: 50.0,
+        };
+        assert_eq!(step(0.8, 50, close), 0.8);
+        // No limit: nothing to correct.
+        let off = Reading {
+            measured: 90.0,
+            charged: 30.0,
+        };
+        assert_eq!(step(0.8, 0, off), 0.8);
+        assert_eq!(step(0.8, 100, off), 0.8);
     }
 
     #[test]
     fn bounded_per_step_and_overall() {
         let zero = Reading {
             measured: 0.0,
-            throttled: true,
+            charged: 30.0,
         };
         assert!((step(1.0, 30, zero) - 1.0 / MAX_STEP).abs() < 1e-12);
         let mut g = 1.0;
@@ -215,7 +245,7 @@ mod tests {
         assert_eq!(g, GAIN_MIN);
         let full = Reading {
             measured: 100.0,
-            throttled: true,
+            charged: 10.0,
         };
         for _ in 0..50 {
             g = step(g, 10, full);

@@ -38,7 +38,8 @@ pub struct DevBucket {
     /// GCRA "theoretical arrival time": CLOCK_MONOTONIC ns at which the
     /// container's budget is spent (0 = never charged).
     pub tat: AtomicU64,
-    /// GPU-ns charged by the container, ever (diagnostics).
+    /// GPU-ns charged by the container (gain included, refunds and
+    /// settlements applied), wrapping; the feedback loop reads its rate.
     pub charged_ns: AtomicU64,
     /// Launches admitted after a wait (diagnostics).
     pub throttled: AtomicU64,

@@ -462,9 +462,10 @@ fn captured_launches_are_neither_charged_nor_timed() {
 }
 
 #[test]
-fn feedback_holds_while_not_throttled() {
-    // Over-estimated costs, but the application itself only uses 10 % of
-    // a 60 % limit: never throttled, the gain holds at 1.
+fn an_under_using_container_learns_its_costs_without_being_held() {
+    // Costs read 2× long, but the application itself only uses 10 % of a
+    // 60 % limit: never throttled, its share stays its own while the gain
+    // learns the error, so a later burst is held at the limit at once.
     let c = closed_loop(60, 200, NVML_PID as i32);
     let f = &c.sys;
     let w = Work {
@@ -483,5 +484,26 @@ fn feedback_holds_while_not_throttled() {
         c.after_opt(t, true);
         f.advance(10_000_000);
     }
-    assert_eq!(c.gain(0), 1.0);
+    assert_eq!(
+        f.sleeps.load(Relaxed),
+        0,
+        "an application under its limit waited"
+    );
+    let s = busy_share(f, start + SEC, start + 4 * SEC);
+    assert!((s - 10.0).abs() < 0.5, "{s:.1}%");
+    let g = c.gain(0);
+    assert!((0.45..0.56).contains(&g), "gain {g:.3}");
+    let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2);
+    assert!((s - 60.0).abs() < 3.0, "{s:.1}% (gain {:.3})", c.gain(0));
+}
+
+#[test]
+fn a_container_never_held_by_its_charges_is_measured_and_held() {
+    // Costs learnt at 60 % of the truth at a 90 % limit: the charges never
+    // empty the bucket (the device saturates first), so only a measurement
+    // on the unthrottled path can find the error.
+    let c = closed_loop(90, 60, NVML_PID as i32);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
+    let s = run(&c, kernel(1), 1_000_000, 8 * SEC, 5 * SEC);
+    assert!((s - 90.0).abs() < 2.5, "{s:.1}% (gain {:.3})", c.gain(0));
 }
