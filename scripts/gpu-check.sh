@@ -97,6 +97,12 @@ BENCH_ARGS=${BENCH_ARGS:-200000 2000}
 cfg_native() { "$W/bench_launch" $BENCH_ARGS; }
 cfg_hook_memlimit() { hooked "$W/bench.cache" 4g "$W/bench_launch" $BENCH_ARGS; }
 cfg_hook_nolimit() { LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/bench0.cache" "$W/bench_launch" $BENCH_ARGS; }
+# A limit that does not bind (empty kernels keep the GPU well under 90 %
+# busy): the limited launch path's own cost.
+cfg_hook_smlimit() {
+    LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/bench-sm.cache" \
+        CUDA_DEVICE_SM_LIMIT=90 GPU_CORE_UTILIZATION_POLICY=force "$W/bench_launch" $BENCH_ARGS
+}
 cfg_c_shim() { LD_PRELOAD="$W/bench_shim.so" "$W/bench_launch" $BENCH_ARGS; }
 
 # wait_line FILE PATTERN SECS
@@ -156,7 +162,9 @@ phase_mem() {
 
 phase_overhead() {
     say "launch and alloc cost, native vs hook with a memory limit (interleaved)"
-    bench_launch_configs "${REPS:-11}" native c_shim hook_nolimit hook_memlimit
+    bench_launch_configs "${REPS:-11}" native c_shim hook_nolimit hook_memlimit hook_smlimit
+    say "driver calls a limited launch adds (native, ns per call)"
+    "$W/bench_launch" 1000 10 calls | grep _ns
 }
 
 cfg_floor() { with_tracer --floor; }
@@ -319,6 +327,14 @@ phase_pair() {
         "$W/pair-pmon.txt"
     awk '/^[0-9]+$/ {n++; s+=$1} END {if (n) printf "device utilization mean %.1f over %d samples\n", s/n, n}' \
         "$W/pair-dev.txt"
+
+    say "the same two processes without the hook (time slicing alone): throughput share of solo"
+    for i in 1 2; do
+        python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --no-smi \
+            --baseline "$W/base.json" >"$W/pair-free-$i.txt" 2>&1 &
+    done
+    wait
+    for i in 1 2; do grep 'of unlimited' "$W/pair-free-$i.txt"; done
 }
 
 "phase_$PHASE"

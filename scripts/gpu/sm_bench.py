@@ -41,7 +41,7 @@ def smi_sampler(stop, samples, gpu_index):
     cmd = [
         "nvidia-smi",
         f"--id={gpu_index}",
-        "--query-gpu=utilization.gpu",
+        "--query-gpu=utilization.gpu,clocks.sm,power.draw",
         "--format=csv,noheader,nounits",
         "-lms",
         "100",
@@ -54,9 +54,11 @@ def smi_sampler(stop, samples, gpu_index):
         for line in p.stdout:
             if stop.is_set():
                 break
-            line = line.strip()
-            if line.isdigit():
-                samples.append((time.monotonic(), int(line)))
+            f = [x.strip() for x in line.split(",")]
+            try:
+                samples.append((time.monotonic(), int(f[0]), float(f[1]), float(f[2])))
+            except (ValueError, IndexError):
+                continue
     finally:
         p.kill()
         p.wait()
@@ -89,7 +91,8 @@ def timed(name, step, seconds, work_per_iter, unit, sample, gpu_index):
     dt = time.monotonic() - t0
     stop.set()
     # The issue's window: the middle 60 % of the timed run.
-    util = [u for (t, u) in samples if t0 + 0.2 * dt <= t <= t0 + 0.8 * dt]
+    mid = [s for s in samples if t0 + 0.2 * dt <= s[0] <= t0 + 0.8 * dt]
+    util = [s[1] for s in mid]
     res = {
         "name": name,
         "iters_per_s": iters / dt,
@@ -97,12 +100,19 @@ def timed(name, step, seconds, work_per_iter, unit, sample, gpu_index):
         "unit": unit,
         "util_mean": statistics.mean(util) if util else None,
         "util_stdev": statistics.pstdev(util) if len(util) > 1 else None,
+        # SM clock (MHz) and board power (W) over the same window: a GPU
+        # under its power cap clocks down, so a duty-cycled one does more
+        # work per busy second than an unlimited one.
+        "clock_mhz": statistics.mean(s[2] for s in mid) if mid else None,
+        "power_w": statistics.mean(s[3] for s in mid) if mid else None,
     }
     u = (
         f" util {res['util_mean']:.1f} ± {res['util_stdev']:.1f}"
         if res["util_mean"] is not None and res["util_stdev"] is not None
         else ""
     )
+    if res["clock_mhz"] is not None:
+        u += f" sm clock {res['clock_mhz']:.0f} MHz, {res['power_w']:.0f} W"
     print(f"{name:7s} {res['iters_per_s']:12.1f} it/s {res['work_per_s']:14.3f} {unit}{u}", flush=True)
     return res
 
@@ -163,6 +173,13 @@ def run_all(args):
     return results
 
 
+def clk(r):
+    """SM clock and power columns of a result."""
+    if r.get("clock_mhz") is None:
+        return f"{'-':>5} {'-':>4}"
+    return f"{r['clock_mhz']:5.0f} {r['power_w']:4.0f}"
+
+
 def sweep(args):
     """Baseline without the hook, then each limit under it; prints a table."""
     me = os.path.abspath(__file__)
@@ -188,12 +205,12 @@ def sweep(args):
     # min(1, limit / u) of its throughput. Both are printed as the target.
     print(
         f"{'limit':>5} {'workload':8} {'share of unlimited':>18} {'(target)':>8} "
-        f"{'util mean':>9} {'(target)':>8} {'stdev':>6}",
+        f"{'util mean':>9} {'(target)':>8} {'stdev':>6} {'MHz':>5} {'W':>4}",
         flush=True,
     )
     for name, r in base.items():
         um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
-        print(f"{'none':>5} {name:8} {100.0:17.1f}% {'':>8} {um:>9}", flush=True)
+        print(f"{'none':>5} {name:8} {100.0:17.1f}% {'':>8} {um:>9} {'':>8} {'':>6} {clk(r)}", flush=True)
     for limit in args.sweep:
         d = tempfile.mkdtemp(prefix="vgpu-smbench-")
         env = dict(env0)
@@ -214,7 +231,7 @@ def sweep(args):
                 ut, st = f"{min(limit, u0):.1f}", f"{min(100.0, 100.0 * limit / u0):.1f}%"
             else:
                 ut, st = "-", "-"
-            print(f"{limit:5d} {name:8} {share:17.1f}% {st:>8} {um:>9} {ut:>8} {us:>6}", flush=True)
+            print(f"{limit:5d} {name:8} {share:17.1f}% {st:>8} {um:>9} {ut:>8} {us:>6} {clk(r)}", flush=True)
 
 
 def main():

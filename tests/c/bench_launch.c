@@ -60,6 +60,26 @@ int main(int argc, char **argv) {
     }
     t1 = now_ns();
     printf("alloc_free_ns_per_pair %.1f\n", (t1 - t0) / allocs);
+    /* `calls`: the cost of the driver calls a limited launch adds (the SM
+     * limiter's per-launch queries), timed natively. */
+    if (argc > 3 && !strcmp(argv[3], "calls")) {
+        const int n = 200000;
+        CUstreamCaptureStatus cs;
+        CUcontext cur;
+        CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        t0 = now_ns();
+        for (int i = 0; i < n; i++) CHECK(cuStreamIsCapturing(NULL, &cs));
+        t1 = now_ns();
+        printf("stream_is_capturing_ns %.1f\n", (t1 - t0) / n);
+        t0 = now_ns();
+        for (int i = 0; i < n; i++) CHECK(cuCtxGetCurrent(&cur));
+        t1 = now_ns();
+        printf("ctx_get_current_ns %.1f\n", (t1 - t0) / n);
+        t0 = now_ns();
+        for (int i = 0; i < n; i++) CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+        t1 = now_ns();
+        printf("exchange_capture_mode_ns %.1f\n", (t1 - t0) / n);
+    }
     /* Threads the process runs at the end (the driver's, and any a hook added). */
     FILE *st = fopen("/proc/self/status", "r");
     char line[256];

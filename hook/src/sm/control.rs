@@ -86,8 +86,10 @@ struct Learn {
 struct Loop {
     /// The lease value this process last wrote (see `DevBucket::lease`).
     lease: u64,
-    /// CLOCK_MONOTONIC ns of the previous measurement (0 = none).
+    /// CLOCK_MONOTONIC ns the current measurement window began (0 = none).
     at: u64,
+    /// CLOCK_MONOTONIC ns of the previous call (a long gap re-baselines).
+    seen: u64,
     /// Its Unix µs (NVML's `lastSeenTimeStamp` for the next one).
     at_us: u64,
     /// The container's `charged_ns` counter then.
@@ -367,12 +369,7 @@ impl<S: Sys> Controller<S> {
         }
         st.lease = new;
         let prev = *st;
-        let at_us = self.sys.unix_us();
-        let charged = b.charged_ns.load(Relaxed);
-        st.at = now;
-        st.at_us = at_us;
-        st.charged = charged;
-        st.pct = pct;
+        st.seen = now;
         // Open loop (gain 1) unless every process's host pid is known and
         // NVML answers.
         let Some(pids) = self.container_pids() else {
@@ -381,6 +378,7 @@ impl<S: Sys> Controller<S> {
                 "sm feedback: a host pid is unknown, open loop"
             );
             b.gain.store(0, Relaxed);
+            *st = Loop::default();
             return;
         };
         let Some(samples) = self.sys.proc_util(dev, prev.at_us) else {
@@ -389,6 +387,7 @@ impl<S: Sys> Controller<S> {
                 "sm feedback: no NVML process utilization, open loop"
             );
             b.gain.store(0, Relaxed);
+            *st = Loop::default();
             return;
         };
         let device = self.sys.device_busy(dev, prev.at_us);
@@ -402,10 +401,27 @@ impl<S: Sys> Controller<S> {
                 }
             }
         }
-        if prev.at == 0 || now.saturating_sub(prev.at) > feedback::MAX_GAP_NS || prev.pct != pct {
+        let charged = b.charged_ns.load(Relaxed);
+        let rebase =
+            prev.at == 0 || now.saturating_sub(prev.seen) > feedback::MAX_GAP_NS || prev.pct != pct;
+        // Another container's process is on the device.
+        let shared = device
+            .as_ref()
+            .is_some_and(|(_, running)| running.iter().any(|p| !pids.contains(p)));
+        if !rebase && shared && now.saturating_sub(prev.at) < feedback::SHARED_PERIOD_NS {
+            // Sharing the device, the split comes from NVML's per-process
+            // samples, a few a second: one period may hold a sample of one
+            // process and none of the other. Keep widening the window.
+            return;
+        }
+        st.at = now;
+        st.at_us = self.sys.unix_us();
+        st.charged = charged;
+        st.pct = pct;
+        if rebase {
             // First measurement, no limited launch for a while, or the
-            // limit changed (the measurement still shows the
-            // old one): this one only sets the baseline.
+            // limit changed (the measurement still shows the old one):
+            // this one only sets the baseline.
             return;
         }
         let period = now.saturating_sub(prev.at).max(1) as f64;
@@ -416,7 +432,8 @@ impl<S: Sys> Controller<S> {
         let g = feedback::step(b.gain(), pct, r);
         vlog!(
             crate::log::DEBUG,
-            "sm feedback dev {dev}: limit {pct}, measured {:.1} ({} samples), charged {:.1}, gain {:.3} -> {g:.3}",
+            "sm feedback dev {dev}: limit {pct}, {} {:.1} ({} samples), charged {:.1}, gain {:.3} -> {g:.3}",
+            if shared { "attributed" } else { "device" },
             r.measured,
             samples.len(),
             r.charged,
@@ -565,22 +582,23 @@ impl<S: Sys> Controller<S> {
     }
 }
 
-/// The container's share of the device over the last period, from the
-/// device's reading `device` (utilization, host pids of its compute
-/// processes) and NVML's per-process `samples`. Alone on the device (every
-/// compute process is one of `pids`), that is the device's own
-/// utilization, the figure `nvidia-smi` shows and the limit is a share of;
-/// NVML's per-process SM samples read several points below it (H100,
-/// docs/sm-limit.md). Sharing the device, its utilization is split by the
-/// per-process samples' proportions; without a device reading, the
-/// container's samples are taken as read.
+/// Whether the container is alone on the device: every compute process
+/// NVML lists (`device`: utilization, host pids) is one of its `pids`.
+fn alone(device: Option<&(f64, Vec<u32>)>, pids: &[u32]) -> bool {
+    device
+        .is_some_and(|(_, running)| !running.is_empty() && running.iter().all(|p| pids.contains(p)))
+}
+
+/// The container's share of the device over the last window, from the
+/// device's reading `device` and NVML's per-process `samples`. Alone on the
+/// device, that is the device's own utilization, the figure `nvidia-smi`
+/// shows and the limit is a share of; NVML's per-process SM samples read
+/// several points below it (H100, docs/sm-limit.md). Sharing the device,
+/// its utilization is split by the per-process samples' proportions;
+/// without a device reading, the container's samples are taken as read.
 fn measure(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
     match device {
-        Some((util, running))
-            if !running.is_empty() && running.iter().all(|p| pids.contains(p)) =>
-        {
-            *util
-        }
+        Some((util, _)) if alone(device, pids) => *util,
         _ => attributed(device, samples, pids),
     }
 }

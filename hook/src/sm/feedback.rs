@@ -15,9 +15,15 @@
 
 /// How often the loop runs (at most).
 pub const PERIOD_NS: u64 = 500_000_000;
-/// A period longer than this since the previous step (no limited launch in
-/// between): re-baseline, do not step.
+/// No limited launch for this long (no call in between): re-baseline, do
+/// not step.
 pub const MAX_GAP_NS: u64 = 2 * PERIOD_NS;
+/// The measurement window while another container shares the device: its
+/// split comes from per-process samples, which NVML takes a few times a
+/// second (one period can hold a sample of one process and none of the
+/// other's, attributing all the device to one). Non-overlapping windows
+/// keep the loop's delay at one step, so the step stays stable.
+pub const SHARED_PERIOD_NS: u64 = 4 * PERIOD_NS;
 pub const GAIN_MIN: f64 = 0.25;
 pub const GAIN_MAX: f64 = 4.0;
 /// Fraction of the log-error corrected per period.

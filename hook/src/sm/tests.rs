@@ -55,7 +55,14 @@ struct Fake {
     capturing: std::sync::atomic::AtomicBool,
     /// Events recorded so far.
     records: AtomicU32,
+    /// NVML's per-process samples as on a real GPU: one per process per
+    /// second, each covering that second (ours on the second, the other
+    /// process's half a second later), instead of one each per query.
+    sparse: std::sync::atomic::AtomicBool,
 }
+
+/// `Fake::unix_us` at fake time 0.
+const UNIX_BASE_US: u64 = 1_700_000_000_000_000;
 
 const NVML_PID: u32 = 4242;
 const OTHER_PID: u32 = 9999;
@@ -84,6 +91,7 @@ impl Fake {
             device: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
             records: AtomicU32::new(0),
+            sparse: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -100,7 +108,10 @@ impl Sys for Fake {
         self.now()
     }
     fn unix_secs(&self) -> u64 {
-        1_700_000_000 + self.now() / 1_000_000_000
+        self.unix_us() / 1_000_000
+    }
+    fn unix_us(&self) -> u64 {
+        UNIX_BASE_US + self.now() / 1_000
     }
     fn sleep_until(&self, t: u64) {
         let n = self.sleeps.fetch_add(1, Relaxed) + 1;
@@ -147,15 +158,31 @@ impl Sys for Fake {
     fn buckets(&self) -> &'static SmShared {
         self.buckets
     }
-    fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
+    fn proc_util(&self, _dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
         if !self.nvml.load(Relaxed) {
             return None;
         }
         let now = self.now();
-        let u = busy_share(self, now.saturating_sub(200_000_000), now);
         let skew = self.proc_pct.load(Relaxed) as f64 / 100.0;
-        let mut v = vec![(NVML_PID, (u * skew).round() as u32)];
         let other = self.other_pct.load(Relaxed);
+        if self.sparse.load(Relaxed) {
+            let since = since_us.saturating_sub(UNIX_BASE_US).saturating_mul(1_000);
+            let mut v = Vec::new();
+            let mut t = since / SEC * SEC;
+            while t <= now {
+                if t > since && t >= SEC {
+                    let u = busy_share(self, t - SEC, t);
+                    v.push((NVML_PID, (u * skew).round() as u32));
+                }
+                if other > 0 && t + SEC / 2 > since && t + SEC / 2 <= now {
+                    v.push((OTHER_PID, (other as f64 * skew).round() as u32));
+                }
+                t += SEC;
+            }
+            return Some(v);
+        }
+        let u = busy_share(self, now.saturating_sub(200_000_000), now);
+        let mut v = vec![(NVML_PID, (u * skew).round() as u32)];
         if other > 0 {
             v.push((OTHER_PID, (other as f64 * skew).round() as u32));
         }
@@ -415,6 +442,22 @@ fn feedback_follows_the_device_counter_when_alone() {
     c.sys.other_pct.store(40, Relaxed);
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
     assert!(s > 33.0, "{s:.1}% (gain {:.3})", c.gain(0));
+}
+
+#[test]
+fn a_shared_device_is_split_over_windows_that_hold_every_process() {
+    // Another container keeps the device 40 % busy; NVML has one sample
+    // per process per second. Half-second windows would see only one of the
+    // two processes and give it the whole device; the loop measures over
+    // two-second windows when the device is shared.
+    let c = closed_loop(30, 100, NVML_PID as i32);
+    c.sys.sparse.store(true, Relaxed);
+    c.sys.other_pct.store(40, Relaxed);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let s = run(&c, kernel(1), 1_000_000, 12 * SEC, 6 * SEC);
+    let g = c.gain(0);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {g:.3})");
+    assert!((0.9..1.1).contains(&g), "gain {g:.3}");
 }
 
 #[test]
