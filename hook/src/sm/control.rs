@@ -428,6 +428,7 @@ impl<S: Sys> Controller<S> {
         let r = Reading {
             measured: measure(device.as_ref(), &samples, &pids),
             charged: charged.wrapping_sub(prev.charged) as i64 as f64 * 100.0 / period,
+            shared,
         };
         let g = feedback::step(b.gain(), pct, r);
         vlog!(

@@ -18,16 +18,20 @@ pub const PERIOD_NS: u64 = 500_000_000;
 /// No limited launch for this long (no call in between): re-baseline, do
 /// not step.
 pub const MAX_GAP_NS: u64 = 2 * PERIOD_NS;
-/// The measurement window while another container shares the device: its
-/// split comes from per-process samples, which NVML takes a few times a
-/// second (one period can hold a sample of one process and none of the
-/// other's, attributing all the device to one). Non-overlapping windows
-/// keep the loop's delay at one step, so the step stays stable.
-pub const SHARED_PERIOD_NS: u64 = 4 * PERIOD_NS;
+/// The measurement window while another container shares the device. The
+/// split then comes from NVML's per-process samples, which an H100 takes
+/// about once a second per process, each swinging ±15 points around the
+/// process's share (docs/benchmarks.md): half a second can hold a sample
+/// of one process and none of the other's, giving one all the device.
+/// Non-overlapping windows keep the loop's delay at one step, so the step
+/// stays stable; a smaller step (`K_SHARED`) averages over several.
+pub const SHARED_PERIOD_NS: u64 = 16 * PERIOD_NS;
 pub const GAIN_MIN: f64 = 0.25;
 pub const GAIN_MAX: f64 = 4.0;
 /// Fraction of the log-error corrected per period.
 const K: f64 = 0.5;
+/// The same, per window, when the reading is a split of a shared device.
+const K_SHARED: f64 = 0.3;
 /// Largest factor applied in one period.
 const MAX_STEP: f64 = 1.5;
 /// |measured / charged − 1| below this: hold (measurement noise).
@@ -44,6 +48,9 @@ pub struct Reading {
     /// Percent of the period the container was charged (gain included):
     /// the GPU time the bucket believes it used.
     pub charged: f64,
+    /// `measured` is the container's split of a device shared with others
+    /// (noisier than the device's own counter).
+    pub shared: bool,
 }
 
 /// The next gain after a period at `limit` percent.
@@ -67,7 +74,8 @@ pub fn step(gain: f64, limit: u32, r: Reading) -> f64 {
     }
     // A zero reading (NVML lost the samples) must not slam the gain down:
     // the per-step bound limits it.
-    let f = ratio.max(1e-3).powf(K).clamp(1.0 / MAX_STEP, MAX_STEP);
+    let k = if r.shared { K_SHARED } else { K };
+    let f = ratio.max(1e-3).powf(k).clamp(1.0 / MAX_STEP, MAX_STEP);
     (gain * f).clamp(GAIN_MIN, GAIN_MAX)
 }
 
@@ -140,7 +148,11 @@ mod tests {
     }
 
     fn reading((measured, charged): (f64, f64)) -> Reading {
-        Reading { measured, charged }
+        Reading {
+            measured,
+            charged,
+            shared: false,
+        }
     }
 
     fn run_with(limit: u32, demand: f64, truth: f64, periods: usize) -> Vec<f64> {
@@ -212,10 +224,12 @@ mod tests {
         let idle = Reading {
             measured: 0.0,
             charged: 0.0,
+            shared: false,
         };
         let nearly_idle = Reading {
             measured: 3.0,
             charged: 0.5,
+            shared: false,
         };
         let mut g = 1.7;
         for _ in 0..100 {
@@ -226,12 +240,14 @@ mod tests {
         let close = Reading {
             measured: 50.5,
             charged: 50.0,
+            shared: false,
         };
         assert_eq!(step(0.8, 50, close), 0.8);
         // No limit: nothing to correct.
         let off = Reading {
             measured: 90.0,
             charged: 30.0,
+            shared: false,
         };
         assert_eq!(step(0.8, 0, off), 0.8);
         assert_eq!(step(0.8, 100, off), 0.8);
@@ -242,6 +258,7 @@ mod tests {
         let zero = Reading {
             measured: 0.0,
             charged: 30.0,
+            shared: false,
         };
         assert!((step(1.0, 30, zero) - 1.0 / MAX_STEP).abs() < 1e-12);
         let mut g = 1.0;
@@ -252,6 +269,7 @@ mod tests {
         let full = Reading {
             measured: 100.0,
             charged: 10.0,
+            shared: false,
         };
         for _ in 0..50 {
             g = step(g, 10, full);
