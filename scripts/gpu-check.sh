@@ -10,6 +10,7 @@
 #   bash scripts/gpu-check.sh daemon     host-PID fill in 8 containers, untracked process, launch cost
 #   bash scripts/gpu-check.sh sm         SM limit sweep 10/30/60/90 on three workloads
 #   bash scripts/gpu-check.sh pair       two containers at 30 / 70
+#   bash scripts/gpu-check.sh pylaunch   PyTorch launch-bound loop: native vs hook, no limit / limit 90
 #
 # Every figure printed is measured in this run.
 set -uo pipefail
@@ -335,6 +336,29 @@ phase_pair() {
     done
     wait
     for i in 1 2; do grep 'of unlimited' "$W/pair-free-$i.txt"; done
+}
+
+# PyTorch's launch-bound loop (tiny kernels, 5 s runs, interleaved):
+# native, the hook with no limit, and the hook with a limit that does not
+# bind (90 %: the loop keeps the GPU ~30 % busy). Kernels/s, median.
+phase_pylaunch() {
+    say "PyTorch launch-bound loop: kernels/s, native vs hook (no limit, limit 90) (interleaved)"
+    local rounds=${REPS:-4}
+    for ((i = 0; i < rounds; i++)); do
+        for c in $(shuffled native nolimit limit90); do
+            case $c in
+            native) env=() ;;
+            nolimit) env=(LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/py0.cache") ;;
+            limit90) env=(LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/py90-$i.cache"
+                CUDA_DEVICE_SM_LIMIT=90 GPU_CORE_UTILIZATION_POLICY=force) ;;
+            esac
+            env "${env[@]}" python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads tiny --seconds 5 --no-smi |
+                awk '/^tiny/ {print $2}' >>"$W/py-$c"
+        done
+    done
+    for c in native nolimit limit90; do
+        printf '%-8s %s kernels/s (runs: %s)\n' "$c" "$(median <"$W/py-$c")" "$(tr '\n' ' ' <"$W/py-$c")"
+    done
 }
 
 "phase_$PHASE"

@@ -381,6 +381,7 @@ impl<S: Sys> Controller<S> {
             *st = Loop::default();
             return;
         };
+        let asked = self.sys.now();
         let Some(samples) = self.sys.proc_util(dev, prev.at_us) else {
             vlog_once!(
                 crate::log::INFO,
@@ -391,6 +392,7 @@ impl<S: Sys> Controller<S> {
             return;
         };
         let device = self.sys.device_busy(dev, prev.at_us);
+        let nvml_us = self.sys.now().saturating_sub(asked) / 1_000;
         b.measured_at.store(now, Relaxed);
         if let Some((region, _)) = self.sys.region() {
             for s in region.procs.iter().take(region.proc_count()) {
@@ -433,7 +435,7 @@ impl<S: Sys> Controller<S> {
         let g = feedback::step(b.gain(), pct, r);
         vlog!(
             crate::log::DEBUG,
-            "sm feedback dev {dev}: limit {pct}, {} {:.1} ({} samples), charged {:.1}, gain {:.3} -> {g:.3}",
+            "sm feedback dev {dev}: limit {pct}, {} {:.1} ({} samples), charged {:.1}, gain {:.3} -> {g:.3} (NVML {nvml_us} us)",
             if shared { "attributed" } else { "device" },
             r.measured,
             samples.len(),
