@@ -211,6 +211,7 @@ def sweep(args):
     for name, r in base.items():
         um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
         print(f"{'none':>5} {name:8} {100.0:17.1f}% {'':>8} {um:>9} {'':>8} {'':>6} {clk(r)}", flush=True)
+    results = []
     for limit in args.sweep:
         d = tempfile.mkdtemp(prefix="vgpu-smbench-")
         env = dict(env0)
@@ -222,7 +223,9 @@ def sweep(args):
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE": os.path.join(d, "bench.cache"),
             }
         )
-        for name, r in run(env).items():
+        res = run(env)
+        results.append((limit, res))
+        for name, r in res.items():
             share = 100.0 * r["work_per_s"] / base[name]["work_per_s"]
             um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
             us = f"{r['util_stdev']:.1f}" if r["util_stdev"] is not None else "-"
@@ -232,6 +235,17 @@ def sweep(args):
             else:
                 ut, st = "-", "-"
             print(f"{limit:5d} {name:8} {share:17.1f}% {st:>8} {um:>9} {ut:>8} {us:>6} {clk(r)}", flush=True)
+    # A launch-bound loop's rate drifts with the host by ±15 % between runs:
+    # a second unlimited run at the end shows how far, and the shares are
+    # given again against the mean of both.
+    end = run(env0)
+    print("unlimited again at the end (throughput vs the first; shares against the mean of both):", flush=True)
+    for name, r in end.items():
+        print(f"{'none':>5} {name:8} {100.0 * r['work_per_s'] / base[name]['work_per_s']:17.1f}%", flush=True)
+    for limit, res in results:
+        for name, r in res.items():
+            mean = (base[name]["work_per_s"] + end[name]["work_per_s"]) / 2
+            print(f"{limit:5d} {name:8} {100.0 * r['work_per_s'] / mean:17.1f}%", flush=True)
 
 
 def main():
