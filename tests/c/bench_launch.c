@@ -79,6 +79,15 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) CHECK(cuThreadExchangeStreamCaptureMode(&mode));
         t1 = now_ns();
         printf("exchange_capture_mode_ns %.1f\n", (t1 - t0) / n);
+        struct timespec ts;
+        t0 = now_ns();
+        for (int i = 0; i < n; i++) clock_gettime(CLOCK_MONOTONIC, &ts);
+        t1 = now_ns();
+        printf("clock_monotonic_ns %.1f\n", (t1 - t0) / n);
+        t0 = now_ns();
+        for (int i = 0; i < n; i++) clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+        t1 = now_ns();
+        printf("clock_monotonic_coarse_ns %.1f\n", (t1 - t0) / n);
     }
     /* Threads the process runs at the end (the driver's, and any a hook added). */
     FILE *st = fopen("/proc/self/status", "r");
