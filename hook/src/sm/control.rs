@@ -412,8 +412,9 @@ impl<S: Sys> Controller<S> {
             .is_some_and(|(_, running)| running.iter().any(|p| !pids.contains(p)));
         if !rebase && shared && now.saturating_sub(prev.at) < feedback::SHARED_PERIOD_NS {
             // Sharing the device, the split comes from NVML's per-process
-            // samples, a few a second: one period may hold a sample of one
-            // process and none of the other. Keep widening the window.
+            // samples, about one per process per second: one period may
+            // hold a sample of one process and none of the other's. Keep
+            // widening the window.
             return;
         }
         st.at = now;
