@@ -98,6 +98,17 @@ struct Loop {
     pct: u32,
 }
 
+impl Loop {
+    /// Drops the measurement history (the next call re-baselines) but keeps
+    /// the lease: this process still leads.
+    fn forget(&mut self) {
+        *self = Loop {
+            lease: self.lease,
+            ..Loop::default()
+        };
+    }
+}
+
 /// A leader holds the loop this long without renewing it.
 const LEASE_NS: u64 = 4 * feedback::PERIOD_NS;
 /// Low bits of a lease that carry the leader's pid.
@@ -378,7 +389,7 @@ impl<S: Sys> Controller<S> {
                 "sm feedback: a host pid is unknown, open loop"
             );
             b.gain.store(0, Relaxed);
-            *st = Loop::default();
+            st.forget();
             return;
         };
         let asked = self.sys.now();
@@ -388,7 +399,7 @@ impl<S: Sys> Controller<S> {
                 "sm feedback: no NVML process utilization, open loop"
             );
             b.gain.store(0, Relaxed);
-            *st = Loop::default();
+            st.forget();
             return;
         };
         let device = self.sys.device_busy(dev, prev.at_us);
@@ -406,10 +417,7 @@ impl<S: Sys> Controller<S> {
         let charged = b.charged_ns.load(Relaxed);
         let rebase =
             prev.at == 0 || now.saturating_sub(prev.seen) > feedback::MAX_GAP_NS || prev.pct != pct;
-        // Another container's process is on the device.
-        let shared = device
-            .as_ref()
-            .is_some_and(|(_, running)| running.iter().any(|p| !pids.contains(p)));
+        let shared = shared(device.as_ref(), &pids);
         if !rebase && shared && now.saturating_sub(prev.at) < feedback::SHARED_PERIOD_NS {
             // Sharing the device, the split comes from NVML's per-process
             // samples, about one per process per second: one period may
@@ -591,6 +599,12 @@ impl<S: Sys> Controller<S> {
 fn alone(device: Option<&(f64, Vec<u32>)>, pids: &[u32]) -> bool {
     device
         .is_some_and(|(_, running)| !running.is_empty() && running.iter().all(|p| pids.contains(p)))
+}
+
+/// Whether another container's process is on the device (NVML lists a
+/// compute process that is not one of `pids`).
+fn shared(device: Option<&(f64, Vec<u32>)>, pids: &[u32]) -> bool {
+    device.is_some_and(|(_, running)| running.iter().any(|p| !pids.contains(p)))
 }
 
 /// The container's share of the device over the last window, from the

@@ -417,6 +417,22 @@ fn feedback_stays_open_without_host_pids_or_nvml() {
 }
 
 #[test]
+fn the_loop_closes_promptly_once_host_pids_are_known() {
+    // Open loop while the host pid is unknown; once the daemon fills it,
+    // the leader (still holding its lease) re-baselines at its next call
+    // and steps at the one after: within about a second, not after its
+    // own lease has run out.
+    let c = closed_loop(60, 91, 0);
+    run(&c, kernel(1), 2_000_000, SEC, 0);
+    assert_eq!(c.gain(0), 1.0);
+    c.sys.file.region().procs[0]
+        .hostpid
+        .store(NVML_PID as i32, Relaxed);
+    run(&c, kernel(1), 2_000_000, 1_200_000_000, 0);
+    assert!(c.gain(0) > 1.0, "gain {:.3}", c.gain(0));
+}
+
+#[test]
 fn feedback_follows_the_device_counter_when_alone() {
     // NVML's per-process samples read 80 % of the truth (as on the H100)
     // but the container is alone on the device: the device's utilization
