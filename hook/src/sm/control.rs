@@ -6,7 +6,6 @@
 //! The fast path (no device limited) is a coarse clock read and three
 //! relaxed loads. The region is re-read at most every `REFRESH_NS`.
 
-use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64};
@@ -17,6 +16,7 @@ use vgpu_common::region::MAX_DEVICES;
 use super::bucket::{self, Admit};
 use super::cost::{Costs, Key};
 use super::feedback::{self, Reading};
+use super::local;
 use super::policy;
 use super::sys::{Poll, Sys};
 
@@ -34,12 +34,6 @@ const MAX_PENDING: usize = 32;
 const MAX_POOL: usize = 32;
 /// Finished timings are collected at most this often (a driver call each).
 const POLL_NS: u64 = 500_000;
-
-thread_local! {
-    /// This thread's previous launch waited for the bucket (its stream was
-    /// then likely idle: a timing would include the launch latency).
-    static SLEPT: Cell<bool> = const { Cell::new(false) };
-}
 
 /// What `before` hands to `after` for one launch.
 #[derive(Debug)]
@@ -126,6 +120,9 @@ struct Publish {
 #[derive(Debug)]
 pub struct Controller<S: Sys> {
     pub sys: S,
+    /// Tells this controller's entries in the threads' caches (`local`)
+    /// from another's.
+    id: u64,
     next_refresh: AtomicU64,
     refreshing: AtomicBool,
     /// Bit per device with a limit (accounting on).
@@ -135,6 +132,8 @@ pub struct Controller<S: Sys> {
     limits: [AtomicU32; MAX_DEVICES],
     last_secs: AtomicU64,
     next_poll: AtomicU64,
+    /// Timed launches are in flight (`Learn::pending` is not empty).
+    has_pending: AtomicBool,
     /// GPU ns this process was charged, per device.
     charged: [AtomicI64; MAX_DEVICES],
     learn: Mutex<Learn>,
@@ -149,6 +148,7 @@ impl<S: Sys> Controller<S> {
     pub fn new(sys: S) -> Self {
         Self {
             sys,
+            id: local::new_owner(),
             next_refresh: AtomicU64::new(0),
             refreshing: AtomicBool::new(false),
             limited: AtomicU32::new(0),
@@ -157,6 +157,7 @@ impl<S: Sys> Controller<S> {
             limits: std::array::from_fn(|_| AtomicU32::new(0)),
             last_secs: AtomicU64::new(0),
             next_poll: AtomicU64::new(0),
+            has_pending: AtomicBool::new(false),
             charged: std::array::from_fn(|_| AtomicI64::new(0)),
             learn: Mutex::new(Learn::default()),
             publish: Mutex::new(Publish::default()),
@@ -192,31 +193,38 @@ impl<S: Sys> Controller<S> {
         if self.sys.capturing(w.stream) {
             return None;
         }
-        let idle = SLEPT.try_with(Cell::get).unwrap_or(false);
-        let (charge, sample) = {
+        let now = self.sys.now();
+        if self.has_pending.load(Relaxed) && now >= self.next_poll.load(Relaxed) {
+            self.next_poll.store(now.saturating_add(POLL_NS), Relaxed);
             let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
-            if !l.pending.is_empty() {
-                let now = self.sys.now();
-                if now >= self.next_poll.load(Relaxed) {
-                    self.next_poll.store(now.saturating_add(POLL_NS), Relaxed);
-                    self.poll(&mut l, 4);
-                }
+            self.poll(&mut l, 4);
+            self.has_pending.store(!l.pending.is_empty(), Relaxed);
+        }
+        // The common case, a known cost with no sample due, takes no lock.
+        let found = local::lookup(self.id, &w.key);
+        let (cost_ns, sample) = match found.cost {
+            Ok(cost) => (cost, None),
+            Err(skipped) => {
+                let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
+                let c = l.costs.charge(dev, w.key, found.slept, skipped);
+                local::store(self.id, &w.key, &c);
+                let s = if c.sample {
+                    self.take_pair(&mut l, ctx)
+                } else {
+                    None
+                };
+                (c.cost_ns, s)
             }
-            let c = l.costs.charge(dev, w.key, idle);
-            let s = if c.sample {
-                self.take_pair(&mut l, ctx)
-            } else {
-                None
-            };
-            (c, s)
         };
-        self.charged[dev].fetch_add(charge.cost_ns as i64, Relaxed);
-        let (pct, slept, billed_ns) = self.admit(dev, charge.cost_ns);
-        let _ = SLEPT.try_with(|c| c.set(slept));
+        self.charged[dev].fetch_add(cost_ns as i64, Relaxed);
+        let (pct, slept, billed_ns) = self.admit(dev, cost_ns, now);
+        if slept != found.slept {
+            local::set_slept(slept);
+        }
         let mut t = Ticket {
             dev,
             key: w.key,
-            cost_ns: charge.cost_ns,
+            cost_ns,
             billed_ns,
             pct,
             stream: w.stream,
@@ -233,9 +241,10 @@ impl<S: Sys> Controller<S> {
     }
 
     /// Charges `cost × gain` to the bucket of `dev` while enforced, sleeping
-    /// until it is non-negative. Returns the percent charged at (0: not
-    /// charged), whether it slept, and the amount charged.
-    fn admit(&self, dev: usize, cost: u64) -> (u32, bool, u64) {
+    /// until it is non-negative (`now`: the clock read for this launch).
+    /// Returns the percent charged at (0: not charged), whether it slept,
+    /// and the amount charged.
+    fn admit(&self, dev: usize, cost: u64, mut now: u64) -> (u32, bool, u64) {
         let b = &self.sys.buckets().devs[dev];
         let tat = &b.tat;
         let mut slept = false;
@@ -245,7 +254,6 @@ impl<S: Sys> Controller<S> {
                 return (0, slept, 0);
             }
             let billed = scale(cost, b.gain());
-            let now = self.sys.now();
             match bucket::try_admit(tat, now, billed, pct) {
                 Admit::Go => {
                     b.charged_ns.fetch_add(billed, Relaxed);
@@ -264,9 +272,9 @@ impl<S: Sys> Controller<S> {
                     slept = true;
                     self.sys
                         .sleep_until(t.min(now.saturating_add(MAX_SLEEP_NS)));
-                    let c = self.sys.coarse();
-                    if c >= self.next_refresh.load(Relaxed) {
-                        self.refresh(c);
+                    now = self.sys.now();
+                    if now >= self.next_refresh.load(Relaxed) {
+                        self.refresh(now);
                     }
                 }
             }
@@ -286,6 +294,7 @@ impl<S: Sys> Controller<S> {
                         start,
                         end,
                     });
+                    self.has_pending.store(true, Relaxed);
                 } else {
                     self.give_back(ctx, start, end);
                 }

@@ -13,7 +13,7 @@
 //! difference is settled when their first sample lands.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 use vgpu_common::region::MAX_DEVICES;
 
@@ -31,7 +31,7 @@ const MAX_KEYS: usize = 8192;
 
 /// What identifies "the same work": the function and its geometry, or the
 /// executable graph.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Key {
     Kernel {
         func: usize,
@@ -41,6 +41,34 @@ pub enum Key {
     Graph {
         exec: usize,
     },
+}
+
+impl Key {
+    /// The driver handle (function or graph exec).
+    pub fn handle(&self) -> usize {
+        match *self {
+            Key::Kernel { func, .. } => func,
+            Key::Graph { exec } => exec,
+        }
+    }
+}
+
+/// Three words per kernel key: the derived `Hash` would feed each `[u32; 3]`
+/// to the hasher byte by byte.
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        // Only a hash: components wider than their field may collide, `Eq`
+        // tells them apart.
+        let pack = |d: &[u32; 3]| u64::from(d[0]) | u64::from(d[1]) << 32 | u64::from(d[2]) << 48;
+        match self {
+            Key::Kernel { func, grid, block } => {
+                h.write_usize(*func);
+                h.write_u64(pack(grid));
+                h.write_u64(pack(block));
+            }
+            Key::Graph { exec } => h.write_usize(!*exec),
+        }
+    }
 }
 
 /// A cheap multiply-rotate hasher: keys are handles and small integers
@@ -75,6 +103,8 @@ pub struct Estimate {
     pub est: Option<u64>,
     pub samples: u32,
     pub launches: u64,
+    /// The launch count at which the next occasional sample is due.
+    next_sample: u64,
     window_min: u64,
     window_n: u32,
     /// Launches charged a guess before the first sample, and their sum.
@@ -107,12 +137,22 @@ impl Estimate {
         owed
     }
 
-    /// Whether the launch about to happen should be timed. `idle_stream`:
-    /// the launch follows a throttling sleep, so its timing would include
-    /// the launch latency (only early samples take that).
+    /// Whether the launch about to happen (already counted) should be
+    /// timed. `idle_stream`: the launch follows a throttling sleep, so its
+    /// timing would include the launch latency (only early samples take
+    /// that; an occasional one waits for the next launch that did not
+    /// sleep).
     pub fn want_sample(&self, idle_stream: bool) -> bool {
-        self.samples < EARLY_SAMPLES
-            || (!idle_stream && self.launches % SAMPLE_EVERY == SAMPLE_EVERY - 1)
+        self.samples < EARLY_SAMPLES || (!idle_stream && self.launches >= self.next_sample)
+    }
+
+    /// Launches that may go by, after this one, before a sample is due:
+    /// what a thread may charge from its cache without asking the table.
+    pub fn until_due(&self) -> u64 {
+        if self.est.is_none() || self.samples < EARLY_SAMPLES {
+            return 0;
+        }
+        self.next_sample.saturating_sub(self.launches + 1)
     }
 }
 
@@ -135,18 +175,25 @@ pub struct Costs {
 pub struct Charge {
     pub cost_ns: u64,
     pub sample: bool,
+    /// See [`Estimate::until_due`] (0 while the cost is still a guess).
+    pub until_due: u64,
 }
 
 impl Costs {
-    /// The cost to charge for a launch of `key` on `dev`, counting the launch.
-    pub fn charge(&mut self, dev: usize, key: Key, idle_stream: bool) -> Charge {
+    /// The cost to charge for a launch of `key` on `dev`, counting the launch
+    /// and `skipped` earlier ones a thread charged from its cache.
+    pub fn charge(&mut self, dev: usize, key: Key, idle_stream: bool, skipped: u64) -> Charge {
         if self.keys.len() >= MAX_KEYS && !self.keys.contains_key(&key) {
             self.keys.clear();
         }
         let fb = self.fallback_ns(dev);
         let e = self.keys.entry(key).or_default();
+        e.launches = e.launches.saturating_add(skipped + 1);
         let sample = e.want_sample(idle_stream);
-        e.launches += 1;
+        if sample {
+            e.next_sample = e.launches.saturating_add(SAMPLE_EVERY);
+        }
+        let until_due = e.until_due();
         let cost_ns = match e.est {
             Some(v) => v,
             None => {
@@ -155,7 +202,11 @@ impl Costs {
                 fb
             }
         };
-        Charge { cost_ns, sample }
+        Charge {
+            cost_ns,
+            sample,
+            until_due,
+        }
     }
 
     /// A launch charged with [`Self::charge`] did not happen.
@@ -213,7 +264,7 @@ mod tests {
     fn minimum_filters_contention() {
         let mut c = Costs::default();
         for ns in [30_000, 10_500, 55_000, 10_000, 80_000, 12_000] {
-            c.charge(0, K, false);
+            c.charge(0, K, false, 0);
             c.sample(0, K, ns);
         }
         assert_eq!(c.estimate(&K), Some(10_000));
@@ -222,7 +273,7 @@ mod tests {
     #[test]
     fn a_real_change_is_followed() {
         let mut c = Costs::default();
-        c.charge(0, K, false);
+        c.charge(0, K, false, 0);
         c.sample(0, K, 10_000);
         for i in 0..2 * WINDOW {
             c.sample(0, K, 40_000 + u64::from(i));
@@ -234,7 +285,7 @@ mod tests {
     #[test]
     fn a_slow_gpu_is_followed_but_one_window_of_noise_keeps_the_minimum() {
         let mut c = Costs::default();
-        c.charge(0, K, false);
+        c.charge(0, K, false, 0);
         // Power-capped: the kernel now takes 10 % longer, with one fast
         // outlier per window; the estimate is the window's minimum.
         for i in 0..2 * WINDOW {
@@ -251,18 +302,18 @@ mod tests {
     fn guesses_are_settled_by_the_first_sample() {
         let mut c = Costs::default();
         for _ in 0..5 {
-            assert_eq!(c.charge(0, K, false).cost_ns, DEFAULT_COST_NS);
+            assert_eq!(c.charge(0, K, false, 0).cost_ns, DEFAULT_COST_NS);
         }
         // Five launches charged 20 µs each, really 1 ms each.
         assert_eq!(c.sample(0, K, 1_000_000), 5 * (1_000_000 - 20_000));
-        assert_eq!(c.charge(0, K, false).cost_ns, 1_000_000);
+        assert_eq!(c.charge(0, K, false, 0).cost_ns, 1_000_000);
         assert_eq!(c.sample(0, K, 1_000_000), 0);
         // Unseen keys now default to the device's average.
         let k2 = Key::Graph { exec: 9 };
-        assert_eq!(c.charge(0, k2, false).cost_ns, 1_000_000);
-        assert_eq!(c.charge(1, k2, false).cost_ns, DEFAULT_COST_NS);
+        assert_eq!(c.charge(0, k2, false, 0).cost_ns, 1_000_000);
+        assert_eq!(c.charge(1, k2, false, 0).cost_ns, DEFAULT_COST_NS);
         let k3 = Key::Graph { exec: 10 };
-        assert_eq!(c.charge(1, k3, false).cost_ns, DEFAULT_COST_NS);
+        assert_eq!(c.charge(1, k3, false, 0).cost_ns, DEFAULT_COST_NS);
     }
 
     #[test]
@@ -270,7 +321,7 @@ mod tests {
         let mut c = Costs::default();
         let mut sampled = 0;
         for _ in 0..(EARLY_SAMPLES as u64 + 10 * SAMPLE_EVERY) {
-            if c.charge(0, K, false).sample {
+            if c.charge(0, K, false, 0).sample {
                 sampled += 1;
                 c.sample(0, K, 1000);
             }
@@ -278,10 +329,45 @@ mod tests {
         assert_eq!(sampled, EARLY_SAMPLES as u64 + 10);
         let mut idle = 0;
         for _ in 0..(10 * SAMPLE_EVERY) {
-            if c.charge(0, K, true).sample {
+            if c.charge(0, K, true, 0).sample {
                 idle += 1;
             }
         }
         assert_eq!(idle, 0);
+        // The first launch that did not sleep takes the overdue sample.
+        assert!(c.charge(0, K, false, 0).sample);
+    }
+
+    #[test]
+    fn launches_charged_from_a_cache_count_toward_the_next_sample() {
+        let mut c = Costs::default();
+        for _ in 0..EARLY_SAMPLES {
+            assert!(c.charge(0, K, false, 0).sample);
+            c.sample(0, K, 1000);
+        }
+        // Nothing is cached while the cost is a guess or still early.
+        let k2 = Key::Graph { exec: 3 };
+        assert_eq!(c.charge(0, k2, false, 0).until_due, 0);
+        let ch = c.charge(0, K, false, 0);
+        assert!(!ch.sample);
+        assert_eq!(ch.until_due, SAMPLE_EVERY - 2);
+        // A thread charged those from its cache; the next one is due.
+        let ch = c.charge(0, K, false, ch.until_due);
+        assert!(ch.sample);
+        assert_eq!(ch.until_due, SAMPLE_EVERY - 1);
+    }
+
+    #[test]
+    fn kernel_keys_hash_by_all_their_words() {
+        use std::hash::BuildHasher;
+        let h = BuildHasherDefault::<KeyHasher>::default();
+        let k = |g: u32, b: u32| Key::Kernel {
+            func: 7,
+            grid: [g, 1, 1],
+            block: [b, 1, 1],
+        };
+        assert_ne!(h.hash_one(k(1, 32)), h.hash_one(k(2, 32)));
+        assert_ne!(h.hash_one(k(1, 32)), h.hash_one(k(1, 64)));
+        assert_ne!(h.hash_one(Key::Graph { exec: 7 }), h.hash_one(k(1, 32)));
     }
 }

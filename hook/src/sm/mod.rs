@@ -10,12 +10,15 @@
 //! re-read every 50 ms (`policy`); `control` ties it together over `sys`.
 //!
 //! With no limit the launch path is a coarse clock read and a few relaxed
-//! loads: no lock, no syscall, no driver call.
+//! loads: no lock, no syscall, no driver call. With a limit, a launch whose
+//! cost is known adds two driver queries (context, capture), one clock read
+//! and one CAS on the bucket, still no lock (`local`).
 
 pub mod bucket;
 pub mod control;
 pub mod cost;
 pub mod feedback;
+mod local;
 pub mod policy;
 pub mod sidecar;
 pub mod sys;

@@ -574,3 +574,40 @@ fn a_container_never_held_by_its_charges_is_measured_and_held() {
     let s = run(&c, kernel(1), 1_000_000, 8 * SEC, 5 * SEC);
     assert!((s - 90.0).abs() < 2.5, "{s:.1}% (gain {:.3})", c.gain(0));
 }
+
+#[test]
+fn a_known_cost_is_charged_from_the_threads_cache_and_still_sampled() {
+    // Once a kernel's cost is learnt, its launches are charged from the
+    // thread's cache (no lock); the cache reports them, so the occasional
+    // timing still comes every `SAMPLE_EVERY` launches and every launch is
+    // charged.
+    let c = Controller::new(Fake::new(90, policy::FORCE));
+    let f = &c.sys;
+    let w = Work {
+        key: kernel(1),
+        stream: 0,
+    };
+    let launch = || {
+        let t = c.before(&w);
+        {
+            let mut g = f.gpu.lock().unwrap();
+            let s = g.free_at.max(f.now());
+            g.free_at = s + 10_000;
+            g.intervals.push((s, s + 10_000));
+        }
+        c.after_opt(t, true);
+        f.advance(1_000_000);
+    };
+    for _ in 0..super::cost::EARLY_SAMPLES * 2 {
+        launch();
+    }
+    assert_eq!(c.estimate(&kernel(1)), Some(10_000));
+    let (records, charged) = (f.records.load(Relaxed), c.charged_ns(0));
+    let n = 20 * super::cost::SAMPLE_EVERY;
+    for _ in 0..n {
+        launch();
+    }
+    let samples = (f.records.load(Relaxed) - records) / 2;
+    assert!((19..=21).contains(&samples), "{samples} samples");
+    assert_eq!(c.charged_ns(0) - charged, n as i64 * 10_000);
+}
