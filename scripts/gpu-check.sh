@@ -8,9 +8,11 @@
 #   bash scripts/gpu-check.sh overhead   launch and alloc cost: native vs hook (limit set)
 #   bash scripts/gpu-check.sh trace      launch cost: native, bare uprobe, vgpu trace views; PyTorch launches seen
 #   bash scripts/gpu-check.sh daemon     host-PID fill in 8 containers, untracked process, launch cost
-#   bash scripts/gpu-check.sh sm         SM limit sweep 10/30/60/90 on three workloads
+#   bash scripts/gpu-check.sh sm         SM limit sweep 10/30/60/90 (SM_WORKLOADS, default all four)
+#   bash scripts/gpu-check.sh smtiny     the launch-bound tiny loop's sweep, an unlimited run between limits
 #   bash scripts/gpu-check.sh pair       two containers at 30 / 70
 #   bash scripts/gpu-check.sh pylaunch   PyTorch launch-bound loop: native vs hook, no limit / limit 90
+#                                        (VARIANTS="name=/path/libvgpu.so ...": other builds at limit 90)
 #
 # Every figure printed is measured in this run.
 set -uo pipefail
@@ -299,6 +301,14 @@ phase_sm() {
         --workloads "${SM_WORKLOADS:-matmul,tiny,spin,graph}" --hook "$DIST/libvgpu.so" --seconds "$secs"
 }
 
+phase_smtiny() {
+    local secs=${SM_SECONDS:-20}
+    say "SM limit sweep, tiny loop, an unlimited run between limits ($secs s runs)"
+    mkdir -p "$W/sm"
+    cd "$W/sm" && python3 "$ROOT/scripts/gpu/sm_bench.py" --sweep "${SM_SWEEP:-10,30,60,90}" \
+        --workloads tiny --interleave --hook "$DIST/libvgpu.so" --seconds "$secs"
+}
+
 phase_pair() {
     say "two containers at 30 and 70 on one GPU (bf16 matmul): throughput share of solo unlimited"
     python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
@@ -343,20 +353,27 @@ phase_pair() {
 # bind (90 %: the loop keeps the GPU ~30 % busy). Kernels/s, median.
 phase_pylaunch() {
     say "PyTorch launch-bound loop: kernels/s, native vs hook (no limit, limit 90) (interleaved)"
-    local rounds=${REPS:-4}
+    local rounds=${REPS:-4} names=(native nolimit limit90) v
+    declare -A lib=()
+    for v in ${VARIANTS:-}; do
+        names+=("${v%%=*}")
+        lib[${v%%=*}]=${v#*=}
+    done
     for ((i = 0; i < rounds; i++)); do
-        for c in $(shuffled native nolimit limit90); do
+        for c in $(shuffled "${names[@]}"); do
             case $c in
             native) env=() ;;
             nolimit) env=(LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/py0.cache") ;;
             limit90) env=(LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/py90-$i.cache"
+                CUDA_DEVICE_SM_LIMIT=90 GPU_CORE_UTILIZATION_POLICY=force) ;;
+            *) env=(LD_PRELOAD="${lib[$c]}" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/py-$c-$i.cache"
                 CUDA_DEVICE_SM_LIMIT=90 GPU_CORE_UTILIZATION_POLICY=force) ;;
             esac
             env "${env[@]}" python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads tiny --seconds 5 --no-smi |
                 awk '/^tiny/ {print $2}' >>"$W/py-$c"
         done
     done
-    for c in native nolimit limit90; do
+    for c in "${names[@]}"; do
         printf '%-8s %s kernels/s (runs: %s)\n' "$c" "$(median <"$W/py-$c")" "$(tr '\n' ' ' <"$W/py-$c")"
     done
 }

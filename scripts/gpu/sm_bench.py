@@ -21,6 +21,11 @@ Usage (the lead runs it with and without the hook, at each limit):
                                                  limit (fresh region each time) and prints
                                                  a table: throughput vs unlimited, and
                                                  nvidia-smi utilization mean / stdev.
+  --interleave                                   with --sweep: an unlimited run between
+                                                 every two limits; each limit's share is
+                                                 against the mean of the runs either side
+                                                 (for workloads whose rate drifts with the
+                                                 host, such as the launch-bound tiny loop).
 
 Each workload line: `<name> <iters/s> <unit/s>` plus, when nvidia-smi sampling is on (default),
 `util mean/stdev` over the timed part (100 ms samples).
@@ -224,17 +229,18 @@ def sweep(args):
             }
         )
         res = run(env)
-        results.append((limit, res))
-        for name, r in res.items():
-            share = 100.0 * r["work_per_s"] / base[name]["work_per_s"]
-            um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
-            us = f"{r['util_stdev']:.1f}" if r["util_stdev"] is not None else "-"
-            u0 = base[name]["util_mean"]
-            if u0:
-                ut, st = f"{min(limit, u0):.1f}", f"{min(100.0, 100.0 * limit / u0):.1f}%"
-            else:
-                ut, st = "-", "-"
-            print(f"{limit:5d} {name:8} {share:17.1f}% {st:>8} {um:>9} {ut:>8} {us:>6} {clk(r)}", flush=True)
+        if args.interleave:
+            # The unlimited run after this limit; its share is printed once
+            # both neighbours are known.
+            after = run(env0)
+            results.append((limit, res, base, after))
+            row(limit, res, base, after)
+            base = after
+            continue
+        results.append((limit, res, base, None))
+        row(limit, res, base, None)
+    if args.interleave:
+        return
     # A launch-bound loop's rate drifts with the host by ±15 % between runs:
     # a second unlimited run at the end shows how far, and the shares are
     # given again against the mean of both.
@@ -242,10 +248,33 @@ def sweep(args):
     print("unlimited again at the end (throughput vs the first; shares against the mean of both):", flush=True)
     for name, r in end.items():
         print(f"{'none':>5} {name:8} {100.0 * r['work_per_s'] / base[name]['work_per_s']:17.1f}%", flush=True)
-    for limit, res in results:
+    for limit, res, _, _ in results:
         for name, r in res.items():
             mean = (base[name]["work_per_s"] + end[name]["work_per_s"]) / 2
             print(f"{limit:5d} {name:8} {100.0 * r['work_per_s'] / mean:17.1f}%", flush=True)
+
+
+def row(limit, res, before, after):
+    """One table row per workload: the share of unlimited throughput (against
+    the mean of the unlimited runs before and after, when interleaved),
+    utilization, and the targets."""
+    for name, r in res.items():
+        b = [x[name] for x in (before, after) if x is not None]
+        base_rate = statistics.mean(x["work_per_s"] for x in b)
+        share = 100.0 * r["work_per_s"] / base_rate
+        um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
+        us = f"{r['util_stdev']:.1f}" if r["util_stdev"] is not None else "-"
+        u0s = [x["util_mean"] for x in b if x["util_mean"]]
+        if u0s:
+            u0 = statistics.mean(u0s)
+            ut, st = f"{min(limit, u0):.1f}", f"{min(100.0, 100.0 * limit / u0):.1f}%"
+        else:
+            ut, st = "-", "-"
+        extra = ""
+        if after is not None:
+            um0 = f"{after[name]['util_mean']:.1f}" if after[name]["util_mean"] is not None else "-"
+            extra = f"  (unlimited after: {100.0 * after[name]['work_per_s'] / before[name]['work_per_s']:.1f}% of before, util {um0})"
+        print(f"{limit:5d} {name:8} {share:17.1f}% {st:>8} {um:>9} {ut:>8} {us:>6} {clk(r)}{extra}", flush=True)
 
 
 def main():
@@ -259,6 +288,9 @@ def main():
     p.add_argument("--baseline", help="JSON file of an unlimited run (--save): print shares against it")
     p.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], help="limits to sweep")
     p.add_argument("--hook", help="libvgpu.so for --sweep")
+    p.add_argument(
+        "--interleave", action="store_true", help="with --sweep: an unlimited run between every two limits"
+    )
     args = p.parse_args()
     if args.sweep:
         if not args.hook:

@@ -33,11 +33,15 @@ pub fn run(args: &Args) -> Result<()> {
             .arg(format!("-L{}", dist.join("sim").display()))
             .arg("-l:libcuda.so.1"),
     )?;
-    let configs: [(&str, bool); 2] = [("native", false), ("hook, 1g limit", true)];
+    let configs: [(&str, Hook); 3] = [
+        ("native", Hook::None),
+        ("hook, 1g limit", Hook::Memory),
+        ("hook, 1g + SM 90 (never binds)", Hook::Sm),
+    ];
     let mut samples: Vec<Vec<(f64, f64)>> = vec![Vec::new(); configs.len()];
     for _ in 0..args.reps {
-        for (i, (_, hooked)) in configs.iter().enumerate() {
-            samples[i].push(measure(&exe, &dist, &work, *hooked)?);
+        for (i, (_, hook)) in configs.iter().enumerate() {
+            samples[i].push(measure(&exe, &dist, &work, *hook)?);
         }
     }
     let median = |v: &mut Vec<f64>| {
@@ -66,16 +70,35 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// What the benchmark program runs under.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    None,
+    /// The hook with a memory limit: the launch path's fast path.
+    Memory,
+    /// Also an SM limit the empty kernels never reach: the limited launch
+    /// path's own cost (charging, the bucket, sampled timings), never a
+    /// wait.
+    Sm,
+}
+
 /// One run of the benchmark program: (ns per launch, ns per alloc+free).
-fn measure(exe: &Path, dist: &Path, work: &Path, hooked: bool) -> Result<(f64, f64)> {
+fn measure(exe: &Path, dist: &Path, work: &Path, hook: Hook) -> Result<(f64, f64)> {
     let mut cmd = Command::new(exe);
     cmd.env("LD_LIBRARY_PATH", dist.join("sim"))
         .env("SIMGPU_DIR", work.join("simgpu"))
         .env("SIMGPU_KERNEL_NS", "0");
-    if hooked {
+    if hook != Hook::None {
         cmd.env("LD_PRELOAD", dist.join("libvgpu.so"))
             .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
-            .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", work.join("bench.cache"));
+            .env(
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                work.join(format!("bench-{}.cache", hook as u8)),
+            );
+    }
+    if hook == Hook::Sm {
+        cmd.env("CUDA_DEVICE_SM_LIMIT", "90")
+            .env("GPU_CORE_UTILIZATION_POLICY", "force");
     }
     let out = cmd.output().context("run bench_launch")?;
     if !out.status.success() {
