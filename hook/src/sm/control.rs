@@ -206,7 +206,7 @@ impl<S: Sys> Controller<S> {
             Ok(cost) => (cost, None),
             Err(skipped) => {
                 let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
-                let c = l.costs.charge(dev, w.key, found.slept, skipped);
+                let c = l.costs.charge(dev, w.key, found.slept, skipped, now);
                 local::store(self.id, &w.key, &c);
                 let s = if c.sample {
                     self.take_pair(&mut l, ctx)

@@ -21,8 +21,13 @@ use vgpu_common::region::MAX_DEVICES;
 pub const DEFAULT_COST_NS: u64 = 20_000;
 /// Samples every key gets before sampling becomes occasional.
 pub const EARLY_SAMPLES: u32 = 6;
-/// After that, one launch in this many is timed.
+/// After that, one launch in this many is timed...
 pub const SAMPLE_EVERY: u64 = 64;
+/// ...and at most one per key in this long: a launch-bound loop issues
+/// ~100,000 launches/s, and each timing costs two `cuEventRecord`s and a
+/// query (about 1 % of such a loop's rate at one in 64). A window of
+/// samples still spans well under the feedback period.
+pub const SAMPLE_GAP_NS: u64 = 4_000_000;
 /// Samples per re-estimation window.
 const WINDOW: u32 = 32;
 /// Keys kept before the table is cleared (a process generating unbounded
@@ -103,8 +108,10 @@ pub struct Estimate {
     pub est: Option<u64>,
     pub samples: u32,
     pub launches: u64,
-    /// The launch count at which the next occasional sample is due.
+    /// The launch count at which the next occasional sample is due...
     next_sample: u64,
+    /// ...and the earliest instant (CLOCK_MONOTONIC ns).
+    next_sample_ns: u64,
     window_min: u64,
     window_n: u32,
     /// Launches charged a guess before the first sample, and their sum.
@@ -142,8 +149,9 @@ impl Estimate {
     /// timing would include the launch latency (only early samples take
     /// that; an occasional one waits for the next launch that did not
     /// sleep).
-    pub fn want_sample(&self, idle_stream: bool) -> bool {
-        self.samples < EARLY_SAMPLES || (!idle_stream && self.launches >= self.next_sample)
+    pub fn want_sample(&self, idle_stream: bool, now: u64) -> bool {
+        self.samples < EARLY_SAMPLES
+            || (!idle_stream && self.launches >= self.next_sample && now >= self.next_sample_ns)
     }
 
     /// Launches that may go by, after this one, before a sample is due:
@@ -152,7 +160,13 @@ impl Estimate {
         if self.est.is_none() || self.samples < EARLY_SAMPLES {
             return 0;
         }
-        self.next_sample.saturating_sub(self.launches + 1)
+        match self.next_sample.checked_sub(self.launches + 1) {
+            Some(n) => n,
+            // Due by count but not yet by time: look again after as many
+            // launches as between two samples.
+            None if self.next_sample <= self.launches => SAMPLE_EVERY - 1,
+            None => 0,
+        }
     }
 }
 
@@ -180,18 +194,26 @@ pub struct Charge {
 }
 
 impl Costs {
-    /// The cost to charge for a launch of `key` on `dev`, counting the launch
-    /// and `skipped` earlier ones a thread charged from its cache.
-    pub fn charge(&mut self, dev: usize, key: Key, idle_stream: bool, skipped: u64) -> Charge {
+    /// The cost to charge for a launch of `key` on `dev` at `now`, counting
+    /// the launch and `skipped` earlier ones a thread charged from its cache.
+    pub fn charge(
+        &mut self,
+        dev: usize,
+        key: Key,
+        idle_stream: bool,
+        skipped: u64,
+        now: u64,
+    ) -> Charge {
         if self.keys.len() >= MAX_KEYS && !self.keys.contains_key(&key) {
             self.keys.clear();
         }
         let fb = self.fallback_ns(dev);
         let e = self.keys.entry(key).or_default();
         e.launches = e.launches.saturating_add(skipped + 1);
-        let sample = e.want_sample(idle_stream);
+        let sample = e.want_sample(idle_stream, now);
         if sample {
             e.next_sample = e.launches.saturating_add(SAMPLE_EVERY);
+            e.next_sample_ns = now.saturating_add(SAMPLE_GAP_NS);
         }
         let until_due = e.until_due();
         let cost_ns = match e.est {
@@ -264,7 +286,7 @@ mod tests {
     fn minimum_filters_contention() {
         let mut c = Costs::default();
         for ns in [30_000, 10_500, 55_000, 10_000, 80_000, 12_000] {
-            c.charge(0, K, false, 0);
+            c.charge(0, K, false, 0, 0);
             c.sample(0, K, ns);
         }
         assert_eq!(c.estimate(&K), Some(10_000));
@@ -273,7 +295,7 @@ mod tests {
     #[test]
     fn a_real_change_is_followed() {
         let mut c = Costs::default();
-        c.charge(0, K, false, 0);
+        c.charge(0, K, false, 0, 0);
         c.sample(0, K, 10_000);
         for i in 0..2 * WINDOW {
             c.sample(0, K, 40_000 + u64::from(i));
@@ -285,7 +307,7 @@ mod tests {
     #[test]
     fn a_slow_gpu_is_followed_but_one_window_of_noise_keeps_the_minimum() {
         let mut c = Costs::default();
-        c.charge(0, K, false, 0);
+        c.charge(0, K, false, 0, 0);
         // Power-capped: the kernel now takes 10 % longer, with one fast
         // outlier per window; the estimate is the window's minimum.
         for i in 0..2 * WINDOW {
@@ -302,26 +324,32 @@ mod tests {
     fn guesses_are_settled_by_the_first_sample() {
         let mut c = Costs::default();
         for _ in 0..5 {
-            assert_eq!(c.charge(0, K, false, 0).cost_ns, DEFAULT_COST_NS);
+            assert_eq!(c.charge(0, K, false, 0, 0).cost_ns, DEFAULT_COST_NS);
         }
         // Five launches charged 20 µs each, really 1 ms each.
         assert_eq!(c.sample(0, K, 1_000_000), 5 * (1_000_000 - 20_000));
-        assert_eq!(c.charge(0, K, false, 0).cost_ns, 1_000_000);
+        assert_eq!(c.charge(0, K, false, 0, 0).cost_ns, 1_000_000);
         assert_eq!(c.sample(0, K, 1_000_000), 0);
         // Unseen keys now default to the device's average.
         let k2 = Key::Graph { exec: 9 };
-        assert_eq!(c.charge(0, k2, false, 0).cost_ns, 1_000_000);
-        assert_eq!(c.charge(1, k2, false, 0).cost_ns, DEFAULT_COST_NS);
+        assert_eq!(c.charge(0, k2, false, 0, 0).cost_ns, 1_000_000);
+        assert_eq!(c.charge(1, k2, false, 0, 0).cost_ns, DEFAULT_COST_NS);
         let k3 = Key::Graph { exec: 10 };
-        assert_eq!(c.charge(1, k3, false, 0).cost_ns, DEFAULT_COST_NS);
+        assert_eq!(c.charge(1, k3, false, 0, 0).cost_ns, DEFAULT_COST_NS);
     }
 
     #[test]
     fn sampling_is_early_then_occasional_and_not_after_a_sleep() {
         let mut c = Costs::default();
         let mut sampled = 0;
+        // One launch per ms: the count, not the time, spaces the samples.
+        let mut now = 0;
+        let mut launch = |c: &mut Costs, idle| {
+            now += 1_000_000;
+            c.charge(0, K, idle, 0, now).sample
+        };
         for _ in 0..(EARLY_SAMPLES as u64 + 10 * SAMPLE_EVERY) {
-            if c.charge(0, K, false, 0).sample {
+            if launch(&mut c, false) {
                 sampled += 1;
                 c.sample(0, K, 1000);
             }
@@ -329,30 +357,60 @@ mod tests {
         assert_eq!(sampled, EARLY_SAMPLES as u64 + 10);
         let mut idle = 0;
         for _ in 0..(10 * SAMPLE_EVERY) {
-            if c.charge(0, K, true, 0).sample {
+            if launch(&mut c, true) {
                 idle += 1;
             }
         }
         assert_eq!(idle, 0);
         // The first launch that did not sleep takes the overdue sample.
-        assert!(c.charge(0, K, false, 0).sample);
+        assert!(launch(&mut c, false));
+    }
+
+    #[test]
+    fn a_fast_loop_is_sampled_at_most_once_per_gap() {
+        let mut c = Costs::default();
+        let mut now = 0;
+        let mut at = Vec::new();
+        // 100,000 launches/s for 100 ms.
+        for _ in 0..10_000 {
+            now += 10_000;
+            if c.charge(0, K, false, 0, now).sample {
+                c.sample(0, K, 1000);
+                at.push(now);
+            }
+        }
+        let occasional = &at[EARLY_SAMPLES as usize..];
+        assert!(
+            occasional.windows(2).all(|w| w[1] - w[0] >= SAMPLE_GAP_NS),
+            "{at:?}"
+        );
+        // 100 ms / 4 ms, give or take the first.
+        assert!(
+            (24..=26).contains(&occasional.len()),
+            "{}",
+            occasional.len()
+        );
     }
 
     #[test]
     fn launches_charged_from_a_cache_count_toward_the_next_sample() {
         let mut c = Costs::default();
         for _ in 0..EARLY_SAMPLES {
-            assert!(c.charge(0, K, false, 0).sample);
+            assert!(c.charge(0, K, false, 0, 0).sample);
             c.sample(0, K, 1000);
         }
         // Nothing is cached while the cost is a guess or still early.
         let k2 = Key::Graph { exec: 3 };
-        assert_eq!(c.charge(0, k2, false, 0).until_due, 0);
-        let ch = c.charge(0, K, false, 0);
+        assert_eq!(c.charge(0, k2, false, 0, 0).until_due, 0);
+        let ch = c.charge(0, K, false, 0, 0);
         assert!(!ch.sample);
         assert_eq!(ch.until_due, SAMPLE_EVERY - 2);
-        // A thread charged those from its cache; the next one is due.
-        let ch = c.charge(0, K, false, ch.until_due);
+        // A thread charged those from its cache; the next one is due by
+        // count, but not before the gap has passed.
+        let ch = c.charge(0, K, false, ch.until_due, SAMPLE_GAP_NS - 1);
+        assert!(!ch.sample);
+        assert_eq!(ch.until_due, SAMPLE_EVERY - 1);
+        let ch = c.charge(0, K, false, ch.until_due, SAMPLE_GAP_NS);
         assert!(ch.sample);
         assert_eq!(ch.until_due, SAMPLE_EVERY - 1);
     }
