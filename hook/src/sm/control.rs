@@ -90,6 +90,12 @@ struct Loop {
     charged: u64,
     /// The limit then.
     pct: u32,
+    /// Another container's process was on the device then.
+    shared: bool,
+    /// The window began at a baseline: it is discarded (NVML's samples lag
+    /// a start or a limit change; an H100 read a tiny loop's first half
+    /// second at 12-17 % busy, then 25-30 % from the next one on).
+    settling: bool,
 }
 
 impl Loop {
@@ -427,7 +433,10 @@ impl<S: Sys> Controller<S> {
         let rebase =
             prev.at == 0 || now.saturating_sub(prev.seen) > feedback::MAX_GAP_NS || prev.pct != pct;
         let shared = shared(device.as_ref(), &pids);
-        if !rebase && shared && now.saturating_sub(prev.at) < feedback::SHARED_PERIOD_NS {
+        // Another container came or went during the window: it was neither
+        // alone nor shared throughout, and neither reading fits it.
+        let mixed = !rebase && prev.shared != shared;
+        if !rebase && !mixed && shared && now.saturating_sub(prev.at) < feedback::SHARED_PERIOD_NS {
             // Sharing the device, the split comes from NVML's per-process
             // samples, about one per process per second: one period may
             // hold a sample of one process and none of the other's. Keep
@@ -438,10 +447,13 @@ impl<S: Sys> Controller<S> {
         st.at_us = self.sys.unix_us();
         st.charged = charged;
         st.pct = pct;
-        if rebase {
+        st.shared = shared;
+        st.settling = rebase;
+        if rebase || mixed || prev.settling {
             // First measurement, no limited launch for a while, or the
             // limit changed (the measurement still shows the old one):
-            // this one only sets the baseline.
+            // this one only sets the baseline, and the window after it
+            // is discarded too. A mixed window is discarded.
             return;
         }
         let period = now.saturating_sub(prev.at).max(1) as f64;

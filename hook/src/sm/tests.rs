@@ -59,6 +59,13 @@ struct Fake {
     /// second, each covering that second (ours on the second, the other
     /// process's half a second later), instead of one each per query.
     sparse: std::sync::atomic::AtomicBool,
+    /// Fake ns at which the other container's process exited (0: it has
+    /// not); NVML then lists only ours, and its device utilization since a
+    /// time before that still holds the other's busy time.
+    other_exit: AtomicU64,
+    /// Until this fake ns the device counter reads half the truth (NVML's
+    /// samples lagging a start).
+    lag_until: AtomicU64,
 }
 
 /// `Fake::unix_us` at fake time 0.
@@ -92,6 +99,8 @@ impl Fake {
             capturing: std::sync::atomic::AtomicBool::new(false),
             records: AtomicU32::new(0),
             sparse: std::sync::atomic::AtomicBool::new(false),
+            other_exit: AtomicU64::new(0),
+            lag_until: AtomicU64::new(0),
         }
     }
 
@@ -165,6 +174,8 @@ impl Sys for Fake {
         let now = self.now();
         let skew = self.proc_pct.load(Relaxed) as f64 / 100.0;
         let other = self.other_pct.load(Relaxed);
+        let exit = self.other_exit.load(Relaxed);
+        let other_at = |t: u64| other > 0 && (exit == 0 || t <= exit);
         if self.sparse.load(Relaxed) {
             let since = since_us.saturating_sub(UNIX_BASE_US).saturating_mul(1_000);
             let mut v = Vec::new();
@@ -174,7 +185,7 @@ impl Sys for Fake {
                     let u = busy_share(self, t - SEC, t);
                     v.push((NVML_PID, (u * skew).round() as u32));
                 }
-                if other > 0 && t + SEC / 2 > since && t + SEC / 2 <= now {
+                if other_at(t + SEC / 2) && t + SEC / 2 > since && t + SEC / 2 <= now {
                     v.push((OTHER_PID, (other as f64 * skew).round() as u32));
                 }
                 t += SEC;
@@ -183,7 +194,7 @@ impl Sys for Fake {
         }
         let u = busy_share(self, now.saturating_sub(200_000_000), now);
         let mut v = vec![(NVML_PID, (u * skew).round() as u32)];
-        if other > 0 {
+        if other_at(now) {
             v.push((OTHER_PID, (other as f64 * skew).round() as u32));
         }
         Some(v)
@@ -191,10 +202,24 @@ impl Sys for Fake {
     fn capturing(&self, _stream: usize) -> bool {
         self.capturing.load(Relaxed)
     }
-    fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
+    fn device_busy(&self, _dev: usize, since_us: u64) -> Option<(f64, Vec<u32>)> {
         let pids = self.device.lock().unwrap().clone()?;
         let now = self.now();
-        let u = busy_share(self, now.saturating_sub(200_000_000), now);
+        let exit = self.other_exit.load(Relaxed);
+        if exit != 0 && now >= exit {
+            // The mean since `since_us`, as NVML's samples give it.
+            let since = since_us.saturating_sub(UNIX_BASE_US).saturating_mul(1_000);
+            let since = since.clamp(now.saturating_sub(10 * SEC), now.saturating_sub(1));
+            let other = self.other_pct.load(Relaxed) as f64 * exit.saturating_sub(since) as f64
+                / (now - since) as f64;
+            let u = busy_share(self, since, now) + other;
+            let ours = pids.into_iter().filter(|&p| p != OTHER_PID).collect();
+            return Some((u.min(100.0), ours));
+        }
+        let mut u = busy_share(self, now.saturating_sub(200_000_000), now);
+        if now < self.lag_until.load(Relaxed) {
+            u /= 2.0;
+        }
         Some(((u + self.other_pct.load(Relaxed) as f64).min(100.0), pids))
     }
 }
@@ -419,16 +444,16 @@ fn feedback_stays_open_without_host_pids_or_nvml() {
 #[test]
 fn the_loop_closes_promptly_once_host_pids_are_known() {
     // Open loop while the host pid is unknown; once the daemon fills it,
-    // the leader (still holding its lease) re-baselines at its next call
-    // and steps at the one after: within about a second, not after its
-    // own lease has run out.
+    // the leader (still holding its lease) re-baselines at its next call,
+    // discards the window after it (settling) and steps at the one after:
+    // within about 1.5 s, not after its own lease has run out (2 s more).
     let c = closed_loop(60, 91, 0);
     run(&c, kernel(1), 2_000_000, SEC, 0);
     assert_eq!(c.gain(0), 1.0);
     c.sys.file.region().procs[0]
         .hostpid
         .store(NVML_PID as i32, Relaxed);
-    run(&c, kernel(1), 2_000_000, 1_200_000_000, 0);
+    run(&c, kernel(1), 2_000_000, 1_700_000_000, 0);
     assert!(c.gain(0) > 1.0, "gain {:.3}", c.gain(0));
 }
 
@@ -482,6 +507,44 @@ fn a_shared_device_is_split_over_windows_that_hold_every_process() {
     *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
     let s = run(&c, kernel(1), 1_000_000, 80 * SEC, 60 * SEC);
     assert!((s - 30.0).abs() < 2.5, "{s:.1}% (gain {:.3})", c.gain(0));
+}
+
+#[test]
+fn a_window_that_began_shared_and_ended_alone_is_discarded() {
+    // The other container exits: NVML now lists only ours, but its device
+    // utilization over the (8 s) window still holds the other's busy time.
+    // Read as "alone", that was the whole device's, and an H100 pair's
+    // 70 % container stepped its gain 1.04 -> 1.32 at the other's exit.
+    let c = closed_loop(30, 100, NVML_PID as i32);
+    c.sys.sparse.store(true, Relaxed);
+    c.sys.other_pct.store(40, Relaxed);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    run(&c, kernel(1), 1_000_000, 20 * SEC, 0);
+    let g0 = c.gain(0);
+    c.sys.other_exit.store(c.sys.now(), Relaxed);
+    run(&c, kernel(1), 1_000_000, 1_200_000_000, 0);
+    let g = c.gain(0);
+    assert!((g / g0 - 1.0).abs() < 0.03, "gain {g0:.3} -> {g:.3}");
+    let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 2 * SEC);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+}
+
+#[test]
+fn the_first_window_after_a_baseline_is_discarded() {
+    // NVML's samples lag a start: the first half second reads low (an
+    // H100 read a tiny loop's first window at 12-17 % busy, 25-30 % after).
+    // The loop waits a window before its first step.
+    let c = closed_loop(30, 100, NVML_PID as i32);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
+    c.sys.lag_until.store(c.sys.now() + 600_000_000, Relaxed);
+    run(&c, kernel(1), 1_000_000, 1_200_000_000, 0);
+    let g = c.gain(0);
+    assert!(
+        (0.95..1.05).contains(&g),
+        "stepped on the first window: gain {g:.3}"
+    );
+    let s = run(&c, kernel(1), 1_000_000, 4 * SEC, SEC);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
 }
 
 #[test]
