@@ -13,6 +13,8 @@
 #   bash scripts/gpu-check.sh pair       two containers at 30 / 70
 #   bash scripts/gpu-check.sh pylaunch   PyTorch launch-bound loop: native vs hook, no limit / limit 90
 #                                        (VARIANTS="name=/path/libvgpu.so ...": other builds at limit 90)
+#   bash scripts/gpu-check.sh pyab       the same loop in one process, its limit flipped on and off
+#                                        (paired: host drift cancels); VARIANTS as above
 #
 # Every figure printed is measured in this run.
 set -uo pipefail
@@ -375,6 +377,18 @@ phase_pylaunch() {
     done
     for c in "${names[@]}"; do
         printf '%-8s %s kernels/s (runs: %s)\n' "$c" "$(median <"$W/py-$c")" "$(tr '\n' ' ' <"$W/py-$c")"
+    done
+}
+
+phase_pyab() {
+    say "PyTorch launch-bound loop, one process, limit flipped on and off: limited / unlimited rate"
+    local v name lib
+    for v in "default=$DIST/libvgpu.so" ${VARIANTS:-}; do
+        name=${v%%=*} lib=${v#*=}
+        echo "build $name:"
+        env LD_PRELOAD="$lib" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/ab-$name.cache" \
+            CUDA_DEVICE_SM_LIMIT=90 GPU_CORE_UTILIZATION_POLICY=force \
+            python3 "$ROOT/scripts/gpu/ab_limit.py" --vgpu "$DIST/vgpu" --limits "${AB_LIMITS:-90,60,30,10}" --cycles "${AB_CYCLES:-8}"
     done
 }
 
