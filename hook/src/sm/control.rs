@@ -436,11 +436,13 @@ impl<S: Sys> Controller<S> {
         // Another container came or went during the window: it was neither
         // alone nor shared throughout, and neither reading fits it.
         let mixed = !rebase && prev.shared != shared;
-        if !rebase && !mixed && shared && now.saturating_sub(prev.at) < feedback::SHARED_PERIOD_NS {
+        let widen = !rebase && !mixed && !prev.settling && shared;
+        if widen && now.saturating_sub(prev.at) < feedback::SHARED_PERIOD_NS {
             // Sharing the device, the split comes from NVML's per-process
             // samples, about one per process per second: one period may
             // hold a sample of one process and none of the other's. Keep
-            // widening the window.
+            // widening the window (not the settling one: it is discarded
+            // after one period).
             return;
         }
         st.at = now;

@@ -510,6 +510,18 @@ fn a_shared_device_is_split_over_windows_that_hold_every_process() {
 }
 
 #[test]
+fn on_a_shared_device_the_first_step_comes_after_one_wide_window() {
+    // The settling window is one period even on a shared device: the
+    // first step comes one 8 s window after it, not two.
+    let c = closed_loop(30, 75, NVML_PID as i32);
+    c.sys.sparse.store(true, Relaxed);
+    c.sys.other_pct.store(40, Relaxed);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    run(&c, kernel(1), 1_000_000, 10 * SEC, 0);
+    assert!(c.gain(0) > 1.05, "gain {:.3}", c.gain(0));
+}
+
+#[test]
 fn a_window_that_began_shared_and_ended_alone_is_discarded() {
     // The other container exits: NVML now lists only ours, but its device
     // utilization over the (8 s) window still holds the other's busy time.
