@@ -236,17 +236,24 @@ fn run(c: &Controller<Fake>, key: Key, cost: u64, dur: u64, warmup: u64) -> f64 
         if ahead > f.now() + QUEUE_NS {
             f.now.store(ahead - QUEUE_NS, Relaxed);
         }
-        let t = c.before(&w);
-        {
-            let mut g = f.gpu.lock().unwrap();
-            let s = g.free_at.max(f.now());
-            g.free_at = s + cost;
-            g.intervals.push((s, s + cost));
-        }
-        c.after_opt(t, true);
-        f.advance(1_500);
+        launch_once(c, &w, cost, 1_500);
     }
     busy_share(f, start + warmup, start + dur)
+}
+
+/// One launch of `cost` GPU ns through the controller, then `gap` of host
+/// time before the next.
+fn launch_once(c: &Controller<Fake>, w: &Work, cost: u64, gap: u64) {
+    let f = &c.sys;
+    let t = c.before(w);
+    {
+        let mut g = f.gpu.lock().unwrap();
+        let s = g.free_at.max(f.now());
+        g.free_at = s + cost;
+        g.intervals.push((s, s + cost));
+    }
+    c.after_opt(t, true);
+    f.advance(gap);
 }
 
 fn busy_share(f: &Fake, from: u64, to: u64) -> f64 {
@@ -404,6 +411,16 @@ fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Controller<Fake> {
     Controller::new(f)
 }
 
+/// `closed_loop` at 30 % on a device shared with another container's
+/// process (40 % busy), NVML sampling each process once a second.
+fn shared_loop(skew: u64) -> Controller<Fake> {
+    let c = closed_loop(30, skew, NVML_PID as i32);
+    c.sys.sparse.store(true, Relaxed);
+    c.sys.other_pct.store(40, Relaxed);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    c
+}
+
 #[test]
 fn feedback_corrects_an_under_estimate() {
     // Costs learnt 10 % short (as the min-filter does for matmuls): open
@@ -491,20 +508,14 @@ fn a_shared_device_is_split_over_windows_that_hold_every_process() {
     // per process per second. Half-second windows would see only one of the
     // two processes and give it the whole device; the loop measures over
     // eight-second windows when the device is shared.
-    let c = closed_loop(30, 100, NVML_PID as i32);
-    c.sys.sparse.store(true, Relaxed);
-    c.sys.other_pct.store(40, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let c = shared_loop(100);
     let s = run(&c, kernel(1), 1_000_000, 40 * SEC, 10 * SEC);
     let g = c.gain(0);
     assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {g:.3})");
     assert!((0.9..1.1).contains(&g), "gain {g:.3}");
     // A real error is still corrected on a shared device: costs learnt 25 %
     // short, as a power-capped device's kernels can be.
-    let c = closed_loop(30, 75, NVML_PID as i32);
-    c.sys.sparse.store(true, Relaxed);
-    c.sys.other_pct.store(40, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let c = shared_loop(75);
     let s = run(&c, kernel(1), 1_000_000, 80 * SEC, 60 * SEC);
     assert!((s - 30.0).abs() < 2.5, "{s:.1}% (gain {:.3})", c.gain(0));
 }
@@ -513,10 +524,7 @@ fn a_shared_device_is_split_over_windows_that_hold_every_process() {
 fn on_a_shared_device_the_first_step_comes_after_one_wide_window() {
     // The settling window is one period even on a shared device: the
     // first step comes one 8 s window after it, not two.
-    let c = closed_loop(30, 75, NVML_PID as i32);
-    c.sys.sparse.store(true, Relaxed);
-    c.sys.other_pct.store(40, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let c = shared_loop(75);
     run(&c, kernel(1), 1_000_000, 10 * SEC, 0);
     assert!(c.gain(0) > 1.05, "gain {:.3}", c.gain(0));
 }
@@ -527,10 +535,7 @@ fn a_window_that_began_shared_and_ended_alone_is_discarded() {
     // utilization over the (8 s) window still holds the other's busy time.
     // Read as "alone", that was the whole device's, and an H100 pair's
     // 70 % container stepped its gain 1.04 -> 1.32 at the other's exit.
-    let c = closed_loop(30, 100, NVML_PID as i32);
-    c.sys.sparse.store(true, Relaxed);
-    c.sys.other_pct.store(40, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let c = shared_loop(100);
     run(&c, kernel(1), 1_000_000, 20 * SEC, 0);
     let g0 = c.gain(0);
     c.sys.other_exit.store(c.sys.now(), Relaxed);
@@ -616,15 +621,7 @@ fn an_under_using_container_learns_its_costs_without_being_held() {
     };
     let start = f.now();
     while f.now() < start + 4 * SEC {
-        let t = c.before(&w);
-        {
-            let mut g = f.gpu.lock().unwrap();
-            let s = g.free_at.max(f.now());
-            g.free_at = s + 1_000_000;
-            g.intervals.push((s, s + 1_000_000));
-        }
-        c.after_opt(t, true);
-        f.advance(10_000_000);
+        launch_once(&c, &w, 1_000_000, 10_000_000);
     }
     assert_eq!(
         f.sleeps.load(Relaxed),
@@ -662,17 +659,7 @@ fn a_known_cost_is_charged_from_the_threads_cache_and_still_sampled() {
         key: kernel(1),
         stream: 0,
     };
-    let launch = || {
-        let t = c.before(&w);
-        {
-            let mut g = f.gpu.lock().unwrap();
-            let s = g.free_at.max(f.now());
-            g.free_at = s + 10_000;
-            g.intervals.push((s, s + 10_000));
-        }
-        c.after_opt(t, true);
-        f.advance(1_000_000);
-    };
+    let launch = || launch_once(&c, &w, 10_000, 1_000_000);
     for _ in 0..super::cost::EARLY_SAMPLES * 2 {
         launch();
     }
