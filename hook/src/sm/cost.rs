@@ -147,7 +147,7 @@ impl Estimate {
     /// Whether the launch about to happen (already counted) should be
     /// timed. `idle_stream`: the launch follows a throttling sleep, so its
     /// timing would include the launch latency (only early samples take
-    /// that; an occasional one waits for the next launch that did not
+    /// that; an occasional one waits for a later launch that did not
     /// sleep).
     pub fn want_sample(&self, idle_stream: bool, now: u64) -> bool {
         self.samples < EARLY_SAMPLES
@@ -160,12 +160,13 @@ impl Estimate {
         if self.est.is_none() || self.samples < EARLY_SAMPLES {
             return 0;
         }
-        match self.next_sample.checked_sub(self.launches + 1) {
-            Some(n) => n,
-            // Due by count but not yet by time: look again after as many
+        if self.next_sample > self.launches {
+            self.next_sample - self.launches - 1
+        } else {
+            // Due by count but not taken (too soon after the last one, or
+            // this launch followed a sleep): look again after as many
             // launches as between two samples.
-            None if self.next_sample <= self.launches => SAMPLE_EVERY - 1,
-            None => 0,
+            SAMPLE_EVERY - 1
         }
     }
 }

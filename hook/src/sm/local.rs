@@ -73,63 +73,62 @@ pub struct Lookup {
     pub cost: Result<u64, u64>,
 }
 
+/// What a thread whose cache cannot be used (being torn down, or borrowed
+/// already) knows: nothing.
+const MISS: Lookup = Lookup {
+    slept: false,
+    cost: Err(0),
+};
+
+/// Runs `f` on this thread's cache; `None` when it cannot be used.
+fn with_local<T>(f: impl FnOnce(&mut Local) -> T) -> Option<T> {
+    LOCAL
+        .try_with(|l| l.try_borrow_mut().ok().map(|mut l| f(&mut l)))
+        .ok()
+        .flatten()
+}
+
 /// Looks `key` up for `owner`'s next launch, counting it if it hits.
 pub fn lookup(owner: u64, key: &Key) -> Lookup {
-    LOCAL
-        .try_with(|l| {
-            let Ok(mut l) = l.try_borrow_mut() else {
-                return Lookup {
-                    slept: false,
-                    cost: Err(0),
-                };
-            };
-            let slept = l.slept;
-            let e = &mut l.entries[slot(key)];
-            let cost = if e.owner == owner && e.key == *key {
-                if e.left > 0 {
-                    e.left -= 1;
-                    e.used += 1;
-                    Ok(e.cost_ns)
-                } else {
-                    Err(std::mem::take(&mut e.used))
-                }
+    with_local(|l| {
+        let slept = l.slept;
+        let e = &mut l.entries[slot(key)];
+        let cost = if e.owner == owner && e.key == *key {
+            if e.left > 0 {
+                e.left -= 1;
+                e.used += 1;
+                Ok(e.cost_ns)
             } else {
-                Err(0)
-            };
-            Lookup { slept, cost }
-        })
-        .unwrap_or(Lookup {
-            slept: false,
-            cost: Err(0),
-        })
+                Err(std::mem::take(&mut e.used))
+            }
+        } else {
+            Err(0)
+        };
+        Lookup { slept, cost }
+    })
+    .unwrap_or(MISS)
 }
 
 /// Keeps the table's answer for `key` (while no sample is due for it).
 pub fn store(owner: u64, key: &Key, c: &Charge) {
-    let _ = LOCAL.try_with(|l| {
-        if let Ok(mut l) = l.try_borrow_mut() {
-            l.entries[slot(key)] = if c.until_due > 0 {
-                Entry {
-                    owner,
-                    key: *key,
-                    cost_ns: c.cost_ns,
-                    left: c.until_due,
-                    used: 0,
-                }
-            } else {
-                EMPTY
-            };
-        }
+    with_local(|l| {
+        l.entries[slot(key)] = if c.until_due > 0 {
+            Entry {
+                owner,
+                key: *key,
+                cost_ns: c.cost_ns,
+                left: c.until_due,
+                used: 0,
+            }
+        } else {
+            EMPTY
+        };
     });
 }
 
 /// Records whether this thread's launch waited for the bucket.
 pub fn set_slept(slept: bool) {
-    let _ = LOCAL.try_with(|l| {
-        if let Ok(mut l) = l.try_borrow_mut() {
-            l.slept = slept;
-        }
-    });
+    with_local(|l| l.slept = slept);
 }
 
 #[cfg(test)]
