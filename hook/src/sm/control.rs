@@ -94,7 +94,8 @@ struct Loop {
     shared: bool,
     /// The window began at a baseline: it is discarded (NVML's samples lag
     /// a start or a limit change; an H100 read a tiny loop's first half
-    /// second at 12-17 % busy, then 25-30 % from the next one on).
+    /// second at 11.5 and 16.7 % busy in two runs, later ones mostly at
+    /// 22-33 %).
     settling: bool,
 }
 
