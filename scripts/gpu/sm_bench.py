@@ -26,6 +26,12 @@ Usage (the lead runs it with and without the hook, at each limit):
                                                  against the mean of the runs either side
                                                  (for workloads whose rate drifts with the
                                                  host, such as the launch-bound tiny loop).
+  --hook name=/path/libvgpu.so (repeatable)      with --interleave: each limit runs every
+  --rounds N                                     build (in an order rotated each round),
+                                                 then one unlimited run; N rounds; a last
+                                                 table gives each build's median share and
+                                                 utilization over the rounds (paired A/B of
+                                                 builds on a drifting host).
 
 Each workload line: `<name> <iters/s> <unit/s>` plus, when nvidia-smi sampling is on (default),
 `util mean/stdev` over the timed part (100 ms samples).
@@ -216,31 +222,54 @@ def sweep(args):
     for name, r in base.items():
         um = f"{r['util_mean']:.1f}" if r["util_mean"] is not None else "-"
         print(f"{'none':>5} {name:8} {100.0:17.1f}% {'':>8} {um:>9} {'':>8} {'':>6} {clk(r)}", flush=True)
-    results = []
-    for limit in args.sweep:
+    hooks = args.hook
+
+    def limited(limit, hook):
         d = tempfile.mkdtemp(prefix="vgpu-smbench-")
         env = dict(env0)
         env.update(
             {
-                "LD_PRELOAD": args.hook,
+                "LD_PRELOAD": hook,
                 "CUDA_DEVICE_SM_LIMIT": str(limit),
                 "GPU_CORE_UTILIZATION_POLICY": "force",
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE": os.path.join(d, "bench.cache"),
             }
         )
-        res = run(env)
-        if args.interleave:
-            # The unlimited run after this limit; its share is printed once
-            # both neighbours are known.
-            after = run(env0)
-            results.append((limit, res, base, after))
-            row(limit, res, base, after)
-            base = after
-            continue
+        return run(env)
+
+    if args.interleave:
+        # Each limit runs every build, then one unlimited run; each share is
+        # against the unlimited runs either side of its group.
+        shares = {}
+        for rnd in range(args.rounds):
+            for limit in args.sweep:
+                order = hooks[rnd % len(hooks) :] + hooks[: rnd % len(hooks)]
+                group = [(name, limited(limit, hook)) for name, hook in order]
+                after = run(env0)
+                for name, res in group:
+                    row(limit, res, base, after, name if len(hooks) > 1 else "")
+                    for w, r in res.items():
+                        share = 100.0 * r["work_per_s"] / statistics.mean(
+                            x[w]["work_per_s"] for x in (base, after)
+                        )
+                        shares.setdefault((limit, name, w), []).append((share, r["util_mean"]))
+                base = after
+        if args.rounds > 1:
+            print(f"medians over {args.rounds} rounds (range):", flush=True)
+            for (limit, name, w), v in shares.items():
+                s, u = [x[0] for x in v], [x[1] for x in v if x[1] is not None]
+                um = f"util {statistics.median(u):.1f} ({min(u):.1f}-{max(u):.1f})" if u else ""
+                print(
+                    f"{limit:5d} {w:8} {name:10} share {statistics.median(s):5.1f}% "
+                    f"({min(s):.1f}-{max(s):.1f}) {um}",
+                    flush=True,
+                )
+        return
+    results = []
+    for limit in args.sweep:
+        res = limited(limit, hooks[0][1])
         results.append((limit, res, base, None))
         row(limit, res, base, None)
-    if args.interleave:
-        return
     # A launch-bound loop's rate drifts with the host by ±15 % between runs:
     # a second unlimited run at the end shows how far, and the shares are
     # given again against the mean of both.
@@ -254,7 +283,7 @@ def sweep(args):
             print(f"{limit:5d} {name:8} {100.0 * r['work_per_s'] / mean:17.1f}%", flush=True)
 
 
-def row(limit, res, before, after):
+def row(limit, res, before, after, build=""):
     """One table row per workload: the share of unlimited throughput (against
     the mean of the unlimited runs before and after, when interleaved),
     utilization, and the targets."""
@@ -274,6 +303,8 @@ def row(limit, res, before, after):
         if after is not None:
             um0 = f"{after[name]['util_mean']:.1f}" if after[name]["util_mean"] is not None else "-"
             extra = f"  (unlimited after: {100.0 * after[name]['work_per_s'] / before[name]['work_per_s']:.1f}% of before, util {um0})"
+        if build:
+            extra += f"  [{build}]"
         print(f"{limit:5d} {name:8} {share:17.1f}% {st:>8} {um:>9} {ut:>8} {us:>6} {clk(r)}{extra}", flush=True)
 
 
@@ -287,7 +318,14 @@ def main():
     p.add_argument("--save", help="write the results as JSON to this file (for --baseline)")
     p.add_argument("--baseline", help="JSON file of an unlimited run (--save): print shares against it")
     p.add_argument("--sweep", type=lambda s: [int(x) for x in s.split(",")], help="limits to sweep")
-    p.add_argument("--hook", help="libvgpu.so for --sweep")
+    p.add_argument(
+        "--hook",
+        action="append",
+        default=[],
+        type=lambda s: tuple(s.split("=", 1)) if "=" in s else ("hook", s),
+        help="libvgpu.so for --sweep; with --interleave, repeat as name=path to compare builds",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="with --interleave: repeat the sweep")
     p.add_argument(
         "--interleave", action="store_true", help="with --sweep: an unlimited run between every two limits"
     )
@@ -295,6 +333,8 @@ def main():
     if args.sweep:
         if not args.hook:
             p.error("--sweep needs --hook")
+        if len(args.hook) > 1 and not args.interleave:
+            p.error("several --hook builds need --interleave")
         sweep(args)
         return
     res = run_all(args)
