@@ -10,7 +10,10 @@
 #   bash scripts/gpu-check.sh daemon     host-PID fill in 8 containers, untracked process, launch cost
 #   bash scripts/gpu-check.sh sm         SM limit sweep 10/30/60/90 (SM_WORKLOADS, default all four)
 #   bash scripts/gpu-check.sh smtiny     the launch-bound tiny loop's sweep, an unlimited run between limits
-#   bash scripts/gpu-check.sh pair       two containers at 30 / 70
+#                                        (VARIANTS="name=/path/libvgpu.so ...": those builds instead,
+#                                        each at every limit; ROUNDS=n repeats, with medians)
+#   bash scripts/gpu-check.sh pair       two containers at 30 / 70, taking turns and time-sliced
+#                                        (VARIANTS: each build in turn)
 #   bash scripts/gpu-check.sh pylaunch   PyTorch launch-bound loop: native vs hook, no limit / limit 90
 #                                        (VARIANTS="name=/path/libvgpu.so ...": other builds at limit 90)
 #   bash scripts/gpu-check.sh pyab       the same loop in one process, its limit flipped on and off
@@ -307,16 +310,44 @@ phase_smtiny() {
     local secs=${SM_SECONDS:-20}
     say "SM limit sweep, tiny loop, an unlimited run between limits ($secs s runs)"
     mkdir -p "$W/sm"
+    local hooks=() v
+    for v in ${VARIANTS:-}; do hooks+=(--hook "$v"); done
+    [ ${#hooks[@]} -gt 0 ] || hooks=(--hook "$DIST/libvgpu.so")
     cd "$W/sm" && python3 "$ROOT/scripts/gpu/sm_bench.py" --sweep "${SM_SWEEP:-10,30,60,90}" \
-        --workloads tiny --interleave --hook "$DIST/libvgpu.so" --seconds "$secs"
+        --workloads tiny --interleave "${hooks[@]}" --rounds "${ROUNDS:-1}" --seconds "$secs"
 }
 
 phase_pair() {
     say "two containers at 30 and 70 on one GPU (bf16 matmul): throughput share of solo unlimited"
     python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
+    # Each build twice: the containers taking turns through a directory
+    # they share (HAMi's /tmp/vgpulock in a cluster), then without one.
+    local v name lib
+    for v in ${VARIANTS:-dist=$DIST/libvgpu.so}; do
+        name=${v%%=*} lib=${v#*=}
+        mkdir -p "$W/node-$name"
+        pair_run "$name, taking turns" "$lib" "$W/node-$name"
+        pair_run "$name, time-sliced" "$lib" ""
+    done
+
+    say "the same two processes without the hook (time slicing alone): throughput share of solo"
+    for i in 1 2; do
+        python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --no-smi \
+            --baseline "$W/base.json" >"$W/pair-free-$i.txt" 2>&1 &
+    done
+    wait
+    for i in 1 2; do grep 'of unlimited' "$W/pair-free-$i.txt"; done
+}
+
+# pair_run NAME LIB NODE_DIR: both containers under LIB, 20 s, sharing
+# NODE_DIR (VGPU_SM_NODE_DIR; empty: none).
+pair_run() {
+    local name=$1 lib=$2 node=$3 lim
+    say "pair, build $name"
     for lim in 30 70; do
-        LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_SM_LIMIT=$lim GPU_CORE_UTILIZATION_POLICY=force \
-            CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/pair-$lim.cache" LIBCUDA_LOG_LEVEL=4 \
+        LD_PRELOAD="$lib" CUDA_DEVICE_SM_LIMIT=$lim GPU_CORE_UTILIZATION_POLICY=force \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/pair.XXXX")/$lim.cache" \
+            VGPU_SM_NODE_DIR="$node" LIBCUDA_LOG_LEVEL=4 \
             python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 20 --no-smi \
             --baseline "$W/base.json" >"$W/pair-$lim.txt" 2>"$W/pair-$lim.log" &
         echo "limit $lim: pid $!"
@@ -331,23 +362,16 @@ phase_pair() {
     for lim in 30 70; do
         echo "limit $lim:"
         cat "$W/pair-$lim.txt"
-        grep 'sm feedback' "$W/pair-$lim.log" | tail -n 40
+        grep 'sm feedback' "$W/pair-$lim.log" | tail -n "${PAIR_LOG_LINES:-40}"
+        grep 'taking turns\|bucket alone' "$W/pair-$lim.log" | head -n 4
     done
     echo "nvidia-smi pmon -s u (per process sm %), 10 s in the middle:"
-    cat "$W/pair-pmon.txt"
+    [ -n "${VARIANTS:-}" ] || cat "$W/pair-pmon.txt"
     awk '$1 == "0" && $4 ~ /^[0-9]+$/ {n[$2]++; s[$2] += $4}
         END {for (p in n) printf "pid %s: sm %% mean %.1f over %d samples\n", p, s[p] / n[p], n[p]}' \
         "$W/pair-pmon.txt"
     awk '/^[0-9]+$/ {n++; s+=$1} END {if (n) printf "device utilization mean %.1f over %d samples\n", s/n, n}' \
         "$W/pair-dev.txt"
-
-    say "the same two processes without the hook (time slicing alone): throughput share of solo"
-    for i in 1 2; do
-        python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --no-smi \
-            --baseline "$W/base.json" >"$W/pair-free-$i.txt" 2>&1 &
-    done
-    wait
-    for i in 1 2; do grep 'of unlimited' "$W/pair-free-$i.txt"; done
 }
 
 # PyTorch's launch-bound loop (tiny kernels, 5 s runs, interleaved):

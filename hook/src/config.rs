@@ -19,6 +19,9 @@ pub enum Visible {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub region_path: PathBuf,
+    /// Where limited containers on a GPU agree on their turns (`sm::node`);
+    /// `None` = off.
+    pub node_dir: Option<PathBuf>,
     /// Bytes per container-visible device; 0 = no limit.
     pub mem_limit: [u64; MAX_DEVICES],
     /// Percent per device (100 = no limit).
@@ -60,11 +63,17 @@ impl Config {
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| names::SHARED_CACHE_DEFAULT.to_owned())
             .into();
+        let node_dir = match lookup(names::SM_NODE_DIR) {
+            None => Some(PathBuf::from(names::SM_NODE_DIR_DEFAULT)),
+            Some(d) if d.is_empty() => None,
+            Some(d) => Some(PathBuf::from(d)),
+        };
         let visible = lookup(names::VISIBLE_DEVICES).map(|v| parse_visible(&v));
         let mut errors = mem.errors;
         errors.extend(sm.errors);
         Self {
             region_path,
+            node_dir,
             mem_limit: mem.values,
             sm_limit: sm.values,
             priority,

@@ -126,27 +126,70 @@ fn sm_graph_cooperative_and_ex_launches_are_limited() {
     assert!(!bad, "limit 30: {}", report.join(", "));
 }
 
-#[test]
-fn sm_two_containers_get_their_own_limits() {
-    let _s = serial();
+/// Two containers at 30 and 70 on one GPU, each process under its own
+/// region. `node_dir`: the directory the node's containers share (the
+/// containers then take turns); `None`: none, each bucket alone limits.
+/// Returns the two shares and how often the device passed from one
+/// container's kernels to the other's, per second.
+fn two_containers(name: &str, node_dir: Option<&std::path::Path>) -> (Vec<f64>, f64) {
     let gpu = SimGpu::new();
-    let a = HookEnv::new("sm-two-a", "0");
-    let b = HookEnv::new("sm-two-b", "0");
-    let force = [("GPU_CORE_UTILIZATION_POLICY", "force")];
-    let pa = start(&a, &gpu, 30, &["kernel", "busy_1000us", "4"], &force);
-    let pb = start(&b, &gpu, 70, &["kernel", "busy_500us", "4"], &force);
+    let a = HookEnv::new(&format!("{name}-a"), "0");
+    let b = HookEnv::new(&format!("{name}-b"), "0");
+    let dir = node_dir.map_or(String::new(), |d| d.display().to_string());
+    let vars = [
+        ("GPU_CORE_UTILIZATION_POLICY", "force"),
+        ("VGPU_SM_NODE_DIR", dir.as_str()),
+    ];
+    let pa = start(&a, &gpu, 30, &["kernel", "busy_1000us", "4"], &vars);
+    let pb = start(&b, &gpu, 70, &["kernel", "busy_500us", "4"], &vars);
     std::thread::sleep(Duration::from_millis(600));
+    let from = now_ns();
     let s = process_shares(
         &gpu,
         Duration::from_secs(2),
         &[pa.child.id(), pb.child.id()],
     );
-    eprintln!("containers at 30 / 70: {:.1}% / {:.1}%", s[0], s[1]);
+    let to = now_ns();
+    let switches =
+        simgpu::timeline::owner_switches(gpu.shm(), 0, from, to) as f64 * 1e9 / (to - from) as f64;
+    eprintln!(
+        "{name}: containers at 30 / 70: {:.1}% / {:.1}%, {switches:.0} switches/s",
+        s[0], s[1]
+    );
     assert!(
         (s[0] - 30.0).abs() <= TOLERANCE && (s[1] - 70.0).abs() <= TOLERANCE,
-        "containers at 30 / 70: {:.1}% / {:.1}%",
+        "{name}: containers at 30 / 70: {:.1}% / {:.1}%",
         s[0],
         s[1]
+    );
+    (s, switches)
+}
+
+#[test]
+fn sm_two_containers_get_their_own_limits() {
+    let _s = serial();
+    two_containers("sm-two", None);
+}
+
+/// With a directory shared by the node's containers (HAMi's /tmp/vgpulock),
+/// two limited containers on one GPU take turns: 50 ms frames, so about 40
+/// switches a second between them instead of one per batch, and each still
+/// gets its limit.
+#[test]
+fn sm_two_containers_take_turns_through_the_node_dir() {
+    let _s = serial();
+    let node = tempfile::tempdir().expect("temp dir");
+    let (_, turns) = two_containers("sm-turns", Some(node.path()));
+    let (_, sliced) = two_containers("sm-sliced", None);
+    let tables = std::fs::read_dir(node.path())
+        .expect("read the node dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("vgpu-sm-"))
+        .count();
+    assert_eq!(tables, 1, "one table for the one GPU");
+    assert!(
+        turns <= 60.0 && sliced > 2.0 * turns,
+        "switches/s: {turns:.0} taking turns, {sliced:.0} without"
     );
 }
 
@@ -326,7 +369,7 @@ fn sm_feedback_loop_measures_and_keeps_the_share() {
     };
     let measured_at = word(64 + 48);
     eprintln!("feedback at 40: {s:.1}%, gain {gain:.3}, sidecar v{version}");
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     assert!(measured_at != 0, "the loop never measured");
     assert!((0.85..=1.15).contains(&gain), "gain {gain:.3}");
     assert!((s - 40.0).abs() <= TOLERANCE, "{s:.1}%");

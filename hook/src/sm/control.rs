@@ -17,7 +17,9 @@ use super::bucket::{self, Admit};
 use super::cost::{Costs, Key};
 use super::feedback::{self, Reading};
 use super::local;
+use super::phase::{self, Gate, Phase};
 use super::policy;
+use super::sidecar::DevBucket;
 use super::sys::{Poll, Sys};
 
 /// How often the region's settings are re-read on the launch path.
@@ -34,6 +36,9 @@ const MAX_PENDING: usize = 32;
 const MAX_POOL: usize = 32;
 /// Finished timings are collected at most this often (a driver call each).
 const POLL_NS: u64 = 500_000;
+/// How often a limited process re-reads the node's table (`phase`) and
+/// marks its container active there.
+const REPLAN_NS: u64 = 10_000_000;
 
 /// What `before` hands to `after` for one launch.
 #[derive(Debug)]
@@ -149,6 +154,12 @@ pub struct Controller<S: Sys> {
     fb_next: [AtomicU64; MAX_DEVICES],
     fb: Mutex<[Loop; MAX_DEVICES]>,
     host_pid_noted: AtomicBool,
+    /// Per device: the container's turn while it shares the GPU with other
+    /// limited containers (`phase::encode`; 0 = none, the bucket limits).
+    plans: [AtomicU64; MAX_DEVICES],
+    /// Next re-plan due, per device (CLOCK_MONOTONIC ns).
+    plan_next: [AtomicU64; MAX_DEVICES],
+    replanning: AtomicBool,
 }
 
 impl<S: Sys> Controller<S> {
@@ -171,6 +182,9 @@ impl<S: Sys> Controller<S> {
             fb_next: std::array::from_fn(|_| AtomicU64::new(0)),
             fb: Mutex::new([Loop::default(); MAX_DEVICES]),
             host_pid_noted: AtomicBool::new(false),
+            plans: std::array::from_fn(|_| AtomicU64::new(0)),
+            plan_next: std::array::from_fn(|_| AtomicU64::new(0)),
+            replanning: AtomicBool::new(false),
         }
     }
 
@@ -248,20 +262,27 @@ impl<S: Sys> Controller<S> {
     }
 
     /// Charges `cost × gain` to the bucket of `dev` while enforced, sleeping
-    /// until it is non-negative (`now`: the clock read for this launch).
-    /// Returns the percent charged at (0: not charged), whether it slept,
-    /// and the amount charged.
+    /// until it is non-negative (`now`: the clock read for this launch);
+    /// while the container takes turns with others on the device, admits
+    /// it in its turn instead (`phase`). Returns the percent charged at (0:
+    /// not charged), whether it slept, and the amount charged.
     fn admit(&self, dev: usize, cost: u64, mut now: u64) -> (u32, bool, u64) {
         let b = &self.sys.buckets().devs[dev];
-        let tat = &b.tat;
         let mut slept = false;
         loop {
             let pct = self.limits[dev].load(Relaxed);
             if pct == 0 || !self.enforce.load(Relaxed) {
                 return (0, slept, 0);
             }
+            if now >= self.plan_next[dev].load(Relaxed) {
+                self.replan(dev, now, pct);
+            }
             let billed = scale(cost, b.gain());
-            match bucket::try_admit(tat, now, billed, pct) {
+            let admitted = match phase::decode(self.plans[dev].load(Relaxed)) {
+                Some(p) => take_turn(b, p, now, billed),
+                None => bucket::try_admit(&b.tat, now, billed, pct),
+            };
+            match admitted {
                 Admit::Go => {
                     b.charged_ns.fetch_add(billed, Relaxed);
                     if slept {
@@ -368,6 +389,13 @@ impl<S: Sys> Controller<S> {
             // Two's complement: adding a negative amount subtracts it.
             b.charged_ns.fetch_add(owed as u64, Relaxed);
             bucket::adjust(&b.tat, self.sys.now(), owed, pct);
+            if self.plans[dev].load(Relaxed) != 0 {
+                // Taking turns: the queue drains that much later (or
+                // sooner), so the turn's remaining room is that much less.
+                let _ = b
+                    .busy_until
+                    .fetch_update(AcqRel, Acquire, |t| Some(t.saturating_add_signed(owed)));
+            }
         }
     }
 
@@ -532,6 +560,38 @@ impl<S: Sys> Controller<S> {
 
     /// Re-reads the region (one thread at a time), marks activity, and
     /// publishes the share when due.
+    /// Re-reads the node's table of limited containers on `dev` (marking
+    /// this one active at `pct`) and stores the container's turn, if it
+    /// shares the device with another limited container.
+    fn replan(&self, dev: usize, now: u64, pct: u32) {
+        if self.replanning.swap(true, Acquire) {
+            return;
+        }
+        self.plan_next[dev].store(now.saturating_add(REPLAN_NS), Relaxed);
+        let plan = self.sys.node(dev).and_then(|node| {
+            let id = self.sys.buckets().container_id();
+            node.join(id, now)?.touch(now, pct);
+            phase::plan(&node.active(now, phase::ACTIVE_NS), id)
+        });
+        let w = phase::encode(plan);
+        if self.plans[dev].swap(w, Relaxed) != w {
+            match plan {
+                Some(p) => vlog!(
+                    crate::log::INFO,
+                    "sm dev {dev}: taking turns with other limited containers, {:.1}-{:.1} ms of every {} ms",
+                    p.start as f64 / 1e6,
+                    (p.start + p.len) as f64 / 1e6,
+                    phase::FRAME_NS / 1_000_000
+                ),
+                None => vlog!(
+                    crate::log::INFO,
+                    "sm dev {dev}: no other limited container active, the bucket alone limits"
+                ),
+            }
+        }
+        self.replanning.store(false, Release);
+    }
+
     fn refresh(&self, now: u64) {
         if self.refreshing.swap(true, Acquire) {
             return;
@@ -654,6 +714,26 @@ fn attributed(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[
 }
 
 /// `cost × gain`, exact when the gain is 1.
+/// Admits `cost` into the container's turn `p` on a device it shares: after
+/// the container's queued work, if it fits before the turn ends.
+fn take_turn(b: &DevBucket, p: Phase, now: u64, cost: u64) -> Admit {
+    let mut busy = b.busy_until.load(Acquire);
+    loop {
+        match phase::gate(p, now, busy, cost) {
+            Gate::Go { busy_until } => {
+                match b
+                    .busy_until
+                    .compare_exchange_weak(busy, busy_until, AcqRel, Acquire)
+                {
+                    Ok(_) => return Admit::Go,
+                    Err(cur) => busy = cur,
+                }
+            }
+            Gate::WaitUntil(t) => return Admit::WaitUntil(t),
+        }
+    }
+}
+
 fn scale(cost: u64, gain: f64) -> u64 {
     if gain == 1.0 {
         cost

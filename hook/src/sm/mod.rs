@@ -13,12 +13,19 @@
 //! loads: no lock, no syscall, no driver call. With a limit, a launch whose
 //! cost is known adds two driver queries (context, capture), one clock read
 //! and one CAS on the bucket, still no lock (`local`).
+//!
+//! Limited containers that share a GPU take turns on it (`phase`), agreed
+//! through a table in a directory all containers of the node share (`node`):
+//! a GPU time-slicing between two busy contexts loses device time that
+//! neither gets.
 
 pub mod bucket;
 pub mod control;
 pub mod cost;
 pub mod feedback;
 mod local;
+pub mod node;
+pub mod phase;
 pub mod policy;
 pub mod sidecar;
 pub mod sys;

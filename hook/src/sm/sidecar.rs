@@ -14,18 +14,23 @@
 //! Version 3 adds the feedback loop's words (`sm::feedback`), again carved
 //! out of reserved words that read zero in older files: `gain` (0 = 1, open
 //! loop), `lease` (the loop's leader) and `measured_at`.
+//!
+//! Version 4 adds, likewise, the container's id (`SmShared::container`,
+//! its name in the node's table, `sm::node`) and `DevBucket::busy_until`
+//! (when the container's queued work drains, while it runs in turns with
+//! other containers, `sm::phase`).
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use vgpu_common::region::MAX_DEVICES;
 
 /// `"vgpusm01"` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusm01");
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// The oldest layout this code reads (its reserved words are zero).
 pub const MIN_VERSION: u32 = 1;
 /// Set in `ctx_bytes` when a size is stored (a size may be 0).
@@ -54,7 +59,9 @@ pub struct DevBucket {
     /// CLOCK_MONOTONIC ns of the leader's last measurement (while recent,
     /// the leader publishes every process's measured `sm_util`) (v3).
     pub measured_at: AtomicU64,
-    pub reserved: [AtomicU64; 1],
+    /// While the container runs in turns with others (`sm::phase`):
+    /// CLOCK_MONOTONIC ns its admitted work is due to drain (v4).
+    pub busy_until: AtomicU64,
 }
 
 impl DevBucket {
@@ -85,8 +92,40 @@ pub struct SmShared {
     pub version: AtomicU32,
     /// `size_of::<SmShared>()` as written by the creator.
     pub size: AtomicU32,
-    pub reserved: [AtomicU64; 6],
+    /// The container's id in the node's tables (`sm::node`), drawn by its
+    /// first process; 0 = not yet (v4).
+    pub container: AtomicU64,
+    pub reserved: [AtomicU64; 5],
     pub devs: [DevBucket; MAX_DEVICES],
+}
+
+impl SmShared {
+    /// The container's id, drawn at random by the first process to ask.
+    pub fn container_id(&self) -> u64 {
+        let id = self.container.load(Acquire);
+        if id != 0 {
+            return id;
+        }
+        let mut v = 0u64;
+        // SAFETY: `v` is a live local of 8 bytes; getrandom writes at most
+        // that many.
+        let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+        if n != 8 || v == 0 {
+            // No entropy yet (early boot): the clock and pid still tell
+            // containers apart.
+            v = (std::process::id() as u64) << 40 ^ now_ns() | 1;
+        }
+        match self.container.compare_exchange(0, v, AcqRel, Acquire) {
+            Ok(_) => v,
+            Err(other) => other,
+        }
+    }
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
 }
 
 pub const SIZE: usize = std::mem::size_of::<SmShared>();
@@ -94,7 +133,9 @@ pub const SIZE: usize = std::mem::size_of::<SmShared>();
 const _: () = {
     assert!(std::mem::size_of::<DevBucket>() == 64);
     assert!(SIZE == 64 + 64 * MAX_DEVICES);
+    assert!(std::mem::offset_of!(SmShared, container) == 16);
     assert!(std::mem::offset_of!(SmShared, devs) == 64);
+    assert!(std::mem::offset_of!(DevBucket, busy_until) == 56);
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -262,7 +303,18 @@ mod tests {
         v1.version.store(2, Relaxed);
         assert!(init_or_check(&v1).is_ok());
         v1.version.store(4, Relaxed);
+        assert!(init_or_check(&v1).is_ok());
+        v1.version.store(5, Relaxed);
         assert!(init_or_check(&v1).is_err());
+    }
+
+    #[test]
+    fn the_container_id_is_drawn_once() {
+        let s = private();
+        let id = s.container_id();
+        assert_ne!(id, 0);
+        assert_eq!(s.container_id(), id);
+        assert_ne!(private().container_id(), id);
     }
 
     #[test]

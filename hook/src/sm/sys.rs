@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
+use super::node::{self, NodeFile};
 use super::sidecar::{self, SmShared};
 use crate::ffi::*;
 
@@ -73,6 +74,11 @@ pub trait Sys: Sync {
     /// Fills this process's slot `hostpid` when its host pid is known
     /// without a guess (it runs in the initial PID namespace).
     fn note_host_pid(&self) {}
+    /// The node's table of limited containers on CUDA device `dev`, shared
+    /// with the other containers of the node; `None` when there is none.
+    fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
+        None
+    }
 }
 
 /// Runs `f` (the limiter's own event calls) in the relaxed capture mode, so
@@ -152,6 +158,8 @@ pub struct Real {
     buckets: OnceLock<&'static SmShared>,
     /// NVML handles by CUDA ordinal (0: not looked up yet).
     nvml: [AtomicUsize; MAX_DEVICES],
+    /// The node's tables by CUDA ordinal, opened once.
+    nodes: [OnceLock<Option<&'static NodeFile>>; MAX_DEVICES],
 }
 
 impl Real {
@@ -329,6 +337,28 @@ impl Sys for Real {
         let util = util_samples_mean(h, since_us).or_else(|| util_now(h))?;
         let pids = crate::memory::driver::compute_processes(h)?;
         Some((util, pids.iter().map(|p| p.pid).collect()))
+    }
+
+    fn node(&self, dev: usize) -> Option<&'static NodeFile> {
+        *self.nodes.get(dev)?.get_or_init(|| {
+            let dir = crate::state::config().node_dir.as_ref()?;
+            // Only a directory the node's containers share (HAMi mounts it):
+            // never created here, where no other container would see it.
+            if !dir.is_dir() {
+                return None;
+            }
+            let path = node::path_for(dir, &crate::memory::driver::cuda_uuid(dev)?);
+            match node::open(&path) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    vlog!(
+                        crate::log::WARN,
+                        "{e}; limited containers on this GPU do not take turns"
+                    );
+                    None
+                }
+            }
+        })
     }
 
     fn note_host_pid(&self) {

@@ -13,6 +13,8 @@ use vgpu_common::view::RegionFile;
 
 use super::control::{Controller, Work};
 use super::cost::Key;
+use super::node::NodeFile;
+use super::phase;
 use super::sidecar::{self, SmShared};
 use super::sys::{Poll, Sys};
 
@@ -66,6 +68,9 @@ struct Fake {
     /// Until this fake ns the device counter reads half the truth (NVML's
     /// samples lagging a start).
     lag_until: AtomicU64,
+    /// The node's table of limited containers (none: the container is
+    /// alone on the node).
+    node: Option<&'static NodeFile>,
 }
 
 /// `Fake::unix_us` at fake time 0.
@@ -101,6 +106,7 @@ impl Fake {
             sparse: std::sync::atomic::AtomicBool::new(false),
             other_exit: AtomicU64::new(0),
             lag_until: AtomicU64::new(0),
+            node: None,
         }
     }
 
@@ -167,6 +173,9 @@ impl Sys for Fake {
     fn buckets(&self) -> &'static SmShared {
         self.buckets
     }
+    fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
+        self.node
+    }
     fn proc_util(&self, _dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
         if !self.nvml.load(Relaxed) {
             return None;
@@ -227,6 +236,18 @@ impl Sys for Fake {
 /// Runs launches of `cost` (key `key`) for `dur` of fake time; returns the
 /// GPU's busy share (percent) over the last `dur - warmup`.
 fn run(c: &Controller<Fake>, key: Key, cost: u64, dur: u64, warmup: u64) -> f64 {
+    run_with(c, key, cost, dur, warmup, |_| {})
+}
+
+/// `run`, calling `each` before every launch.
+fn run_with(
+    c: &Controller<Fake>,
+    key: Key,
+    cost: u64,
+    dur: u64,
+    warmup: u64,
+    mut each: impl FnMut(&Fake),
+) -> f64 {
     let f = &c.sys;
     let start = f.now();
     let w = Work { key, stream: 0 };
@@ -236,6 +257,7 @@ fn run(c: &Controller<Fake>, key: Key, cost: u64, dur: u64, warmup: u64) -> f64 
         if ahead > f.now() + QUEUE_NS {
             f.now.store(ahead - QUEUE_NS, Relaxed);
         }
+        each(f);
         launch_once(c, &w, cost, 1_500);
     }
     busy_share(f, start + warmup, start + dur)
@@ -673,4 +695,63 @@ fn a_known_cost_is_charged_from_the_threads_cache_and_still_sampled() {
     let samples = (f.records.load(Relaxed) - records) / 2;
     assert!((19..=21).contains(&samples), "{samples} samples");
     assert_eq!(c.charged_ns(0) - charged, n as i64 * 10_000);
+}
+
+/// A container at 30 % on a GPU where another limited container (70 %) is
+/// active takes turns: every kernel of ours runs inside our phase of each
+/// frame, and the share is still the limit. When the other goes quiet, the
+/// bucket alone limits again.
+#[test]
+fn limited_containers_on_one_gpu_take_turns() {
+    let node: &'static NodeFile = Box::leak(Box::default());
+    node.init_or_check().unwrap();
+    let mut f = Fake::new(30, policy::DEFAULT);
+    f.node = Some(node);
+    let c = Controller::new(f);
+    // The other container: a member that launched just now.
+    let other = 0x5555_0000_0000_0000;
+    let m = node.join(other, c.sys.now()).unwrap();
+    m.touch(c.sys.now(), 70);
+    let ours = c.sys.buckets.container_id();
+    let p = phase::plan(&[(ours, 30), (other, 70)], ours).unwrap();
+    assert_eq!(p.len, phase::FRAME_NS * 30 / 100);
+
+    let start = c.sys.now();
+    let s = run_with(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2, |f| {
+        m.touch(f.now(), 70)
+    });
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
+    let inside = |(a, e): (u64, u64)| {
+        let ws = (a - p.start) / phase::FRAME_NS * phase::FRAME_NS + p.start;
+        // The last kernel of a turn may overrun it by half its time.
+        a >= ws && e <= ws + p.len + 500_000
+    };
+    let g = c.sys.gpu.lock().unwrap().intervals.clone();
+    // The first kernels run before the plan is read (the first launch
+    // reads it) and while the cost is a guess.
+    let late: Vec<_> = g
+        .iter()
+        .copied()
+        .filter(|i| i.0 > start + SEC / 2)
+        .collect();
+    assert!(late.len() > 300, "{}", late.len());
+    let out = late.iter().filter(|i| !inside(**i)).count();
+    assert_eq!(
+        out,
+        0,
+        "{out} of {} kernels outside the phase {p:?}",
+        late.len()
+    );
+
+    // The other container stops: within ACTIVE_NS and a re-plan, the bucket
+    // alone limits, and our kernels run anywhere in the frame.
+    let quiet = c.sys.now();
+    let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
+    let g = c.sys.gpu.lock().unwrap().intervals.clone();
+    let outside = g
+        .iter()
+        .filter(|i| i.0 > quiet + phase::ACTIVE_NS + SEC / 10 && !inside(**i))
+        .count();
+    assert!(outside > 100, "{outside}");
 }

@@ -105,6 +105,24 @@ pub fn busy_between(shm: &Shm, dev: u32, from: u64, to: u64) -> u64 {
     busy
 }
 
+/// How many times the device passed from one process's kernels to
+/// another's during `[from, to)`: a device time-sliced between processes
+/// switches at every batch, one whose processes take turns twice a turn.
+pub fn owner_switches(shm: &Shm, dev: u32, from: u64, to: u64) -> u64 {
+    let Some(d) = shm.device(dev) else { return 0 };
+    let (mut n, mut prev) = (0u64, None);
+    for_each_since(d, from, |s, e, owner| {
+        if overlap(s, e, from, to) == 0 {
+            return;
+        }
+        if prev.is_some_and(|p| p != owner) {
+            n += 1;
+        }
+        prev = Some(owner);
+    });
+    n
+}
+
 /// Device utilization in percent over the `window_ns` ending now.
 pub fn utilization(shm: &Shm, dev: u32, window_ns: u64) -> u32 {
     let now = crate::clock::mono_ns();

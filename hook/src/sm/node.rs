@@ -1,0 +1,277 @@
+//! The node's table of limited containers on one GPU: a small file in a
+//! directory every container of the node shares, mapped `MAP_SHARED` by
+//! every limited process that uses that GPU (docs/sm-limit.md, "Time
+//! division between containers").
+//!
+//! HAMi's device plugin bind-mounts `/tmp/vgpulock` (mode 0777) read-write
+//! into every container it sets up (spec §1.3), so that directory is the
+//! default; `VGPU_SM_NODE_DIR` names another, and an empty value turns the
+//! table off. The file is `<dir>/vgpu-sm-<GPU UUID>`: per physical GPU,
+//! whatever ordinal each container sees it as. It is never created without
+//! its directory: without a shared directory each container stays alone.
+//!
+//! Each member is a container (its sidecar's `container` id) with its limit
+//! and the CLOCK_MONOTONIC instant it last launched; the processes read the
+//! members to agree on a schedule (`phase`) with no messages and no lock.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// `"vgpusn01"` little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusn01");
+pub const VERSION: u32 = 1;
+/// Containers one GPU's table holds.
+pub const MEMBERS: usize = 32;
+/// A member not seen for this long may be taken over by another container.
+pub const STALE_NS: u64 = 10_000_000_000;
+
+/// One container on the GPU: 64 bytes, its own cache line.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct Member {
+    /// The container's id (`SmShared::container`); 0 = free.
+    pub owner: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the container's last limited launch here.
+    pub seen: AtomicU64,
+    /// Its SM limit on this GPU, percent.
+    pub limit: AtomicU32,
+    pub reserved32: AtomicU32,
+    pub reserved: [AtomicU64; 5],
+}
+
+/// The whole file.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct NodeFile {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    /// `size_of::<NodeFile>()` as written by the creator.
+    pub size: AtomicU32,
+    pub reserved: [AtomicU64; 6],
+    pub members: [Member; MEMBERS],
+}
+
+pub const SIZE: usize = std::mem::size_of::<NodeFile>();
+
+const _: () = {
+    assert!(std::mem::size_of::<Member>() == 64);
+    assert!(std::mem::offset_of!(Member, seen) == 8);
+    assert!(std::mem::offset_of!(Member, limit) == 16);
+    assert!(std::mem::offset_of!(NodeFile, members) == 64);
+    assert!(SIZE == 64 + 64 * MEMBERS);
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: mmap failed: {source}")]
+    Map {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a vgpu node table (magic {magic:#x}, version {version})")]
+    Foreign {
+        path: PathBuf,
+        magic: u64,
+        version: u32,
+    },
+}
+
+/// The table's path for the GPU `uuid` in `dir`.
+pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
+    let name: String = uuid
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("vgpu-sm-{name}"))
+}
+
+/// Maps (creating if needed) the table at `path`; never unmapped.
+pub fn open(path: &Path) -> Result<&'static NodeFile, NodeError> {
+    let io = |source| NodeError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file: File = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(path)
+        .map_err(io)?;
+    // Containers run as different users: keep it writable by all despite
+    // the umask.
+    let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
+    if file.metadata().map_err(io)?.len() < SIZE as u64 {
+        // Growing with zeroes is idempotent, so racing creators agree.
+        file.set_len(SIZE as u64).map_err(io)?;
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: a fresh shared read-write mapping of `SIZE` bytes of a file at
+    // least that long; the kernel picks the address.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(NodeError::Map {
+            path: path.to_owned(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: the mapping is `SIZE` bytes, page-aligned, never unmapped, and
+    // `NodeFile` is all atomics (any bit pattern is valid, shared access is
+    // through atomics only).
+    let node: &'static NodeFile = unsafe { &*(p as *const NodeFile) };
+    node.init_or_check()
+        .map_err(|(magic, version)| NodeError::Foreign {
+            path: path.to_owned(),
+            magic,
+            version,
+        })?;
+    Ok(node)
+}
+
+impl NodeFile {
+    /// Stamps a zeroed table, or checks an existing one.
+    pub fn init_or_check(&self) -> Result<(), (u64, u32)> {
+        match self.magic.compare_exchange(0, MAGIC, Release, Acquire) {
+            Ok(_) => {
+                self.version.store(VERSION, Release);
+                self.size.store(SIZE as u32, Release);
+                Ok(())
+            }
+            Err(m) if m == MAGIC => {
+                // The creator may not have stamped the version yet.
+                for _ in 0..1000 {
+                    match self.version.load(Acquire) {
+                        0 => std::hint::spin_loop(),
+                        VERSION => return Ok(()),
+                        v => return Err((m, v)),
+                    }
+                }
+                Ok(())
+            }
+            Err(m) => Err((m, self.version.load(Relaxed))),
+        }
+    }
+
+    /// The member of container `id`, claiming a free or stale one when it
+    /// has none; `None` when the table is full of live containers.
+    pub fn join(&self, id: u64, now: u64) -> Option<&Member> {
+        if id == 0 {
+            return None;
+        }
+        if let Some(m) = self.members.iter().find(|m| m.owner.load(Acquire) == id) {
+            return Some(m);
+        }
+        for m in &self.members {
+            let owner = m.owner.load(Acquire);
+            let free = owner == 0 || now.saturating_sub(m.seen.load(Relaxed)) > STALE_NS;
+            if !free {
+                continue;
+            }
+            // Stamp `seen` first so that a racing claimer sees it live.
+            m.seen.store(now, Relaxed);
+            if m.owner.compare_exchange(owner, id, AcqRel, Acquire).is_ok() {
+                m.seen.store(now, Release);
+                return Some(m);
+            }
+        }
+        // Another process of the container may have claimed one meanwhile.
+        self.members.iter().find(|m| m.owner.load(Acquire) == id)
+    }
+
+    /// `(container, limit)` of every member that launched within
+    /// `active_ns` before `now`.
+    pub fn active(&self, now: u64, active_ns: u64) -> Vec<(u64, u32)> {
+        self.members
+            .iter()
+            .filter_map(|m| {
+                let owner = m.owner.load(Acquire);
+                let seen = m.seen.load(Relaxed);
+                (owner != 0 && now.saturating_sub(seen) <= active_ns)
+                    .then(|| (owner, m.limit.load(Relaxed)))
+            })
+            .collect()
+    }
+}
+
+impl Member {
+    /// Marks the container active at `now` with `limit` (stores only what
+    /// changed, so an active container does not keep dirtying the line).
+    pub fn touch(&self, now: u64, limit: u32) {
+        if self.limit.load(Relaxed) != limit {
+            self.limit.store(limit, Relaxed);
+        }
+        self.seen.fetch_max(now, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containers_join_once_and_stale_members_are_taken_over() {
+        let t = NodeFile::default();
+        t.init_or_check().unwrap();
+        let now = 100 * STALE_NS;
+        let a = t.join(7, now).unwrap();
+        a.touch(now, 30);
+        assert!(std::ptr::eq(a, t.join(7, now + 1).unwrap()));
+        let b = t.join(9, now).unwrap();
+        b.touch(now, 70);
+        assert!(!std::ptr::eq(a, b));
+        assert_eq!(t.active(now, 1_000), vec![(7, 30), (9, 70)]);
+        // 9 goes quiet: it drops out of the active set at once, and its
+        // member is reused only once stale.
+        let later = now + 2_000;
+        a.touch(later, 30);
+        assert_eq!(t.active(later, 1_000), vec![(7, 30)]);
+        let full = t.members.iter().skip(2).all(|m| {
+            m.owner.store(99, Relaxed);
+            m.seen.store(later, Relaxed);
+            true
+        });
+        assert!(full);
+        assert!(t.join(11, later).is_none(), "9 is not stale yet");
+        let c = t.join(11, now + STALE_NS + 1).unwrap();
+        assert!(std::ptr::eq(b, c), "9's member taken over");
+        assert!(t.join(0, now).is_none());
+    }
+
+    #[test]
+    fn file_is_shared_and_a_foreign_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = path_for(dir.path(), "GPU-12ab/../x");
+        assert_eq!(p.file_name().unwrap(), "vgpu-sm-GPU-12ab____x");
+        let a = open(&p).unwrap();
+        let b = open(&p).unwrap();
+        a.join(5, 1).unwrap().touch(1, 40);
+        assert_eq!(b.active(1, 10), vec![(5, 40)]);
+        let q = dir.path().join("other");
+        std::fs::write(&q, vec![3u8; SIZE]).unwrap();
+        assert!(matches!(open(&q), Err(NodeError::Foreign { .. })));
+    }
+}

@@ -1,0 +1,224 @@
+//! Time division between limited containers on one GPU (docs/sm-limit.md,
+//! "Time division between containers").
+//!
+//! Two processes of two containers run in two contexts, and a GPU without
+//! MPS time-slices between contexts that both have work queued. Slicing
+//! costs device time that neither gets: on an H100 two matmul processes got
+//! 90–91 % of one's throughput together, and a container limited to 70 %
+//! beside one at 30 % got 58–59 % whatever the 30 % container's batch size
+//! (2 to 100 ms). Given exclusive turns instead (each draining its queue
+//! before the other's turn), the same pair got 28.8 % and 69.1 %.
+//!
+//! So while two or more limited containers are active on a GPU, each one
+//! runs only in its own phase of a common frame on CLOCK_MONOTONIC (shared
+//! by every container of a node): phases in the order of the containers'
+//! ids, each `limit %` of the frame (scaled down when the limits add up to
+//! more than 100). Every process derives the same plan from the node's
+//! table (`node`), so nothing is exchanged but the table's few words. A
+//! launch is admitted only when the container's queued work plus its cost
+//! fits before the phase ends.
+
+/// The schedule's period: short enough that a 100 ms utilization sample
+/// holds two whole frames, long enough that the two context switches per
+/// frame cost nothing measurable.
+pub const FRAME_NS: u64 = 50_000_000;
+/// A container is in the plan while it launched within this long.
+pub const ACTIVE_NS: u64 = 200_000_000;
+/// Admitted work must be due to finish this long before its phase ends: the
+/// launch reaches the GPU a few µs after it is admitted.
+pub const GUARD_NS: u64 = 300_000;
+
+/// A container's turn: `[start, start + len)` within every frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Phase {
+    pub start: u64,
+    pub len: u64,
+}
+
+/// Container `me`'s phase among the `active` `(container, limit)` pairs;
+/// `None` when it is alone among the limited ones (its bucket suffices) or
+/// not among them.
+pub fn plan(active: &[(u64, u32)], me: u64) -> Option<Phase> {
+    let mut v: Vec<(u64, u32)> = active
+        .iter()
+        .copied()
+        .filter(|(id, l)| *id != 0 && (1..100).contains(l))
+        .collect();
+    v.sort_unstable();
+    v.dedup_by_key(|x| x.0);
+    if v.len() < 2 {
+        return None;
+    }
+    let total: u64 = v.iter().map(|x| u64::from(x.1)).sum();
+    let denom = total.max(100);
+    let mut start = 0;
+    for (id, limit) in v {
+        let len = FRAME_NS * u64::from(limit) / denom;
+        if id == me {
+            return Some(Phase { start, len });
+        }
+        start += len;
+    }
+    None
+}
+
+/// The plan in one word for the launch path: 0 = none, else a flag and the
+/// phase's start and length in µs.
+pub fn encode(p: Option<Phase>) -> u64 {
+    p.map_or(0, |p| {
+        1 << 63 | ((p.start / 1_000) & 0xff_ffff) << 24 | ((p.len / 1_000) & 0xff_ffff)
+    })
+}
+
+pub fn decode(w: u64) -> Option<Phase> {
+    (w >> 63 == 1).then(|| Phase {
+        start: (w >> 24 & 0xff_ffff) * 1_000,
+        len: (w & 0xff_ffff) * 1_000,
+    })
+}
+
+/// Outcome of one admission attempt in a phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Launch now; the container's queue then drains at this instant.
+    Go { busy_until: u64 },
+    /// Not before this instant (the next phase's start).
+    WaitUntil(u64),
+}
+
+/// Admits `cost` ns of GPU work at `now` into phase `p`: it starts after
+/// the container's queued work (which drains at `busy`) and must reach its
+/// midpoint `GUARD_NS` before the phase ends. (Whole kernels do not tile a
+/// phase: requiring the last one to end inside it would cut a container of
+/// 1 ms kernels in 15 ms turns to 28 % instead of 30; by midpoints it is
+/// right on average, and overruns by at most half a kernel.) Work longer
+/// than a whole phase goes alone, early in a phase: it then overruns, but
+/// still makes progress.
+pub fn gate(p: Phase, now: u64, busy: u64, cost: u64) -> Gate {
+    let ws = now.saturating_sub(p.start) / FRAME_NS * FRAME_NS + p.start;
+    let we = ws + p.len;
+    if (ws..we).contains(&now) {
+        let begin = now.max(busy);
+        let fits = begin + cost / 2 + GUARD_NS <= we;
+        let alone = busy <= ws && cost / 2 + GUARD_NS > p.len && now - ws <= p.len / 4;
+        if fits || alone {
+            return Gate::Go {
+                busy_until: begin + cost,
+            };
+        }
+    }
+    Gate::WaitUntil(if now < ws { ws } else { ws + FRAME_NS })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn phases_follow_the_limits_in_id_order() {
+        let a = [(9, 70), (4, 30)];
+        assert_eq!(
+            plan(&a, 4),
+            Some(Phase {
+                start: 0,
+                len: 15 * MS
+            })
+        );
+        assert_eq!(
+            plan(&a, 9),
+            Some(Phase {
+                start: 15 * MS,
+                len: 35 * MS
+            })
+        );
+        // Alone, unlimited neighbours, or not a member: no plan.
+        assert_eq!(plan(&[(4, 30)], 4), None);
+        assert_eq!(plan(&[(4, 30), (5, 100), (6, 0)], 4), None);
+        assert_eq!(plan(&a, 5), None);
+        // Over-committed: scaled to the frame.
+        let b = [(1, 80), (2, 80), (3, 40)];
+        assert_eq!(plan(&b, 3).unwrap().len, 10 * MS);
+        assert_eq!(plan(&b, 3).unwrap().start, 40 * MS);
+        // Under-committed: the rest of the frame is nobody's.
+        let c = [(1, 20), (2, 30)];
+        assert_eq!(
+            plan(&c, 2).unwrap(),
+            Phase {
+                start: 10 * MS,
+                len: 15 * MS
+            }
+        );
+        for p in [plan(&a, 9), plan(&b, 3), None] {
+            assert_eq!(decode(encode(p)), p);
+        }
+    }
+
+    #[test]
+    fn work_is_admitted_only_where_it_fits_in_the_phase() {
+        let p = Phase {
+            start: 15 * MS,
+            len: 35 * MS,
+        };
+        let f = 1000 * FRAME_NS; // a frame boundary
+                                 // Before the phase: wait for its start.
+        assert_eq!(gate(p, f + MS, 0, MS), Gate::WaitUntil(f + 15 * MS));
+        // In it, behind queued work, while it fits.
+        assert_eq!(
+            gate(p, f + 20 * MS, f + 30 * MS, 5 * MS),
+            Gate::Go {
+                busy_until: f + 35 * MS
+            }
+        );
+        // Queued work would take it past the end: the next frame's phase.
+        assert_eq!(
+            gate(p, f + 20 * MS, f + 47 * MS, 6 * MS),
+            Gate::WaitUntil(f + FRAME_NS + 15 * MS)
+        );
+        // Too near the end of the phase.
+        assert_eq!(
+            gate(p, f + 49 * MS + 4 * MS / 5, 0, 10_000),
+            Gate::WaitUntil(f + FRAME_NS + 15 * MS)
+        );
+        // Longer than a whole phase: early in a phase with nothing queued.
+        let long = 80 * MS;
+        assert_eq!(
+            gate(p, f + 16 * MS, f, long),
+            Gate::Go {
+                busy_until: f + 96 * MS
+            }
+        );
+        assert!(matches!(gate(p, f + 30 * MS, f, long), Gate::WaitUntil(_)));
+        assert!(matches!(
+            gate(p, f + 16 * MS, f + 17 * MS, long),
+            Gate::WaitUntil(_)
+        ));
+    }
+
+    #[test]
+    fn back_to_back_work_fills_each_phase_and_never_leaves_it() {
+        // One container's view: 200 µs kernels, the host always ready.
+        let p = Phase {
+            start: 10 * MS,
+            len: 15 * MS,
+        };
+        let (mut now, mut busy, mut gpu) = (7 * FRAME_NS, 0u64, 0u64);
+        let end = now + 40 * FRAME_NS;
+        while now < end {
+            match gate(p, now, busy, 200_000) {
+                Gate::Go { busy_until } => {
+                    let start = busy_until - 200_000;
+                    let off = start % FRAME_NS;
+                    assert!(off >= p.start && busy_until % FRAME_NS <= p.start + p.len + 100_000);
+                    busy = busy_until;
+                    gpu += 200_000;
+                    now += 5_000;
+                }
+                Gate::WaitUntil(t) => now = t,
+            }
+        }
+        let share = gpu as f64 / (40 * FRAME_NS) as f64;
+        assert!((share - 0.3).abs() < 0.3 * 0.03, "{share}");
+    }
+}
