@@ -364,6 +364,7 @@ pair_run() {
         cat "$W/pair-$lim.txt"
         grep 'sm feedback' "$W/pair-$lim.log" | tail -n "${PAIR_LOG_LINES:-40}"
         grep 'taking turns\|bucket alone' "$W/pair-$lim.log" | head -n 4
+        grep 'turns: charged' "$W/pair-$lim.log" | tail -n "${PAIR_LOG_LINES:-40}"
     done
     echo "nvidia-smi pmon -s u (per process sm %), 10 s in the middle:"
     [ -n "${VARIANTS:-}" ] || cat "$W/pair-pmon.txt"

@@ -77,6 +77,11 @@ pub fn decode(w: u64) -> Option<Phase> {
     })
 }
 
+/// How far `t` is into the phase's latest start at or before it.
+pub fn into_turn(p: Phase, t: u64) -> u64 {
+    t.saturating_sub(p.start) % FRAME_NS
+}
+
 /// Outcome of one admission attempt in a phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gate {

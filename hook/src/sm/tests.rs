@@ -755,3 +755,32 @@ fn limited_containers_on_one_gpu_take_turns() {
         .count();
     assert!(outside > 100, "{outside}");
 }
+
+/// While containers take turns the feedback loop does not step: NVML's
+/// per-process split of a device passed between contexts is no measure, and
+/// the share is the turn's length whatever the charges. Here the costs are
+/// learnt at half their time, which the loop would correct on a shared
+/// device within two 8 s windows.
+#[test]
+fn the_gain_holds_while_taking_turns() {
+    let node: &'static NodeFile = Box::leak(Box::default());
+    node.init_or_check().unwrap();
+    let mut f = Fake::new(30, policy::DEFAULT);
+    f.node = Some(node);
+    let r = f.file.region();
+    r.proc_num.store(1, Relaxed);
+    r.procs[0].pid.store(77, Relaxed);
+    r.procs[0].hostpid.store(NVML_PID as i32, Relaxed);
+    r.procs[0].used[0].total.store(500 << 20, Relaxed);
+    f.skew_pct.store(50, Relaxed);
+    f.nvml.store(true, Relaxed);
+    f.sparse.store(true, Relaxed);
+    f.other_pct.store(40, Relaxed);
+    *f.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let c = Controller::new(f);
+    let m = node.join(0x5555, c.sys.now()).unwrap();
+    run_with(&c, kernel(1), 1_000_000, 30 * SEC, SEC / 2, |f| {
+        m.touch(f.now(), 70)
+    });
+    assert_eq!(c.sys.buckets.devs[0].gain(), 1.0);
+}
