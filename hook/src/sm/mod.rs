@@ -24,6 +24,7 @@ pub mod control;
 pub mod cost;
 pub mod feedback;
 mod local;
+mod mapfile;
 pub mod node;
 pub mod phase;
 pub mod policy;

@@ -14,11 +14,11 @@
 //! and the CLOCK_MONOTONIC instant it last launched; the processes read the
 //! members to agree on a schedule (`phase`) with no messages and no lock.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use super::mapfile::{self, FileError, Header, SharedFile};
 
 /// `"vgpusn01"` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusn01");
@@ -64,25 +64,7 @@ const _: () = {
     assert!(SIZE == 64 + 64 * MEMBERS);
 };
 
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: mmap failed: {source}")]
-    Map {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: not a vgpu node table (magic {magic:#x}, version {version})")]
-    Foreign {
-        path: PathBuf,
-        magic: u64,
-        version: u32,
-    },
-}
+pub type NodeError = FileError;
 
 /// The table's path for the GPU `uuid` in `dir`.
 pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
@@ -101,81 +83,23 @@ pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
 
 /// Maps (creating if needed) the table at `path`; never unmapped.
 pub fn open(path: &Path) -> Result<&'static NodeFile, NodeError> {
-    let io = |source| NodeError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let file: File = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o666)
-        .open(path)
-        .map_err(io)?;
-    // Containers run as different users: keep it writable by all despite
-    // the umask.
-    let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
-    if file.metadata().map_err(io)?.len() < SIZE as u64 {
-        // Growing with zeroes is idempotent, so racing creators agree.
-        file.set_len(SIZE as u64).map_err(io)?;
+    mapfile::open(path)
+}
+
+// SAFETY: `NodeFile` is all atomics.
+unsafe impl SharedFile for NodeFile {
+    /// Stamps a zeroed table, or checks an existing one.
+    fn init_or_check(&self) -> Result<(), (u64, u32)> {
+        let h = Header {
+            magic: &self.magic,
+            version: &self.version,
+            size: &self.size,
+        };
+        h.stamp_or_check(MAGIC, VERSION, SIZE, VERSION..=VERSION)
     }
-    use std::os::fd::AsRawFd;
-    // SAFETY: a fresh shared read-write mapping of `SIZE` bytes of a file at
-    // least that long; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(NodeError::Map {
-            path: path.to_owned(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: the mapping is `SIZE` bytes, page-aligned, never unmapped, and
-    // `NodeFile` is all atomics (any bit pattern is valid, shared access is
-    // through atomics only).
-    let node: &'static NodeFile = unsafe { &*(p as *const NodeFile) };
-    node.init_or_check()
-        .map_err(|(magic, version)| NodeError::Foreign {
-            path: path.to_owned(),
-            magic,
-            version,
-        })?;
-    Ok(node)
 }
 
 impl NodeFile {
-    /// Stamps a zeroed table, or checks an existing one.
-    pub fn init_or_check(&self) -> Result<(), (u64, u32)> {
-        match self.magic.compare_exchange(0, MAGIC, Release, Acquire) {
-            Ok(_) => {
-                self.version.store(VERSION, Release);
-                self.size.store(SIZE as u32, Release);
-                Ok(())
-            }
-            Err(m) if m == MAGIC => {
-                // The creator may not have stamped the version yet.
-                for _ in 0..1000 {
-                    match self.version.load(Acquire) {
-                        0 => std::hint::spin_loop(),
-                        VERSION => return Ok(()),
-                        v => return Err((m, v)),
-                    }
-                }
-                Ok(())
-            }
-            Err(m) => Err((m, self.version.load(Relaxed))),
-        }
-    }
-
     /// The member of container `id`, claiming a free or stale one when it
     /// has none; `None` when the table is full of live containers.
     pub fn join(&self, id: u64, now: u64) -> Option<&Member> {

@@ -20,13 +20,13 @@
 //! (when the container's queued work drains, while it runs in turns with
 //! other containers, `sm::phase`).
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use vgpu_common::region::MAX_DEVICES;
+
+use super::mapfile::{self, FileError, Header, SharedFile};
 
 /// `"vgpusm01"` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusm01");
@@ -138,25 +138,7 @@ const _: () = {
     assert!(std::mem::offset_of!(DevBucket, busy_until) == 56);
 };
 
-#[derive(Debug, thiserror::Error)]
-pub enum SidecarError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: mmap failed: {source}")]
-    Map {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: not a vgpu SM file (magic {magic:#x}, version {version})")]
-    Foreign {
-        path: PathBuf,
-        magic: u64,
-        version: u32,
-    },
-}
+pub type SidecarError = FileError;
 
 /// The sidecar path of a region file.
 pub fn path_for(region: &Path) -> PathBuf {
@@ -168,81 +150,24 @@ pub fn path_for(region: &Path) -> PathBuf {
 /// Maps (creating if needed) the sidecar at `path`. The mapping is never
 /// unmapped (it is shared by the process for its whole life, forks included).
 pub fn open(path: &Path) -> Result<&'static SmShared, SidecarError> {
-    let io = |source| SidecarError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let file: File = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o666)
-        .open(path)
-        .map_err(io)?;
-    // Other containers' users may share the directory: keep it 0666 despite
-    // the umask (as HAMi does for the region).
-    let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
-    let len = file.metadata().map_err(io)?.len();
-    if len < SIZE as u64 {
-        // Growing with zeroes is idempotent, so racing creators agree.
-        file.set_len(SIZE as u64).map_err(io)?;
+    mapfile::open(path)
+}
+
+// SAFETY: `SmShared` is all atomics.
+unsafe impl SharedFile for SmShared {
+    fn init_or_check(&self) -> Result<(), (u64, u32)> {
+        init_or_check(self)
     }
-    use std::os::fd::AsRawFd;
-    // SAFETY: a fresh shared read-write mapping of `SIZE` bytes of a file at
-    // least that long; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(SidecarError::Map {
-            path: path.to_owned(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: the mapping is `SIZE` bytes, page-aligned, never unmapped, and
-    // `SmShared` is all atomics (any bit pattern is valid, shared access is
-    // through atomics only).
-    let shared: &'static SmShared = unsafe { &*(p as *const SmShared) };
-    init_or_check(shared).map_err(|(magic, version)| SidecarError::Foreign {
-        path: path.to_owned(),
-        magic,
-        version,
-    })?;
-    Ok(shared)
 }
 
 /// Stamps a zeroed file, or checks an existing one.
 pub fn init_or_check(s: &SmShared) -> Result<(), (u64, u32)> {
-    match s.magic.compare_exchange(0, MAGIC, Release, Acquire) {
-        Ok(_) => {
-            s.version.store(VERSION, Release);
-            s.size.store(SIZE as u32, Release);
-            Ok(())
-        }
-        Err(m) if m == MAGIC => {
-            // The creator may not have stamped the version yet: wait a bit.
-            for _ in 0..1000 {
-                let v = s.version.load(Acquire);
-                if (MIN_VERSION..=VERSION).contains(&v) {
-                    return Ok(());
-                }
-                if v != 0 {
-                    return Err((m, v));
-                }
-                std::hint::spin_loop();
-            }
-            Ok(())
-        }
-        Err(m) => Err((m, s.version.load(Relaxed))),
-    }
+    let h = Header {
+        magic: &s.magic,
+        version: &s.version,
+        size: &s.size,
+    };
+    h.stamp_or_check(MAGIC, VERSION, SIZE, MIN_VERSION..=VERSION)
 }
 
 /// The container's sidecar for the hook's own shared values (context

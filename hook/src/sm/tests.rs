@@ -13,6 +13,7 @@ use vgpu_common::view::RegionFile;
 
 use super::control::{Controller, Work};
 use super::cost::Key;
+use super::mapfile::SharedFile;
 use super::node::NodeFile;
 use super::phase;
 use super::sidecar::{self, SmShared};
@@ -422,7 +423,12 @@ fn share_is_published_and_failed_launches_refunded() {
 /// A container of one process whose host pid is known (`hostpid`), with
 /// NVML, at `pct`, whose timings read `skew` % of the truth.
 fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Controller<Fake> {
-    let f = Fake::new(pct, policy::DEFAULT);
+    Controller::new(nvml_on(Fake::new(pct, policy::DEFAULT), skew, hostpid))
+}
+
+/// `f` with one process in its region (GPU memory held, host pid
+/// `hostpid`), its timings read as `skew` % of the truth, and NVML on.
+fn nvml_on(f: Fake, skew: u64, hostpid: i32) -> Fake {
     let r = f.file.region();
     r.proc_num.store(1, Relaxed);
     r.procs[0].pid.store(77, Relaxed);
@@ -430,7 +436,7 @@ fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Controller<Fake> {
     r.procs[0].used[0].total.store(500 << 20, Relaxed);
     f.skew_pct.store(skew, Relaxed);
     f.nvml.store(true, Relaxed);
-    Controller::new(f)
+    f
 }
 
 /// `closed_loop` at 30 % on a device shared with another container's
@@ -765,15 +771,8 @@ fn limited_containers_on_one_gpu_take_turns() {
 fn the_gain_holds_while_taking_turns() {
     let node: &'static NodeFile = Box::leak(Box::default());
     node.init_or_check().unwrap();
-    let mut f = Fake::new(30, policy::DEFAULT);
+    let mut f = nvml_on(Fake::new(30, policy::DEFAULT), 50, NVML_PID as i32);
     f.node = Some(node);
-    let r = f.file.region();
-    r.proc_num.store(1, Relaxed);
-    r.procs[0].pid.store(77, Relaxed);
-    r.procs[0].hostpid.store(NVML_PID as i32, Relaxed);
-    r.procs[0].used[0].total.store(500 << 20, Relaxed);
-    f.skew_pct.store(50, Relaxed);
-    f.nvml.store(true, Relaxed);
     f.sparse.store(true, Relaxed);
     f.other_pct.store(40, Relaxed);
     *f.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
