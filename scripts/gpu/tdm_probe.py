@@ -24,6 +24,7 @@ def main():
     p.add_argument("--frame-ms", type=float, default=50.0)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--base", type=float, help="solo it/s")
+    p.add_argument("--no-sync", action="store_true", help="do not drain the queue before the phase ends")
     a = p.parse_args()
     n = 4096
     x = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
@@ -43,7 +44,7 @@ def main():
         return
     frame = a.frame_ms / 1000.0
     cost = 1.0 / a.base  # seconds per matmul at the power-capped clock
-    t0, it = time.monotonic(), 0
+    t0, it, issue, phases = time.monotonic(), 0, 0.0, 0
     while True:
         now = time.monotonic()
         if now - t0 >= a.seconds:
@@ -59,12 +60,21 @@ def main():
             time.sleep(start - now)
         # Issue what fits in the phase (90 %), then drain before it ends.
         count = max(1, int(((end - time.monotonic()) * 0.9) / cost))
+        b0 = time.monotonic()
         for _ in range(count):
             torch.matmul(x, y, out=z)
+        issue += time.monotonic() - b0
+        phases += 1
         it += count
-        torch.cuda.synchronize()
+        if not a.no_sync:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
     dt = time.monotonic() - t0
-    print(f"share {a.share} offset {a.offset}: {it / dt:.1f} it/s = {100 * it / dt / a.base:.1f} % of solo", flush=True)
+    print(
+        f"share {a.share} offset {a.offset}: {it / dt:.1f} it/s = {100 * it / dt / a.base:.1f} % of solo, "
+        f"issuing a phase's work took {1e3 * issue / max(phases, 1):.2f} ms",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

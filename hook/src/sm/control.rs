@@ -21,6 +21,7 @@ use super::phase::{self, Gate, Phase};
 use super::policy;
 use super::sidecar::DevBucket;
 use super::sys::{Poll, Sys};
+use super::turns;
 
 /// How often the region's settings are re-read on the launch path.
 pub const REFRESH_NS: u64 = 50_000_000;
@@ -163,6 +164,8 @@ pub struct Controller<S: Sys> {
     /// Per device, while taking turns: (CLOCK_MONOTONIC ns, the container's
     /// `charged_ns`) at the last debug report of the turns.
     turn_report: Mutex<[(u64, u64); MAX_DEVICES]>,
+    /// What the container's turns really took, per device.
+    turns: turns::Meter,
 }
 
 impl<S: Sys> Controller<S> {
@@ -189,6 +192,7 @@ impl<S: Sys> Controller<S> {
             plan_next: std::array::from_fn(|_| AtomicU64::new(0)),
             replanning: AtomicBool::new(false),
             turn_report: Mutex::new([(0, 0); MAX_DEVICES]),
+            turns: turns::Meter::default(),
         }
     }
 
@@ -242,7 +246,7 @@ impl<S: Sys> Controller<S> {
             }
         };
         self.charged[dev].fetch_add(cost_ns as i64, Relaxed);
-        let (pct, slept, billed_ns) = self.admit(dev, cost_ns, now);
+        let (pct, slept, billed_ns) = self.admit(dev, cost_ns, now, (ctx, w.stream));
         if slept != found.slept {
             local::set_slept(slept);
         }
@@ -270,7 +274,7 @@ impl<S: Sys> Controller<S> {
     /// while the container takes turns with others on the device, admits
     /// it in its turn instead (`phase`). Returns the percent charged at (0:
     /// not charged), whether it slept, and the amount charged.
-    fn admit(&self, dev: usize, cost: u64, mut now: u64) -> (u32, bool, u64) {
+    fn admit(&self, dev: usize, cost: u64, mut now: u64, at: (usize, usize)) -> (u32, bool, u64) {
         let b = &self.sys.buckets().devs[dev];
         let mut slept = false;
         loop {
@@ -284,7 +288,16 @@ impl<S: Sys> Controller<S> {
             let billed = scale(cost, b.gain());
             let turn = phase::decode(self.plans[dev].load(Relaxed));
             let admitted = match turn {
-                Some(p) => take_turn(b, p, now, billed),
+                Some(p) => {
+                    let (a, empty) = take_turn(b, p, now, scale(billed, self.turns.scale(dev)));
+                    match a {
+                        Admit::Go => self
+                            .turns
+                            .admitted(&self.sys, dev, at.0, at.1, billed, empty),
+                        Admit::WaitUntil(_) => self.turns.turn_ended(&self.sys, dev),
+                    }
+                    a
+                }
                 None => bucket::try_admit(&b.tat, now, billed, pct),
             };
             match admitted {
@@ -622,9 +635,10 @@ impl<S: Sys> Controller<S> {
             let mean = |sum: u64, n: u64| sum as f64 / n.max(1) as f64 / 1e6;
             vlog!(
                 crate::log::DEBUG,
-                "sm dev {dev} turns: charged {pct:.1} % over {:.2} s, gain {:.3}; {} bursts on an empty queue, {:.2} ms into the turn; {} stops at {:.2} ms, queue to {:.2} ms",
+                "sm dev {dev} turns: charged {pct:.1} % over {:.2} s, gain {:.3}, turn scale {:.3}; {} bursts on an empty queue, {:.2} ms into the turn; {} stops at {:.2} ms, queue to {:.2} ms",
                 (now - at) as f64 / 1e9,
                 b.gain(),
+                self.turns.scale(dev),
                 t[0],
                 mean(t[1], t[0]),
                 t[2],
@@ -718,6 +732,11 @@ impl<S: Sys> Controller<S> {
         let l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
         l.costs.estimate(key)
     }
+
+    /// The factor the container's measured turns put on its charges.
+    pub fn turn_scale(&self, dev: usize) -> f64 {
+        self.turns.scale(dev)
+    }
 }
 
 /// Whether the container is alone on the device: every compute process
@@ -758,7 +777,8 @@ fn attributed(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[
 /// `cost × gain`, exact when the gain is 1.
 /// Admits `cost` into the container's turn `p` on a device it shares: after
 /// the container's queued work, if it fits before the turn ends.
-fn take_turn(b: &DevBucket, p: Phase, now: u64, cost: u64) -> Admit {
+/// Also says whether the container's queue had drained (by its charges).
+fn take_turn(b: &DevBucket, p: Phase, now: u64, cost: u64) -> (Admit, bool) {
     let mut busy = b.busy_until.load(Acquire);
     loop {
         match phase::gate(p, now, busy, cost) {
@@ -772,7 +792,7 @@ fn take_turn(b: &DevBucket, p: Phase, now: u64, cost: u64) -> Admit {
                             TURN_STATS[0].fetch_add(1, Relaxed);
                             TURN_STATS[1].fetch_add(phase::into_turn(p, now), Relaxed);
                         }
-                        return Admit::Go;
+                        return (Admit::Go, busy < now);
                     }
                     Err(cur) => busy = cur,
                 }
@@ -783,7 +803,7 @@ fn take_turn(b: &DevBucket, p: Phase, now: u64, cost: u64) -> Admit {
                     TURN_STATS[3].fetch_add(phase::into_turn(p, now), Relaxed);
                     TURN_STATS[4].fetch_add(phase::into_turn(p, busy.max(now)), Relaxed);
                 }
-                return Admit::WaitUntil(t);
+                return (Admit::WaitUntil(t), false);
             }
         }
     }

@@ -32,6 +32,7 @@ pub mod sidecar;
 pub mod sys;
 #[cfg(test)]
 mod tests;
+mod turns;
 
 use std::ffi::c_uint;
 use std::sync::OnceLock;

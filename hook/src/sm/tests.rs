@@ -783,3 +783,40 @@ fn the_gain_holds_while_taking_turns() {
     });
     assert_eq!(c.sys.buckets.devs[0].gain(), 1.0);
 }
+
+/// Charges 10 % short of what the kernels take (a gain learnt elsewhere, or
+/// a cost minimum from faster moments) would fill each turn to 110 % and
+/// run into the neighbour's: the turns' own events (one before a turn's
+/// first launch, one after its last) measure what they really took, and
+/// the charges are scaled to it.
+#[test]
+fn short_charges_are_corrected_by_measuring_the_turns() {
+    let node: &'static NodeFile = Box::leak(Box::default());
+    node.init_or_check().unwrap();
+    let mut f = Fake::new(30, policy::DEFAULT);
+    f.node = Some(node);
+    f.buckets.devs[0]
+        .gain
+        .store(super::feedback::encode(0.9), Relaxed);
+    let c = Controller::new(f);
+    let m = node.join(0x5555, c.sys.now()).unwrap();
+    let start = c.sys.now();
+    let s = run_with(&c, kernel(1), 500_000, 3 * SEC, 2 * SEC, |f| {
+        m.touch(f.now(), 70)
+    });
+    let k = c.turn_scale(0);
+    assert!((k - 1.0 / 0.9).abs() < 0.03, "turn scale {k:.3}");
+    assert!((s - 30.0).abs() < 1.5, "{s:.1}%");
+    let ours = c.sys.buckets.container_id();
+    let p = phase::plan(&[(ours, 30), (0x5555, 70)], ours).unwrap();
+    let g = c.sys.gpu.lock().unwrap().intervals.clone();
+    let spill = g
+        .iter()
+        .filter(|i| i.0 > start + 2 * SEC)
+        .filter(|&&(a, e)| {
+            let ws = (a - p.start) / phase::FRAME_NS * phase::FRAME_NS + p.start;
+            e > ws + p.len + 250_000
+        })
+        .count();
+    assert_eq!(spill, 0, "kernels running past the turn");
+}
