@@ -703,16 +703,21 @@ fn a_known_cost_is_charged_from_the_threads_cache_and_still_sampled() {
     assert_eq!(c.charged_ns(0) - charged, n as i64 * 10_000);
 }
 
+/// `f` on a node whose table of limited containers on the GPU is shared.
+fn on_node(mut f: Fake) -> (Fake, &'static NodeFile) {
+    let node: &'static NodeFile = Box::leak(Box::default());
+    node.init_or_check().unwrap();
+    f.node = Some(node);
+    (f, node)
+}
+
 /// A container at 30 % on a GPU where another limited container (70 %) is
 /// active takes turns: every kernel of ours runs inside our phase of each
 /// frame, and the share is still the limit. When the other goes quiet, the
 /// bucket alone limits again.
 #[test]
 fn limited_containers_on_one_gpu_take_turns() {
-    let node: &'static NodeFile = Box::leak(Box::default());
-    node.init_or_check().unwrap();
-    let mut f = Fake::new(30, policy::DEFAULT);
-    f.node = Some(node);
+    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
     let c = Controller::new(f);
     // The other container: a member that launched just now.
     let other = 0x5555_0000_0000_0000;
@@ -769,10 +774,7 @@ fn limited_containers_on_one_gpu_take_turns() {
 /// device within two 8 s windows.
 #[test]
 fn the_gain_holds_while_taking_turns() {
-    let node: &'static NodeFile = Box::leak(Box::default());
-    node.init_or_check().unwrap();
-    let mut f = nvml_on(Fake::new(30, policy::DEFAULT), 50, NVML_PID as i32);
-    f.node = Some(node);
+    let (f, node) = on_node(nvml_on(Fake::new(30, policy::DEFAULT), 50, NVML_PID as i32));
     f.sparse.store(true, Relaxed);
     f.other_pct.store(40, Relaxed);
     *f.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
@@ -791,10 +793,7 @@ fn the_gain_holds_while_taking_turns() {
 /// the charges are scaled to it.
 #[test]
 fn short_charges_are_corrected_by_measuring_the_turns() {
-    let node: &'static NodeFile = Box::leak(Box::default());
-    node.init_or_check().unwrap();
-    let mut f = Fake::new(30, policy::DEFAULT);
-    f.node = Some(node);
+    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
     f.buckets.devs[0]
         .gain
         .store(super::feedback::encode(0.9), Relaxed);
