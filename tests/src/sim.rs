@@ -112,6 +112,12 @@ impl SimGpu {
             .header
             .server_pid
             .load(std::sync::atomic::Ordering::Relaxed);
+        // This simulated GPU's own node directory: every simulator has the
+        // same GPU UUID, and limited containers on "one GPU" take turns
+        // through a table named by it (the hook's `VGPU_SM_NODE_DIR`).
+        let node = dir.join("node");
+        std::fs::create_dir_all(&node)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", node.display()));
         SimGpu {
             dir,
             lib_dir,
@@ -139,7 +145,9 @@ impl SimGpu {
 
     /// The environment a program needs to use this simulator:
     /// `LD_LIBRARY_PATH` (the sim directory first), `SIMGPU_DIR`,
-    /// `SIMGPU_SERVER` and the builder's variables.
+    /// `SIMGPU_SERVER`, `VGPU_SM_NODE_DIR` (this simulator's own node
+    /// directory, so that tests on other simulators never take turns with
+    /// it) and the builder's variables.
     pub fn envs(&self) -> Vec<(String, String)> {
         let mut ld = self.lib_dir.display().to_string();
         if let Ok(old) = std::env::var("LD_LIBRARY_PATH") {
@@ -153,6 +161,10 @@ impl SimGpu {
             (
                 "SIMGPU_SERVER".to_string(),
                 self.lib_dir.join("simgpu-server").display().to_string(),
+            ),
+            (
+                "VGPU_SM_NODE_DIR".to_string(),
+                self.dir.join("node").display().to_string(),
             ),
         ];
         v.extend(self.vars.iter().cloned());
