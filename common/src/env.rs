@@ -17,11 +17,11 @@ pub const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 /// Container-visible device list.
 pub const VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
-/// Directory shared by every container of the node, where limited
-/// containers on one GPU agree on their turns (vgpu's own; empty = off).
+/// A directory shared by every container of the node, where limited
+/// containers on one GPU agree on their turns (vgpu's own; unset or empty:
+/// the container does not take turns). HAMi's device plugin bind-mounts
+/// `/tmp/vgpulock` (mode 0777) into every container it sets up, so that is
+/// the value to use in a HAMi cluster.
 pub const SM_NODE_DIR: &str = "VGPU_SM_NODE_DIR";
-/// HAMi's device plugin bind-mounts this host directory (mode 0777) into
-/// every container it sets up.
-pub const SM_NODE_DIR_DEFAULT: &str = "/tmp/vgpulock";
 /// Directory HAMi's device plugin bind-mounts per container (host side).
 pub const HAMI_CONTAINERS_DIR: &str = "/usr/local/vgpu/containers";

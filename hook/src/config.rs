@@ -19,8 +19,8 @@ pub enum Visible {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub region_path: PathBuf,
-    /// Where limited containers on a GPU agree on their turns (`sm::node`);
-    /// `None` = off.
+    /// Where limited containers on a GPU agree on their turns (`sm::node`,
+    /// `VGPU_SM_NODE_DIR`); `None` = the container does not take turns.
     pub node_dir: Option<PathBuf>,
     /// Bytes per container-visible device; 0 = no limit.
     pub mem_limit: [u64; MAX_DEVICES],
@@ -63,11 +63,11 @@ impl Config {
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| names::SHARED_CACHE_DEFAULT.to_owned())
             .into();
-        let node_dir = match lookup(names::SM_NODE_DIR) {
-            None => Some(PathBuf::from(names::SM_NODE_DIR_DEFAULT)),
-            Some(d) if d.is_empty() => None,
-            Some(d) => Some(PathBuf::from(d)),
-        };
+        // Opt-in: a container that takes turns waits for its turn, up to a
+        // frame, which a latency-bound service may not want.
+        let node_dir = lookup(names::SM_NODE_DIR)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
         let visible = lookup(names::VISIBLE_DEVICES).map(|v| parse_visible(&v));
         let mut errors = mem.errors;
         errors.extend(sm.errors);
@@ -135,6 +135,24 @@ mod tests {
         assert_eq!(cfg.sm_limit[0], 100);
         assert_eq!(cfg.priority, 1);
         assert_eq!(cfg.region_path, PathBuf::from("/tmp/cudevshr.cache"));
+    }
+
+    #[test]
+    fn taking_turns_is_opt_in() {
+        let with = |v: Option<&str>| {
+            Config::from_lookup(|k| {
+                (k == "VGPU_SM_NODE_DIR")
+                    .then(|| v.map(str::to_owned))
+                    .flatten()
+            })
+            .node_dir
+        };
+        assert_eq!(with(None), None);
+        assert_eq!(with(Some("")), None);
+        assert_eq!(
+            with(Some("/tmp/vgpulock")),
+            Some(PathBuf::from("/tmp/vgpulock"))
+        );
     }
 
     #[test]

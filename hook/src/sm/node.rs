@@ -3,10 +3,10 @@
 //! every limited process that uses that GPU (docs/sm-limit.md, "Time
 //! division between containers").
 //!
-//! HAMi's device plugin bind-mounts `/tmp/vgpulock` (mode 0777) read-write
-//! into every container it sets up (spec §1.3), so that directory is the
-//! default; `VGPU_SM_NODE_DIR` names another, and an empty value turns the
-//! table off. The file is `<dir>/vgpu-sm-<GPU UUID>`: per physical GPU,
+//! The directory is `VGPU_SM_NODE_DIR`, opt-in per container: HAMi's device
+//! plugin bind-mounts `/tmp/vgpulock` (mode 0777) read-write into every
+//! container it sets up (spec §1.3), so that is the value to use there.
+//! The file is `<dir>/vgpu-sm-<GPU UUID>`: per physical GPU,
 //! whatever ordinal each container sees it as. It is never created without
 //! its directory: without a shared directory each container stays alone.
 //!
