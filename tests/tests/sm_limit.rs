@@ -172,15 +172,15 @@ fn sm_two_containers_get_their_own_limits() {
 }
 
 /// With a directory shared by the node's containers (HAMi's /tmp/vgpulock),
-/// two limited containers on one GPU take turns: 50 ms frames, so about 40
-/// switches a second between them instead of one per batch, and each still
-/// gets its limit.
+/// two limited containers on one GPU take turns: 50 ms frames, so two
+/// switches between them per frame, about 40 a second (time-sliced, the
+/// pair of `sm_two_containers_get_their_own_limits` switches about 500
+/// times a second, one per batch), and each still gets its limit.
 #[test]
 fn sm_two_containers_take_turns_through_the_node_dir() {
     let _s = serial();
     let node = tempfile::tempdir().expect("temp dir");
     let (_, turns) = two_containers("sm-turns", Some(node.path()));
-    let (_, sliced) = two_containers("sm-sliced", None);
     let tables = std::fs::read_dir(node.path())
         .expect("read the node dir")
         .filter_map(|e| e.ok())
@@ -188,8 +188,8 @@ fn sm_two_containers_take_turns_through_the_node_dir() {
         .count();
     assert_eq!(tables, 1, "one table for the one GPU");
     assert!(
-        turns <= 60.0 && sliced > 2.0 * turns,
-        "switches/s: {turns:.0} taking turns, {sliced:.0} without"
+        (30.0..=60.0).contains(&turns),
+        "switches/s taking turns: {turns:.0} (two per 50 ms frame: 40)"
     );
 }
 
