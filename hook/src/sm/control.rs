@@ -560,14 +560,7 @@ impl<S: Sys> Controller<S> {
         if let Some(p) = l.pool.get_mut(&ctx).and_then(Vec::pop) {
             return Some(p);
         }
-        let a = self.sys.create_event()?;
-        match self.sys.create_event() {
-            Some(b) => Some((a, b)),
-            None => {
-                self.sys.destroy_event(a);
-                None
-            }
-        }
+        self.sys.create_pair()
     }
 
     fn give_back(&self, ctx: usize, start: usize, end: usize) {
@@ -581,8 +574,6 @@ impl<S: Sys> Controller<S> {
         }
     }
 
-    /// Re-reads the region (one thread at a time), marks activity, and
-    /// publishes the share when due.
     /// Re-reads the node's table of limited containers on `dev` (marking
     /// this one active at `pct`) and stores the container's turn, if it
     /// shares the device with another limited container.
@@ -618,8 +609,8 @@ impl<S: Sys> Controller<S> {
         self.replanning.store(false, Release);
     }
 
-    /// Debug: the share the container was charged while taking turns, and
-    /// its learnt costs' mean, every second or so.
+    /// Debug, every second or so while taking turns: the share the
+    /// container was charged, its gain and turn scale, and `TURN_STATS`.
     fn report_turns(&self, dev: usize, now: u64) {
         let mut r = self.turn_report.lock().unwrap_or_else(|p| p.into_inner());
         let b = &self.sys.buckets().devs[dev];
@@ -648,6 +639,8 @@ impl<S: Sys> Controller<S> {
         }
     }
 
+    /// Re-reads the region (one thread at a time), marks activity, and
+    /// publishes the share when due.
     fn refresh(&self, now: u64) {
         if self.refreshing.swap(true, Acquire) {
             return;
@@ -774,7 +767,6 @@ fn attributed(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[
         .unwrap_or_else(|| feedback::container_share(samples, pids))
 }
 
-/// `cost × gain`, exact when the gain is 1.
 /// Admits `cost` into the container's turn `p` on a device it shares: after
 /// the container's queued work, if it fits before the turn ends.
 /// Also says whether the container's queue had drained (by its charges).
@@ -817,6 +809,7 @@ fn take_turn(b: &DevBucket, p: Phase, now: u64, cost: u64) -> (Admit, bool) {
 /// GPU runs them (docs/benchmarks.md, sixth run).
 static TURN_STATS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
+/// `cost × gain`, exact when the gain is 1.
 fn scale(cost: u64, gain: f64) -> u64 {
     if gain == 1.0 {
         cost

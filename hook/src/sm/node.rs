@@ -142,8 +142,8 @@ impl NodeFile {
 }
 
 impl Member {
-    /// Marks the container active at `now` with `limit` (stores only what
-    /// changed, so an active container does not keep dirtying the line).
+    /// Marks the container active at `now` with `limit`: `seen` is written
+    /// at each re-plan (every 10 ms), the limit only when it changed.
     pub fn touch(&self, now: u64, limit: u32) {
         if self.limit.load(Relaxed) != limit {
             self.limit.store(limit, Relaxed);

@@ -36,6 +36,17 @@ pub trait Sys: Sync {
     /// A timing event in the current context.
     fn create_event(&self) -> Option<usize>;
     fn destroy_event(&self, ev: usize);
+    /// Two timing events (start, end) in the current context, or none.
+    fn create_pair(&self) -> Option<(usize, usize)> {
+        let a = self.create_event()?;
+        match self.create_event() {
+            Some(b) => Some((a, b)),
+            None => {
+                self.destroy_event(a);
+                None
+            }
+        }
+    }
     fn record(&self, ev: usize, stream: usize) -> bool;
     fn query(&self, ev: usize) -> Poll;
     fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64>;

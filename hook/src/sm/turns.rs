@@ -75,7 +75,7 @@ pub struct Meter {
 impl Meter {
     /// The factor on charges while taking turns on `dev`.
     pub fn scale(&self, dev: usize) -> f64 {
-        self.devs.get(dev).map_or(1.0, |d| self.scale_of(d))
+        self.devs.get(dev).map_or(1.0, Dev::scale)
     }
 
     /// A launch of `charge` was admitted in a turn; `empty`: the container's
@@ -128,7 +128,7 @@ impl Meter {
             }
             None => None,
         };
-        let Some((start, end)) = pair.or_else(|| new_pair(sys)) else {
+        let Some((start, end)) = pair.or_else(|| sys.create_pair()) else {
             return;
         };
         if !sys.record(start, stream) {
@@ -192,7 +192,7 @@ impl Meter {
                         charged as f64 / 1e6,
                         launches
                     );
-                    let cur = self.scale_of(d);
+                    let cur = d.scale();
                     let want = took as f64 / charged as f64;
                     // Outside the bounds it is no cost error but a turn
                     // that was not what it seemed: the first ones, charged
@@ -208,9 +208,11 @@ impl Meter {
         ev.done = None;
         ev.spare = Some((b.ctx, b.start, b.end));
     }
+}
 
-    fn scale_of(&self, d: &Dev) -> f64 {
-        match d.scale.load(Relaxed) {
+impl Dev {
+    fn scale(&self) -> f64 {
+        match self.scale.load(Relaxed) {
             0 => 1.0,
             b => f64::from_bits(b),
         }
@@ -220,15 +222,4 @@ impl Meter {
 /// A stream as a non-zero word: the legacy stream is the null handle.
 fn tag(stream: usize) -> usize {
     stream | 1 << (usize::BITS - 1)
-}
-
-fn new_pair<S: Sys>(sys: &S) -> Option<(usize, usize)> {
-    let a = sys.create_event()?;
-    match sys.create_event() {
-        Some(b) => Some((a, b)),
-        None => {
-            sys.destroy_event(a);
-            None
-        }
-    }
 }
