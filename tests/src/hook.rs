@@ -85,10 +85,12 @@ impl HookEnv {
     }
 }
 
+/// A passing test leaves nothing behind; a failing one keeps its directory
+/// (region, programs, simulated GPU) for the post-mortem.
 impl Drop for HookEnv {
     fn drop(&mut self) {
         if !std::thread::panicking() {
-            let _ = std::fs::remove_file(self.region_path());
+            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }
