@@ -14,6 +14,8 @@
 #                                        each at every limit; ROUNDS=n repeats, with medians)
 #   bash scripts/gpu-check.sh pair       two containers at 30 / 70, taking turns and time-sliced
 #                                        (VARIANTS: each build in turn)
+#   bash scripts/gpu-check.sh mixed      a busy container (matmul, 30 %) beside a light one (tiny loop,
+#                                        70 %): the light one is not held to turns (VARIANTS as pair)
 #   bash scripts/gpu-check.sh pylaunch   PyTorch launch-bound loop: native vs hook, no limit / limit 90
 #                                        (VARIANTS="name=/path/libvgpu.so ...": other builds at limit 90)
 #   bash scripts/gpu-check.sh pyab       the same loop in one process, its limit flipped on and off
@@ -337,6 +339,39 @@ phase_pair() {
     done
     wait
     for i in 1 2; do grep 'of unlimited' "$W/pair-free-$i.txt"; done
+}
+
+# A container that uses little of its share is not worth taking turns with:
+# confined to its turns, a launch-bound loop would lose the host time outside
+# them. Each build with a shared node directory, then without one.
+phase_mixed() {
+    say "a busy container (matmul, limit 30) beside a light one (tiny loop, limit 70): share of solo"
+    python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul,tiny --seconds 10 --save "$W/base.json"
+    local v name lib node run
+    for v in ${VARIANTS:-dist=$DIST/libvgpu.so}; do
+        name=${v%%=*} lib=${v#*=}
+        mkdir -p "$W/node-$name"
+        for node in "$W/node-$name" ""; do
+            run="$name, $([ -n "$node" ] && echo "node dir shared" || echo "no node dir")"
+            say "mixed, build $run"
+            mixed_one "$lib" "$node" matmul 30
+            mixed_one "$lib" "$node" tiny 70
+            wait
+            for w in matmul tiny; do
+                grep 'of unlimited' "$W/mixed-$w.txt" || tail -n 3 "$W/mixed-$w.txt"
+                grep -c 'taking turns' "$W/mixed-$w.log" | sed "s/^/  $w: 'taking turns' log lines: /"
+            done
+        done
+    done
+}
+
+# mixed_one LIB NODE_DIR WORKLOAD LIMIT: one container in the background, 20 s.
+mixed_one() {
+    LD_PRELOAD="$1" CUDA_DEVICE_SM_LIMIT=$4 GPU_CORE_UTILIZATION_POLICY=force \
+        CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/mixed.XXXX")/$4.cache" \
+        VGPU_SM_NODE_DIR="$2" LIBCUDA_LOG_LEVEL=3 \
+        python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads "$3" --seconds 20 --no-smi \
+        --baseline "$W/base.json" >"$W/mixed-$3.txt" 2>"$W/mixed-$3.log" &
 }
 
 # pair_run NAME LIB NODE_DIR: both containers under LIB, 20 s, sharing

@@ -21,7 +21,7 @@ use super::phase::{self, Gate, Phase};
 use super::policy;
 use super::sidecar::DevBucket;
 use super::sys::{Poll, Sys};
-use super::turns;
+use super::{demand, turns};
 
 /// How often the region's settings are re-read on the launch path.
 pub const REFRESH_NS: u64 = 50_000_000;
@@ -39,7 +39,7 @@ const MAX_POOL: usize = 32;
 const POLL_NS: u64 = 500_000;
 /// How often a limited process re-reads the node's table (`phase`) and
 /// marks its container active there.
-const REPLAN_NS: u64 = 10_000_000;
+pub const REPLAN_NS: u64 = 10_000_000;
 
 /// What `before` hands to `after` for one launch.
 #[derive(Debug)]
@@ -166,6 +166,8 @@ pub struct Controller<S: Sys> {
     turn_report: Mutex<[(u64, u64); MAX_DEVICES]>,
     /// What the container's turns really took, per device.
     turns: turns::Meter,
+    /// Whether the container uses most of its share, per device.
+    demand: demand::Demand,
 }
 
 impl<S: Sys> Controller<S> {
@@ -193,6 +195,7 @@ impl<S: Sys> Controller<S> {
             replanning: AtomicBool::new(false),
             turn_report: Mutex::new([(0, 0); MAX_DEVICES]),
             turns: turns::Meter::default(),
+            demand: demand::Demand::default(),
         }
     }
 
@@ -575,8 +578,9 @@ impl<S: Sys> Controller<S> {
     }
 
     /// Re-reads the node's table of limited containers on `dev` (marking
-    /// this one active at `pct`) and stores the container's turn, if it
-    /// shares the device with another limited container.
+    /// this one active at `pct`, and wanting its share if it does) and
+    /// stores the container's turn, if another limited container on the
+    /// device wants its share too.
     fn replan(&self, dev: usize, now: u64, pct: u32) {
         if self.replanning.swap(true, Acquire) {
             return;
@@ -584,8 +588,12 @@ impl<S: Sys> Controller<S> {
         self.plan_next[dev].store(now.saturating_add(REPLAN_NS), Relaxed);
         let plan = self.sys.node(dev).and_then(|node| {
             let id = self.sys.buckets().container_id();
-            node.join(id, now)?.touch(now, pct);
-            phase::plan(&node.active(now, phase::ACTIVE_NS), id)
+            let me = node.join(id, now)?;
+            me.touch(now, pct);
+            if self.wants_share(dev, now, pct) {
+                me.want(now);
+            }
+            phase::plan(&node.wanting(now, phase::ACTIVE_NS), id)
         });
         let w = phase::encode(plan);
         if plan.is_some() && crate::log::enabled(crate::log::DEBUG) {
@@ -607,6 +615,18 @@ impl<S: Sys> Controller<S> {
             }
         }
         self.replanning.store(false, Release);
+    }
+
+    /// Whether the container used most of its share of `dev` lately: of its
+    /// turn while taking turns, else of its limit `pct`.
+    fn wants_share(&self, dev: usize, now: u64, pct: u32) -> bool {
+        let b = &self.sys.buckets().devs[dev];
+        let share = match phase::decode(self.plans[dev].load(Relaxed)) {
+            Some(p) => p.len as f64 / phase::FRAME_NS as f64,
+            None => f64::from(pct) / 100.0,
+        };
+        self.demand
+            .observe(dev, now, b.charged_ns.load(Relaxed), b.gain(), share)
     }
 
     /// Debug, every second or so while taking turns: the share the
@@ -729,6 +749,11 @@ impl<S: Sys> Controller<S> {
     /// The factor the container's measured turns put on its charges.
     pub fn turn_scale(&self, dev: usize) -> f64 {
         self.turns.scale(dev)
+    }
+
+    /// The container's turn on `dev`, while it takes turns.
+    pub fn turn(&self, dev: usize) -> Option<Phase> {
+        phase::decode(self.plans.get(dev)?.load(Relaxed))
     }
 }
 

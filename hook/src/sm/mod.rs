@@ -14,14 +14,15 @@
 //! cost is known adds two driver queries (context, capture), one clock read
 //! and one CAS on the bucket, still no lock (`local`).
 //!
-//! Limited containers that share a GPU take turns on it (`phase`), agreed
-//! through a table in a directory all containers of the node share (`node`):
-//! a GPU time-slicing between two busy contexts loses device time that
-//! neither gets.
+//! Limited containers that share a GPU and each use most of their share
+//! (`demand`) take turns on it (`phase`), agreed through a table in a
+//! directory all containers of the node share (`node`): a GPU time-slicing
+//! between two busy contexts loses device time that neither gets.
 
 pub mod bucket;
 pub mod control;
 pub mod cost;
+mod demand;
 pub mod feedback;
 mod local;
 mod mapfile;

@@ -10,9 +10,12 @@
 //! whatever ordinal each container sees it as. It is never created without
 //! its directory: without a shared directory each container stays alone.
 //!
-//! Each member is a container (its sidecar's `container` id) with its limit
-//! and the CLOCK_MONOTONIC instant it last launched; the processes read the
-//! members to agree on a schedule (`phase`) with no messages and no lock.
+//! Each member is a container (its sidecar's `container` id) with its limit,
+//! the CLOCK_MONOTONIC instant it last launched, and the last instant it
+//! was using most of its share (`wants`). Only the members that want their
+//! share take turns: a neighbour that uses little of its share is not
+//! waited for, and does not wait. The processes read the members to agree
+//! on a schedule (`phase`) with no messages and no lock.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
@@ -39,7 +42,10 @@ pub struct Member {
     /// Its SM limit on this GPU, percent.
     pub limit: AtomicU32,
     pub reserved32: AtomicU32,
-    pub reserved: [AtomicU64; 5],
+    /// CLOCK_MONOTONIC ns when the container last used most of its share
+    /// (`Controller::wants_share`); 0 = never.
+    pub wants: AtomicU64,
+    pub reserved: [AtomicU64; 4],
 }
 
 /// The whole file.
@@ -60,6 +66,7 @@ const _: () = {
     assert!(std::mem::size_of::<Member>() == 64);
     assert!(std::mem::offset_of!(Member, seen) == 8);
     assert!(std::mem::offset_of!(Member, limit) == 16);
+    assert!(std::mem::offset_of!(Member, wants) == 24);
     assert!(std::mem::offset_of!(NodeFile, members) == 64);
     assert!(SIZE == 64 + 64 * MEMBERS);
 };
@@ -118,6 +125,8 @@ impl NodeFile {
             // Stamp `seen` first so that a racing claimer sees it live.
             m.seen.store(now, Relaxed);
             if m.owner.compare_exchange(owner, id, AcqRel, Acquire).is_ok() {
+                // The previous owner's demand is not the new one's.
+                m.wants.store(0, Relaxed);
                 m.seen.store(now, Release);
                 return Some(m);
             }
@@ -126,15 +135,15 @@ impl NodeFile {
         self.members.iter().find(|m| m.owner.load(Acquire) == id)
     }
 
-    /// `(container, limit)` of every member that launched within
+    /// `(container, limit)` of every member that wanted its share within
     /// `active_ns` before `now`.
-    pub fn active(&self, now: u64, active_ns: u64) -> Vec<(u64, u32)> {
+    pub fn wanting(&self, now: u64, active_ns: u64) -> Vec<(u64, u32)> {
         self.members
             .iter()
             .filter_map(|m| {
                 let owner = m.owner.load(Acquire);
-                let seen = m.seen.load(Relaxed);
-                (owner != 0 && now.saturating_sub(seen) <= active_ns)
+                let wants = m.wants.load(Relaxed);
+                (owner != 0 && wants != 0 && now.saturating_sub(wants) <= active_ns)
                     .then(|| (owner, m.limit.load(Relaxed)))
             })
             .collect()
@@ -150,6 +159,11 @@ impl Member {
         }
         self.seen.fetch_max(now, Relaxed);
     }
+
+    /// Marks the container as using most of its share at `now`.
+    pub fn want(&self, now: u64) {
+        self.wants.fetch_max(now, Relaxed);
+    }
 }
 
 #[cfg(test)]
@@ -163,16 +177,21 @@ mod tests {
         let now = 100 * STALE_NS;
         let a = t.join(7, now).unwrap();
         a.touch(now, 30);
+        a.want(now);
         assert!(std::ptr::eq(a, t.join(7, now + 1).unwrap()));
         let b = t.join(9, now).unwrap();
         b.touch(now, 70);
         assert!(!std::ptr::eq(a, b));
-        assert_eq!(t.active(now, 1_000), vec![(7, 30), (9, 70)]);
-        // 9 goes quiet: it drops out of the active set at once, and its
-        // member is reused only once stale.
+        // 9 launches but uses little of its share: not in the plan.
+        assert_eq!(t.wanting(now, 1_000), vec![(7, 30)]);
+        b.want(now);
+        assert_eq!(t.wanting(now, 1_000), vec![(7, 30), (9, 70)]);
+        // 9 stops wanting: it drops out at once, and its member is reused
+        // only once stale.
         let later = now + 2_000;
         a.touch(later, 30);
-        assert_eq!(t.active(later, 1_000), vec![(7, 30)]);
+        a.want(later);
+        assert_eq!(t.wanting(later, 1_000), vec![(7, 30)]);
         let full = t.members.iter().skip(2).all(|m| {
             m.owner.store(99, Relaxed);
             m.seen.store(later, Relaxed);
@@ -182,6 +201,7 @@ mod tests {
         assert!(t.join(11, later).is_none(), "9 is not stale yet");
         let c = t.join(11, now + STALE_NS + 1).unwrap();
         assert!(std::ptr::eq(b, c), "9's member taken over");
+        assert_eq!(c.wants.load(Relaxed), 0, "9's demand is not 11's");
         assert!(t.join(0, now).is_none());
     }
 
@@ -192,8 +212,10 @@ mod tests {
         assert_eq!(p.file_name().unwrap(), "vgpu-sm-GPU-12ab____x");
         let a = open(&p).unwrap();
         let b = open(&p).unwrap();
-        a.join(5, 1).unwrap().touch(1, 40);
-        assert_eq!(b.active(1, 10), vec![(5, 40)]);
+        let m = a.join(5, 1).unwrap();
+        m.touch(1, 40);
+        m.want(1);
+        assert_eq!(b.wanting(1, 10), vec![(5, 40)]);
         let q = dir.path().join("other");
         std::fs::write(&q, vec![3u8; SIZE]).unwrap();
         assert!(matches!(open(&q), Err(NodeError::Foreign { .. })));

@@ -9,20 +9,20 @@
 //! (2 to 100 ms). Given exclusive turns instead (each draining its queue
 //! before the other's turn), the same pair got 28.8 % and 69.1 %.
 //!
-//! So while two or more limited containers are active on a GPU, each one
-//! runs only in its own phase of a common frame on CLOCK_MONOTONIC (shared
-//! by every container of a node): phases in the order of the containers'
-//! ids, each `limit %` of the frame (scaled down when the limits add up to
-//! more than 100). Every process derives the same plan from the node's
-//! table (`node`), so nothing is exchanged but the table's few words. A
-//! launch is admitted only when the container's queued work plus its cost
-//! fits before the phase ends.
+//! So while two or more limited containers on a GPU each use most of their
+//! share (`demand`), each one runs only in its own phase of a common frame
+//! on CLOCK_MONOTONIC (shared by every container of a node): phases in the
+//! order of the containers' ids, each `limit %` of the frame (scaled down
+//! when the limits add up to more than 100). Every process derives the same
+//! plan from the node's table (`node`), so nothing is exchanged but the
+//! table's few words. A launch is admitted only when the container's queued
+//! work plus its cost fits before the phase ends.
 
 /// The schedule's period: short enough that a 100 ms utilization sample
 /// holds two whole frames, long enough that the two context switches per
 /// frame cost nothing measurable.
 pub const FRAME_NS: u64 = 50_000_000;
-/// A container is in the plan while it launched within this long.
+/// A container is in the plan while it wanted its share within this long.
 pub const ACTIVE_NS: u64 = 200_000_000;
 /// Admitted work must be due to finish this long before its phase ends: the
 /// launch reaches the GPU a few µs after it is admitted.

@@ -711,25 +711,36 @@ fn on_node(mut f: Fake) -> (Fake, &'static NodeFile) {
     (f, node)
 }
 
-/// A container at 30 % on a GPU where another limited container (70 %) is
-/// active takes turns: every kernel of ours runs inside our phase of each
-/// frame, and the share is still the limit. When the other goes quiet, the
-/// bucket alone limits again.
+/// Another container's member on `node`, limited to `pct`, as of `now`.
+fn neighbour(node: &'static NodeFile, now: u64, pct: u32) -> &'static super::node::Member {
+    let m = node.join(0x5555_0000_0000_0000, now).unwrap();
+    m.touch(now, pct);
+    m
+}
+
+/// The neighbour `m` launches at `now` and uses most of its share.
+fn busy(m: &super::node::Member, now: u64) {
+    m.touch(now, 70);
+    m.want(now);
+}
+
+/// A container at 30 % on a GPU where another limited container (70 %)
+/// uses most of its share takes turns: every kernel of ours runs inside our
+/// phase of each frame, and the share is still the limit. When the other
+/// goes quiet, the bucket alone limits again.
 #[test]
 fn limited_containers_on_one_gpu_take_turns() {
     let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
     let c = Controller::new(f);
-    // The other container: a member that launched just now.
-    let other = 0x5555_0000_0000_0000;
-    let m = node.join(other, c.sys.now()).unwrap();
-    m.touch(c.sys.now(), 70);
+    let m = neighbour(node, c.sys.now(), 70);
+    let other = m.owner.load(Relaxed);
     let ours = c.sys.buckets.container_id();
     let p = phase::plan(&[(ours, 30), (other, 70)], ours).unwrap();
     assert_eq!(p.len, phase::FRAME_NS * 30 / 100);
 
     let start = c.sys.now();
     let s = run_with(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2, |f| {
-        m.touch(f.now(), 70)
+        busy(m, f.now())
     });
     assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
     let inside = |(a, e): (u64, u64)| {
@@ -779,9 +790,9 @@ fn the_gain_holds_while_taking_turns() {
     f.other_pct.store(40, Relaxed);
     *f.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
     let c = Controller::new(f);
-    let m = node.join(0x5555, c.sys.now()).unwrap();
+    let m = neighbour(node, c.sys.now(), 70);
     run_with(&c, kernel(1), 1_000_000, 30 * SEC, SEC / 2, |f| {
-        m.touch(f.now(), 70)
+        busy(m, f.now())
     });
     assert_eq!(c.sys.buckets.devs[0].gain(), 1.0);
 }
@@ -794,20 +805,28 @@ fn the_gain_holds_while_taking_turns() {
 #[test]
 fn short_charges_are_corrected_by_measuring_the_turns() {
     let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
-    f.buckets.devs[0]
-        .gain
-        .store(super::feedback::encode(0.9), Relaxed);
     let c = Controller::new(f);
-    let m = node.join(0x5555, c.sys.now()).unwrap();
+    let m = neighbour(node, c.sys.now(), 70);
     let start = c.sys.now();
+    // The gain is set once the turns begin (it holds while they last):
+    // before, the feedback loop runs, and with no NVML here it opens
+    // (gain 1).
+    let mut short = false;
     let s = run_with(&c, kernel(1), 500_000, 3 * SEC, 2 * SEC, |f| {
-        m.touch(f.now(), 70)
+        busy(m, f.now());
+        if !short && c.turn(0).is_some() {
+            f.buckets.devs[0]
+                .gain
+                .store(super::feedback::encode(0.9), Relaxed);
+            short = true;
+        }
     });
+    assert!(short, "never took turns");
     let k = c.turn_scale(0);
     assert!((k - 1.0 / 0.9).abs() < 0.03, "turn scale {k:.3}");
     assert!((s - 30.0).abs() < 1.5, "{s:.1}%");
     let ours = c.sys.buckets.container_id();
-    let p = phase::plan(&[(ours, 30), (0x5555, 70)], ours).unwrap();
+    let p = phase::plan(&[(ours, 30), (m.owner.load(Relaxed), 70)], ours).unwrap();
     let g = c.sys.gpu.lock().unwrap().intervals.clone();
     let spill = g
         .iter()
@@ -818,4 +837,84 @@ fn short_charges_are_corrected_by_measuring_the_turns() {
         })
         .count();
     assert_eq!(spill, 0, "kernels running past the turn");
+}
+
+/// A neighbour that launches but uses little of its share (a service
+/// between requests) is not waited for: our kernels run anywhere in the
+/// frame, under the bucket. And a container of ours that uses little of
+/// its own share does not claim turns.
+#[test]
+fn containers_that_use_little_of_their_share_do_not_take_turns() {
+    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
+    let c = Controller::new(f);
+    let m = neighbour(node, c.sys.now(), 70);
+    let ours = c.sys.buckets.container_id();
+    let p = phase::plan(&[(ours, 30), (m.owner.load(Relaxed), 70)], ours).unwrap();
+    let start = c.sys.now();
+    let s = run_with(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2, |f| {
+        m.touch(f.now(), 70)
+    });
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
+    assert_eq!(c.turn(0), None, "no turns");
+    let g = c.sys.gpu.lock().unwrap().intervals.clone();
+    let outside = g
+        .iter()
+        .filter(|&&(a, _)| {
+            a > start + SEC / 2 && {
+                let ws = (a - p.start) / phase::FRAME_NS * phase::FRAME_NS + p.start;
+                a >= ws + p.len
+            }
+        })
+        .count();
+    assert!(outside > 300, "{outside} kernels outside the would-be turn");
+    // Ours used its share, so it wants it: were the neighbour busy too,
+    // they would take turns.
+    let me = node.join(ours, c.sys.now()).unwrap();
+    assert!(me.wants.load(Relaxed) + phase::ACTIVE_NS > c.sys.now());
+
+    // Now ours launches a 1 ms kernel every 20 ms (5 % of the device)
+    // beside a busy neighbour: once its last window of use has passed
+    // (`demand::WINDOW_NS`, then `ACTIVE_NS`), it is out of the plan, and
+    // its launches are not held for a turn.
+    let t0 = c.sys.now() + phase::ACTIVE_NS + 2 * super::demand::WINDOW_NS;
+    let w = Work {
+        key: kernel(1),
+        stream: 0,
+    };
+    while c.sys.now() < t0 + 2 * SEC {
+        busy(m, c.sys.now());
+        let before = c.sys.now();
+        launch_once(&c, &w, 1_000_000, 0);
+        if before > t0 {
+            assert!(c.sys.now() - before < 1_000_000, "a launch was held");
+        }
+        c.sys.advance(19_000_000);
+    }
+    assert_eq!(c.turn(0), None, "no turns");
+}
+
+/// Two containers both using most of their shares take turns; when the
+/// neighbour's use drops (it stops wanting), the turns end within
+/// `ACTIVE_NS` and a re-plan.
+#[test]
+fn turns_end_when_the_neighbour_stops_wanting_its_share() {
+    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
+    let c = Controller::new(f);
+    let m = neighbour(node, c.sys.now(), 70);
+    run_with(&c, kernel(1), 1_000_000, SEC, SEC / 2, |f| busy(m, f.now()));
+    assert!(c.turn(0).is_some(), "taking turns");
+    let quiet = c.sys.now();
+    let mut ended = None;
+    run_with(&c, kernel(1), 1_000_000, SEC, 0, |f| {
+        m.touch(f.now(), 70);
+        if ended.is_none() && c.turn(0).is_none() {
+            ended = Some(f.now() - quiet);
+        }
+    });
+    let ended = ended.expect("the turns never ended");
+    assert!(
+        ended <= phase::ACTIVE_NS + 2 * super::control::REPLAN_NS,
+        "ended after {} ms",
+        ended / 1_000_000
+    );
 }

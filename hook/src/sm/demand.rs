@@ -1,0 +1,100 @@
+//! Whether a container wants its share of a device: the signal that puts
+//! it in the node's plan of turns (`node::Member::wants`, docs/sm-limit.md,
+//! "Time division between containers").
+//!
+//! Turns cost a container latency (a launch outside its turn waits for the
+//! next one) and leave a turn idle when its owner has nothing queued, so
+//! they are only worth it between containers that each use most of their
+//! share. A container that uses little of it (a service between requests)
+//! is neither waited for nor kept waiting; the GPU's own time-slicing costs
+//! little when one side is mostly idle.
+//!
+//! The measure is the container's charges (its processes' summed kernel
+//! time estimates, `DevBucket::charged_ns`, divided by the gain that
+//! scaled them) over a window. It is not NVML's: NVML cannot split a
+//! device passed between contexts every few ms, and a container held back
+//! by time-slicing is under its limit while it still wants more.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
+use vgpu_common::region::MAX_DEVICES;
+
+/// The window the use is measured over: several turns (a 50 ms frame), so
+/// one turn's gaps do not decide it.
+pub const WINDOW_NS: u64 = 100_000_000;
+/// Using at least this fraction of its share, a container wants it. A
+/// container taking turns uses its turn less the gaps of its host (a 70 %
+/// container on an H100 filled 87 % of its turns, docs/benchmarks.md, sixth
+/// run); one held back by time-slicing used 58 of 70 (83 %).
+pub const WANT_FRACTION: f64 = 0.75;
+
+/// Per device: the start of the current window, the container's charges
+/// then, and the verdict of the last whole window.
+#[derive(Debug, Default)]
+pub struct Demand {
+    since: [AtomicU64; MAX_DEVICES],
+    charged: [AtomicU64; MAX_DEVICES],
+    wants: [std::sync::atomic::AtomicBool; MAX_DEVICES],
+}
+
+impl Demand {
+    /// Whether the container wanted its `share` (0–1) of `dev` in the last
+    /// whole window, given its charges counter `charged` (wrapping; settled
+    /// guesses may subtract) and `gain` at `now`. Called by one thread at a
+    /// time (the re-plan); another thread's call is harmless but may cut a
+    /// window short.
+    pub fn observe(&self, dev: usize, now: u64, charged: u64, gain: f64, share: f64) -> bool {
+        let since = self.since[dev].load(Relaxed);
+        if since == 0 || now < since {
+            self.restart(dev, now, charged);
+            return self.wants[dev].load(Relaxed);
+        }
+        let span = now - since;
+        if span < WINDOW_NS {
+            return self.wants[dev].load(Relaxed);
+        }
+        let used = charged.wrapping_sub(self.charged[dev].load(Relaxed)) as i64;
+        let used = used.max(0) as f64 / gain.max(f64::MIN_POSITIVE);
+        let wants = used >= WANT_FRACTION * share * span as f64;
+        self.wants[dev].store(wants, Relaxed);
+        self.restart(dev, now, charged);
+        wants
+    }
+
+    fn restart(&self, dev: usize, now: u64, charged: u64) {
+        self.since[dev].store(now, Relaxed);
+        self.charged[dev].store(charged, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_container_wants_its_share_when_it_uses_most_of_it() {
+        let d = Demand::default();
+        let t0 = 1_000 * MS;
+        // The first call only starts the window.
+        assert!(!d.observe(0, t0, 5, 1.0, 0.3));
+        // 30 % share over 100 ms is 30 ms; 75 % of that is 22.5 ms.
+        assert!(
+            !d.observe(0, t0 + 50 * MS, 5 + 40 * MS, 1.0, 0.3),
+            "too early"
+        );
+        assert!(d.observe(0, t0 + 100 * MS, 5 + 23 * MS, 1.0, 0.3));
+        // The verdict holds until the next window ends.
+        assert!(d.observe(0, t0 + 150 * MS, 5 + 23 * MS, 1.0, 0.3));
+        assert!(!d.observe(0, t0 + 200 * MS, 5 + 43 * MS, 1.0, 0.3));
+        // Charges scaled by a gain of 2 count half.
+        assert!(!d.observe(0, t0 + 300 * MS, 5 + 83 * MS, 2.0, 0.3));
+        assert!(d.observe(0, t0 + 400 * MS, 5 + 133 * MS, 2.0, 0.3));
+        // A settled guess that took back more than was charged: no use.
+        assert!(!d.observe(0, t0 + 500 * MS, 5 + 100 * MS, 1.0, 0.3));
+        // Devices are separate.
+        assert!(!d.observe(1, t0, 0, 1.0, 0.3));
+    }
+}
