@@ -618,15 +618,19 @@ impl<S: Sys> Controller<S> {
     }
 
     /// Whether the container used most of its share of `dev` lately: of its
-    /// turn while taking turns, else of its limit `pct`.
+    /// turn while taking turns (its charges scaled by what its turns were
+    /// measured to take), else of its limit `pct`.
     fn wants_share(&self, dev: usize, now: u64, pct: u32) -> bool {
         let b = &self.sys.buckets().devs[dev];
-        let share = match phase::decode(self.plans[dev].load(Relaxed)) {
-            Some(p) => p.len as f64 / phase::FRAME_NS as f64,
-            None => f64::from(pct) / 100.0,
+        let (share, per_charged) = match phase::decode(self.plans[dev].load(Relaxed)) {
+            Some(p) => (
+                p.len as f64 / phase::FRAME_NS as f64,
+                self.turns.scale(dev) / b.gain(),
+            ),
+            None => (f64::from(pct) / 100.0, 1.0 / b.gain()),
         };
-        self.demand
-            .observe(dev, now, b.charged_ns.load(Relaxed), b.gain(), share)
+        let charged = b.charged_ns.load(Relaxed);
+        self.demand.observe(dev, now, charged, per_charged, share)
     }
 
     /// Debug, every second or so while taking turns: the share the
