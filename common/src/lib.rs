@@ -16,4 +16,6 @@ pub mod limit;
 #[cfg(feature = "std")]
 pub mod lock;
 #[cfg(feature = "std")]
+pub mod node;
+#[cfg(feature = "std")]
 pub mod view;

@@ -131,7 +131,13 @@ fn sm_graph_cooperative_and_ex_launches_are_limited() {
 /// containers then take turns); `None`: none, each bucket alone limits.
 /// Returns the two shares and how often the device passed from one
 /// container's kernels to the other's, per second.
-fn two_containers(name: &str, node_dir: Option<&std::path::Path>) -> (Vec<f64>, f64) {
+/// Two containers at 30 and 70 on one GPU; their shares, the device's
+/// owner switches a second, and (with a node directory) what `vgpu turns
+/// --json` says of it while they run.
+fn two_containers(
+    name: &str,
+    node_dir: Option<&std::path::Path>,
+) -> (Vec<f64>, f64, Option<serde_json::Value>) {
     let gpu = SimGpu::new();
     let a = HookEnv::new(&format!("{name}-a"), "0");
     let b = HookEnv::new(&format!("{name}-b"), "0");
@@ -150,6 +156,19 @@ fn two_containers(name: &str, node_dir: Option<&std::path::Path>) -> (Vec<f64>, 
         &[pa.child.id(), pb.child.id()],
     );
     let to = now_ns();
+    let turns = node_dir.map(|d| {
+        let out = std::process::Command::new(vgpu_tests::dist::vgpu_bin())
+            .args(["turns", "--json"])
+            .arg(d)
+            .output()
+            .expect("run vgpu turns");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("vgpu turns --json")
+    });
     let switches =
         simgpu::timeline::owner_switches(gpu.shm(), 0, from, to) as f64 * 1e9 / (to - from) as f64;
     eprintln!(
@@ -162,7 +181,7 @@ fn two_containers(name: &str, node_dir: Option<&std::path::Path>) -> (Vec<f64>, 
         s[0],
         s[1]
     );
-    (s, switches)
+    (s, switches, turns)
 }
 
 #[test]
@@ -180,16 +199,37 @@ fn sm_two_containers_get_their_own_limits() {
 fn sm_two_containers_take_turns_through_the_node_dir() {
     let _s = serial();
     let node = tempfile::tempdir().expect("temp dir");
-    let (_, turns) = two_containers("sm-turns", Some(node.path()));
-    let tables = std::fs::read_dir(node.path())
-        .expect("read the node dir")
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().starts_with("vgpu-sm-"))
-        .count();
-    assert_eq!(tables, 1, "one table for the one GPU");
+    let (_, switches, view) = two_containers("sm-turns", Some(node.path()));
     assert!(
-        (30.0..=60.0).contains(&turns),
-        "switches/s taking turns: {turns:.0} (two per 50 ms frame: 40)"
+        (30.0..=60.0).contains(&switches),
+        "switches/s taking turns: {switches:.0} (two per 50 ms frame: 40)"
+    );
+    // `vgpu turns` shows one table for the one GPU, both containers taking
+    // turns: 15 and 35 ms of every 50.
+    let view = view.expect("vgpu turns ran");
+    let tables = view["tables"].as_array().expect("tables");
+    assert_eq!(tables.len(), 1, "one table for the one GPU: {view}");
+    let mut turns: Vec<(u64, String)> = tables[0]["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| {
+            let t = &m["turn_ms"];
+            let len = t[1].as_f64().unwrap_or(0.0) - t[0].as_f64().unwrap_or(0.0);
+            (
+                m["limit"].as_u64().unwrap_or(0),
+                format!("{} {len:.1}", m["state"]),
+            )
+        })
+        .collect();
+    turns.sort();
+    assert_eq!(
+        turns,
+        vec![
+            (30, "\"taking turns\" 15.0".to_owned()),
+            (70, "\"taking turns\" 35.0".to_owned())
+        ],
+        "{view}"
     );
 }
 

@@ -14,53 +14,16 @@
 //! on CLOCK_MONOTONIC (shared by every container of a node): phases in the
 //! order of the containers' ids, each `limit %` of the frame (scaled down
 //! when the limits add up to more than 100). Every process derives the same
-//! plan from the node's table (`node`), so nothing is exchanged but the
-//! table's few words. A launch is admitted only when the container's queued
-//! work plus its cost fits before the phase ends.
+//! plan (`vgpu_common::node::plan`) from the node's table (`node`), so
+//! nothing is exchanged but the table's few words. A launch is admitted
+//! only when the container's queued work plus its cost fits before the
+//! phase ends.
 
-/// The schedule's period: short enough that a 100 ms utilization sample
-/// holds two whole frames, long enough that the two context switches per
-/// frame cost nothing measurable.
-pub const FRAME_NS: u64 = 50_000_000;
-/// A container is in the plan while it wanted its share within this long.
-pub const ACTIVE_NS: u64 = 200_000_000;
+pub use vgpu_common::node::{plan, Phase, ACTIVE_NS, FRAME_NS};
+
 /// Admitted work must be due to finish this long before its phase ends: the
 /// launch reaches the GPU a few µs after it is admitted.
 pub const GUARD_NS: u64 = 300_000;
-
-/// A container's turn: `[start, start + len)` within every frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Phase {
-    pub start: u64,
-    pub len: u64,
-}
-
-/// Container `me`'s phase among the `active` `(container, limit)` pairs;
-/// `None` when it is alone among the limited ones (its bucket suffices) or
-/// not among them.
-pub fn plan(active: &[(u64, u32)], me: u64) -> Option<Phase> {
-    let mut v: Vec<(u64, u32)> = active
-        .iter()
-        .copied()
-        .filter(|(id, l)| *id != 0 && (1..100).contains(l))
-        .collect();
-    v.sort_unstable();
-    v.dedup_by_key(|x| x.0);
-    if v.len() < 2 {
-        return None;
-    }
-    let total: u64 = v.iter().map(|x| u64::from(x.1)).sum();
-    let denom = total.max(100);
-    let mut start = 0;
-    for (id, limit) in v {
-        let len = FRAME_NS * u64::from(limit) / denom;
-        if id == me {
-            return Some(Phase { start, len });
-        }
-        start += len;
-    }
-    None
-}
 
 /// The plan in one word for the launch path: 0 = none, else a flag and the
 /// phase's start and length in µs.

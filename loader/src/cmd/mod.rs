@@ -7,4 +7,5 @@ pub mod install_hook;
 pub mod set_limit;
 pub mod suspend;
 pub mod trace;
+pub mod turns;
 pub mod unlock;

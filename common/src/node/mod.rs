@@ -1,0 +1,189 @@
+//! The node's table of limited containers on one GPU, and the plan of turns
+//! every member derives from it (docs/sm-limit.md, "Time division between
+//! containers"; docs/region.md lists the file).
+//!
+//! The table is a small file, `<dir>/vgpu-sm-<GPU UUID>`, in a directory
+//! every container of the node shares (`VGPU_SM_NODE_DIR`; HAMi's
+//! `/tmp/vgpulock`), mapped `MAP_SHARED` by every limited process that uses
+//! that GPU: per physical GPU, whatever ordinal each container sees it as.
+//! Each member is a container (its sidecar's `container` id) with its limit,
+//! the CLOCK_MONOTONIC instant it last launched, and the last instant it
+//! was using most of its share (`wants`). Only the members that want their
+//! share take turns; each process derives the same [`plan`] from the same
+//! words, with no messages and no lock.
+//!
+//! The hook creates, joins and writes the table (`hook/src/sm/node.rs`);
+//! `vgpu turns` reads it.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+mod plan;
+mod view;
+
+pub use plan::{plan, Phase, ACTIVE_NS, FRAME_NS};
+pub use view::{NodeView, ReadError};
+
+/// `"vgpusn01"` little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusn01");
+pub const VERSION: u32 = 1;
+/// Containers one GPU's table holds.
+pub const MEMBERS: usize = 32;
+/// A member not seen for this long may be taken over by another container.
+pub const STALE_NS: u64 = 10_000_000_000;
+
+/// One container on the GPU: 64 bytes, its own cache line.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct Member {
+    /// The container's id (drawn at random by its first process, kept in
+    /// its sidecar); 0 = free.
+    pub owner: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the container's last limited launch here.
+    pub seen: AtomicU64,
+    /// Its SM limit on this GPU, percent.
+    pub limit: AtomicU32,
+    pub reserved32: AtomicU32,
+    /// CLOCK_MONOTONIC ns when the container last used most of its share
+    /// (the hook's `sm/demand.rs`); 0 = never.
+    pub wants: AtomicU64,
+    pub reserved: [AtomicU64; 4],
+}
+
+/// The whole file.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct NodeFile {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    /// `size_of::<NodeFile>()` as written by the creator.
+    pub size: AtomicU32,
+    pub reserved: [AtomicU64; 6],
+    pub members: [Member; MEMBERS],
+}
+
+pub const SIZE: usize = std::mem::size_of::<NodeFile>();
+
+const _: () = {
+    assert!(std::mem::size_of::<Member>() == 64);
+    assert!(std::mem::offset_of!(Member, seen) == 8);
+    assert!(std::mem::offset_of!(Member, limit) == 16);
+    assert!(std::mem::offset_of!(Member, wants) == 24);
+    assert!(std::mem::offset_of!(NodeFile, members) == 64);
+    assert!(SIZE == 64 + 64 * MEMBERS);
+};
+
+/// The table's path for the GPU `uuid` in `dir`.
+pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
+    let name: String = uuid
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    dir.join(format!("vgpu-sm-{name}"))
+}
+
+impl NodeFile {
+    /// The member of container `id`, claiming a free or stale one when it
+    /// has none; `None` when the table is full of live containers.
+    pub fn join(&self, id: u64, now: u64) -> Option<&Member> {
+        if id == 0 {
+            return None;
+        }
+        if let Some(m) = self.members.iter().find(|m| m.owner.load(Acquire) == id) {
+            return Some(m);
+        }
+        for m in &self.members {
+            let owner = m.owner.load(Acquire);
+            let free = owner == 0 || now.saturating_sub(m.seen.load(Relaxed)) > STALE_NS;
+            if !free {
+                continue;
+            }
+            // Stamp `seen` first so that a racing claimer sees it live.
+            m.seen.store(now, Relaxed);
+            if m.owner.compare_exchange(owner, id, AcqRel, Acquire).is_ok() {
+                // The previous owner's demand is not the new one's.
+                m.wants.store(0, Relaxed);
+                m.seen.store(now, Release);
+                return Some(m);
+            }
+        }
+        // Another process of the container may have claimed one meanwhile.
+        self.members.iter().find(|m| m.owner.load(Acquire) == id)
+    }
+
+    /// `(container, limit)` of every member that wanted its share within
+    /// `active_ns` before `now`.
+    pub fn wanting(&self, now: u64, active_ns: u64) -> Vec<(u64, u32)> {
+        self.members
+            .iter()
+            .filter_map(|m| {
+                let owner = m.owner.load(Acquire);
+                let wants = m.wants.load(Relaxed);
+                (owner != 0 && wants != 0 && now.saturating_sub(wants) <= active_ns)
+                    .then(|| (owner, m.limit.load(Relaxed)))
+            })
+            .collect()
+    }
+}
+
+impl Member {
+    /// Marks the container active at `now` with `limit`: `seen` is written
+    /// at each re-plan (every 10 ms), the limit only when it changed.
+    pub fn touch(&self, now: u64, limit: u32) {
+        if self.limit.load(Relaxed) != limit {
+            self.limit.store(limit, Relaxed);
+        }
+        self.seen.fetch_max(now, Relaxed);
+    }
+
+    /// Marks the container as using most of its share at `now`.
+    pub fn want(&self, now: u64) {
+        self.wants.fetch_max(now, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containers_join_once_and_stale_members_are_taken_over() {
+        let t = NodeFile::default();
+        let now = 100 * STALE_NS;
+        let a = t.join(7, now).unwrap();
+        a.touch(now, 30);
+        a.want(now);
+        assert!(std::ptr::eq(a, t.join(7, now + 1).unwrap()));
+        let b = t.join(9, now).unwrap();
+        b.touch(now, 70);
+        assert!(!std::ptr::eq(a, b));
+        // 9 launches but uses little of its share: not in the plan.
+        assert_eq!(t.wanting(now, 1_000), vec![(7, 30)]);
+        b.want(now);
+        assert_eq!(t.wanting(now, 1_000), vec![(7, 30), (9, 70)]);
+        // 9 stops wanting: it drops out at once, and its member is reused
+        // only once stale.
+        let later = now + 2_000;
+        a.touch(later, 30);
+        a.want(later);
+        assert_eq!(t.wanting(later, 1_000), vec![(7, 30)]);
+        let full = t.members.iter().skip(2).all(|m| {
+            m.owner.store(99, Relaxed);
+            m.seen.store(later, Relaxed);
+            true
+        });
+        assert!(full);
+        assert!(t.join(11, later).is_none(), "9 is not stale yet");
+        let c = t.join(11, now + STALE_NS + 1).unwrap();
+        assert!(std::ptr::eq(b, c), "9's member taken over");
+        assert_eq!(c.wants.load(Relaxed), 0, "9's demand is not 11's");
+        assert!(t.join(0, now).is_none());
+    }
+}

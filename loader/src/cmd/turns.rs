@@ -1,0 +1,293 @@
+//! `vgpu turns`: the node's tables of limited containers that take turns on
+//! a GPU (docs/sm-limit.md, "Time division between containers").
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+
+use anyhow::Context as _;
+use vgpu_common::node::{self, NodeFile, NodeView, ACTIVE_NS, FRAME_NS, STALE_NS};
+use vgpu_common::paths::VGPULOCK_DIR;
+
+/// Show which SM-limited containers take turns on each GPU, and their turns.
+///
+/// Containers with an SM limit that set `VGPU_SM_NODE_DIR` (HAMi's
+/// /tmp/vgpulock) share a table per GPU there, `vgpu-sm-<GPU UUID>`. Those
+/// that use at least 70 % of their share take turns: each runs only in its
+/// phase of a 50 ms frame (its limit's share of it). This lists every
+/// member of every table: its container id, limit, when it last launched
+/// and last wanted its share, its state, and its turn. Nothing is written.
+///
+/// States: "taking turns"; "wants its share" (the only one that does: its
+/// bucket limits it); "under its share" (launching but not using most of
+/// its share: not waited for); "idle" (no launch for 200 ms); "stale" (no
+/// launch for 10 s: its member may be reused).
+///
+/// Exits 1 if a table could not be read.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The node directory, or one table file in it.
+    #[arg(value_name = "PATH", default_value = VGPULOCK_DIR)]
+    path: PathBuf,
+
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(serde::Serialize, Debug)]
+struct Output {
+    tables: Vec<Table>,
+    errors: Vec<ReadError>,
+}
+
+#[derive(serde::Serialize, Debug)]
+struct ReadError {
+    path: PathBuf,
+    error: String,
+}
+
+/// One GPU's table.
+#[derive(serde::Serialize, Debug)]
+struct Table {
+    path: PathBuf,
+    frame_ms: f64,
+    members: Vec<Member>,
+}
+
+#[derive(serde::Serialize, Debug, PartialEq)]
+struct Member {
+    /// The container's id, hex.
+    container: String,
+    limit: u32,
+    last_launch_ms_ago: f64,
+    /// `None`: it never used most of its share.
+    wanted_ms_ago: Option<f64>,
+    state: &'static str,
+    /// `[start, end)` ms within every frame, while taking turns.
+    turn_ms: Option<[f64; 2]>,
+}
+
+fn ms(ns: u64) -> f64 {
+    (ns as f64 / 1e5).round() / 10.0
+}
+
+/// Every member of `t` as of `now` (CLOCK_MONOTONIC ns), in id order.
+fn members(t: &NodeFile, now: u64) -> Vec<Member> {
+    let wanting = t.wanting(now, ACTIVE_NS);
+    let mut out: Vec<Member> = t
+        .members
+        .iter()
+        .filter_map(|m| {
+            let id = m.owner.load(Acquire);
+            if id == 0 {
+                return None;
+            }
+            let seen = now.saturating_sub(m.seen.load(Relaxed));
+            let wants = m.wants.load(Relaxed);
+            let wanted = (wants != 0).then(|| now.saturating_sub(wants));
+            let turn = node::plan(&wanting, id);
+            let state = if turn.is_some() {
+                "taking turns"
+            } else if wanted.is_some_and(|w| w <= ACTIVE_NS) {
+                "wants its share"
+            } else if seen > STALE_NS {
+                "stale"
+            } else if seen > ACTIVE_NS {
+                "idle"
+            } else {
+                "under its share"
+            };
+            Some(Member {
+                container: format!("{id:016x}"),
+                limit: m.limit.load(Relaxed),
+                last_launch_ms_ago: ms(seen),
+                wanted_ms_ago: wanted.map(ms),
+                state,
+                turn_ms: turn.map(|p| [ms(p.start), ms(p.start + p.len)]),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.container.cmp(&b.container));
+    out
+}
+
+/// CLOCK_MONOTONIC now, ns: the clock the hook stamps the tables with.
+fn monotonic_ns() -> anyhow::Result<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    anyhow::ensure!(
+        rc == 0,
+        "clock_gettime: {}",
+        std::io::Error::last_os_error()
+    );
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// The table files to read: `path` itself, or the `vgpu-sm-*` files in it.
+fn table_paths(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut v: Vec<PathBuf> = std::fs::read_dir(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("vgpu-sm-"))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Runs `vgpu turns`.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let paths = table_paths(&args.path)?;
+    let mut out = Output {
+        tables: Vec::new(),
+        errors: Vec::new(),
+    };
+    for p in &paths {
+        match NodeView::open(p) {
+            Ok(v) => out.tables.push(Table {
+                path: p.clone(),
+                frame_ms: ms(FRAME_NS),
+                members: members(v.table(), monotonic_ns()?),
+            }),
+            Err(e) => out.errors.push(ReadError {
+                path: p.clone(),
+                error: e.to_string(),
+            }),
+        }
+    }
+    let stdout = std::io::stdout();
+    let mut w = stdout.lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut w, &out).context("writing JSON")?;
+        writeln!(w)?;
+    } else {
+        print(&mut w, &args.path, &out)?;
+    }
+    Ok(if out.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn print(w: &mut impl std::io::Write, path: &Path, out: &Output) -> std::io::Result<()> {
+    if out.tables.is_empty() && out.errors.is_empty() {
+        writeln!(
+            w,
+            "no node tables in {}: no SM-limited container there has set VGPU_SM_NODE_DIR to it",
+            path.display()
+        )?;
+    }
+    for t in &out.tables {
+        let taking = t.members.iter().filter(|m| m.turn_ms.is_some()).count();
+        writeln!(
+            w,
+            "{}: {} member(s), {taking} taking turns in a {} ms frame",
+            t.path.display(),
+            t.members.len(),
+            t.frame_ms
+        )?;
+        writeln!(
+            w,
+            "  {:<16}  {:>5}  {:>12}  {:>12}  {:<16}  turn",
+            "container", "limit", "launched", "wanted", "state"
+        )?;
+        for m in &t.members {
+            let wanted = m
+                .wanted_ms_ago
+                .map_or("never".to_owned(), |a| format!("{a:.0} ms ago"));
+            let turn = m
+                .turn_ms
+                .map_or("-".to_owned(), |[a, b]| format!("{a:.1}-{b:.1} ms"));
+            writeln!(
+                w,
+                "  {:<16}  {:>4}%  {:>12}  {:>12}  {:<16}  {turn}",
+                m.container,
+                m.limit,
+                format!("{:.0} ms ago", m.last_launch_ms_ago),
+                wanted,
+                m.state
+            )?;
+        }
+    }
+    for e in &out.errors {
+        writeln!(w, "{}: {}", e.path.display(), e.error)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn members_are_described_by_what_they_do() {
+        let t = NodeFile::default();
+        let now = 1_000 * STALE_NS;
+        let join = |id: u64, pct: u32, seen: u64, wants: Option<u64>| {
+            let m = t.join(id, now - seen).expect("room");
+            m.touch(now - seen, pct);
+            if let Some(w) = wants {
+                m.want(now - w);
+            }
+        };
+        join(0xa, 30, MS, Some(MS));
+        join(0xb, 70, 2 * MS, Some(5 * MS));
+        join(0xc, 50, 3 * MS, None);
+        join(0xd, 20, ACTIVE_NS + MS, Some(ACTIVE_NS + MS));
+        join(0xe, 10, STALE_NS + MS, None);
+        let got = members(&t, now);
+        let states: Vec<(&str, &str, Option<[f64; 2]>)> = got
+            .iter()
+            .map(|m| (&m.container[14..], m.state, m.turn_ms))
+            .collect();
+        assert_eq!(
+            states,
+            vec![
+                ("0a", "taking turns", Some([0.0, 15.0])),
+                ("0b", "taking turns", Some([15.0, 50.0])),
+                ("0c", "under its share", None),
+                ("0d", "idle", None),
+                ("0e", "stale", None),
+            ]
+        );
+        assert_eq!(got[1].wanted_ms_ago, Some(5.0));
+        assert_eq!(got[2].wanted_ms_ago, None);
+        assert_eq!(got[1].last_launch_ms_ago, 2.0);
+
+        // Alone in wanting: its bucket limits it, no turn.
+        let t = NodeFile::default();
+        let m = t.join(0xa, now).expect("room");
+        m.touch(now, 30);
+        m.want(now);
+        assert_eq!(members(&t, now)[0].state, "wants its share");
+
+        let mut buf = Vec::new();
+        let out = Output {
+            tables: vec![Table {
+                path: "/tmp/vgpulock/vgpu-sm-GPU-1".into(),
+                frame_ms: 50.0,
+                members: got,
+            }],
+            errors: Vec::new(),
+        };
+        print(&mut buf, Path::new("/tmp/vgpulock"), &out).expect("print");
+        let text = String::from_utf8(buf).expect("utf-8");
+        assert!(
+            text.contains("5 member(s), 2 taking turns in a 50 ms frame"),
+            "{text}"
+        );
+        assert!(text.contains("15.0-50.0 ms"), "{text}");
+    }
+}
