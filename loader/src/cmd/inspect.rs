@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::Context as _;
 use vgpu_common::view::{Access, RegionFile};
 
 use crate::regions::discover::{discover, ContainerRef, Found, DEFAULT_ROOT};
@@ -100,27 +99,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }),
         }
     }
-    let stdout = std::io::stdout();
-    let mut w = stdout.lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut w, &out).context("writing JSON")?;
-        writeln!(w)?;
-    } else {
+    super::report(args.json, &out, !out.errors.is_empty(), |w, out| {
         if found.is_empty() {
             let root = args.path.as_deref().unwrap_or(&args.root);
             writeln!(w, "no region files under {}", root.display())?;
         }
         for s in &out.regions {
-            print_region(&mut w, s)?;
+            print_region(w, s)?;
         }
         for e in &out.errors {
             writeln!(w, "{}: {}", e.path.display(), e.error)?;
         }
-    }
-    Ok(if out.errors.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+        Ok(())
     })
 }
 

@@ -9,3 +9,28 @@ pub mod suspend;
 pub mod trace;
 pub mod turns;
 pub mod unlock;
+
+/// Writes a read-only command's result to stdout: `out` as pretty JSON, or
+/// `text`'s rendering of it; exit 1 when some input could not be read
+/// (`failed`).
+fn report<T: serde::Serialize>(
+    json: bool,
+    out: &T,
+    failed: bool,
+    text: impl FnOnce(&mut std::io::StdoutLock<'static>, &T) -> std::io::Result<()>,
+) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    let mut w = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut w, out).context("writing JSON")?;
+        writeln!(w)?;
+    } else {
+        text(&mut w, out)?;
+    }
+    Ok(if failed {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    })
+}

@@ -1,7 +1,6 @@
 //! `vgpu turns`: the node's tables of limited containers that take turns on
 //! a GPU (docs/sm-limit.md, "Time division between containers").
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -164,18 +163,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             }),
         }
     }
-    let stdout = std::io::stdout();
-    let mut w = stdout.lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut w, &out).context("writing JSON")?;
-        writeln!(w)?;
-    } else {
-        print(&mut w, &args.path, &out)?;
-    }
-    Ok(if out.errors.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    super::report(args.json, &out, !out.errors.is_empty(), |w, out| {
+        print(w, &args.path, out)
     })
 }
 
