@@ -130,6 +130,12 @@ fn monotonic_ns() -> anyhow::Result<u64> {
 
 /// The table files to read: `path` itself, or the `vgpu-sm-*` files in it.
 fn table_paths(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    anyhow::ensure!(
+        path.exists(),
+        "{}: no such node directory or table (the containers' VGPU_SM_NODE_DIR; \
+         HAMi mounts /tmp/vgpulock)",
+        path.display()
+    );
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]);
     }
