@@ -8,4 +8,5 @@ pub mod admin_prog;
 pub mod container;
 pub mod dist;
 pub mod hook;
+pub mod host;
 pub mod sim;
