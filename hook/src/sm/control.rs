@@ -610,7 +610,7 @@ impl<S: Sys> Controller<S> {
                 ),
                 None => vlog!(
                     crate::log::INFO,
-                    "sm dev {dev}: no other limited container active, the bucket alone limits"
+                    "sm dev {dev}: no other limited container here uses most of its share, the bucket alone limits"
                 ),
             }
         }
