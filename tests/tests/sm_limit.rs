@@ -204,17 +204,11 @@ fn two_containers(
     );
     let to = now_ns();
     let turns = node_dir.map(|d| {
-        let out = std::process::Command::new(vgpu_tests::dist::vgpu_bin())
-            .args(["turns", "--json"])
-            .arg(d)
-            .output()
-            .expect("run vgpu turns");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("vgpu turns --json")
+        let mut c = std::process::Command::new(vgpu_tests::dist::vgpu_bin());
+        c.args(["turns", "--json"]).arg(d);
+        let (ok, out, err) = vgpu_tests::hook::run(c);
+        assert!(ok, "vgpu turns: {err}");
+        serde_json::from_str(&out).expect("vgpu turns --json")
     });
     let switches =
         simgpu::timeline::owner_switches(gpu.shm(), 0, from, to) as f64 * 1e9 / (to - from) as f64;
@@ -222,12 +216,11 @@ fn two_containers(
         "{name}: containers at 30 / 70: {:.1}% / {:.1}%, {switches:.0} switches/s",
         s[0], s[1]
     );
-    if (s[0] - 30.0).abs() > TOLERANCE || (s[1] - 70.0).abs() > TOLERANCE {
-        return Err(format!(
-            "{name}: containers at 30 / 70: {:.1}% / {:.1}%",
-            s[0], s[1]
-        ));
-    }
+    near(&format!("{name}: the 30 % container"), s[0], 30.0).and(near(
+        &format!("{name}: the 70 % container"),
+        s[1],
+        70.0,
+    ))?;
     Ok((s, switches, turns))
 }
 
@@ -313,17 +306,12 @@ fn runtime_change() -> Result<(), String> {
     std::thread::sleep(Duration::from_millis(500));
     let before = device_share(&gpu, Duration::from_secs(1));
     // The operator's way: `vgpu set-sm-limit` on the running container's region.
-    let set = std::process::Command::new(vgpu_tests::dist::vgpu_bin())
-        .args(["set-sm-limit", "--device", "0"])
+    let mut set = std::process::Command::new(vgpu_tests::dist::vgpu_bin());
+    set.args(["set-sm-limit", "--device", "0"])
         .arg(env.region_path())
-        .arg("20")
-        .output()
-        .expect("run vgpu set-sm-limit");
-    assert!(
-        set.status.success(),
-        "{}",
-        String::from_utf8_lossy(&set.stderr)
-    );
+        .arg("20");
+    let (ok, _, err) = vgpu_tests::hook::run(set);
+    assert!(ok, "vgpu set-sm-limit: {err}");
     std::thread::sleep(Duration::from_millis(500));
     let after = device_share(&gpu, Duration::from_millis(1500));
     eprintln!("limit 80 then 20: {before:.1}% then {after:.1}% (0.5-2 s after the change)");

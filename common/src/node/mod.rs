@@ -101,7 +101,7 @@ impl NodeFile {
         }
         for m in &self.members {
             let owner = m.owner.load(Acquire);
-            let free = owner == 0 || now.saturating_sub(m.seen.load(Relaxed)) > STALE_NS;
+            let free = owner == 0 || m.is_stale(now);
             if !free {
                 continue;
             }
@@ -125,8 +125,7 @@ impl NodeFile {
             .iter()
             .filter_map(|m| {
                 let owner = m.owner.load(Acquire);
-                let wants = m.wants.load(Relaxed);
-                (owner != 0 && wants != 0 && now.saturating_sub(wants) <= active_ns)
+                (owner != 0 && m.wanted_within(now, active_ns))
                     .then(|| (owner, m.limit.load(Relaxed)))
             })
             .collect()
@@ -146,6 +145,18 @@ impl Member {
     /// Marks the container as using most of its share at `now`.
     pub fn want(&self, now: u64) {
         self.wants.fetch_max(now, Relaxed);
+    }
+
+    /// Whether the container wanted its share within `ns` before `now`.
+    pub fn wanted_within(&self, now: u64, ns: u64) -> bool {
+        let wants = self.wants.load(Relaxed);
+        wants != 0 && now.saturating_sub(wants) <= ns
+    }
+
+    /// Whether the container has not launched for `STALE_NS`: another may
+    /// take its member.
+    pub fn is_stale(&self, now: u64) -> bool {
+        now.saturating_sub(self.seen.load(Relaxed)) > STALE_NS
     }
 }
 

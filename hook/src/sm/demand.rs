@@ -16,8 +16,8 @@
 //! device passed between contexts every few ms, and a container held back
 //! by time-slicing is under its limit while it still wants more.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use vgpu_common::region::MAX_DEVICES;
 
@@ -37,15 +37,15 @@ pub const WANT_FRACTION: f64 = 0.7;
 pub struct Demand {
     since: [AtomicU64; MAX_DEVICES],
     charged: [AtomicU64; MAX_DEVICES],
-    wants: [std::sync::atomic::AtomicBool; MAX_DEVICES],
+    wants: [AtomicBool; MAX_DEVICES],
 }
 
 impl Demand {
     /// Whether the container wanted its `share` (0–1) of `dev` in the last
     /// whole window, given its charges counter `charged` (wrapping; settled
-    /// guesses may subtract) and the device time per ns charged at `now`. Called by one thread at a
-    /// time (the re-plan); another thread's call is harmless but may cut a
-    /// window short.
+    /// guesses may subtract) and the device time per ns charged at `now`.
+    /// Called by one thread at a time (the re-plan); another thread's call
+    /// is harmless but may cut a window short.
     pub fn observe(
         &self,
         dev: usize,

@@ -743,11 +743,8 @@ fn limited_containers_on_one_gpu_take_turns() {
         busy(m, f.now())
     });
     assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
-    let inside = |(a, e): (u64, u64)| {
-        let ws = (a - p.start) / phase::FRAME_NS * phase::FRAME_NS + p.start;
-        // The last kernel of a turn may overrun it by half its time.
-        a >= ws && e <= ws + p.len + 500_000
-    };
+    // The last kernel of a turn may overrun it by half its time.
+    let inside = |(a, e): (u64, u64)| phase::into_turn(p, a) + (e - a) <= p.len + 500_000;
     let g = c.sys.gpu.lock().unwrap().intervals.clone();
     // The first kernels run before the plan is read (the first launch
     // reads it) and while the cost is a guess.
@@ -831,10 +828,7 @@ fn short_charges_are_corrected_by_measuring_the_turns() {
     let spill = g
         .iter()
         .filter(|i| i.0 > start + 2 * SEC)
-        .filter(|&&(a, e)| {
-            let ws = (a - p.start) / phase::FRAME_NS * phase::FRAME_NS + p.start;
-            e > ws + p.len + 250_000
-        })
+        .filter(|&&(a, e)| phase::into_turn(p, a) + (e - a) > p.len + 250_000)
         .count();
     assert_eq!(spill, 0, "kernels running past the turn");
 }
@@ -864,10 +858,7 @@ fn containers_that_use_little_of_their_share_do_not_take_turns() {
         .collect();
     let outside = late
         .iter()
-        .filter(|&&a| {
-            let ws = (a - p.start) / phase::FRAME_NS * phase::FRAME_NS + p.start;
-            a >= ws + p.len
-        })
+        .filter(|&&a| phase::into_turn(p, a) >= p.len)
         .count();
     // Spread over the frame, 70 % start outside the 15 ms turn; held to
     // turns, none would.

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 use anyhow::Context as _;
-use vgpu_common::node::{self, NodeFile, NodeView, ACTIVE_NS, FRAME_NS, STALE_NS};
+use vgpu_common::node::{self, NodeFile, NodeView, ACTIVE_NS, FRAME_NS};
 use vgpu_common::paths::VGPULOCK_DIR;
 
 /// Show which SM-limited containers take turns on each GPU, and their turns.
@@ -89,9 +89,9 @@ fn members(t: &NodeFile, now: u64) -> Vec<Member> {
             let turn = node::plan(&wanting, id);
             let state = if turn.is_some() {
                 "taking turns"
-            } else if wanted.is_some_and(|w| w <= ACTIVE_NS) {
+            } else if m.wanted_within(now, ACTIVE_NS) {
                 "wants its share"
-            } else if seen > STALE_NS {
+            } else if m.is_stale(now) {
                 "stale"
             } else if seen > ACTIVE_NS {
                 "idle"
@@ -223,6 +223,7 @@ fn print(w: &mut impl std::io::Write, path: &Path, out: &Output) -> std::io::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vgpu_common::node::STALE_NS;
 
     const MS: u64 = 1_000_000;
 
