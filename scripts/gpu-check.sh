@@ -360,6 +360,8 @@ phase_mixed() {
             for w in matmul tiny; do
                 grep 'of unlimited' "$W/mixed-$w.txt" || tail -n 3 "$W/mixed-$w.txt"
                 grep -c 'taking turns' "$W/mixed-$w.log" | sed "s/^/  $w: 'taking turns' log lines: /"
+                grep 'sm feedback' "$W/mixed-$w.log" | tail -n "${MIXED_LOG_LINES:-0}"
+                grep 'share over' "$W/mixed-$w.log" | head -n "${MIXED_LOG_LINES:-0}"
             done
         done
     done
@@ -369,7 +371,7 @@ phase_mixed() {
 mixed_one() {
     LD_PRELOAD="$1" CUDA_DEVICE_SM_LIMIT=$4 GPU_CORE_UTILIZATION_POLICY=force \
         CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/mixed.XXXX")/$4.cache" \
-        VGPU_SM_NODE_DIR="$2" LIBCUDA_LOG_LEVEL=3 \
+        VGPU_SM_NODE_DIR="$2" LIBCUDA_LOG_LEVEL=4 \
         python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads "$3" --seconds 20 --no-smi \
         --baseline "$W/base.json" >"$W/mixed-$3.txt" 2>"$W/mixed-$3.log" &
 }

@@ -618,16 +618,17 @@ impl<S: Sys> Controller<S> {
     }
 
     /// Whether the container used most of its share of `dev` lately: of its
-    /// turn while taking turns (its charges scaled by what its turns were
-    /// measured to take), else of its limit `pct`.
+    /// turn while taking turns, else of its limit `pct`. Taking turns, the
+    /// turns' measure is per ns charged (gain included). On the bucket, a
+    /// gain under 1 is trusted (the charges overstate the kernels: a
+    /// launch-bound tiny kernel's timing is twice its GPU time) and one
+    /// over 1 is not (NVML over-attributes a shared device: a 30 % matmul
+    /// container's gain rose to 1.2 beside a 70 % one on an H100).
     fn wants_share(&self, dev: usize, now: u64, pct: u32) -> bool {
         let b = &self.sys.buckets().devs[dev];
         let (share, per_charged) = match phase::decode(self.plans[dev].load(Relaxed)) {
-            Some(p) => (
-                p.len as f64 / phase::FRAME_NS as f64,
-                self.turns.scale(dev) / b.gain(),
-            ),
-            None => (f64::from(pct) / 100.0, 1.0 / b.gain()),
+            Some(p) => (p.len as f64 / phase::FRAME_NS as f64, self.turns.scale(dev)),
+            None => (f64::from(pct) / 100.0, 1.0 / b.gain().max(1.0)),
         };
         let charged = b.charged_ns.load(Relaxed);
         self.demand.observe(dev, now, charged, per_charged, share)

@@ -10,11 +10,12 @@
 //! little when one side is mostly idle.
 //!
 //! The measure is the container's charges (its processes' summed kernel
-//! time estimates, `DevBucket::charged_ns`, divided by the gain that
-//! scaled them, and while taking turns times what the turns were measured
-//! to take per ns charged) over a window. It is not NVML's: NVML cannot split a
-//! device passed between contexts every few ms, and a container held back
-//! by time-slicing is under its limit while it still wants more.
+//! time estimates, `DevBucket::charged_ns`) over a window: while taking
+//! turns times what the turns were measured to take per ns charged, else
+//! with a gain over 1 taken back out (`Controller::wants_share`). It is not
+//! NVML's: NVML cannot split a device passed between contexts every few
+//! ms, and a container held back by time-slicing is under its limit while
+//! it still wants more.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -66,7 +67,20 @@ impl Demand {
         let used = charged.wrapping_sub(self.charged[dev].load(Relaxed)) as i64;
         let used = used.max(0) as f64 * per_charged;
         let wants = used >= WANT_FRACTION * share * span as f64;
-        self.wants[dev].store(wants, Relaxed);
+        if self.wants[dev].swap(wants, Relaxed) != wants {
+            vlog!(
+                crate::log::DEBUG,
+                "sm dev {dev}: used {:.0} % of its {:.0} % share over {} ms: {}",
+                used * 100.0 / (share * span as f64),
+                share * 100.0,
+                span / 1_000_000,
+                if wants {
+                    "wants it"
+                } else {
+                    "does not want it"
+                }
+            );
+        }
         self.restart(dev, now, charged);
         wants
     }

@@ -894,6 +894,53 @@ fn containers_that_use_little_of_their_share_do_not_take_turns() {
     assert_eq!(c.turn(0), None, "no turns");
 }
 
+/// A launch-bound container whose kernels' timings read twice their GPU
+/// time (a tiny kernel timed across its launch gap) charges 70 % while its
+/// kernels keep the device 35 % busy. Once the gain has learnt that, it
+/// does not want its 70 % share, and a busy neighbour does not hold it to
+/// turns. Its raw charges would say it wants it.
+#[test]
+fn charges_that_overstate_the_kernels_do_not_claim_turns() {
+    let (f, node) = on_node(nvml_on(
+        Fake::new(70, policy::DEFAULT),
+        200,
+        NVML_PID as i32,
+    ));
+    let c = Controller::new(f);
+    let m = neighbour(node, c.sys.now(), 70);
+    let w = Work {
+        key: kernel(1),
+        stream: 0,
+    };
+    // 1 ms kernels every 2.86 ms: 35 % of the device. The neighbour
+    // launches but does not want its share yet, so the gain learns.
+    let start = c.sys.now();
+    while c.sys.now() < start + 4 * SEC {
+        m.touch(c.sys.now(), 70);
+        launch_once(&c, &w, 1_000_000, 2_860_000);
+    }
+    let g = c.gain(0);
+    assert!((0.45..0.56).contains(&g), "gain {g:.3}");
+    assert_eq!(c.turn(0), None, "no turns");
+    // Now the neighbour is busy too: ours stays off the turns, its
+    // launches never held.
+    let t0 = c.sys.now();
+    let mut held = 0;
+    while c.sys.now() < t0 + 2 * SEC {
+        busy(m, c.sys.now());
+        let before = c.sys.now();
+        launch_once(&c, &w, 1_000_000, 0);
+        if c.sys.now() - before > 500_000 {
+            held += 1;
+        }
+        c.sys.advance(2_860_000);
+        assert_eq!(c.turn(0), None, "took turns");
+    }
+    assert_eq!(held, 0, "launches held");
+    let s = busy_share(&c.sys, t0, c.sys.now());
+    assert!((s - 35.0).abs() < 2.0, "{s:.1}%");
+}
+
 /// Two containers both using most of their shares take turns; when the
 /// neighbour's use drops (it stops wanting), the turns end within
 /// `ACTIVE_NS` and a re-plan.
