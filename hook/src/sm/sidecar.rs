@@ -170,8 +170,9 @@ pub fn init_or_check(s: &SmShared) -> Result<(), (u64, u32)> {
     h.stamp_or_check(MAGIC, VERSION, SIZE, MIN_VERSION..=VERSION)
 }
 
-/// The container's sidecar for the hook's own shared values (context
-/// sizes), mapped once; `None` when it cannot be used (logged once).
+/// The container's sidecar (buckets, gains, context sizes), mapped once
+/// per process for the limiter and the memory hooks alike; `None` when it
+/// cannot be used (logged once).
 pub fn shared() -> Option<&'static SmShared> {
     static S: std::sync::OnceLock<Option<&'static SmShared>> = std::sync::OnceLock::new();
     *S.get_or_init(|| {

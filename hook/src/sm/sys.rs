@@ -301,17 +301,13 @@ impl Sys for Real {
 
     fn buckets(&self) -> &'static SmShared {
         self.buckets.get_or_init(|| {
-            let path = sidecar::path_for(&crate::state::config().region_path);
-            match sidecar::open(&path) {
-                Ok(s) => s,
-                Err(e) => {
-                    vlog!(
-                        crate::log::ERROR,
-                        "{e}; the SM limit holds per process, not per container"
-                    );
-                    sidecar::private()
-                }
-            }
+            sidecar::shared().unwrap_or_else(|| {
+                vlog!(
+                    crate::log::ERROR,
+                    "the SM limit holds per process, not per container (the sidecar above cannot be used)"
+                );
+                sidecar::private()
+            })
         })
     }
 
