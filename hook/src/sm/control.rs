@@ -168,6 +168,8 @@ pub struct Controller<S: Sys> {
     turns: turns::Meter,
     /// Whether the container uses most of its share, per device.
     demand: demand::Demand,
+    /// The bucket's depth, from how late this host wakes.
+    depth: bucket::Depth,
 }
 
 impl<S: Sys> Controller<S> {
@@ -196,6 +198,7 @@ impl<S: Sys> Controller<S> {
             turn_report: Mutex::new([(0, 0); MAX_DEVICES]),
             turns: turns::Meter::default(),
             demand: demand::Demand::default(),
+            depth: bucket::Depth::default(),
         }
     }
 
@@ -301,7 +304,7 @@ impl<S: Sys> Controller<S> {
                     }
                     a
                 }
-                None => bucket::try_admit(&b.tat, now, billed, pct),
+                None => bucket::try_admit(&b.tat, now, billed, pct, self.depth.get()),
             };
             match admitted {
                 Admit::Go => {
@@ -324,9 +327,10 @@ impl<S: Sys> Controller<S> {
                 }
                 Admit::WaitUntil(t) => {
                     slept = true;
-                    self.sys
-                        .sleep_until(t.min(now.saturating_add(MAX_SLEEP_NS)));
+                    let t = t.min(now.saturating_add(MAX_SLEEP_NS));
+                    self.sys.sleep_until(t);
                     now = self.sys.now();
+                    self.depth.observe(now.saturating_sub(t));
                     if now >= self.next_refresh.load(Relaxed) {
                         self.refresh(now);
                     }
@@ -367,7 +371,13 @@ impl<S: Sys> Controller<S> {
         if t.pct > 0 {
             let b = &self.sys.buckets().devs[t.dev];
             b.charged_ns.fetch_sub(t.billed_ns, Relaxed);
-            bucket::adjust(&b.tat, self.sys.now(), -(t.billed_ns as i64), t.pct);
+            bucket::adjust(
+                &b.tat,
+                self.sys.now(),
+                -(t.billed_ns as i64),
+                t.pct,
+                self.depth.get(),
+            );
         }
     }
 
@@ -414,7 +424,7 @@ impl<S: Sys> Controller<S> {
             let owed = (owed as f64 * b.gain()) as i64;
             // Two's complement: adding a negative amount subtracts it.
             b.charged_ns.fetch_add(owed as u64, Relaxed);
-            bucket::adjust(&b.tat, self.sys.now(), owed, pct);
+            bucket::adjust(&b.tat, self.sys.now(), owed, pct, self.depth.get());
             if self.plans[dev].load(Relaxed) != 0 {
                 // Taking turns: the queue drains that much later (or
                 // sooner), so the turn's remaining room is that much less.
@@ -522,12 +532,13 @@ impl<S: Sys> Controller<S> {
         let g = feedback::step(b.gain(), pct, r);
         vlog!(
             crate::log::DEBUG,
-            "sm feedback dev {dev}: limit {pct}, {} {:.1} ({} samples), charged {:.1}, gain {:.3} -> {g:.3} (NVML {nvml_us} us)",
+            "sm feedback dev {dev}: limit {pct}, {} {:.1} ({} samples), charged {:.1}, gain {:.3} -> {g:.3} (NVML {nvml_us} us, bucket depth {:.1} ms)",
             if shared { "attributed" } else { "device" },
             r.measured,
             samples.len(),
             r.charged,
-            b.gain()
+            b.gain(),
+            self.depth.get() as f64 / 1e6
         );
         b.gain.store(feedback::encode(g), Relaxed);
     }
