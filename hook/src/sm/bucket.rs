@@ -3,10 +3,10 @@
 //! It is a GCRA ("virtual scheduling"): `tat` is the CLOCK_MONOTONIC instant
 //! at which everything the container was admitted so far has been paid for
 //! at `limit %` of wall time. The bucket's level at `now` is
-//! `(now - tat) × limit %`, capped at `DEPTH × limit %`. A launch is admitted
-//! while the level is non-negative (`tat <= now`, give or take `LEAD_NS`)
-//! and then costs its
-//! standalone GPU time: `tat = max(tat, now - DEPTH) + cost × 100 / limit`.
+//! `(now - tat) × limit %`, capped at `depth × limit %` (`Depth`: 4 ms on a
+//! host that wakes on time). A launch is admitted while the level is
+//! non-negative (`tat <= now`, give or take `LEAD_NS`) and then costs its
+//! standalone GPU time: `tat = max(tat, now - depth) + cost × 100 / limit`.
 //! So the bucket may go negative by one launch, and the next one waits
 //! until it is paid back. One CAS per admitted launch, no lock; processes of
 //! the container share the word through the sidecar file.
