@@ -394,6 +394,12 @@ fn sixteen_containers_get_host_pids_within_a_second() {
             sample(&m, "hami_vgpu_memory_limit_bytes", &labels),
             Some((2u64 << 30) as f64)
         );
+        // No SM limit set: the whole GPU.
+        assert_eq!(
+            sample(&m, "vgpu_sm_limit_percent", &labels),
+            Some(100.0),
+            "c{i}\n{m}"
+        );
         assert!(
             m.contains(&format!("cgroup=\"{}\"", cgroup.rel())),
             "c{i}: no series with cgroup {}",

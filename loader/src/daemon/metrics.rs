@@ -30,6 +30,8 @@ pub struct RegionDevice {
     pub module: u64,
     pub data: u64,
     pub sm_util: u64,
+    /// The region's `sm_limit` (0 or 100: none).
+    pub sm_limit: u64,
 }
 
 /// One region (one container).
@@ -96,6 +98,15 @@ fn identity_labels(id: &Identity) -> Labels {
 
 type GaugeF = Gauge<f64, AtomicU64>;
 
+/// A region's `sm_limit` as the share it allows: 0 (unset), 100 and more
+/// all mean no limit.
+fn sm_limit_percent(raw: u64) -> i64 {
+    match raw {
+        1..=99 => raw as i64,
+        _ => 100,
+    }
+}
+
 /// Renders the snapshot and the counters as Prometheus (OpenMetrics) text.
 pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let mut reg = Registry::default();
@@ -109,6 +120,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let vctx = Family::<Labels, Gauge>::default();
     let vmod = Family::<Labels, Gauge>::default();
     let vbuf = Family::<Labels, Gauge>::default();
+    let smlimit = Family::<Labels, Gauge>::default();
     for r in &s.regions {
         for d in &r.devices {
             let l = with(
@@ -125,6 +137,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
             vmod.get_or_create(&l).set(d.module as i64);
             vbuf.get_or_create(&l).set(d.data as i64);
             cutil.get_or_create(&l).set(d.sm_util as f64);
+            smlimit.get_or_create(&l).set(sm_limit_percent(d.sm_limit));
             if r.last_kernel_time > 0 {
                 let ago = s.now_unix.saturating_sub(r.last_kernel_time);
                 clast.get_or_create(&l).set(ago as f64);
@@ -170,6 +183,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "hami_vgpu_memory_buffer_bytes",
         "Data (buffer) memory of the container",
         vbuf,
+    );
+    hami.register(
+        "vgpu_sm_limit_percent",
+        "SM (compute) limit of the container, percent of the GPU's time (100 = none)",
+        smlimit,
     );
 
     let hused = Family::<Labels, Gauge>::default();
@@ -276,6 +294,7 @@ mod tests {
                     total: 600,
                     context: 500,
                     data: 100,
+                    sm_limit: 30,
                     ..RegionDevice::default()
                 }],
                 last_kernel_time: 90,
@@ -289,10 +308,20 @@ mod tests {
             r#"hami_vgpu_memory_limit_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 1073741824"#,
             r#"hami_vgpu_memory_context_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 500"#,
             r#"hami_container_last_kernel_elapsed_seconds{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 10.0"#,
+            r#"vgpu_sm_limit_percent{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 30"#,
             "vgpu_hostpid_fills_total 3",
             r#"vgpu_findings{kind="untracked_allocation"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
+    }
+
+    #[test]
+    fn an_unset_or_full_sm_limit_reads_as_none() {
+        assert_eq!(sm_limit_percent(0), 100);
+        assert_eq!(sm_limit_percent(1), 1);
+        assert_eq!(sm_limit_percent(99), 99);
+        assert_eq!(sm_limit_percent(100), 100);
+        assert_eq!(sm_limit_percent(250), 100);
     }
 }

@@ -526,6 +526,7 @@ pub fn region_devices(region: &vgpu_common::region::SharedRegion) -> Vec<RegionD
                     .take(40)
                     .collect(),
                 limit: region.limit[d].load(SeqCst),
+                sm_limit: region.sm_limit[d].load(SeqCst),
                 ..RegionDevice::default()
             }
         })
