@@ -11,7 +11,8 @@
  *       succeed again, and free memory must come back to F. Prints PASS/FAIL.
  *   hook_mem ipc_export <bytes>   allocate, print the IPC handle as hex, wait for stdin EOF
  *   hook_mem stress <seconds>     context, "ready", wait for a stdin line, then
- *                                 random alloc/free; prints "ok <n> oom <m>"
+ *                                 random alloc/free; prints "ok <n> oom <m>" and
+ *                                 exits at the next stdin line or EOF
  *   hook_mem hold <bytes>         context + allocation, "held", wait for stdin EOF
  *   hook_mem loop                 alloc/free forever (to be killed)
  *   hook_mem fill                 context + allocate everything cuMemGetInfo says is free
@@ -331,6 +332,9 @@ static int stress(double seconds) {
         }
     }
     printf("ok %ld oom %ld\n", ok, oom);
+    fflush(stdout);
+    /* Hold everything until told: the caller decides when exits happen. */
+    (void)fgets(line, sizeof line, stdin);
     return 0;
 }
 
