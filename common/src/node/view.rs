@@ -40,17 +40,12 @@ pub struct NodeView {
 impl NodeView {
     /// Maps the table at `path` read-only and checks its header.
     pub fn open(path: &Path) -> Result<Self, ReadError> {
-        let file = File::open(path).map_err(|source| ReadError::Open {
+        let open_err = |source| ReadError::Open {
             path: path.to_owned(),
             source,
-        })?;
-        let size = file
-            .metadata()
-            .map_err(|source| ReadError::Open {
-                path: path.to_owned(),
-                source,
-            })?
-            .len();
+        };
+        let file = File::open(path).map_err(open_err)?;
+        let size = file.metadata().map_err(open_err)?.len();
         if size < SIZE as u64 {
             return Err(ReadError::Short {
                 path: path.to_owned(),

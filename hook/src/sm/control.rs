@@ -637,7 +637,7 @@ impl<S: Sys> Controller<S> {
     /// container's gain rose to 1.2 beside a 70 % one on an H100).
     fn wants_share(&self, dev: usize, now: u64, pct: u32) -> bool {
         let b = &self.sys.buckets().devs[dev];
-        let (share, per_charged) = match phase::decode(self.plans[dev].load(Relaxed)) {
+        let (share, per_charged) = match self.turn(dev) {
             Some(p) => (p.len as f64 / phase::FRAME_NS as f64, self.turns.scale(dev)),
             None => (f64::from(pct) / 100.0, 1.0 / b.gain().max(1.0)),
         };

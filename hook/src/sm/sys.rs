@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::OnceLock;
 
+use vgpu_common::clock::clock_ns;
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use super::node::{self, NodeFile};
@@ -145,19 +146,6 @@ fn util_now(h: nvmlDevice_t) -> Option<f64> {
     (unsafe { call(h, &mut u) } == NVML_SUCCESS).then(|| f64::from(u.gpu.min(100)))
 }
 
-fn clock(id: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; clock_gettime goes through the
-    // vDSO for these clocks (no syscall).
-    unsafe { libc::clock_gettime(id, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 thread_local! {
     /// The last (context, device) this thread launched on.
     static CTX_DEV: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
@@ -188,15 +176,15 @@ impl Real {
 
 impl Sys for Real {
     fn now(&self) -> u64 {
-        clock(libc::CLOCK_MONOTONIC)
+        clock_ns(libc::CLOCK_MONOTONIC)
     }
 
     fn coarse(&self) -> u64 {
-        clock(libc::CLOCK_MONOTONIC_COARSE)
+        clock_ns(libc::CLOCK_MONOTONIC_COARSE)
     }
 
     fn unix_secs(&self) -> u64 {
-        clock(libc::CLOCK_REALTIME) / 1_000_000_000
+        clock_ns(libc::CLOCK_REALTIME) / 1_000_000_000
     }
 
     fn sleep_until(&self, t: u64) {
@@ -312,7 +300,7 @@ impl Sys for Real {
     }
 
     fn unix_us(&self) -> u64 {
-        clock(libc::CLOCK_REALTIME) / 1_000
+        clock_ns(libc::CLOCK_REALTIME) / 1_000
     }
 
     fn proc_util(&self, dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {

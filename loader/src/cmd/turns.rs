@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 use anyhow::Context as _;
+use vgpu_common::clock;
 use vgpu_common::node::{self, NodeFile, NodeView, ACTIVE_NS, FRAME_NS};
 use vgpu_common::paths::VGPULOCK_DIR;
 
@@ -112,22 +113,6 @@ fn members(t: &NodeFile, now: u64) -> Vec<Member> {
     out
 }
 
-/// CLOCK_MONOTONIC now, ns: the clock the hook stamps the tables with.
-fn monotonic_ns() -> anyhow::Result<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    anyhow::ensure!(
-        rc == 0,
-        "clock_gettime: {}",
-        std::io::Error::last_os_error()
-    );
-    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
 /// The table files to read: `path` itself, or the `vgpu-sm-*` files in it.
 fn table_paths(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
     anyhow::ensure!(
@@ -161,7 +146,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(v) => out.tables.push(Table {
                 path: p.clone(),
                 frame_ms: ms(FRAME_NS),
-                members: members(v.table(), monotonic_ns()?),
+                members: members(v.table(), clock::monotonic_ns()),
             }),
             Err(e) => out.errors.push(ReadError {
                 path: p.clone(),
