@@ -98,8 +98,8 @@ bench_launch_configs() {
     for c in "$@"; do
         l=$(median <"$W/launch-$c")
         a=$(median <"$W/alloc-$c")
-        awk -v c="$c" -v l="$l" -v a="$a" -v bl="$base_l" -v ba="$base_a" \
-            'BEGIN {printf "| %s | %.0f | %.3f | %.0f | %.3f |\n", c, l, l / bl, a, a / ba}'
+        awk -v c="$c" -v l="$l" -v a="$a" -v bl="$base_l" -v b_a="$base_a" \
+            'BEGIN {printf "| %s | %.0f | %.3f | %.0f | %.3f |\n", c, l, l / bl, a, a / b_a}'
     done
 }
 

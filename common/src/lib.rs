@@ -12,6 +12,8 @@ pub mod paths;
 pub mod region;
 
 #[cfg(feature = "std")]
+pub mod abi;
+#[cfg(feature = "std")]
 pub mod clock;
 #[cfg(feature = "std")]
 pub mod limit;

@@ -1,14 +1,30 @@
-//! `cargo xtask lint`: rustfmt and clippy `-D warnings`, in two passes as the
-//! eBPF crate needs its own target and toolchain (style.md practice 11).
+//! `cargo xtask lint`: every gate that needs no test machine.
+//!
+//! - rustfmt, and clippy `-D warnings` in two passes (the eBPF crate needs
+//!   its own target and toolchain);
+//! - every workspace member opts into the workspace's `[lints]`;
+//! - `cargo deny` (offline: licenses, bans, sources; `deny.toml`);
+//! - `typos` over code and docs (`_typos.toml`);
+//! - the ABI snapshots of every cross-process layout (`cargo xtask abi`).
 
+use std::path::PathBuf;
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 
-use crate::{setup, util};
+use crate::{abi, setup, util};
 
 pub fn run() -> Result<()> {
     util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
+    lints_opt_in()?;
+    util::run(
+        Command::new("cargo")
+            .current_dir(util::root())
+            .args(["deny", "--offline", "--all-features", "check"])
+            .args(["licenses", "bans", "sources"]),
+    )?;
+    util::run(Command::new(python_script("typos")?).current_dir(util::root()))?;
+    abi::run(&abi::Args::default())?;
     // Host crates. The eBPF object is not needed to lint the loader's Rust.
     util::run(
         util::cargo()
@@ -47,4 +63,59 @@ pub fn run() -> Result<()> {
         .env("RUSTC_BOOTSTRAP", "aya_ebpf")
         .env("CARGO_TARGET_DIR", util::target_dir().join("ebpf-lint"));
     util::run(&mut ebpf)
+}
+
+/// Every member of the workspace has `[lints] workspace = true`, so the
+/// workspace's lint levels (unsafe_op_in_unsafe_fn, unwrap_used, ...) hold
+/// in each crate, a new one included.
+fn lints_opt_in() -> Result<()> {
+    let root_manifest = util::root().join("Cargo.toml");
+    let members = read_toml(&root_manifest)?
+        .get("workspace")
+        .and_then(|w| w.get("members"))
+        .and_then(|m| m.as_array())
+        .cloned()
+        .context("Cargo.toml has no [workspace] members")?;
+    let mut missing = Vec::new();
+    for m in members {
+        let Some(dir) = m.as_str() else { continue };
+        let manifest = util::root().join(dir).join("Cargo.toml");
+        let opted = read_toml(&manifest)?
+            .get("lints")
+            .and_then(|l| l.get("workspace"))
+            .and_then(|w| w.as_bool())
+            == Some(true);
+        if !opted {
+            missing.push(dir.to_owned());
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "these workspace members lack `[lints] workspace = true`: {}",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn read_toml(path: &std::path::Path) -> Result<toml::Table> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    text.parse()
+        .with_context(|| format!("{} is not valid TOML", path.display()))
+}
+
+/// A command that pip installed into Python's scripts directory (which need
+/// not be on PATH).
+fn python_script(name: &str) -> Result<PathBuf> {
+    let dir = util::output(Command::new("python3").args([
+        "-c",
+        "import sysconfig; print(sysconfig.get_path('scripts'))",
+    ]))
+    .context("python3 cannot say where its scripts are")?;
+    let path = PathBuf::from(dir).join(name);
+    if !path.exists() {
+        bail!("{} is missing: run `cargo xtask setup`", path.display());
+    }
+    Ok(path)
 }

@@ -1,5 +1,6 @@
 //! `cargo xtask <task>`: every developer and CI task, one module each.
 
+mod abi;
 mod bench;
 mod build;
 mod demo;
@@ -26,8 +27,11 @@ enum Task {
     Build(build::Args),
     /// Run every test, the root and eBPF ones included (needs root).
     Test(test::Args),
-    /// rustfmt check and clippy -D warnings on the host crates and the eBPF crate.
+    /// Every static gate: rustfmt, clippy -D warnings (host and eBPF crates),
+    /// [lints] opt-in, cargo deny, typos, the ABI snapshots.
     Lint,
+    /// Check the ABI snapshots of every cross-process layout, or rewrite them.
+    Abi(abi::Args),
     /// A sample CUDA workload under the hook while `vgpu trace` watches it.
     Demo(demo::Args),
     /// Overhead of the hook against the bare (simulated or real) driver.
@@ -42,6 +46,7 @@ fn main() -> anyhow::Result<()> {
         Task::Build(a) => build::run(&a).map(drop),
         Task::Test(a) => test::run(&a),
         Task::Lint => lint::run(),
+        Task::Abi(a) => abi::run(&a),
         Task::Demo(a) => demo::run(&a),
         Task::Bench(a) => bench::run(&a),
         Task::GpuCheck(a) => gpu_check::run(&a),

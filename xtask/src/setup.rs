@@ -26,6 +26,10 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// machine (the hook is preloaded into all of their processes).
 const ZIGLANG_VERSION: &str = "0.17.1";
 const ZIGBUILD_VERSION: &str = "0.24.1";
+/// Lint gates (`cargo xtask lint`): the spell checker, from PyPI's prebuilt
+/// wheel, and the dependency policy checker.
+const TYPOS_VERSION: &str = "1.52.0";
+const CARGO_DENY_VERSION: &str = "0.20.2";
 /// The rustup name of Debian's toolchain, used by loader/build.rs.
 pub const EBPF_TOOLCHAIN: &str = "debian-1.96";
 
@@ -142,14 +146,41 @@ fn missing_steps() -> Vec<Step> {
             env: vec![("PIP_ROOT_USER_ACTION", "ignore".into())],
         });
     }
-    let zigbuild = output(Command::new("cargo").args(["install", "--list"])).unwrap_or_default();
-    if !zigbuild.contains(&format!("cargo-zigbuild v{ZIGBUILD_VERSION}")) {
+    // `cargo install --list`: what cargo installed, for the cargo tools below.
+    let installed = output(Command::new("cargo").args(["install", "--list"])).unwrap_or_default();
+    if !installed.contains(&format!("cargo-zigbuild v{ZIGBUILD_VERSION}")) {
         steps.push(Step {
             what: format!("cargo-zigbuild {ZIGBUILD_VERSION}"),
             command: ["cargo", "install", "--locked"]
                 .iter()
                 .map(|s| s.to_string())
                 .chain([format!("cargo-zigbuild@{ZIGBUILD_VERSION}")])
+                .collect(),
+            env: vec![],
+        });
+    }
+    if output(Command::new("typos").arg("--version")).as_deref()
+        != Some(&format!("typos-cli {TYPOS_VERSION}"))
+    {
+        steps.push(Step {
+            what: format!("typos {TYPOS_VERSION} (PyPI), the spell check of `cargo xtask lint`"),
+            command: ["python3", "-m", "pip", "install", "--quiet"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([format!("typos=={TYPOS_VERSION}")])
+                .collect(),
+            env: vec![("PIP_ROOT_USER_ACTION", "ignore".into())],
+        });
+    }
+    if !installed.contains(&format!("cargo-deny v{CARGO_DENY_VERSION}")) {
+        steps.push(Step {
+            what: format!(
+                "cargo-deny {CARGO_DENY_VERSION}, the dependency policy of `cargo xtask lint`"
+            ),
+            command: ["cargo", "install", "--locked"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([format!("cargo-deny@{CARGO_DENY_VERSION}")])
                 .collect(),
             env: vec![],
         });

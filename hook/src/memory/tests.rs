@@ -188,19 +188,33 @@ fn two_processes_share_the_limit_and_never_pass_it_together() {
     let b = Arc::new(Process::new(&c, lb.pid(), 0).unwrap());
     assert_ne!(a.att.slot_index(), b.att.slot_index());
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // Each thread holds 3 MiB blocks until one is refused, then frees them
+    // all: four threads over two processes keep pushing the container
+    // against its 64 MiB.
     let threads: Vec<_> = [a.clone(), b.clone(), a.clone(), b.clone()]
         .into_iter()
         .enumerate()
         .map(|(t, p)| {
-            let peak = peak.clone();
+            let (peak, refused) = (peak.clone(), refused.clone());
             std::thread::spawn(move || {
-                for i in 0..2000u64 {
-                    let key = ((t as u64) << 32) | (i + 1);
-                    if counted(&p, &p.ptrs, 0, 3 * M, Kind::Data, || (CUDA_SUCCESS, key))
-                        == CUDA_SUCCESS
-                    {
+                let mut next = 0u64;
+                for _ in 0..200 {
+                    let mut held = Vec::new();
+                    for _ in 0..64 {
+                        next += 1;
+                        let key = ((t as u64) << 32) | next;
+                        if counted(&p, &p.ptrs, 0, 3 * M, Kind::Data, || (CUDA_SUCCESS, key))
+                            != CUDA_SUCCESS
+                        {
+                            refused.fetch_add(1, SeqCst);
+                            break;
+                        }
                         let u = usage::container_used(p.att.region(), 0);
                         peak.fetch_max(u, SeqCst);
+                        held.push(key);
+                    }
+                    for key in held {
                         uncounted(&p, &p.ptrs, key, || CUDA_SUCCESS);
                     }
                 }
@@ -210,8 +224,17 @@ fn two_processes_share_the_limit_and_never_pass_it_together() {
     for t in threads {
         t.join().unwrap();
     }
-    assert!(peak.load(SeqCst) <= 64 * M, "peak {}", peak.load(SeqCst));
+    let peak = peak.load(SeqCst);
+    assert!(peak <= 64 * M, "peak {peak}");
+    // The limit was reached, not merely respected from afar: 21 blocks of
+    // 3 MiB fit in 64 MiB.
+    assert!(
+        peak >= 63 * M,
+        "peak {peak}: the threads never reached the limit"
+    );
+    assert!(refused.load(SeqCst) > 0);
     assert_eq!(used(&a, 0), 0);
+    assert_eq!(used(&b, 0), 0);
 }
 
 #[test]

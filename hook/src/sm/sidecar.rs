@@ -200,6 +200,41 @@ pub fn private() -> &'static SmShared {
 mod tests {
     use super::*;
 
+    /// Fails when the sidecar's layout drifts from `hook/abi.snapshot`
+    /// (`cargo xtask abi --bless` rewrites it).
+    #[test]
+    fn abi_snapshot() {
+        let mut s = String::from("# cargo xtask abi --bless rewrites this file\n");
+        vgpu_common::abi_layout!(
+            &mut s,
+            DevBucket {
+                tat,
+                charged_ns,
+                throttled,
+                ctx_bytes,
+                gain,
+                lease,
+                measured_at,
+                busy_until,
+            }
+        );
+        vgpu_common::abi_layout!(
+            &mut s,
+            SmShared {
+                magic,
+                version,
+                size,
+                container,
+                reserved,
+                devs
+            }
+        );
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("abi.snapshot");
+        if let Err(e) = vgpu_common::abi::check(&path, &s) {
+            panic!("{e}");
+        }
+    }
+
     #[test]
     fn create_then_attach() {
         let dir = tempfile::tempdir().unwrap();

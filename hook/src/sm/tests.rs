@@ -40,7 +40,7 @@ struct Fake {
     sleeps: AtomicU32,
     /// Unblock the container after this many sleeps (0: never).
     unblock_after: AtomicU32,
-    /// Timings read back as this percent of the real ones (a mis-learnt
+    /// Timings read back as this percent of the real ones (a wrongly learnt
     /// cost); 100 = exact.
     skew_pct: AtomicU64,
     /// Fake NVML: per-process utilization over the last 200 ms, reported
