@@ -20,7 +20,13 @@ pub fn run() -> Result<()> {
     util::run(
         Command::new("cargo")
             .current_dir(util::root())
-            .args(["deny", "--offline", "--all-features", "check"])
+            .args([
+                "deny",
+                "--offline",
+                "--all-features",
+                "check",
+                "--hide-inclusion-graph",
+            ])
             .args(["licenses", "bans", "sources"]),
     )?;
     util::run(Command::new(python_script("typos")?).current_dir(util::root()))?;
