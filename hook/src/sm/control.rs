@@ -99,9 +99,8 @@ struct Loop {
     /// Another container's process was on the device then.
     shared: bool,
     /// The window began at a baseline: it is discarded (NVML's samples lag
-    /// a start or a limit change; an H100 read a tiny loop's first half
-    /// second at 11.5 and 16.7 % busy in two runs, later ones mostly at
-    /// 22-33 %).
+    /// a start or a limit change, so the first half second reads well below
+    /// the ones after it).
     settling: bool,
 }
 
@@ -318,8 +317,9 @@ impl<S: Sys> Controller<S> {
                     // turns, the share is the turn's length whatever the
                     // charges, and NVML's per-process split of a device
                     // passed between contexts every few ms is no measure
-                    // (an H100 gave a 30 % container 54 of 98 points): the
-                    // gain holds, and the loop re-baselines afterwards.
+                    // (it can credit one container with most of the
+                    // device): the gain holds, and the loop re-baselines
+                    // afterwards.
                     if turn.is_none() && now >= self.fb_next[dev].load(Relaxed) {
                         self.feedback(dev, now, pct);
                     }
@@ -633,8 +633,8 @@ impl<S: Sys> Controller<S> {
     /// turns' measure is per ns charged (gain included). On the bucket, a
     /// gain under 1 is trusted (the charges overstate the kernels: a
     /// launch-bound tiny kernel's timing is twice its GPU time) and one
-    /// over 1 is not (NVML over-attributes a shared device: a 30 % matmul
-    /// container's gain rose to 1.2 beside a 70 % one on an H100).
+    /// over 1 is not (NVML over-attributes a shared device, which raises
+    /// the gain of a container that is in fact charged right).
     fn wants_share(&self, dev: usize, now: u64, pct: u32) -> bool {
         let b = &self.sys.buckets().devs[dev];
         let (share, per_charged) = match self.turn(dev) {
@@ -790,7 +790,7 @@ fn shared(device: Option<&(f64, Vec<u32>)>, pids: &[u32]) -> bool {
 /// device's reading `device` and NVML's per-process `samples`. Alone on the
 /// device, that is the device's own utilization, the figure `nvidia-smi`
 /// shows and the limit is a share of; NVML's per-process SM samples read
-/// several points below it (H100, docs/sm-limit.md). Sharing the device,
+/// several points below it (docs/sm-limit.md). Sharing the device,
 /// its utilization is split by the per-process samples' proportions;
 /// without a device reading, the container's samples are taken as read.
 fn measure(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
@@ -845,9 +845,9 @@ fn take_turn(b: &DevBucket, p: Phase, now: u64, cost: u64) -> (Admit, bool) {
 /// Debug counters of the turns (`LIBCUDA_LOG_LEVEL=4` only): launches that
 /// found the container's queue empty and how far into the turn they came
 /// (ns, summed), waits for the next turn and how far into the turn the host
-/// and its queue were then. On an H100 they showed why a 70 % container
-/// fills only 87 % of its turn: its host issues matmuls more slowly than the
-/// GPU runs them (docs/benchmarks.md, sixth run).
+/// and its queue were then. They tell a turn the GPU left idle because the
+/// host issued work more slowly than the GPU ran it from one the limiter
+/// cut short.
 static TURN_STATS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
 /// `cost × gain`, exact when the gain is 1.

@@ -25,11 +25,11 @@ use vgpu_common::region::MAX_DEVICES;
 /// The window the use is measured over: several turns (a 50 ms frame), so
 /// one turn's gaps do not decide it.
 pub const WINDOW_NS: u64 = 100_000_000;
-/// Using at least this fraction of its share, a container wants it. On an
-/// H100 (docs/benchmarks.md, sixth run) the 70 % container of a 30/70 matmul
-/// pair got 56–59 % of its solo throughput time-sliced (0.81–0.85 of its
-/// share) and 69 % taking turns; for a launch-bound loop of tiny kernels,
-/// unlimited, nvidia-smi reads 26–30 % (0.4 of a 70 % share).
+/// Using at least this fraction of its share, a container wants it: a busy
+/// container reaches more than 0.8 of its share even when the GPU
+/// time-slices it with a neighbour, while a launch-bound loop of tiny
+/// kernels or a service between requests stays far below (docs/benchmarks.md,
+/// "Sixth run", has the figures this threshold sits between).
 pub const WANT_FRACTION: f64 = 0.7;
 
 /// Per device: the start of the current window, the container's charges

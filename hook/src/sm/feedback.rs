@@ -19,7 +19,7 @@ pub const PERIOD_NS: u64 = 500_000_000;
 /// not step.
 pub const MAX_GAP_NS: u64 = 2 * PERIOD_NS;
 /// The measurement window while another container shares the device. The
-/// split then comes from NVML's per-process samples, which an H100 takes
+/// split then comes from NVML's per-process samples, which the driver takes
 /// about once a second per process, each swinging ±15 points around the
 /// process's share (docs/benchmarks.md): half a second can hold a sample
 /// of one process and none of the other's, giving one all the device.
@@ -105,8 +105,8 @@ pub fn container_share(samples: &[(u32, u32)], pids: &[u32]) -> f64 {
 
 /// The container's part of the device's utilization `device`: its
 /// per-process samples over all processes' samples, times `device`. NVML's
-/// per-process figures do not add up to the device counter (on an H100 a
-/// lone matmul read 25 against 31), but their proportions attribute it.
+/// per-process figures do not add up to the device counter (a lone process
+/// reads below the device), but their proportions attribute it.
 /// `None` without any sample.
 pub fn attributed_share(samples: &[(u32, u32)], pids: &[u32], device: f64) -> Option<f64> {
     let mut all: Vec<u32> = samples.iter().map(|(p, _)| *p).collect();

@@ -3,11 +3,11 @@
 //!
 //! Two processes of two containers run in two contexts, and a GPU without
 //! MPS time-slices between contexts that both have work queued. Slicing
-//! costs device time that neither gets: on an H100 two matmul processes got
-//! 90–91 % of one's throughput together, and a container limited to 70 %
-//! beside one at 30 % got 58–59 % whatever the 30 % container's batch size
-//! (2 to 100 ms). Given exclusive turns instead (each draining its queue
-//! before the other's turn), the same pair got 28.8 % and 69.1 %.
+//! costs device time that neither gets (about a tenth of the device), and
+//! the larger share loses most of it, whatever the batch size of the
+//! smaller. Exclusive turns, each container draining its queue before the
+//! other's turn, give each its share (docs/benchmarks.md, "Sixth run", has
+//! the figures).
 //!
 //! So while two or more limited containers on a GPU each use most of their
 //! share (`demand`), each one runs only in its own phase of a common frame

@@ -6,19 +6,10 @@
 //! monitor only reads files ending in `.cache`, so it never sees this one.
 //! One bucket per device, each on its own cache line.
 //!
-//! Version 2 adds `DevBucket::ctx_bytes`, carved out of the reserved words
-//! (zero in a version-1 file, which reads as "not measured"): the CUDA
-//! context size measured exactly by one process of the container, reused by
-//! the others (`memory::context`). Version-1 files are accepted as they are.
-//!
-//! Version 3 adds the feedback loop's words (`sm::feedback`), again carved
-//! out of reserved words that read zero in older files: `gain` (0 = 1, open
-//! loop), `lease` (the loop's leader) and `measured_at`.
-//!
-//! Version 4 adds, likewise, the container's id (`SmShared::container`,
-//! its name in the node's table, `sm::node`) and `DevBucket::busy_until`
-//! (when the container's queued work drains, while it runs in turns with
-//! other containers, `sm::phase`).
+//! Each version only gives a name to words that were reserved, and so read
+//! zero, in older files; zero means "unknown" in every field. So any file
+//! from version `MIN_VERSION` on is used as it is. docs/sm-limit.md
+//! ("The sidecar file") lists what each version added.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};

@@ -509,7 +509,7 @@ fn the_loop_closes_promptly_once_host_pids_are_known() {
 
 #[test]
 fn feedback_follows_the_device_counter_when_alone() {
-    // NVML's per-process samples read 80 % of the truth (as on the H100)
+    // NVML's per-process samples read 80 % of the truth (as on real GPUs)
     // but the container is alone on the device: the device's utilization
     // is what the loop steers by, so the share stays at the limit.
     let c = closed_loop(30, 100, NVML_PID as i32);
@@ -566,8 +566,8 @@ fn on_a_shared_device_the_first_step_comes_after_one_wide_window() {
 fn a_window_that_began_shared_and_ended_alone_is_discarded() {
     // The other container exits: NVML now lists only ours, but its device
     // utilization over the (8 s) window still holds the other's busy time.
-    // Read as "alone", that was the whole device's, and an H100 pair's
-    // 70 % container stepped its gain 1.04 -> 1.32 at the other's exit.
+    // Read as "alone", that was the whole device's, and the gain would
+    // step far up at the other's exit.
     let c = shared_loop(100);
     run(&c, kernel(1), 1_000_000, 20 * SEC, 0);
     let g0 = c.gain(0);
@@ -581,9 +581,8 @@ fn a_window_that_began_shared_and_ended_alone_is_discarded() {
 
 #[test]
 fn the_first_window_after_a_baseline_is_discarded() {
-    // NVML's samples lag a start: the first half second reads low (an
-    // H100 read a tiny loop's first window at 11.5 and 16.7 % busy in two
-    // runs, its later ones mostly at 22-33 %).
+    // NVML's samples lag a start: the first half second reads low, about
+    // half of what later windows read.
     // The loop waits a window before its first step.
     let c = closed_loop(30, 100, NVML_PID as i32);
     *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);

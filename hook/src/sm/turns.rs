@@ -4,10 +4,9 @@
 //! A turn is filled by the learnt costs; if they are short, the container's
 //! work runs past its turn into the next container's, both contexts then
 //! have work queued, and the device time-slices between them: the loss the
-//! turns exist to avoid. On an H100 a matmul container's learnt costs (a
-//! window minimum) were 9 % short of what its turns really took, and the
-//! overrun cascaded (its neighbour's launches blocked in the driver for
-//! 190 µs each). A turn is exclusive, so its own GPU time can be measured
+//! turns exist to avoid. Learnt costs (a window minimum) run some percent
+//! short of what a turn really takes, and the overrun cascades: the
+//! neighbour's launches then block in the driver. A turn is exclusive, so its own GPU time can be measured
 //! exactly: an event before the turn's first launch and one after its last,
 //! against the sum of the charges admitted in between. Their ratio scales
 //! the charges while taking turns. A burst during which the queue ran dry
@@ -196,8 +195,8 @@ impl Meter {
                     let want = took as f64 / charged as f64;
                     // Outside the bounds it is no cost error but a turn
                     // that was not what it seemed: the first ones, charged
-                    // guesses (an H100 turn of 22 launches charged 14.8 ms
-                    // took 4.5), or spanning a neighbour's late start.
+                    // guesses that can be several times what they took, or
+                    // spanning a neighbour's late start.
                     if (MIN..=MAX).contains(&want) && (want / cur - 1.0).abs() > 0.01 {
                         let next = (cur * (want / cur).powf(K)).clamp(MIN, MAX);
                         d.scale.store(next.to_bits(), Relaxed);
