@@ -485,30 +485,6 @@ fn metrics_port_and_probe_paths_match_the_daemon_defaults() {
 }
 
 #[test]
-fn dockerfile_build_stage_runs_readme_commands() {
-    let root = workspace_root();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let docker = std::fs::read_to_string(root.join("deploy/Dockerfile")).unwrap();
-    let build_stage: Vec<&str> = docker
-        .split("\nFROM ")
-        .nth(1)
-        .expect("a build stage")
-        .lines()
-        .filter_map(|l| l.strip_prefix("RUN "))
-        .collect();
-    assert!(
-        build_stage.contains(&"cargo xtask build"),
-        "the build stage builds with xtask: {build_stage:?}"
-    );
-    for cmd in build_stage {
-        assert!(
-            readme.contains(cmd),
-            "Dockerfile runs {cmd:?}, which README.md does not give"
-        );
-    }
-}
-
-#[test]
 fn every_flag_the_manifests_pass_exists_in_the_binary() {
     for r in all() {
         let ds: DaemonSet = r.get("DaemonSet");
