@@ -283,10 +283,10 @@ fn assert_runs_hami(node: &mut Node, gpu: &SimGpu, exe: &Path, when: &str) {
     );
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(10), "timed out: {what}");
+        assert!(t.elapsed() < limit, "not within {limit:?}: {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -323,20 +323,27 @@ fn hami_node_loads_vgpu_survives_device_plugin_restarts_and_uninstalls_back_to_h
     assert_runs_vgpu(&mut node, &gpu, &exe, "after install-hook --hami");
 
     // The device plugin restarts: its copy-back puts HAMi's file back (a new
-    // file: the name did not exist) and the watcher moves it aside again.
+    // file: the name did not exist) and the watcher moves it aside again,
+    // woken by inotify long before its 60 s period.
     let watcher = Watcher(
-        install_hook(&node, &["--watch", "0.2"])
+        install_hook(&node, &["--watch", "60"])
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap(),
     );
+    // Let it start watching first.
+    std::thread::sleep(Duration::from_millis(500));
     node.device_plugin_start();
-    wait_until("the watcher moves the copied-back library aside", || {
-        !node.versioned().exists()
-    });
+    wait_until(
+        "the watcher moves the copied-back library aside",
+        Duration::from_secs(2),
+        || !node.versioned().exists(),
+    );
     assert_runs_vgpu(&mut node, &gpu, &exe, "after a device-plugin restart");
     node.device_plugin_start();
-    wait_until("again", || !node.versioned().exists());
+    wait_until("again", Duration::from_secs(2), || {
+        !node.versioned().exists()
+    });
     assert_runs_vgpu(&mut node, &gpu, &exe, "after a second restart");
     drop(watcher);
 

@@ -42,8 +42,10 @@ pub struct Args {
     /// its device plugin mounts vgpu's `libvgpu.so`.
     #[arg(long)]
     hami: bool,
-    /// Stay running and install again every SECS seconds (after HAMi's
-    /// device plugin restarts and copies its library back); logs each change.
+    /// Stay running and install again whenever the host directory changes
+    /// (HAMi's device plugin copying its library back when it restarts;
+    /// inotify, within milliseconds), and at least every SECS seconds;
+    /// prints each change.
     #[arg(long, value_name = "SECS")]
     watch: Option<f64>,
     /// Restore what the first install replaced (HAMi's versioned files
@@ -83,9 +85,26 @@ pub fn run(args: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
     let period = Duration::from_secs_f64(if secs.is_finite() { secs.max(0.1) } else { 2.0 });
+    let watch = match install::DirWatch::new(&args.host_dir) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(
+                "install-hook --watch: no inotify on {dir} ({e}); checking every {secs}s"
+            );
+            None
+        }
+    };
     let mut failing = false;
     loop {
-        std::thread::sleep(period);
+        match &watch {
+            Some(w) => {
+                if let Err(e) = w.wait(period) {
+                    tracing::warn!("install-hook --watch: inotify: {e}");
+                    std::thread::sleep(period);
+                }
+            }
+            None => std::thread::sleep(period),
+        }
         match install::install(&plan) {
             Ok(r) => {
                 failing = false;

@@ -17,6 +17,7 @@
 mod backup;
 mod elf;
 mod hami;
+mod watch;
 
 use std::fs;
 use std::io::Write;
@@ -24,6 +25,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 pub use elf::{running_libc, ElfError};
+pub use watch::DirWatch;
 
 /// The files vgpu manages in the host directory.
 pub const LIB_NAME: &str = "libvgpu.so";
