@@ -36,7 +36,6 @@ impl Daemon {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--state-dir")
             .arg(dir.join("state"))
-            .arg("--no-nvml")
             .args(extra)
             .envs(gpu.envs())
             .stdout(Stdio::null())
@@ -200,6 +199,8 @@ fn every_hami_series_carries_hamis_labels_with_the_pods_names() {
             root.to_str().unwrap(),
             "--pods-log-dir",
             logs.to_str().unwrap(),
+            "--node-name",
+            "gpu-node-1",
         ],
     );
     let t = Instant::now();
@@ -220,11 +221,16 @@ fn every_hami_series_carries_hamis_labels_with_the_pods_names() {
     };
 
     let mut per_pod = [0usize; 2];
+    let mut host = 0;
     for line in text.lines().filter(|l| l.starts_with("hami_")) {
         let Some((name, labels)) = parse_sample(line) else {
             panic!("unlabelled HAMi series: {line}");
         };
         if name.starts_with("hami_host_") {
+            // HAMi's host labels, the simulated GPU's NVML behind them.
+            assert!(labels.contains(&("node", "gpu-node-1")), "{line}");
+            assert!(labels.contains(&("device_uuid", uuid.as_str())), "{line}");
+            host += 1;
             continue;
         }
         let get = |k: &str| {
@@ -253,6 +259,7 @@ fn every_hami_series_carries_hamis_labels_with_the_pods_names() {
     for n in per_pod {
         assert!(n >= 7, "{per_pod:?}\n{text}");
     }
+    assert!(host >= 1, "no host GPU series:\n{text}");
     d.stop();
 }
 
@@ -261,7 +268,7 @@ fn logs_have_no_escape_codes_in_a_file_and_are_json_on_request() {
     let gpu = SimGpu::new();
     let dir = fixture();
     let missing = dir.path().join("no-such-pods-dir");
-    let args = ["--pods-log-dir", missing.to_str().unwrap()];
+    let args = ["--pods-log-dir", missing.to_str().unwrap(), "--no-nvml"];
     let text = Daemon::start(dir.path(), &gpu, &args).stop();
     assert!(
         text.split(|b| *b == b'\n').count() > 3,
