@@ -333,11 +333,24 @@ fn hami_node_loads_vgpu_survives_device_plugin_restarts_and_uninstalls_back_to_h
     );
     // Let it start watching first.
     std::thread::sleep(Duration::from_millis(500));
+    let ours = std::fs::metadata(node.vgpu_dir.join("libvgpu.so")).unwrap();
     node.device_plugin_start();
     wait_until(
         "the watcher moves the copied-back library aside",
         Duration::from_secs(2),
         || !node.versioned().exists(),
+    );
+    // HAMi's copy created a new file: the library running containers
+    // have mapped was not written to.
+    use std::os::unix::fs::MetadataExt as _;
+    let now = std::fs::metadata(node.vgpu_dir.join("libvgpu.so")).unwrap();
+    assert_eq!(
+        (now.ino(), now.mtime_nsec()),
+        (ours.ino(), ours.mtime_nsec())
+    );
+    assert_eq!(
+        std::fs::read(node.vgpu_dir.join("libvgpu.so")).unwrap(),
+        std::fs::read(dist::hook_lib()).unwrap()
     );
     assert_runs_vgpu(&mut node, &gpu, &exe, "after a device-plugin restart");
     node.device_plugin_start();

@@ -19,6 +19,8 @@ impl Drop for Image {
     }
 }
 
+/// `podman run`; with a volume, as the DaemonSet's installer runs: no
+/// capabilities, read-only root.
 fn podman_run(image: &str, volume: Option<String>, args: &[&str]) -> Output {
     let mut c = Command::new("podman");
     c.args([
@@ -34,7 +36,7 @@ fn podman_run(image: &str, volume: Option<String>, args: &[&str]) -> Output {
         "nproc=1024:1024",
     ]);
     if let Some(v) = volume {
-        c.arg("-v").arg(v);
+        c.arg("-v").arg(v).args(["--cap-drop", "ALL", "--read-only"]);
     }
     let out = c.arg(image).args(args).output().expect("run podman");
     assert!(
