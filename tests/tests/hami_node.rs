@@ -320,6 +320,9 @@ fn hami_node_loads_vgpu_survives_device_plugin_restarts_and_uninstalls_back_to_h
         text(&out.stdout)
     );
     assert!(!node.versioned().exists());
+    let out = install_hook(&node, &["--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("get vgpu's hook"));
     assert_runs_vgpu(&mut node, &gpu, &exe, "after install-hook --hami");
 
     // The device plugin restarts: its copy-back puts HAMi's file back (a new
@@ -372,6 +375,16 @@ fn hami_node_loads_vgpu_survives_device_plugin_restarts_and_uninstalls_back_to_h
     assert_eq!(std::fs::read(node.versioned()).unwrap(), hami_bytes);
     assert!(!node.vgpu_dir.join("libvgpu.so").exists());
     assert!(!node.vgpu_dir.join(".vgpu-backup").exists());
+    let out = install_hook(&node, &["--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "HAMi's library ({}/libvgpu.so.{VERSION})",
+            node.vgpu_dir.display()
+        )),
+        "{}",
+        text(&out.stdout)
+    );
     assert_runs_hami(&mut node, &gpu, &exe, "after uninstall");
     node.device_plugin_start();
     assert_runs_hami(&mut node, &gpu, &exe, "after uninstall and a restart");

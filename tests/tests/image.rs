@@ -36,7 +36,9 @@ fn podman_run(image: &str, volume: Option<String>, args: &[&str]) -> Output {
         "nproc=1024:1024",
     ]);
     if let Some(v) = volume {
-        c.arg("-v").arg(v).args(["--cap-drop", "ALL", "--read-only"]);
+        c.arg("-v")
+            .arg(v)
+            .args(["--cap-drop", "ALL", "--read-only"]);
     }
     let out = c.arg(image).args(args).output().expect("run podman");
     assert!(

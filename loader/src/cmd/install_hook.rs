@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::install::{self, Outcome, Plan, Report};
+use crate::install::{self, Mounted, Outcome, Plan, Report};
 
 /// Install the hook on this node: copy libvgpu.so into the host directory
 /// (atomically: write a temporary file, then rename, so running containers
@@ -52,6 +52,11 @@ pub struct Args {
     /// included), and remove vgpu's files.
     #[arg(long, conflicts_with = "watch")]
     uninstall: bool,
+    /// Change nothing; say which library HAMi's device plugin mounts into
+    /// new containers now. Exits 0 when it is vgpu's (the --from library),
+    /// 3 otherwise.
+    #[arg(long, conflicts_with_all = ["watch", "uninstall"])]
+    check: bool,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -67,6 +72,9 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .context("cannot find this binary's directory; pass --from")?
             .with_file_name(install::LIB_NAME),
     };
+    if args.check {
+        return check(&args.host_dir, &lib);
+    }
     let libc = match args.libc {
         Some(p) => p,
         None => install::running_libc()
@@ -120,6 +128,34 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Err(_) => {}
         }
     }
+}
+
+fn check(host_dir: &std::path::Path, lib: &std::path::Path) -> Result<ExitCode> {
+    let dir = host_dir.display();
+    let (line, ok) = match install::mounted(host_dir, lib)? {
+        Mounted::Vgpu => (
+            format!("new GPU containers get vgpu's hook ({dir}/libvgpu.so)"),
+            true,
+        ),
+        Mounted::Versioned(names) => (
+            format!(
+                "new GPU containers get HAMi's library ({dir}/{}); run install-hook --hami",
+                names.join(", ")
+            ),
+            false,
+        ),
+        Mounted::Other => (
+            format!("{dir}/libvgpu.so is not the library of {}", lib.display()),
+            false,
+        ),
+        Mounted::Nothing => (format!("no hook library in {dir}"), false),
+    };
+    println!("{line}");
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
 }
 
 fn describe(r: &Report, dir: &str) -> String {

@@ -32,6 +32,18 @@ fn is_versioned(name: &str) -> bool {
         })
 }
 
+/// The versioned files in `host_dir`, sorted.
+pub fn versioned_in(host_dir: &Path) -> Result<Vec<String>, InstallError> {
+    let mut names: Vec<String> = fs::read_dir(host_dir)
+        .map_err(io_err("list", host_dir))?
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|n| is_versioned(n))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 /// Moves every `libvgpu.so.<version>` of `host_dir` into `<backup>/hami/`,
 /// replacing an older copy of the same name (the newest is what HAMi's
 /// device plugin would provide). Returns the names moved.

@@ -130,6 +130,34 @@ pub fn install(plan: &Plan) -> Result<Report, InstallError> {
     Ok(Report { outcome, versioned })
 }
 
+/// Which library HAMi's device plugin mounts into new containers now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Mounted {
+    /// `libvgpu.so`, byte for byte the library given.
+    Vgpu,
+    /// HAMi's versioned files (any one of them wins over `libvgpu.so`).
+    Versioned(Vec<String>),
+    /// `libvgpu.so`, another library.
+    Other,
+    /// Neither name exists.
+    Nothing,
+}
+
+/// Applies HAMi's rule (a versioned file first, else `libvgpu.so`) to
+/// `host_dir`, and compares the result with `lib`.
+pub fn mounted(host_dir: &Path, lib: &Path) -> Result<Mounted, InstallError> {
+    let versioned = hami::versioned_in(host_dir)?;
+    if !versioned.is_empty() {
+        return Ok(Mounted::Versioned(versioned));
+    }
+    let ours = fs::read(lib).map_err(io_err("read", lib))?;
+    Ok(match fs::read(host_dir.join(LIB_NAME)) {
+        Ok(bytes) if bytes == ours => Mounted::Vgpu,
+        Ok(_) => Mounted::Other,
+        Err(_) => Mounted::Nothing,
+    })
+}
+
 /// Puts back what the first install found (or removes the files if there
 /// was nothing), HAMi's versioned files first, then drops the backup.
 pub fn uninstall(host_dir: &Path) -> Result<Report, InstallError> {
