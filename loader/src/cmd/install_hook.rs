@@ -92,7 +92,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
     let Some(secs) = args.watch else {
         return Ok(ExitCode::SUCCESS);
     };
-    let period = Duration::from_secs_f64(if secs.is_finite() { secs.max(0.1) } else { 2.0 });
+    let period = Duration::try_from_secs_f64(secs.max(0.1)).unwrap_or(Duration::from_secs(2));
     let watch = match install::DirWatch::new(&args.host_dir) {
         Ok(w) => Some(w),
         Err(e) => {
