@@ -7,12 +7,14 @@
 pub const HOOK_DIR: &str = "/usr/local/vgpu";
 /// Per-container region directories (`<podUID>_<ctrName>/*.cache`).
 pub const CONTAINERS_DIR: &str = "/usr/local/vgpu/containers";
-/// Kernel BTF, for struct offsets of the namespace-PID probes.
+/// Kernel BTF, for struct offsets of the namespace-PID probes. sysfs is
+/// not namespaced for it: a container's own /sys shows the host kernel's.
 pub const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 /// cgroup v2 mount on Kubernetes nodes (cgroup id -> pod and container).
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
-/// Where NVIDIA's container toolkit puts the driver libraries on GPU nodes.
-pub const DRIVER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
+/// The kubelet's pod log directories, `<namespace>_<pod>_<podUID>`: the
+/// daemon names pods from them without asking the API server.
+pub const PODS_LOG_DIR: &str = "/var/log/pods";
 /// HAMi's node-wide lock directory (mounted into every GPU container).
 pub const VGPULOCK_DIR: &str = "/tmp/vgpulock";
 /// Default port of the daemon's HTTP endpoint (HAMi's monitor uses 9394).

@@ -5,6 +5,7 @@ mod cli;
 mod cmd;
 mod daemon;
 mod install;
+mod logging;
 mod probes;
 mod regions;
 
@@ -14,13 +15,7 @@ use clap::Parser as _;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("VGPU_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(cli.log_level()));
-    // try_init also bridges `log` records (aya) into tracing.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    logging::init(cli.log_format, cli.log_level());
     match cli.command.run() {
         Ok(code) => code,
         Err(e) => {

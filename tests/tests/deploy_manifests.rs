@@ -1,27 +1,205 @@
-//! The Kubernetes manifests in `deploy/` parse into the typed API structs and
-//! give the daemon what its code uses: host PID, capabilities, a mount for
-//! every host path in `vgpu_common::paths`, the metrics port and probe paths.
-//! The Dockerfile's build stage runs only README.md commands.
+//! The Kubernetes manifests in `deploy/`, rendered for both overlays
+//! (`hami`, `standalone`) by a small Kustomize renderer below, which is
+//! checked against `kubectl kustomize` where kubectl is installed. Each
+//! rendering parses into the typed API structs and passes the structural
+//! checks: host paths only from an allowlist every node has, the Pod
+//! Security label, the documented node selector, the hook installer, and
+//! what the daemon's code uses (host PID, capabilities, every host path in
+//! `vgpu_common::paths`, the metrics port and probe paths).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Container, Service};
+use k8s_openapi::api::core::v1::{Container, Namespace, Service};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_yaml::{Mapping, Value};
 use vgpu_common::paths;
 use vgpu_tests::dist::workspace_root;
 
-fn base() -> PathBuf {
-    workspace_root().join("deploy/base")
+const OVERLAYS: [&str; 2] = ["hami", "standalone"];
+
+/// Host paths every node has, or that the DaemonSet creates: HAMi's hook
+/// directory, the cgroup mount, the kubelet's pod logs, vgpu's state.
+const HOST_PATH_ALLOWLIST: [&str; 4] = [
+    "/usr/local/vgpu",
+    "/sys/fs/cgroup",
+    "/var/log/pods",
+    "/run/vgpu",
+];
+
+fn overlay_dir(name: &str) -> PathBuf {
+    workspace_root().join("deploy/overlays").join(name)
 }
 
-fn load<T: serde::de::DeserializeOwned>(file: &str) -> T {
-    let text = std::fs::read_to_string(base().join(file)).unwrap();
-    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"))
+fn read_docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+        .filter(|v| !v.is_null())
+        .collect()
 }
 
-fn daemonset() -> DaemonSet {
-    load("daemonset.yaml")
+use serde::Deserialize as _;
+
+/// Strategic merge as Kustomize applies it to these manifests: maps merge
+/// key by key (a null deletes the key), lists of named objects merge by
+/// name (new names are appended), anything else is replaced.
+fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Mapping(b), Value::Mapping(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(k);
+                } else if let Some(old) = b.get_mut(k) {
+                    merge(old, v);
+                } else {
+                    b.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        (Value::Sequence(b), Value::Sequence(p))
+            if p.iter().all(|v| v.get("name").is_some()) && !p.is_empty() =>
+        {
+            for item in p {
+                match b.iter_mut().find(|x| x.get("name") == item.get("name")) {
+                    Some(old) => merge(old, item),
+                    None => b.push(item.clone()),
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+fn id(v: &Value) -> (String, String) {
+    (
+        v["kind"].as_str().unwrap_or_default().to_owned(),
+        v["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    )
+}
+
+/// Renders the kustomization in `dir`: its resources (files, or
+/// directories with their own kustomization), then its patches, then its
+/// image replacements.
+fn render(dir: &Path) -> Vec<Value> {
+    let k = &read_docs(&dir.join("kustomization.yaml"))[0];
+    let mut docs = Vec::new();
+    for r in k["resources"].as_sequence().expect("resources") {
+        let path = dir.join(r.as_str().unwrap());
+        if path.is_dir() {
+            docs.extend(render(&path));
+        } else {
+            docs.extend(read_docs(&path));
+        }
+    }
+    for p in k["patches"].as_sequence().into_iter().flatten() {
+        for patch in read_docs(&dir.join(p["path"].as_str().expect("patch path"))) {
+            let target = docs
+                .iter_mut()
+                .find(|d| id(d) == id(&patch))
+                .unwrap_or_else(|| panic!("patch target {:?} missing", id(&patch)));
+            merge(target, &patch);
+        }
+    }
+    for img in k["images"].as_sequence().into_iter().flatten() {
+        let name = img["name"].as_str().unwrap();
+        let new = format!(
+            "{}:{}",
+            img["newName"].as_str().unwrap(),
+            img["newTag"].as_str().unwrap()
+        );
+        for d in &mut docs {
+            replace_image(d, name, &new);
+        }
+    }
+    docs
+}
+
+fn replace_image(v: &mut Value, name: &str, new: &str) {
+    match v {
+        Value::Mapping(m) => {
+            for (k, val) in m.iter_mut() {
+                if k.as_str() == Some("image") && val.as_str() == Some(name) {
+                    *val = Value::String(new.to_owned());
+                } else {
+                    replace_image(val, name, new);
+                }
+            }
+        }
+        Value::Sequence(s) => s.iter_mut().for_each(|x| replace_image(x, name, new)),
+        _ => {}
+    }
+}
+
+/// Maps compare without key order; sequences of named objects without order.
+fn normalize(v: &Value) -> Value {
+    match v {
+        Value::Mapping(m) => {
+            let sorted: BTreeMap<String, Value> = m
+                .iter()
+                .map(|(k, v)| {
+                    let k = k
+                        .as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| serde_yaml::to_string(k).unwrap());
+                    (k, normalize(v))
+                })
+                .collect();
+            let mut out = Mapping::new();
+            for (k, v) in sorted {
+                out.insert(Value::String(k), v);
+            }
+            Value::Mapping(out)
+        }
+        Value::Sequence(s) => {
+            let mut items: Vec<Value> = s.iter().map(normalize).collect();
+            if items.iter().all(|i| i.get("name").is_some()) {
+                items.sort_by_key(|i| serde_yaml::to_string(i).unwrap());
+            }
+            Value::Sequence(items)
+        }
+        other => other.clone(),
+    }
+}
+
+struct Rendered {
+    overlay: &'static str,
+    docs: Vec<Value>,
+}
+
+impl Rendered {
+    fn of(overlay: &'static str) -> Rendered {
+        Rendered {
+            overlay,
+            docs: render(&overlay_dir(overlay)),
+        }
+    }
+
+    fn get<T: serde::de::DeserializeOwned>(&self, kind: &str) -> T {
+        let v = self
+            .docs
+            .iter()
+            .find(|d| d["kind"].as_str() == Some(kind))
+            .unwrap_or_else(|| panic!("{}: no {kind}", self.overlay));
+        serde_yaml::from_value(v.clone())
+            .unwrap_or_else(|e| panic!("{}: {kind}: {e}", self.overlay))
+    }
+
+    fn raw(&self, kind: &str) -> &Value {
+        self.docs
+            .iter()
+            .find(|d| d["kind"].as_str() == Some(kind))
+            .unwrap_or_else(|| panic!("{}: no {kind}", self.overlay))
+    }
+}
+
+fn all() -> Vec<Rendered> {
+    OVERLAYS.iter().map(|o| Rendered::of(o)).collect()
 }
 
 fn container<'a>(list: &'a [Container], name: &str) -> &'a Container {
@@ -48,90 +226,221 @@ fn host_path_of(ds: &DaemonSet, c: &Container, covers: &str) -> Option<String> {
     })
 }
 
+fn arg_after<'a>(args: &'a [String], flag: &str) -> &'a str {
+    let i = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("no {flag} in {args:?}"));
+    &args[i + 1]
+}
+
 #[test]
-fn every_file_the_kustomization_lists_exists_and_parses() {
-    let k: serde_yaml::Value = load("kustomization.yaml");
-    let resources = k["resources"].as_sequence().expect("resources");
-    let listed: Vec<&str> = resources.iter().filter_map(|r| r.as_str()).collect();
-    for want in [
-        "namespace.yaml",
-        "serviceaccount.yaml",
-        "daemonset.yaml",
-        "service.yaml",
-    ] {
+fn the_renderer_agrees_with_kubectl_kustomize() {
+    let Ok(out) = Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+    else {
+        eprintln!("kubectl is not installed: the renderer is not cross-checked");
+        return;
+    };
+    assert!(out.status.success());
+    for o in OVERLAYS {
+        let out = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(overlay_dir(o))
+            .output()
+            .unwrap();
         assert!(
-            listed.contains(&want),
-            "kustomization.yaml does not list {want}"
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
         );
+        let theirs: Vec<Value> =
+            serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+                .map(|d| normalize(&Value::deserialize(d).unwrap()))
+                .collect();
+        let mut ours: Vec<Value> = render(&overlay_dir(o)).iter().map(normalize).collect();
+        let mut theirs = theirs;
+        let key = |v: &Value| serde_yaml::to_string(v).unwrap();
+        ours.sort_by_key(key);
+        theirs.sort_by_key(key);
+        assert_eq!(ours.len(), theirs.len(), "{o}");
+        for (a, b) in ours.iter().zip(&theirs) {
+            assert_eq!(a, b, "{o}: rendered differently from kubectl kustomize");
+        }
     }
-    for r in resources {
-        let name = r.as_str().unwrap();
-        let v: serde_yaml::Value = load(name);
-        assert!(v["kind"].as_str().is_some(), "{name} has a kind");
+}
+
+#[test]
+fn host_paths_only_from_the_allowlist() {
+    for r in all() {
+        let ds: DaemonSet = r.get("DaemonSet");
+        let vols = ds.spec.template.spec.unwrap().volumes.unwrap_or_default();
+        for v in vols {
+            if let Some(hp) = v.host_path {
+                assert!(
+                    HOST_PATH_ALLOWLIST.contains(&hp.path.as_str()),
+                    "{}: hostPath {} is not on every node",
+                    r.overlay,
+                    hp.path
+                );
+                // A directory vgpu or HAMi makes must be created if missing.
+                if hp.path != paths::CGROUP_ROOT {
+                    assert_eq!(
+                        hp.type_.as_deref(),
+                        Some("DirectoryOrCreate"),
+                        "{}",
+                        hp.path
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn namespace_admits_privileged_pods_and_node_selector_is_as_documented() {
+    for r in all() {
+        let ns: Namespace = r.get("Namespace");
+        let labels = ns.metadata.labels.unwrap_or_default();
+        assert_eq!(
+            labels
+                .get("pod-security.kubernetes.io/enforce")
+                .map(String::as_str),
+            Some("privileged"),
+            "{}",
+            r.overlay
+        );
+        let ds: DaemonSet = r.get("DaemonSet");
+        let spec = ds.spec.template.spec.unwrap();
+        let sel = spec.node_selector.unwrap_or_default();
+        let want: BTreeMap<String, String> = match r.overlay {
+            // HAMi's chart: devicePlugin.nvidiaNodeSelector.
+            "hami" => [("gpu".to_owned(), "on".to_owned())].into(),
+            // GPU Feature Discovery's label.
+            _ => [("nvidia.com/gpu.present".to_owned(), "true".to_owned())].into(),
+        };
+        assert_eq!(sel, want, "{}", r.overlay);
+        // Every container runs the released image.
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            assert_eq!(
+                c.image.as_deref(),
+                Some("ghcr.io/example/vgpu:0.1.0"),
+                "{}",
+                c.name
+            );
+        }
+    }
+}
+
+#[test]
+fn the_hook_is_installed_for_hami_with_versioned_names_handled_and_kept() {
+    for r in all() {
+        let ds: DaemonSet = r.get("DaemonSet");
+        let spec = ds.spec.template.spec.as_ref().unwrap();
+        let init = container(spec.init_containers.as_ref().unwrap(), "install-hook");
+        let args = init.args.as_ref().unwrap();
+        assert_eq!(args[0], "install-hook");
+        assert_eq!(arg_after(args, "--host-dir"), paths::HOOK_DIR);
+        assert_eq!(
+            host_path_of(&ds, init, paths::HOOK_DIR).as_deref(),
+            Some(paths::HOOK_DIR)
+        );
+        let keeper = spec.containers.iter().find(|c| c.name == "hook-keeper");
+        if r.overlay == "hami" {
+            assert!(args.iter().any(|a| a == "--hami"), "{args:?}");
+            let keeper = keeper.expect("hami: the hook-keeper container");
+            let kargs = keeper.args.as_ref().unwrap();
+            assert!(kargs.iter().any(|a| a == "--hami"), "{kargs:?}");
+            assert!(arg_after(kargs, "--watch").parse::<f64>().unwrap() <= 5.0);
+            assert_eq!(
+                host_path_of(&ds, keeper, paths::HOOK_DIR).as_deref(),
+                Some(paths::HOOK_DIR)
+            );
+        } else {
+            assert!(!args.iter().any(|a| a == "--hami"), "{args:?}");
+            assert!(keeper.is_none());
+        }
+        let sm = r.raw("ServiceMonitor");
+        assert_eq!(
+            sm["spec"]["endpoints"][0]["honorLabels"].as_bool(),
+            Some(true)
+        );
     }
 }
 
 #[test]
 fn daemon_has_host_pid_and_the_capabilities_it_needs() {
-    let ds = daemonset();
-    let spec = ds.spec.template.spec.as_ref().unwrap();
-    assert_eq!(spec.host_pid, Some(true), "host PIDs and /proc/<pid>/root");
-    let daemon = container(&spec.containers, "daemon");
-    assert_eq!(daemon.args.as_ref().unwrap()[0], "daemon");
-    let caps = daemon
-        .security_context
-        .as_ref()
-        .and_then(|s| s.capabilities.as_ref())
-        .and_then(|c| c.add.clone())
-        .unwrap_or_default();
-    for needed in ["BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"] {
+    for r in all() {
+        let ds: DaemonSet = r.get("DaemonSet");
+        let spec = ds.spec.template.spec.as_ref().unwrap();
+        assert_eq!(spec.host_pid, Some(true), "host PIDs and /proc/<pid>/root");
+        let daemon = container(&spec.containers, "daemon");
+        assert_eq!(daemon.args.as_ref().unwrap()[0], "daemon");
+        let caps = daemon
+            .security_context
+            .as_ref()
+            .and_then(|s| s.capabilities.as_ref())
+            .and_then(|c| c.add.clone())
+            .unwrap_or_default();
+        for needed in ["BPF", "PERFMON", "SYS_ADMIN", "SYS_PTRACE"] {
+            assert!(
+                caps.iter().any(|c| c == needed),
+                "missing capability {needed}"
+            );
+        }
+        let res = daemon.resources.as_ref().unwrap();
         assert!(
-            caps.iter().any(|c| c == needed),
-            "missing capability {needed}"
+            res.requests.is_some() && res.limits.is_some(),
+            "requests and limits"
+        );
+        // NVML through the NVIDIA container toolkit, not a driver host path.
+        let env = daemon.env.as_ref().unwrap();
+        let get = |k: &str| {
+            env.iter()
+                .find(|e| e.name == k)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(get("NVIDIA_VISIBLE_DEVICES").as_deref(), Some("all"));
+        assert_eq!(
+            get("NVIDIA_DRIVER_CAPABILITIES").as_deref(),
+            Some("utility")
         );
     }
-    let res = daemon.resources.as_ref().unwrap();
-    assert!(
-        res.requests.is_some() && res.limits.is_some(),
-        "requests and limits"
-    );
 }
 
 #[test]
 fn every_host_path_the_code_uses_is_mounted_at_the_same_path() {
-    let ds = daemonset();
-    let spec = ds.spec.template.spec.as_ref().unwrap();
-    let daemon = container(&spec.containers, "daemon");
-    for p in [
-        paths::HOOK_DIR,
-        paths::CONTAINERS_DIR,
-        paths::BTF_VMLINUX,
-        paths::CGROUP_ROOT,
-        paths::DRIVER_LIB_DIR,
-    ] {
-        let host = host_path_of(&ds, daemon, p).unwrap_or_else(|| panic!("{p} not mounted"));
-        assert_eq!(host, p, "{p} must be the same path on the host");
+    for r in all() {
+        let ds: DaemonSet = r.get("DaemonSet");
+        let spec = ds.spec.template.spec.as_ref().unwrap();
+        let daemon = container(&spec.containers, "daemon");
+        for p in [
+            paths::HOOK_DIR,
+            paths::CONTAINERS_DIR,
+            paths::CGROUP_ROOT,
+            paths::PODS_LOG_DIR,
+        ] {
+            let host = host_path_of(&ds, daemon, p).unwrap_or_else(|| panic!("{p} not mounted"));
+            assert_eq!(host, p, "{p} must be the same path on the host");
+        }
+        let args = daemon.args.as_ref().unwrap();
+        assert_eq!(arg_after(args, "--pods-log-dir"), paths::PODS_LOG_DIR);
+        assert_eq!(arg_after(args, "--log-format"), "json");
+        // BTF comes from the container's own /sys: never a host path.
+        assert!(host_path_of(&ds, daemon, paths::BTF_VMLINUX).is_none());
     }
-    let init = container(spec.init_containers.as_ref().unwrap(), "install-hook");
-    assert_eq!(
-        host_path_of(&ds, init, paths::HOOK_DIR).as_deref(),
-        Some(paths::HOOK_DIR)
-    );
-    let args = init.args.as_ref().unwrap();
-    assert_eq!(args[0], "install-hook");
-    let dir_arg = args.iter().position(|a| a == "--host-dir").unwrap() + 1;
-    assert_eq!(args[dir_arg], paths::HOOK_DIR);
-    // The --libc it checks against is mounted from the host.
-    let libc_arg = &args[args.iter().position(|a| a == "--libc").unwrap() + 1];
-    assert!(
-        host_path_of(&ds, init, libc_arg).is_some(),
-        "{libc_arg} mounted"
-    );
 }
 
 #[test]
 fn metrics_port_and_probe_paths_match_the_daemon_defaults() {
-    let ds = daemonset();
+    let r = Rendered::of("hami");
+    let ds: DaemonSet = r.get("DaemonSet");
     let spec = ds.spec.template.spec.as_ref().unwrap();
     let daemon = container(&spec.containers, "daemon");
     let port = daemon
@@ -165,36 +474,42 @@ fn metrics_port_and_probe_paths_match_the_daemon_defaults() {
         .unwrap();
     assert_eq!(live.path.as_deref(), Some(paths::HEALTH_PATH));
 
-    let svc: Service = load("service.yaml");
+    let svc: Service = r.get("Service");
     let sp = &svc.spec.unwrap().ports.unwrap()[0];
     assert_eq!(sp.port, i32::from(paths::METRICS_PORT));
     assert_eq!(sp.target_port, Some(IntOrString::String("metrics".into())));
-    let sm: serde_yaml::Value = load("servicemonitor.yaml");
+    let sm = r.raw("ServiceMonitor");
     let ep = &sm["spec"]["endpoints"][0];
     assert_eq!(ep["port"].as_str(), sp.name.as_deref());
     assert_eq!(ep["path"].as_str(), Some(paths::METRICS_PATH));
 }
 
 #[test]
-fn dockerfile_build_stage_runs_readme_commands() {
-    let root = workspace_root();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let docker = std::fs::read_to_string(root.join("deploy/Dockerfile")).unwrap();
-    let build_stage: Vec<&str> = docker
-        .split("\nFROM ")
-        .nth(1)
-        .expect("a build stage")
-        .lines()
-        .filter_map(|l| l.strip_prefix("RUN "))
-        .collect();
-    assert!(
-        build_stage.contains(&"cargo xtask build"),
-        "the build stage builds with xtask: {build_stage:?}"
-    );
-    for cmd in build_stage {
-        assert!(
-            readme.contains(cmd),
-            "Dockerfile runs {cmd:?}, which README.md does not give"
-        );
+fn every_flag_the_manifests_pass_exists_in_the_binary() {
+    for r in all() {
+        let ds: DaemonSet = r.get("DaemonSet");
+        let spec = ds.spec.template.spec.as_ref().unwrap();
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            let args = c.args.as_ref().unwrap();
+            let out = Command::new(vgpu_tests::dist::vgpu_bin())
+                .arg(&args[0])
+                .arg("--help")
+                .output()
+                .unwrap();
+            let help = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{}: {help}", args[0]);
+            for flag in args.iter().filter(|a| a.starts_with("--")) {
+                assert!(
+                    help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+                    "{}: `vgpu {}` has no {flag}",
+                    r.overlay,
+                    args[0]
+                );
+            }
+        }
     }
 }

@@ -70,6 +70,11 @@ pub fn run(args: &Args) -> Result<PathBuf> {
         .join(profile_name)
         .join("libvgpu.so");
     install(&hook_lib, &dist.join("libvgpu.so"))?;
+    if !args.debug {
+        for shipped in ["vgpu", "libvgpu.so"] {
+            split_debug_info(&dist, shipped)?;
+        }
+    }
     // Linking test programs with `-lcuda` wants the unversioned names too.
     for (link, target) in [
         ("sim/libcuda.so", "libcuda.so.1"),
@@ -86,6 +91,30 @@ pub fn run(args: &Args) -> Result<PathBuf> {
 
 /// Copies to a temporary name and renames, so a process that has the old
 /// file mapped keeps a whole file.
+/// Moves the debug info of `dist/<name>` into `dist/debug/<name>.debug`
+/// (linked back by `.gnu_debuglink`, so gdb finds it): the shipped file
+/// keeps its symbol table, so backtraces still name functions, at a
+/// fraction of the size.
+fn split_debug_info(dist: &Path, name: &str) -> Result<()> {
+    let file = dist.join(name);
+    let debug_dir = dist.join("debug");
+    fs::create_dir_all(&debug_dir).context("create target/dist/debug")?;
+    let debug = debug_dir.join(format!("{name}.debug"));
+    util::run(
+        std::process::Command::new("objcopy")
+            .arg("--only-keep-debug")
+            .arg(&file)
+            .arg(&debug),
+    )?;
+    util::run(
+        std::process::Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(format!("--add-gnu-debuglink={}", debug.display()))
+            .arg(&file),
+    )?;
+    Ok(())
+}
+
 fn install(from: &Path, to: &Path) -> Result<()> {
     let tmp = to.with_extension("tmp-install");
     fs::copy(from, &tmp)

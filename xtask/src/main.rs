@@ -5,6 +5,7 @@ mod bench;
 mod build;
 mod demo;
 mod gpu_check;
+mod image;
 mod lint;
 mod setup;
 mod test;
@@ -25,6 +26,8 @@ enum Task {
     Setup(setup::Args),
     /// Build everything into target/dist/ (hook, loader with embedded eBPF, simulated GPU).
     Build(build::Args),
+    /// Build the vgpu image from scratch with buildah (needs root; no registry).
+    Image(image::Args),
     /// Run every test, the root and eBPF ones included (needs root).
     Test(test::Args),
     /// Every static gate: rustfmt, clippy -D warnings (host and eBPF crates),
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Setup(a) => setup::run(&a),
         Task::Build(a) => build::run(&a).map(drop),
+        Task::Image(a) => image::run(&a),
         Task::Test(a) => test::run(&a),
         Task::Lint => lint::run(),
         Task::Abi(a) => abi::run(&a),

@@ -10,7 +10,8 @@ use anyhow::{bail, Result};
 use crate::util::{self, output};
 
 /// Debian packages: the Rust toolchain whose LLVM matches bpf-linker's, its
-/// prebuilt `core` for bpfel, and the LLVM bpf-linker links against.
+/// prebuilt `core` for bpfel, and the LLVM bpf-linker links against; then
+/// objcopy and the image tools.
 const DEB_PACKAGES: &[&str] = &[
     "rustc-web",
     "cargo-web",
@@ -18,6 +19,13 @@ const DEB_PACKAGES: &[&str] = &[
     "llvm-22-dev",
     // clippy for the eBPF crate's lint pass (same toolchain as rustc-web).
     "rust-web-clippy",
+    // objcopy splits the debug info off the shipped files.
+    "binutils",
+    // The image: built from scratch and run without a daemon. runc, since
+    // crun refuses hosts with hybrid cgroups (this CI's).
+    "buildah",
+    "podman",
+    "runc",
 ];
 const LLVM_MAJOR: &str = "22";
 const BPF_LINKER_VERSION: &str = "0.13.0";

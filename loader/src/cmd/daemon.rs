@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
-use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT};
+use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
 
 use crate::daemon::check::{Thresholds, MIB};
 use crate::daemon::findings::{write_state, FILE_NAME};
@@ -18,6 +18,7 @@ use crate::daemon::libs::LibWatch;
 use crate::daemon::nvml::NvmlView;
 use crate::daemon::observer::{Observer, Settings};
 use crate::daemon::procfs::Procfs;
+use crate::logging;
 use crate::probes::{btf, Options, ProbeError, ProbeSet};
 
 /// The node daemon: host PIDs for the hook, an accounting cross-check, metrics.
@@ -63,6 +64,15 @@ pub struct Args {
     /// HAMi's per-container region directory, also exported when present.
     #[arg(long, value_name = "DIR", default_value = CONTAINERS_DIR)]
     regions_root: PathBuf,
+
+    /// The kubelet's pod log directory: its `<namespace>_<pod>_<uid>`
+    /// entries name the pods in metric labels (no API-server access).
+    #[arg(long, value_name = "DIR", default_value = PODS_LOG_DIR)]
+    pods_log_dir: PathBuf,
+
+    /// This node's name, the `node` label of the host GPU series (HAMi's).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME", default_value = "")]
+    node_name: String,
 
     /// Seconds between cross-check scans (findings, metrics).
     #[arg(long, value_name = "SECS", default_value_t = 0.5)]
@@ -153,6 +163,8 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
         },
         slot_grace: secs(args.slot_grace, 0.0),
         regions_root: Some(args.regions_root.clone()),
+        pods_log_dir: args.pods_log_dir.clone(),
+        node: args.node_name.clone(),
     };
     let libs = LibWatch::new(Procfs::default(), args.libcuda.clone());
     let mut obs = Observer::new(settings, probes, libs, nvml);
@@ -163,12 +175,12 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
 
     let shared: Shared = Arc::new(Mutex::new(Published::default()));
     let server = tokio::spawn(http::serve(listener, shared.clone()));
-    eprintln!(
+    logging::notice(&format!(
         "vgpu daemon: {} libcuda file(s) probed; http://{}; state {}",
         obs.attached_libs(),
         args.listen,
         args.state_dir.join(FILE_NAME).display()
-    );
+    ));
 
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
@@ -218,7 +230,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     }
     server.abort();
     drop(obs); // detaches every probe
-    eprintln!("vgpu daemon: probes detached, exiting");
+    logging::notice("vgpu daemon: probes detached, exiting");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -57,6 +57,8 @@ pub struct Snapshot<'a> {
     /// Processes the probes know.
     pub processes: usize,
     pub now_unix: u64,
+    /// This node's name for HAMi's `node` label of host series (empty: left out).
+    pub node: &'a str,
 }
 
 /// Counters that accumulate over the daemon's life.
@@ -193,11 +195,15 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let hused = Family::<Labels, Gauge>::default();
     let hutil = Family::<Labels, GaugeF>::default();
     for d in &s.host {
-        let l = vec![
+        let mut l = Vec::new();
+        if !s.node.is_empty() {
+            l.push(("node".to_owned(), s.node.to_owned()));
+        }
+        l.extend([
             ("device_index".to_owned(), d.index.to_string()),
             ("device_uuid".to_owned(), d.uuid.clone()),
             ("device_type".to_owned(), d.device_type.clone()),
-        ];
+        ]);
         hused.get_or_create(&l).set(d.memory_used as i64);
         if let Some(u) = d.utilization {
             hutil.get_or_create(&l).set(f64::from(u));

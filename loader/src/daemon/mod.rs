@@ -6,7 +6,7 @@
 //! - [`check`] decides when usage escaped the hook, [`findings`] records it;
 //! - [`nvml`] samples the driver's own view;
 //! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
-//! - [`metrics`] renders Prometheus text, [`http`] serves it.
+//! - [`metrics`] renders Prometheus text ([`pods`] names the pods), [`http`] serves it.
 //!
 //! See docs/daemon.md.
 
@@ -19,5 +19,6 @@ pub mod libs;
 pub mod metrics;
 pub mod nvml;
 pub mod observer;
+pub mod pods;
 pub mod procfs;
 pub mod regions;

@@ -17,6 +17,7 @@ use super::identity::{Identities, Identity};
 use super::libs::LibWatch;
 use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
 use super::nvml::{NvmlView, Sample};
+use super::pods::PodNames;
 use super::procfs::Procfs;
 use super::regions::RegionCache;
 use crate::probes::{ProbeError, ProbeSet};
@@ -43,6 +44,10 @@ pub struct Settings {
     pub slot_grace: Duration,
     /// HAMi's container directory to scan for regions (skipped if absent).
     pub regions_root: Option<PathBuf>,
+    /// The kubelet's pod log directory, which names pods by UID.
+    pub pods_log_dir: PathBuf,
+    /// This node's name, a label of the host GPU series (empty: none).
+    pub node: String,
 }
 
 /// One process the daemon knows.
@@ -74,6 +79,7 @@ pub struct Observer {
     procfs: Procfs,
     cache: RegionCache,
     ids: Identities,
+    pods: PodNames,
     nvml: Option<NvmlView>,
     procs: HashMap<u32, Proc>,
     streaks: Streaks<u32>,
@@ -91,6 +97,7 @@ impl Observer {
         nvml: Option<NvmlView>,
     ) -> Self {
         Self {
+            pods: PodNames::new(settings.pods_log_dir.clone()),
             settings,
             probes,
             libs,
@@ -311,6 +318,7 @@ impl Observer {
             probes: self.attached.clone(),
             processes: self.procs.len(),
             now_unix: now_ms / 1000,
+            node: &self.settings.node,
         };
         ScanOutput {
             metrics: metrics::render(&snap, &self.counters),
@@ -458,6 +466,7 @@ impl Observer {
                 }
             }
         }
+        self.pods.refresh();
         let mut views = Vec::new();
         for (_, r) in self.cache.iter() {
             let region = r.file.region();
@@ -465,14 +474,23 @@ impl Observer {
                 continue;
             }
             let id = r.cgroup_id.map(|c| self.ids.of(c)).unwrap_or_default();
+            let pod_uid = r
+                .owner
+                .as_ref()
+                .map(|o| o.pod_uid.clone())
+                .or(id.pod_uid.clone())
+                .unwrap_or_default();
+            // HAMi's monitor labels: namespace, pod, container (then the
+            // device's vdevice_index and device_uuid); vgpu's after them.
+            let name = self.pods.get(&pod_uid);
             let labels = vec![
                 (
-                    "pod_uid".to_owned(),
-                    r.owner
-                        .as_ref()
-                        .map(|o| o.pod_uid.clone())
-                        .or(id.pod_uid.clone())
-                        .unwrap_or_default(),
+                    "namespace".to_owned(),
+                    name.map(|n| n.namespace.clone()).unwrap_or_default(),
+                ),
+                (
+                    "pod".to_owned(),
+                    name.map(|n| n.pod.clone()).unwrap_or_default(),
                 ),
                 (
                     "container".to_owned(),
@@ -481,6 +499,7 @@ impl Observer {
                         .map(|o| o.container.clone())
                         .unwrap_or_default(),
                 ),
+                ("pod_uid".to_owned(), pod_uid),
                 (
                     "container_id".to_owned(),
                     id.container_id.clone().unwrap_or_default(),

@@ -11,6 +11,11 @@ use super::{io_err, write_atomic, InstallError};
 
 const STATE: &str = "state";
 
+/// Has a first install recorded the state?
+pub fn exists(dir: &Path) -> bool {
+    dir.join(STATE).exists()
+}
+
 pub fn save_once(dir: &Path, files: &[&Path]) -> Result<(), InstallError> {
     if dir.join(STATE).exists() {
         return Ok(());

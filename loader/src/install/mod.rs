@@ -10,9 +10,14 @@
 //!
 //! The first install keeps what was there before in `<host-dir>/.vgpu-backup/`
 //! so `--uninstall` can restore it exactly.
+//!
+//! On HAMi ≥ 2.5 nodes the device plugin mounts a versioned file first;
+//! `hami` says how vgpu takes its place without writing over it.
 
 mod backup;
 mod elf;
+mod hami;
+mod watch;
 
 use std::fs;
 use std::io::Write;
@@ -20,6 +25,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 pub use elf::{running_libc, ElfError};
+pub use watch::DirWatch;
 
 /// The files vgpu manages in the host directory.
 pub const LIB_NAME: &str = "libvgpu.so";
@@ -62,6 +68,14 @@ pub enum Outcome {
     NothingToUninstall,
 }
 
+/// The outcome, and HAMi's versioned files moved aside (install) or back
+/// (uninstall).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Report {
+    pub outcome: Outcome,
+    pub versioned: Vec<String>,
+}
+
 /// What to install and where.
 #[derive(Debug)]
 pub struct Plan {
@@ -74,43 +88,96 @@ pub struct Plan {
     pub container_path: PathBuf,
     /// The C library whose symbol versions the hook must fit.
     pub libc: PathBuf,
+    /// Also move HAMi's `libvgpu.so.<version>` files aside, so that its
+    /// device plugin falls back to vgpu's `libvgpu.so`.
+    pub hami: bool,
 }
 
-/// Installs the hook; a second run with the same library changes nothing.
-pub fn install(plan: &Plan) -> Result<Outcome, InstallError> {
+/// Installs the hook; a second run with the same library changes nothing
+/// (and reads, but does not check, the library again: cheap enough to run
+/// every few seconds with `--watch`).
+pub fn install(plan: &Plan) -> Result<Report, InstallError> {
     let new = fs::read(&plan.lib).map_err(io_err("read", &plan.lib))?;
-    elf::check_compatible(&plan.lib, &new, &plan.libc)?;
-    fs::create_dir_all(&plan.host_dir).map_err(io_err("create", &plan.host_dir))?;
-
     let lib_dst = plan.host_dir.join(LIB_NAME);
     let preload_dst = plan.host_dir.join(PRELOAD_NAME);
     let preload = format!("{}\n", plan.container_path.display());
     let same_lib = fs::read(&lib_dst).is_ok_and(|old| old == new);
     let same_preload = fs::read(&preload_dst).is_ok_and(|old| old == preload.as_bytes());
-    if same_lib && same_preload {
-        return Ok(Outcome::AlreadyInstalled);
-    }
+    let backup_dir = plan.host_dir.join(BACKUP_DIR);
 
-    backup::save_once(&plan.host_dir.join(BACKUP_DIR), &[&lib_dst, &preload_dst])?;
-    if !same_lib {
-        write_atomic(&lib_dst, &new, 0o755)?;
+    let outcome = if same_lib && same_preload {
+        Outcome::AlreadyInstalled
+    } else {
+        if !same_lib {
+            elf::check_compatible(&plan.lib, &new, &plan.libc)?;
+        }
+        fs::create_dir_all(&plan.host_dir).map_err(io_err("create", &plan.host_dir))?;
+        backup::save_once(&backup_dir, &[&lib_dst, &preload_dst])?;
+        if !same_lib {
+            write_atomic(&lib_dst, &new, 0o755)?;
+        }
+        if !same_preload {
+            write_atomic(&preload_dst, preload.as_bytes(), 0o644)?;
+        }
+        Outcome::Installed
+    };
+    // Only now: HAMi's device plugin must always find one of the two names.
+    let versioned = if plan.hami {
+        hami::set_aside(&plan.host_dir, &backup_dir)?
+    } else {
+        Vec::new()
+    };
+    Ok(Report { outcome, versioned })
+}
+
+/// Which library HAMi's device plugin mounts into new containers now.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Mounted {
+    /// `libvgpu.so`, byte for byte the library given.
+    Vgpu,
+    /// HAMi's versioned files (any one of them wins over `libvgpu.so`).
+    Versioned(Vec<String>),
+    /// `libvgpu.so`, another library.
+    Other,
+    /// Neither name exists.
+    Nothing,
+}
+
+/// Applies HAMi's rule (a versioned file first, else `libvgpu.so`) to
+/// `host_dir`, and compares the result with `lib`.
+pub fn mounted(host_dir: &Path, lib: &Path) -> Result<Mounted, InstallError> {
+    let versioned = hami::versioned_in(host_dir)?;
+    if !versioned.is_empty() {
+        return Ok(Mounted::Versioned(versioned));
     }
-    if !same_preload {
-        write_atomic(&preload_dst, preload.as_bytes(), 0o644)?;
-    }
-    Ok(Outcome::Installed)
+    let ours = fs::read(lib).map_err(io_err("read", lib))?;
+    Ok(match fs::read(host_dir.join(LIB_NAME)) {
+        Ok(bytes) if bytes == ours => Mounted::Vgpu,
+        Ok(_) => Mounted::Other,
+        Err(_) => Mounted::Nothing,
+    })
 }
 
 /// Puts back what the first install found (or removes the files if there
-/// was nothing), then drops the backup.
-pub fn uninstall(host_dir: &Path) -> Result<Outcome, InstallError> {
+/// was nothing), HAMi's versioned files first, then drops the backup.
+pub fn uninstall(host_dir: &Path) -> Result<Report, InstallError> {
     let dir = host_dir.join(BACKUP_DIR);
     if !dir.exists() {
-        return Ok(Outcome::NothingToUninstall);
+        return Ok(Report {
+            outcome: Outcome::NothingToUninstall,
+            versioned: Vec::new(),
+        });
     }
-    backup::restore(&dir, host_dir, &[LIB_NAME, PRELOAD_NAME])?;
+    // Before libvgpu.so may disappear: the device plugin needs one of them.
+    let versioned = hami::restore(host_dir, &dir)?;
+    if backup::exists(&dir) {
+        backup::restore(&dir, host_dir, &[LIB_NAME, PRELOAD_NAME])?;
+    }
     fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))?;
-    Ok(Outcome::Restored)
+    Ok(Report {
+        outcome: Outcome::Restored,
+        versioned,
+    })
 }
 
 /// Writes `bytes` to a temporary file in the same directory, syncs it, and

@@ -1,0 +1,162 @@
+//! HAMi's versioned library names.
+//!
+//! HAMi's device plugin (≥ 2.5) mounts `<dir>/libvgpu.so.<its version>` into
+//! each GPU container and falls back to `<dir>/libvgpu.so` only while the
+//! versioned file does not exist; its start script copies the versioned
+//! file back from its image whenever it is missing or differs. vgpu owns
+//! only the unversioned name and moves every versioned file out of the way
+//! instead of writing over it:
+//! - the device plugin then mounts vgpu's `libvgpu.so`, with no change to HAMi;
+//! - the file HAMi's start script copies back lands on a path that does not
+//!   exist, so its `cp` creates a new file instead of rewriting, in place,
+//!   the library that running containers have mapped (vgpu's, had vgpu
+//!   taken the versioned name);
+//! - a rename keeps the inode that containers started earlier have mounted;
+//! - uninstall renames the files back, and a device plugin restarted after
+//!   vgpu is gone copies HAMi's library back by itself.
+
+use std::fs;
+use std::path::Path;
+
+use super::{io_err, InstallError, LIB_NAME};
+
+/// Where the versioned files wait, inside the backup directory.
+const SET_ASIDE: &str = "hami";
+
+/// Is `name` one of HAMi's versioned library names (`libvgpu.so.<version>`)?
+fn is_versioned(name: &str) -> bool {
+    name.strip_prefix(LIB_NAME)
+        .and_then(|rest| rest.strip_prefix('.'))
+        .is_some_and(|version| {
+            !version.is_empty() && !version.contains('/') && !version.ends_with(".tmp")
+        })
+}
+
+/// The versioned files in `host_dir`, sorted.
+pub fn versioned_in(host_dir: &Path) -> Result<Vec<String>, InstallError> {
+    let mut names: Vec<String> = fs::read_dir(host_dir)
+        .map_err(io_err("list", host_dir))?
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|n| is_versioned(n))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Moves every `libvgpu.so.<version>` of `host_dir` into `<backup>/hami/`,
+/// replacing an older copy of the same name (the newest is what HAMi's
+/// device plugin would provide). Returns the names moved.
+pub fn set_aside(host_dir: &Path, backup: &Path) -> Result<Vec<String>, InstallError> {
+    let mut moved = Vec::new();
+    let entries = fs::read_dir(host_dir).map_err(io_err("list", host_dir))?;
+    for entry in entries {
+        let entry = entry.map_err(io_err("list", host_dir))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !is_versioned(&name) {
+            continue;
+        }
+        let dir = backup.join(SET_ASIDE);
+        fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+        let dst = dir.join(&name);
+        fs::rename(entry.path(), &dst).map_err(io_err("move aside", &entry.path()))?;
+        moved.push(name);
+    }
+    moved.sort();
+    Ok(moved)
+}
+
+/// Renames the set-aside files back into `host_dir`. A name HAMi has
+/// copied back meanwhile keeps HAMi's current file. Returns the names
+/// restored.
+pub fn restore(host_dir: &Path, backup: &Path) -> Result<Vec<String>, InstallError> {
+    let dir = backup.join(SET_ASIDE);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("list", &dir)(e)),
+    };
+    let mut restored = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io_err("list", &dir))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if !is_versioned(&name) {
+            continue;
+        }
+        let dst = host_dir.join(&name);
+        if fs::symlink_metadata(&dst).is_ok() {
+            continue;
+        }
+        fs::rename(entry.path(), &dst).map_err(io_err("restore", &dst))?;
+        restored.push(name);
+    }
+    restored.sort();
+    Ok(restored)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versioned_names() {
+        for n in [
+            "libvgpu.so.v2.10.0",
+            "libvgpu.so.2.5.1",
+            "libvgpu.so.v0.0.1-dev",
+        ] {
+            assert!(is_versioned(n), "{n}");
+        }
+        for n in [
+            "libvgpu.so",
+            "libvgpu.so.",
+            "ld.so.preload",
+            "libvgpu.sox",
+            "xlibvgpu.so.v1",
+            "libvgpu.so.v1.tmp",
+        ] {
+            assert!(!is_versioned(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn set_aside_then_restore_keeps_inodes_and_a_newer_copy_back() {
+        use std::os::unix::fs::MetadataExt as _;
+        let d = tempfile::tempdir().unwrap();
+        let host = d.path().join("vgpu");
+        let backup = host.join(".vgpu-backup");
+        fs::create_dir_all(&host).unwrap();
+        fs::write(host.join("libvgpu.so.v2.9.0"), b"old hami").unwrap();
+        fs::write(host.join("libvgpu.so.v2.10.0"), b"hami").unwrap();
+        fs::write(host.join("libvgpu.so"), b"vgpu").unwrap();
+        let ino = fs::metadata(host.join("libvgpu.so.v2.10.0")).unwrap().ino();
+
+        let moved = set_aside(&host, &backup).unwrap();
+        assert_eq!(moved, ["libvgpu.so.v2.10.0", "libvgpu.so.v2.9.0"]);
+        assert!(!host.join("libvgpu.so.v2.10.0").exists());
+        assert_eq!(fs::read(host.join("libvgpu.so")).unwrap(), b"vgpu");
+        let aside = backup.join(SET_ASIDE).join("libvgpu.so.v2.10.0");
+        assert_eq!(fs::metadata(&aside).unwrap().ino(), ino);
+        assert!(set_aside(&host, &backup).unwrap().is_empty());
+
+        // The device plugin copied a file back meanwhile: it stays.
+        fs::write(host.join("libvgpu.so.v2.9.0"), b"copied back").unwrap();
+        let restored = restore(&host, &backup).unwrap();
+        assert_eq!(restored, ["libvgpu.so.v2.10.0"]);
+        assert_eq!(
+            fs::metadata(host.join("libvgpu.so.v2.10.0")).unwrap().ino(),
+            ino
+        );
+        assert_eq!(
+            fs::read(host.join("libvgpu.so.v2.9.0")).unwrap(),
+            b"copied back"
+        );
+        assert!(restore(&d.path().join("none"), &d.path().join("no-backup"))
+            .unwrap()
+            .is_empty());
+    }
+}
