@@ -14,6 +14,8 @@ pub mod region;
 #[cfg(feature = "std")]
 pub mod clock;
 #[cfg(feature = "std")]
+pub mod identity;
+#[cfg(feature = "std")]
 pub mod limit;
 #[cfg(feature = "std")]
 pub mod lock;
