@@ -1,6 +1,12 @@
 //! The limiter's shared files (the container's sidecar, the node's tables):
 //! created 0666 next to others' files, grown with zeroes, mapped shared for
 //! the process's whole life, and stamped with a magic and a version.
+//!
+//! Any process that can write these files can truncate them: the mappings
+//! are guarded (`crate::mapguard`), so a truncation turns the process's view
+//! into a private zeroed copy instead of a SIGBUS. Zero is a valid state of
+//! both layouts (no bucket charged, no other member): the process then
+//! limits itself alone.
 
 use std::fs::OpenOptions;
 use std::ops::RangeInclusive;
@@ -96,6 +102,7 @@ fn map(path: &Path, size: usize) -> Result<*mut libc::c_void, FileError> {
             source: std::io::Error::last_os_error(),
         });
     }
+    crate::mapguard::guard(p as *const u8, size, None, 0);
     Ok(p)
 }
 
