@@ -22,10 +22,15 @@ impl Identity {
     /// namespace `pid` is in), with its innermost namespace PID `nspid`.
     /// Unknown parts are 0.
     pub fn read(proc: &Path, pid: i32, nspid: i32) -> Self {
-        let dir = proc.join(pid.to_string());
+        Self::read_dir(&proc.join(pid.to_string()), nspid)
+    }
+
+    /// The identity of the process whose `/proc/<pid>` directory is `dir`
+    /// (`/proc/self` for the caller, whichever namespace `/proc` shows).
+    pub fn read_dir(dir: &Path, nspid: i32) -> Self {
         Self {
             pid: nspid,
-            pidns: pidns_inode(&dir).unwrap_or(0),
+            pidns: pidns_inode(dir).unwrap_or(0),
             start: std::fs::read_to_string(dir.join("stat"))
                 .ok()
                 .and_then(|s| start_time(&s))

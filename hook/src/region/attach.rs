@@ -41,7 +41,7 @@ pub struct Attachment {
     file: RegionFile,
     slot: usize,
     me: Identity,
-    /// `monotonic_ms` of the last opportunistic reclaim (`reclaim_now_and_then`).
+    /// `monotonic_ms` of the last reclaim (`reclaim_now_and_then`); 0 = none.
     last_reclaim_ms: AtomicU64,
     /// OFD locks do not exclude threads sharing the file description.
     mutex: Mutex<()>,
@@ -55,7 +55,11 @@ impl Attachment {
     /// fresh one from `cfg`, and registers a slot for `pid` (a process of
     /// this PID namespace: its identity is read from `/proc`).
     pub fn open(cfg: &Config, pid: i32) -> Result<Self, AttachError> {
-        let me = Identity::read(std::path::Path::new("/proc"), pid, pid);
+        let me = if u32::try_from(pid) == Ok(std::process::id()) {
+            Identity::read_dir(std::path::Path::new("/proc/self"), pid)
+        } else {
+            Identity::read(std::path::Path::new("/proc"), pid, pid)
+        };
         let file = RegionFile::create_or_open(&cfg.region_path)?;
         let shadow = Box::<Shadow>::default();
         crate::mapguard::guard(
@@ -225,7 +229,7 @@ impl Attachment {
     pub fn reclaim_now_and_then(&self) {
         let now = monotonic_ms();
         let last = self.last_reclaim_ms.load(Relaxed);
-        if now.saturating_sub(last) >= RECLAIM_EVERY.as_millis() as u64
+        if (last == 0 || now.saturating_sub(last) >= RECLAIM_EVERY.as_millis() as u64)
             && self
                 .last_reclaim_ms
                 .compare_exchange(last, now, Relaxed, Relaxed)

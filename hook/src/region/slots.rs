@@ -130,29 +130,28 @@ pub fn pid_alive(pid: i32) -> bool {
     }
 }
 
-/// The start time of live, non-zombie `pid` in this PID namespace (0 when
-/// `/proc` does not say); `None` when it is dead.
-pub fn probe(pid: i32) -> Option<u64> {
+/// What `/proc` says of live, non-zombie `pid` of this PID namespace: its
+/// PID namespace inode and start time (0 when unreadable); `None` when it
+/// is dead.
+pub fn probe(pid: i32) -> Option<(u64, u64)> {
     if !pid_alive(pid) {
         return None;
     }
-    Some(
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| vgpu_common::identity::start_time(&s))
-            .unwrap_or(0),
-    )
+    let id = Identity::read(std::path::Path::new("/proc"), pid, pid);
+    Some((id.pidns, id.start))
 }
 
 /// Frees every slot, other than `me`'s, whose process is provably dead: in
 /// `me`'s PID namespace, and no live process with its PID, or one started
 /// at another time (the PID was reused). `probe` says of a namespace PID:
-/// `None` = no live process has it, `Some(start)` = a live one started at
-/// `start` (0 = unknown). Returns how many were reclaimed.
+/// `None` = no live process has it, `Some((pidns, start))` = a live one
+/// (0 = unknown). A start time is only compared when `/proc` showed the
+/// process in `me`'s namespace (a `/proc` of another namespace names
+/// another process by that PID). Returns how many were reclaimed.
 pub fn reclaim_dead(
     region: &SharedRegion,
     me: &Identity,
-    probe: impl Fn(i32) -> Option<u64>,
+    probe: impl Fn(i32) -> Option<(u64, u64)>,
 ) -> usize {
     let mut n = 0;
     for i in 0..high_water(region) {
@@ -171,7 +170,9 @@ pub fn reclaim_dead(
         let recorded = s.start.load(SeqCst);
         let dead = match probe(pid) {
             None => true,
-            Some(start) => recorded != 0 && start != 0 && start != recorded,
+            Some((ns, start)) => {
+                ns != 0 && ns == me.pidns && recorded != 0 && start != 0 && start != recorded
+            }
         };
         if dead {
             vlog!(crate::log::INFO, "reclaiming slot {i} of dead pid {pid}");
@@ -180,4 +181,88 @@ pub fn reclaim_dead(
         }
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_common::view::RegionFile;
+
+    const G: u64 = 1 << 30;
+
+    fn id(pid: i32, pidns: u64, start: u64) -> Identity {
+        Identity { pid, pidns, start }
+    }
+
+    fn region() -> (tempfile::TempDir, RegionFile) {
+        let dir = tempfile::tempdir().unwrap();
+        let f = RegionFile::create_or_open(&dir.path().join("r.cache")).unwrap();
+        (dir, f)
+    }
+
+    /// A lowered `proc_num` (0) or a zeroed magic does not make a live
+    /// slot look free: the newcomer claims another one, and the live
+    /// slot's usage still counts.
+    #[test]
+    fn a_lowered_proc_num_never_hands_out_a_live_slot() {
+        let (_d, f) = region();
+        let r = f.region();
+        let a = register(r, &id(10, 7, 100)).unwrap();
+        usage::add(&r.procs[a], 0, G, usage::Kind::Data);
+        r.proc_num.store(0, SeqCst);
+        r.initialized_flag.store(0, SeqCst);
+        let b = register(r, &id(11, 7, 200)).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(r.procs[a].pid.load(SeqCst), 10);
+        assert_eq!(r.procs[a].used[0].total.load(SeqCst), G);
+        assert!(r.proc_count() > a.max(b), "proc_num repaired");
+        assert_eq!(usage::container_used(r, 0), G);
+    }
+
+    /// Two PID namespaces sharing a region, both PID 1: two slots, each
+    /// keeping its own usage; neither reclaims the other's.
+    #[test]
+    fn the_same_pid_in_two_namespaces_gets_two_slots() {
+        let (_d, f) = region();
+        let r = f.region();
+        let (x, y) = (id(1, 1000, 5), id(1, 2000, 5));
+        let a = register(r, &x).unwrap();
+        usage::add(&r.procs[a], 0, G, usage::Kind::Data);
+        let b = register(r, &y).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(r.procs[a].used[0].total.load(SeqCst), G);
+        // Whatever `probe` says of PID 1, another namespace's slot is not
+        // judged from here.
+        assert_eq!(reclaim_dead(r, &y, |_| None), 0);
+        assert_eq!(reclaim_dead(r, &x, |_| None), 0);
+        assert_eq!(usage::container_used(r, 0), G);
+        // The same process registering again (exec) takes its own slot back.
+        assert_eq!(register(r, &x).unwrap(), a);
+    }
+
+    /// A dead process is reclaimed; so is one whose PID now belongs to a
+    /// process started at another time. A live one is kept.
+    #[test]
+    fn dead_and_reused_pids_are_reclaimed_live_ones_kept() {
+        let (_d, f) = region();
+        let r = f.region();
+        let me = id(1, 9, 1);
+        register(r, &me).unwrap();
+        let dead = register(r, &id(20, 9, 50)).unwrap();
+        let reused = register(r, &id(21, 9, 60)).unwrap();
+        let live = register(r, &id(22, 9, 70)).unwrap();
+        for s in [dead, reused, live] {
+            usage::add(&r.procs[s], 0, G, usage::Kind::Data);
+        }
+        let n = reclaim_dead(r, &me, |pid| match pid {
+            21 => Some((9, 61)),
+            22 => Some((9, 70)),
+            _ => None,
+        });
+        assert_eq!(n, 2);
+        assert_eq!(r.procs[dead].pid.load(SeqCst), 0);
+        assert_eq!(r.procs[reused].pid.load(SeqCst), 0);
+        assert_eq!(r.procs[live].pid.load(SeqCst), 22);
+        assert_eq!(usage::container_used(r, 0), G);
+    }
 }
