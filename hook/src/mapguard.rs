@@ -24,7 +24,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize};
 use std::sync::Once;
 
 /// Refills a replaced mapping (zeroed, `len` bytes at `base`) from what the
@@ -36,7 +36,43 @@ pub type Repair = fn(base: usize, len: usize, ctx: usize);
 /// generation, and a node table per GPU.
 const SLOTS: usize = 64;
 
+/// What a guarded mapping is, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Region = 1,
+    Sidecar = 2,
+    NodeTable = 3,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Region),
+            2 => Some(Self::Sidecar),
+            3 => Some(Self::NodeTable),
+            _ => None,
+        }
+    }
+
+    /// What the process goes on with.
+    fn consequence(self) -> &'static str {
+        match self {
+            Self::Region => {
+                "the region: this process keeps its limits and its own usage, counted alone"
+            }
+            Self::Sidecar => "the SM sidecar: the SM limit now holds for this process alone",
+            Self::NodeTable => {
+                "the node's SM table: this container no longer takes turns with the others"
+            }
+        }
+    }
+}
+
 struct Guarded {
+    kind: AtomicU8,
+    /// The loss was logged.
+    reported: AtomicBool,
     base: AtomicUsize,
     /// 0 = entry not (yet) usable.
     len: AtomicUsize,
@@ -47,6 +83,8 @@ struct Guarded {
 
 static GUARDED: [Guarded; SLOTS] = [const {
     Guarded {
+        kind: AtomicU8::new(0),
+        reported: AtomicBool::new(false),
         base: AtomicUsize::new(0),
         len: AtomicUsize::new(0),
         repair: AtomicUsize::new(0),
@@ -66,7 +104,7 @@ static INSTALL: Once = Once::new();
 /// Registers `len` bytes mapped at `base` (page aligned) and installs the
 /// handler on first use. False when the mapping could not be guarded
 /// (logged): a truncation then kills the process, as without the hook.
-pub fn guard(base: *const u8, len: usize, repair: Option<Repair>, ctx: usize) -> bool {
+pub fn guard(kind: Kind, base: *const u8, len: usize, repair: Option<Repair>, ctx: usize) -> bool {
     INSTALL.call_once(install);
     let i = USED.fetch_add(1, SeqCst);
     let Some(g) = GUARDED.get(i) else {
@@ -76,6 +114,8 @@ pub fn guard(base: *const u8, len: usize, repair: Option<Repair>, ctx: usize) ->
         );
         return false;
     };
+    g.kind.store(kind as u8, Relaxed);
+    g.reported.store(false, Relaxed);
     g.base.store(base as usize, Relaxed);
     g.repair.store(repair.map_or(0, |f| f as usize), Relaxed);
     g.ctx.store(ctx, Relaxed);
@@ -100,6 +140,26 @@ pub fn is_lost(addr: *const u8) -> bool {
 /// How many mappings were replaced so far.
 pub fn replaced() -> usize {
     REPLACED.load(Relaxed)
+}
+
+/// Logs each mapping lost since the last call, once (slow paths call it:
+/// the handler itself cannot log).
+pub fn report_losses() {
+    if REPLACED.load(Relaxed) == 0 {
+        return;
+    }
+    let n = USED.load(Acquire).min(SLOTS);
+    for g in GUARDED.iter().take(n) {
+        if g.lost.load(Acquire) && !g.reported.swap(true, Relaxed) {
+            if let Some(kind) = Kind::from_u8(g.kind.load(Relaxed)) {
+                vlog!(
+                    crate::log::WARN,
+                    "a shared file was truncated by another process; going on with a private copy of {}",
+                    kind.consequence()
+                );
+            }
+        }
+    }
 }
 
 fn find(addr: usize) -> Option<&'static Guarded> {
@@ -275,7 +335,7 @@ mod tests {
         // SAFETY: as above.
         let first = unsafe { &*(base as *const AtomicU64) };
         last.store(7, SeqCst);
-        assert!(guard(base, len, Some(repair), 42));
+        assert!(guard(Kind::Sidecar, base, len, Some(repair), 42));
         assert!(!is_lost(base));
         file.set_len(0).unwrap();
         // Would be SIGBUS: past the end of the file.

@@ -63,6 +63,7 @@ impl Attachment {
         let file = RegionFile::create_or_open(&cfg.region_path)?;
         let shadow = Box::<Shadow>::default();
         crate::mapguard::guard(
+            crate::mapguard::Kind::Region,
             file.region() as *const SharedRegion as *const u8,
             REGION_SIZE,
             Some(shadow::repair),
@@ -140,6 +141,7 @@ impl Attachment {
     /// which the kernel drops if this process dies). If a *live* holder
     /// keeps it past `LOCK_WAIT`, `f` runs anyway, loudly.
     pub fn with_lock<R>(&self, f: impl FnOnce(&SharedRegion) -> R) -> R {
+        crate::mapguard::report_losses();
         let _inproc = self.mutex.lock().unwrap_or_else(|p| p.into_inner());
         let region = self.file.region();
         match lock::lock_timeout(self.file.file(), LOCK_WAIT) {

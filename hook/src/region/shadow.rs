@@ -136,3 +136,49 @@ pub fn repair(base: usize, len: usize, ctx: usize) {
     let (shadow, region) = unsafe { (&*(ctx as *const Shadow), &*(base as *const SharedRegion)) };
     shadow.refill(region);
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::region::{Attachment, Kind};
+    use std::sync::atomic::Ordering::SeqCst;
+
+    const M: u64 = 1 << 20;
+
+    /// The region file truncated under an attached process: the next access
+    /// finds a private copy holding the limit and this process's usage, so
+    /// the limit still holds for what the process already has.
+    #[test]
+    fn a_truncated_region_is_refilled_with_the_limit_and_own_usage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.cache");
+        let p = path.display().to_string();
+        let cfg = Config::from_lookup(move |k| match k {
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE" => Some(p.clone()),
+            "CUDA_DEVICE_MEMORY_LIMIT" => Some("1g".to_owned()),
+            _ => None,
+        });
+        let att = Attachment::open(&cfg, std::process::id() as i32).unwrap();
+        assert!(att.reserve(0, 600 * M, Kind::Data));
+        att.add_unchecked(0, 64 * M, Kind::Context);
+        att.release(0, 100 * M, Kind::Data);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let r = att.region();
+        assert_eq!(r.limit[0].load(SeqCst), 1 << 30);
+        let base = r as *const _ as *const u8;
+        assert!(crate::mapguard::is_lost(base));
+        assert!(r.is_initialized());
+        let s = &r.procs[att.slot_index()];
+        assert_eq!(s.pid.load(SeqCst), att.pid());
+        assert_eq!(s.used[0].data_size.load(SeqCst), 500 * M);
+        assert_eq!(s.used[0].context_size.load(SeqCst), 64 * M);
+        assert_eq!(s.used[0].total.load(SeqCst), 564 * M);
+        assert!(!att.reserve(0, 500 * M, Kind::Data), "past the limit");
+        assert!(att.reserve(0, 400 * M, Kind::Data));
+    }
+}
