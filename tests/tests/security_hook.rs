@@ -50,6 +50,21 @@ fn finishes_normally(mut p: Running, what: &str) {
     assert_eq!(st.code(), Some(0), "{what}: {st}");
 }
 
+/// Each process's busy share (percent) of device 0 over the next second.
+fn process_shares(gpu: &SimGpu, pids: &[u32]) -> Vec<f64> {
+    let from = simgpu::clock::mono_ns();
+    std::thread::sleep(Duration::from_secs(1));
+    let w = simgpu::clock::mono_ns() - from;
+    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
+    pids.iter()
+        .map(|pid| {
+            busy.iter()
+                .find(|p| p.pid == *pid)
+                .map_or(0.0, |p| p.busy_ns as f64 * 100.0 / w as f64)
+        })
+        .collect()
+}
+
 fn truncate(path: &Path) {
     std::fs::OpenOptions::new()
         .write(true)
@@ -79,15 +94,15 @@ fn a_truncated_region_kills_nobody_and_the_limit_holds() {
 
 /// Another container truncates the node's table of SM-limited containers,
 /// and a sibling truncates the container's sidecar and region, while
-/// SM-limited processes of two containers launch: both keep running and
-/// exit normally.
+/// SM-limited processes of two containers launch: both keep running, each
+/// still within its limit (now on its own), and exit normally.
 #[test]
 fn sm_limited_processes_survive_truncated_node_table_sidecar_and_region() {
     let gpu = SimGpu::new();
     let (a, b) = (env("trunc-sm-a"), env("trunc-sm-b"));
     let exe = a.build("sm_loop");
     let run = |e: &HookEnv, limit: &str| {
-        let mut c = e.hooked(&exe, &["kernel", "busy_500us", "3"]);
+        let mut c = e.hooked(&exe, &["kernel", "busy_500us", "4"]);
         gpu.apply(&mut c);
         c.env("CUDA_DEVICE_SM_LIMIT", limit)
             .env("GPU_CORE_UTILIZATION_POLICY", "force");
@@ -114,6 +129,17 @@ fn sm_limited_processes_survive_truncated_node_table_sidecar_and_region() {
     truncate(&sidecar);
     std::thread::sleep(Duration::from_millis(300));
     truncate(&b.region_path());
+    std::thread::sleep(Duration::from_millis(300));
+    let shares = process_shares(&gpu, &[pa.child.id(), pb.child.id()]);
+    eprintln!("after the truncations: {shares:?} % (limits 30, 40)");
+    for (share, limit) in shares.iter().zip([30.0, 40.0]) {
+        // Above the limit only by the limiter's own tolerance; alive, too
+        // (the bound is loose: the host may be busy).
+        assert!(
+            (1.0..=limit + 10.0).contains(share),
+            "share {share:.1} % at limit {limit}"
+        );
+    }
     for (p, what) in [(&mut pa, "container a"), (&mut pb, "container b")] {
         let l = p.wait_for("launches");
         assert!(l.starts_with("launches"), "{what} stopped early: {l:?}");
