@@ -247,6 +247,8 @@ fn zero_slot(slot: &ProcSlot) {
     }
     slot.seqlock.store(0, SeqCst);
     slot.hostpid.store(0, SeqCst);
+    slot.pidns.store(0, SeqCst);
+    slot.start.store(0, SeqCst);
     slot.status.store(status::EXITED, SeqCst);
 }
 
