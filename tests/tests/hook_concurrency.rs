@@ -1,6 +1,7 @@
 //! Several processes sharing one limit, and processes killed at any instant.
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -169,10 +170,30 @@ fn sigkill_at_any_instant_never_wedges_the_region() {
     let took = t0.elapsed();
     assert!(ok, "{out}{err}");
     assert!(took < Duration::from_secs(1), "took {took:?}: {out}");
+    // A dead process's slot counts until a sibling reclaims it: no live
+    // process holds anything, and the next registration reclaims the
+    // filler's gigabyte.
+    let f = env.region();
+    let live: u64 = f
+        .region()
+        .procs
+        .iter()
+        .filter(|s| {
+            let pid = s.pid.load(Ordering::SeqCst);
+            pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+        })
+        .map(|s| s.used[0].total.load(Ordering::SeqCst))
+        .sum();
     assert_eq!(
-        region_used(&env, 0),
-        0,
-        "the filler exited; nothing left counted"
+        live, 0,
+        "the filler exited; no live process counts anything"
+    );
+    let (ok, out, err) = run(env.hooked(&exe, &["info"]));
+    assert!(ok, "{out}{err}");
+    assert!(
+        region_used(&env, 0) < G,
+        "the filler's slot was not reclaimed: {}",
+        region_used(&env, 0)
     );
 }
 
