@@ -23,7 +23,7 @@
 //! truncation kills it again, as without the hook.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize};
 use std::sync::Once;
 
@@ -78,8 +78,14 @@ struct Guarded {
     len: AtomicUsize,
     repair: AtomicUsize,
     ctx: AtomicUsize,
-    lost: AtomicBool,
+    /// `MAPPED`, `REPLACING` or `LOST`.
+    state: AtomicU8,
 }
+
+const MAPPED: u8 = 0;
+/// One thread is replacing the mapping; others that fault meanwhile wait.
+const REPLACING: u8 = 1;
+const LOST: u8 = 2;
 
 static GUARDED: [Guarded; SLOTS] = [const {
     Guarded {
@@ -89,7 +95,7 @@ static GUARDED: [Guarded; SLOTS] = [const {
         len: AtomicUsize::new(0),
         repair: AtomicUsize::new(0),
         ctx: AtomicUsize::new(0),
-        lost: AtomicBool::new(false),
+        state: AtomicU8::new(MAPPED),
     }
 }; SLOTS];
 /// Entries handed out (never returned: mappings are never unmapped).
@@ -119,7 +125,7 @@ pub fn guard(kind: Kind, base: *const u8, len: usize, repair: Option<Repair>, ct
     g.base.store(base as usize, Relaxed);
     g.repair.store(repair.map_or(0, |f| f as usize), Relaxed);
     g.ctx.store(ctx, Relaxed);
-    g.lost.store(false, Relaxed);
+    g.state.store(MAPPED, Relaxed);
     g.len.store(len, Release);
     true
 }
@@ -134,7 +140,7 @@ pub fn unguard(base: *const u8) {
 
 /// Whether the mapping containing `addr` was replaced after a truncation.
 pub fn is_lost(addr: *const u8) -> bool {
-    find(addr as usize).is_some_and(|g| g.lost.load(Acquire))
+    find(addr as usize).is_some_and(|g| g.state.load(Acquire) == LOST)
 }
 
 /// How many mappings were replaced so far.
@@ -150,7 +156,7 @@ pub fn report_losses() {
     }
     let n = USED.load(Acquire).min(SLOTS);
     for g in GUARDED.iter().take(n) {
-        if g.lost.load(Acquire) && !g.reported.swap(true, Relaxed) {
+        if g.state.load(Acquire) == LOST && !g.reported.swap(true, Relaxed) {
             if let Some(kind) = Kind::from_u8(g.kind.load(Relaxed)) {
                 vlog!(
                     crate::log::WARN,
@@ -225,11 +231,23 @@ extern "C" fn on_sigbus(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void
 }
 
 /// Replaces the guarded mapping containing `addr`; false when none does or
-/// the kernel refused. Async-signal-safe.
+/// the kernel refused. Async-signal-safe. Threads faulting on one mapping at
+/// once: the first replaces it, the others wait for that and retry.
 fn replace(addr: usize) -> bool {
     let Some(g) = find(addr) else {
         return false;
     };
+    match g.state.compare_exchange(MAPPED, REPLACING, AcqRel, Acquire) {
+        Ok(_) => {}
+        // Replaced already (the fault raced the replacement): retry.
+        Err(LOST) => return true,
+        Err(_) => {
+            while g.state.load(Acquire) == REPLACING {
+                std::hint::spin_loop();
+            }
+            return g.state.load(Acquire) == LOST;
+        }
+    }
     let (base, len) = (g.base.load(Relaxed), g.len.load(Acquire));
     // SAFETY: `[base, base + len)` is a mapping this process made and never
     // unmaps; replacing it with private anonymous pages of the same size at
@@ -246,6 +264,7 @@ fn replace(addr: usize) -> bool {
         )
     };
     if p == libc::MAP_FAILED {
+        g.state.store(MAPPED, Release);
         return false;
     }
     let repair = g.repair.load(Relaxed);
@@ -254,8 +273,8 @@ fn replace(addr: usize) -> bool {
         let f: Repair = unsafe { std::mem::transmute::<usize, Repair>(repair) };
         f(base, len, g.ctx.load(Acquire));
     }
-    g.lost.store(true, Release);
     REPLACED.fetch_add(1, Relaxed);
+    g.state.store(LOST, Release);
     true
 }
 
@@ -299,6 +318,63 @@ mod tests {
         let w = unsafe { &*(base as *const AtomicU64) };
         w.store(ctx as u64, SeqCst);
         REPAIRED.fetch_add(1, SeqCst);
+    }
+
+    /// A shared mapping of a fresh `len`-byte file in `dir`.
+    fn mapped(dir: &std::path::Path, len: usize) -> (std::fs::File, *const u8) {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("f"))
+            .unwrap();
+        file.set_len(len as u64).unwrap();
+        // SAFETY: a fresh shared mapping of the file's `len` bytes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        (file, p as *const u8)
+    }
+
+    static RACE_REPAIRS: AtomicUsize = AtomicUsize::new(0);
+
+    fn count_repair(_base: usize, _len: usize, _ctx: usize) {
+        RACE_REPAIRS.fetch_add(1, SeqCst);
+    }
+
+    /// Eight threads hitting a truncated mapping at once all survive; the
+    /// mapping is replaced (and repaired) once.
+    #[test]
+    fn threads_faulting_at_once_replace_the_mapping_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = 16 * 4096;
+        let (file, base) = mapped(dir.path(), len);
+        assert!(guard(Kind::NodeTable, base, len, Some(count_repair), 0));
+        file.set_len(0).unwrap();
+        let addr = base as usize;
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    // SAFETY: inside the (guarded) mapping, 8-aligned.
+                    let w = unsafe { &*((addr + i * 4096) as *const AtomicU64) };
+                    w.fetch_add(1, SeqCst);
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(is_lost(base));
+        assert_eq!(RACE_REPAIRS.load(SeqCst), 1);
     }
 
     /// A mapped file truncated under the process: the access that would
