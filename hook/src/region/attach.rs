@@ -62,6 +62,11 @@ impl Attachment {
         };
         let file = RegionFile::create_or_open(&cfg.region_path)?;
         let shadow = Box::<Shadow>::default();
+        // Until the region's own limits are read, a truncation falls back on
+        // the ones this process was given.
+        for (dev, &limit) in cfg.mem_limit.iter().enumerate() {
+            shadow.see_limit(dev, limit);
+        }
         crate::mapguard::guard(
             crate::mapguard::Kind::Region,
             file.region() as *const SharedRegion as *const u8,
