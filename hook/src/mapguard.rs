@@ -16,9 +16,10 @@
 //! shared with others through it (the container's usage sum, the
 //! container's buckets, the node's schedule) becomes process-private.
 //!
-//! A SIGBUS at any other address goes to the handler the application had
-//! installed before, or (none) is re-raised with the default action, so an
-//! unrelated fault still kills as it would have. An application that
+//! A SIGBUS at any other address, or one sent by kill(2), goes to the
+//! handler the application had installed before, or (none) is re-raised
+//! with the default action, so an unrelated fault still kills as it would
+//! have. An application that
 //! installs its own SIGBUS handler later replaces this one, and then a
 //! truncation kills it again, as without the hook.
 
@@ -217,12 +218,20 @@ fn remember(old: &libc::sigaction) {
 type Handler = extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void);
 
 extern "C" fn on_sigbus(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    // Only a fault carries an address (`si_code > 0`); a SIGBUS sent with
+    // kill(2) or raise(3) is never ours.
     let addr = if info.is_null() {
         0
     } else {
         // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO
         // handler; a null one (a broken raise) is treated as "not ours".
-        unsafe { (*info).si_addr() as usize }
+        unsafe {
+            if (*info).si_code > 0 {
+                (*info).si_addr() as usize
+            } else {
+                0
+            }
+        }
     };
     if addr != 0 && replace(addr) {
         return;
@@ -345,6 +354,44 @@ mod tests {
         (file, p as *const u8)
     }
 
+    /// A fault outside the guarded mappings, and a SIGBUS sent by raise(3),
+    /// still kill (the default action, re-raised) in an application that
+    /// had no handler of its own.
+    #[test]
+    fn other_sigbus_keeps_its_default_action() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_file, base) = mapped(dir.path(), 4096);
+        assert!(guard(Kind::Sidecar, base, 4096, None, 0));
+        let other = tempfile::tempdir().unwrap();
+        let (file, unguarded) = mapped(other.path(), 4096);
+        file.set_len(0).unwrap();
+        for fault in [true, false] {
+            // SAFETY: the child only calls async-signal-safe functions (and
+            // faults on purpose).
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // The test harness (Rust's std) has a SIGBUS handler of its
+                // own; an application in C has none.
+                PREV_HANDLER.store(libc::SIG_DFL, SeqCst);
+                // SAFETY: reading a truncated mapping (the point), or raise.
+                unsafe {
+                    if fault {
+                        std::ptr::read_volatile(unguarded);
+                    } else {
+                        libc::raise(libc::SIGBUS);
+                    }
+                    libc::_exit(0);
+                }
+            }
+            let mut st = 0;
+            // SAFETY: waiting for our own child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+            assert!(libc::WIFSIGNALED(st), "fault {fault}: status {st:#x}");
+            assert_eq!(libc::WTERMSIG(st), libc::SIGBUS);
+        }
+        assert!(!is_lost(base));
+    }
+
     static RACE_REPAIRS: AtomicUsize = AtomicUsize::new(0);
 
     fn count_repair(_base: usize, _len: usize, _ctx: usize) {
@@ -383,29 +430,8 @@ mod tests {
     #[test]
     fn a_truncated_mapping_is_replaced_and_repaired() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
         let len = 3 * 4096;
-        file.set_len(len as u64).unwrap();
-        // SAFETY: a fresh shared mapping of the file's `len` bytes.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let base = p as *const u8;
+        let (file, base) = mapped(dir.path(), len);
         // SAFETY: inside the mapping, 8-aligned.
         let last = unsafe { &*(base.add(2 * 4096) as *const AtomicU64) };
         // SAFETY: as above.
