@@ -84,7 +84,7 @@ pub fn config() -> &'static Config {
 /// until the process is dead (the driver releases its memory only then),
 /// so threads still running during exit, and exit handlers, stay limited.
 /// A sibling's registration or refused reservation, a sibling's
-/// `cuMemGetInfo`, or `vgpu cleanup` frees the slot once the process is
+/// memory query, or `vgpu cleanup` frees the slot once the process is
 /// provably dead.
 pub fn process() -> Option<&'static Process> {
     let gen = FORK_GEN.load(Acquire);

@@ -231,7 +231,7 @@ impl Attachment {
     }
 
     /// [`Self::reclaim`] at most once per [`RECLAIM_EVERY`], for queries
-    /// (cuMemGetInfo) that should not count the memory of processes that
+    /// (cuMemGetInfo, nvmlDeviceGetMemoryInfo) that should not count the memory of processes that
     /// have exited since.
     pub fn reclaim_now_and_then(&self) {
         let now = monotonic_ms();
