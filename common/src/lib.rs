@@ -16,6 +16,8 @@ pub mod abi;
 #[cfg(feature = "std")]
 pub mod clock;
 #[cfg(feature = "std")]
+pub mod identity;
+#[cfg(feature = "std")]
 pub mod limit;
 #[cfg(feature = "std")]
 pub mod lock;

@@ -83,7 +83,16 @@ pub struct ProcSlot {
     pub _pad: AtomicU32,
     /// Odd while a writer updates `used`; readers retry on change.
     pub seqlock: AtomicU64,
-    pub unused: [AtomicU64; 2],
+    /// vgpu's slot identity, in HAMi's `unused[0]` (its monitor never reads
+    /// it): the inode of the process's PID namespace. With `pid` and
+    /// `start` it names one process, whatever namespace it runs in (two
+    /// namespaces sharing a region both have a PID 1). 0 = not recorded (a
+    /// HAMi-core process).
+    pub pidns: AtomicU64,
+    /// HAMi's `unused[1]`: the process's start time, `/proc/<pid>/stat`
+    /// field 22 (clock ticks after boot): a reused PID has another. 0 = not
+    /// recorded.
+    pub start: AtomicU64,
 }
 
 /// `shared_region_t`.
@@ -146,7 +155,8 @@ const _: () = {
     assert!(offset_of!(ProcSlot, device_util) == 1160);
     assert!(offset_of!(ProcSlot, status) == 1928);
     assert!(offset_of!(ProcSlot, seqlock) == 1936);
-    assert!(offset_of!(ProcSlot, unused) == 1944);
+    assert!(offset_of!(ProcSlot, pidns) == 1944);
+    assert!(offset_of!(ProcSlot, start) == 1952);
 
     assert!(size_of::<SharedRegion>() == REGION_SIZE);
     assert!(align_of::<SharedRegion>() == 8);
@@ -245,6 +255,8 @@ mod tests {
             ("slot.device_util", offset_of!(ProcSlot, device_util), 1160),
             ("slot.status", offset_of!(ProcSlot, status), 1928),
             ("slot.seqlock", offset_of!(ProcSlot, seqlock), 1936),
+            ("slot.pidns", offset_of!(ProcSlot, pidns), 1944),
+            ("slot.start", offset_of!(ProcSlot, start), 1952),
             ("shared_region_t", size_of::<SharedRegion>(), 2_008_952),
             ("owner_pid", offset_of!(SharedRegion, owner_pid), 16),
             ("sem", offset_of!(SharedRegion, sem), 24),

@@ -16,6 +16,7 @@ pub mod config;
 pub mod exports;
 pub mod ffi;
 mod launch;
+pub mod mapguard;
 mod memory;
 mod nvml;
 mod procaddr;

@@ -127,6 +127,8 @@ fn virtualise(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64
     if limit == 0 {
         return None;
     }
+    // Processes that exited since still fill their slots until reclaimed.
+    p.att.reclaim_now_and_then();
     let used = usage::container_used(r, i);
     let (free, total) = virtual_info(limit, used, phys_free, phys_total);
     Some((total, free, used))

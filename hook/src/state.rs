@@ -64,7 +64,6 @@ static CONFIG: OnceLock<Config> = OnceLock::new();
 static CURRENT: AtomicPtr<Process> = AtomicPtr::new(std::ptr::null_mut());
 static FORK_GEN: AtomicU64 = AtomicU64::new(0);
 static FAILED_GEN: AtomicU64 = AtomicU64::new(u64::MAX);
-static EXITING: AtomicBool = AtomicBool::new(false);
 /// Spin lock around attaching (reset in a fork child, unlike a mutex).
 static ATTACHING: AtomicBool = AtomicBool::new(false);
 static PROCESS_HOOKS: Once = Once::new();
@@ -79,8 +78,14 @@ pub fn config() -> &'static Config {
 }
 
 /// This process's state, attaching on first use. `None` means "forward
-/// everything unchanged": the region could not be used (already logged), or
-/// the process is exiting.
+/// everything unchanged": the region could not be used (already logged).
+///
+/// The state outlives `exit()`: its slot stays registered and counted
+/// until the process is dead (the driver releases its memory only then),
+/// so threads still running during exit, and exit handlers, stay limited.
+/// A sibling's registration or refused reservation, a sibling's
+/// memory query, or `vgpu cleanup` frees the slot once the process is
+/// provably dead.
 pub fn process() -> Option<&'static Process> {
     let gen = FORK_GEN.load(Acquire);
     let p = CURRENT.load(Acquire);
@@ -96,7 +101,7 @@ pub fn process() -> Option<&'static Process> {
 }
 
 fn attach_slow(gen: u64) -> Option<&'static Process> {
-    if EXITING.load(Relaxed) || FAILED_GEN.load(Relaxed) == gen {
+    if FAILED_GEN.load(Relaxed) == gen {
         return None;
     }
     while ATTACHING
@@ -146,7 +151,6 @@ fn attach_locked(gen: u64) -> Option<&'static Process> {
 }
 
 extern "C" {
-    fn atexit(f: extern "C" fn()) -> libc::c_int;
     fn pthread_atfork(
         prepare: Option<extern "C" fn()>,
         parent: Option<extern "C" fn()>,
@@ -159,25 +163,7 @@ fn install_process_hooks() {
         // SAFETY: registering `extern "C"` functions that live as long as the
         // library (a preloaded library is never unloaded).
         unsafe {
-            atexit(on_exit);
             pthread_atfork(None, None, Some(on_fork_child));
-        }
-    });
-}
-
-/// atexit: zero this process's usage and free its slot.
-extern "C" fn on_exit() {
-    let _ = std::panic::catch_unwind(|| {
-        EXITING.store(true, SeqCst);
-        let gen = FORK_GEN.load(Acquire);
-        let p = CURRENT.swap(std::ptr::null_mut(), SeqCst);
-        if p.is_null() {
-            return;
-        }
-        // SAFETY: leaked `Process`, never freed.
-        let pr: &Process = unsafe { &*p };
-        if pr.gen == gen {
-            pr.att.unregister();
         }
     });
 }

@@ -464,6 +464,16 @@ fn container_pids_are_judged_by_mapping_not_by_host_pid_of_the_same_number() {
     assert_eq!(warm.cmd(&format!("alloc {M}")), "alloc 0");
     let _ = writeln!(warm.run.child.stdin.as_mut().expect("stdin"), "quit");
     assert!(warm.run.child.wait().expect("wait").success());
+    // A dead process keeps its slot until someone reclaims it, and the
+    // namespaced process does not judge another namespace's slots.
+    let out = vgpu(&["cleanup", s(&path)]);
+    assert!(
+        out.stdout
+            .contains(&format!("reclaimed slot 0 of dead pid {}", warm.pid)),
+        "{}{}",
+        out.stdout,
+        out.stderr
+    );
     let inner = env.hooked(&exe, &[]);
     let mut c = Command::new("unshare");
     c.args([

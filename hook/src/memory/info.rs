@@ -25,6 +25,8 @@ pub fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
     let (Some(p), Some(dev)) = (process(), Real.current_device()) else {
         return rc;
     };
+    // Processes that exited since still fill their slots until reclaimed.
+    p.att.reclaim_now_and_then();
     let r = p.att.region();
     let (f, t) = virtual_info(
         usage::limit(r, dev),

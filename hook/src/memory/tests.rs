@@ -247,7 +247,7 @@ fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
     let r = a.att.region();
     assert_eq!(r.proc_num.load(SeqCst), 2);
     a.att.add_unchecked(0, 10 * M, Kind::Data);
-    a.att.unregister();
+    slots::release(r, a.att.slot_index());
     assert_eq!(r.procs[0].pid.load(SeqCst), 0);
     assert_eq!(r.procs[0].used[0].total.load(SeqCst), 0);
     // A new process takes slot 0 in place; b's slot did not move.
@@ -257,7 +257,9 @@ fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
     assert_eq!(r.proc_num.load(SeqCst), 2);
     // b "dies" holding memory: reclaimed by the next allocation that fails.
     b.att.add_unchecked(0, 1 << 30, Kind::Data);
-    let n = slots::reclaim_dead(r, lc.pid(), |pid| pid != lb.pid());
+    let me =
+        vgpu_common::identity::Identity::read(std::path::Path::new("/proc"), lc.pid(), lc.pid());
+    let n = slots::reclaim_dead(r, &me, |pid| (pid != lb.pid()).then_some((0, 0)));
     assert_eq!(n, 1);
     assert_eq!(used(&c2, 0), 0);
     assert_eq!(r.procs[1].status.load(SeqCst), 0);

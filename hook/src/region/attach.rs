@@ -7,10 +7,14 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use vgpu_common::identity::Identity;
 use vgpu_common::lock;
-use vgpu_common::region::{SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION};
+use vgpu_common::region::{
+    SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
+};
 use vgpu_common::view::{RegionError, RegionFile};
 
+use super::shadow::{self, Shadow};
 use super::slots::{self, SlotError};
 use super::usage::{self, Kind};
 use crate::config::Config;
@@ -18,6 +22,8 @@ use crate::config::Config;
 /// How long a live lock holder may keep the region before we go on without
 /// the lock (slot claims are CAS-protected, so that stays safe).
 const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Least interval between two reclaims on behalf of a query.
+const RECLAIM_EVERY: Duration = Duration::from_secs(1);
 /// Optimistic reservation attempts before an allocation is refused.
 const RESERVE_ATTEMPTS: u32 = 4;
 
@@ -34,21 +40,47 @@ pub enum AttachError {
 pub struct Attachment {
     file: RegionFile,
     slot: usize,
-    pid: i32,
+    me: Identity,
+    /// `monotonic_ms` of the last reclaim (`reclaim_now_and_then`); 0 = none.
+    last_reclaim_ms: AtomicU64,
     /// OFD locks do not exclude threads sharing the file description.
     mutex: Mutex<()>,
+    /// Limits and own usage, to refill the mapping if the file is truncated
+    /// (boxed: the SIGBUS handler holds its address).
+    shadow: Box<Shadow>,
 }
 
 impl Attachment {
     /// Creates or attaches the region at `cfg.region_path`, initialises a
-    /// fresh one from `cfg`, and registers a slot for `pid`.
+    /// fresh one from `cfg`, and registers a slot for `pid` (a process of
+    /// this PID namespace: its identity is read from `/proc`).
     pub fn open(cfg: &Config, pid: i32) -> Result<Self, AttachError> {
+        let me = if u32::try_from(pid) == Ok(std::process::id()) {
+            Identity::read_dir(std::path::Path::new("/proc/self"), pid)
+        } else {
+            Identity::read(std::path::Path::new("/proc"), pid, pid)
+        };
         let file = RegionFile::create_or_open(&cfg.region_path)?;
+        let shadow = Box::<Shadow>::default();
+        // Until the region's own limits are read, a truncation falls back on
+        // the ones this process was given.
+        for (dev, &limit) in cfg.mem_limit.iter().enumerate() {
+            shadow.see_limit(dev, limit);
+        }
+        crate::mapguard::guard(
+            crate::mapguard::Kind::Region,
+            file.region() as *const SharedRegion as *const u8,
+            REGION_SIZE,
+            Some(shadow::repair),
+            &*shadow as *const Shadow as usize,
+        );
         let mut att = Self {
             file,
             slot: usize::MAX,
-            pid,
+            me,
+            last_reclaim_ms: AtomicU64::new(0),
             mutex: Mutex::new(()),
+            shadow,
         };
         let path = cfg.region_path.clone();
         let slot = att.with_lock(|r| {
@@ -57,10 +89,12 @@ impl Attachment {
             } else {
                 initialise(r, cfg);
             }
-            slots::reclaim_dead(r, pid, slots::pid_alive);
-            slots::register(r, pid)
+            slots::reclaim_dead(r, &me, slots::probe);
+            slots::register(r, &me)
         });
         att.slot = slot.map_err(|source| AttachError::Slot { path, source })?;
+        att.shadow.see_limits(att.region());
+        att.shadow.set_slot(att.slot, &me);
         vlog!(
             crate::log::INFO,
             "registered in slot {} of {}",
@@ -79,7 +113,7 @@ impl Attachment {
     }
 
     pub fn pid(&self) -> i32 {
-        self.pid
+        self.me.pid
     }
 
     pub fn path(&self) -> &std::path::Path {
@@ -112,11 +146,12 @@ impl Attachment {
     /// which the kernel drops if this process dies). If a *live* holder
     /// keeps it past `LOCK_WAIT`, `f` runs anyway, loudly.
     pub fn with_lock<R>(&self, f: impl FnOnce(&SharedRegion) -> R) -> R {
+        crate::mapguard::report_losses();
         let _inproc = self.mutex.lock().unwrap_or_else(|p| p.into_inner());
         let region = self.file.region();
         match lock::lock_timeout(self.file.file(), LOCK_WAIT) {
             Ok(Some(guard)) => {
-                region.owner_pid.store(self.pid as u64, SeqCst);
+                region.owner_pid.store(self.me.pid as u64, SeqCst);
                 let r = f(region);
                 region.owner_pid.store(0, SeqCst);
                 drop(guard);
@@ -149,13 +184,15 @@ impl Attachment {
         crate::suspend::ensure_running();
         let region = self.region();
         let mut reclaimed = false;
+        self.shadow.see_limit(dev, usage::limit(region, dev));
         for attempt in 0..RESERVE_ATTEMPTS {
             if usage::try_reserve(region, self.slot, dev, bytes, kind) {
+                self.shadow.add(dev, bytes, kind);
                 return true;
             }
             if !reclaimed {
                 reclaimed = true;
-                let n = self.with_lock(|r| slots::reclaim_dead(r, self.pid, slots::pid_alive));
+                let n = self.reclaim();
                 if n > 0 {
                     continue;
                 }
@@ -175,6 +212,7 @@ impl Attachment {
     pub fn release(&self, dev: usize, bytes: u64, kind: Kind) {
         if let Some(s) = self.region().procs.get(self.slot) {
             usage::sub(s, dev, bytes, kind);
+            self.shadow.sub(dev, bytes, kind);
         }
     }
 
@@ -182,16 +220,37 @@ impl Attachment {
     pub fn add_unchecked(&self, dev: usize, bytes: u64, kind: Kind) {
         if let Some(s) = self.region().procs.get(self.slot) {
             usage::add(s, dev, bytes, kind);
+            self.shadow.add(dev, bytes, kind);
         }
     }
 
-    /// Frees this process's slot (exit).
-    pub fn unregister(&self) {
-        self.with_lock(|r| {
-            if r.procs.get(self.slot).map(|s| s.pid.load(SeqCst)) == Some(self.pid) {
-                slots::release(r, self.slot);
-            }
-        });
+    /// Frees the slots of dead processes of this namespace; how many.
+    pub fn reclaim(&self) -> usize {
+        self.last_reclaim_ms.store(monotonic_ms(), Relaxed);
+        self.with_lock(|r| slots::reclaim_dead(r, &self.me, slots::probe))
+    }
+
+    /// [`Self::reclaim`] at most once per [`RECLAIM_EVERY`], for queries
+    /// (cuMemGetInfo, nvmlDeviceGetMemoryInfo) that should not count the memory of processes that
+    /// have exited since.
+    pub fn reclaim_now_and_then(&self) {
+        let now = monotonic_ms();
+        let last = self.last_reclaim_ms.load(Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= RECLAIM_EVERY.as_millis() as u64)
+            && self
+                .last_reclaim_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            self.reclaim();
+        }
+    }
+}
+
+impl Drop for Attachment {
+    /// The mapping goes with `file`: the handler must forget it first.
+    fn drop(&mut self) {
+        crate::mapguard::unguard(self.file.region() as *const SharedRegion as *const u8);
     }
 }
 
@@ -288,7 +347,8 @@ fn initialise(r: &SharedRegion, cfg: &Config) {
     r.utilization_switch.store(1, SeqCst);
     r.recent_kernel.store(2, SeqCst);
     r.priority.store(cfg.priority, SeqCst);
-    r.proc_num.store(0, SeqCst);
+    // `proc_num` is left alone: zero in a fresh file, and a region whose
+    // magic was zeroed may still hold live slots (registration finds them).
     r.initialized_flag.store(MAGIC, SeqCst);
     vlog!(
         crate::log::INFO,

@@ -3,6 +3,7 @@
 //! lock-free usage counters and limit check (`usage`).
 
 pub mod attach;
+pub mod shadow;
 pub mod slots;
 pub mod usage;
 

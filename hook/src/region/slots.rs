@@ -3,11 +3,22 @@
 //! slot index ever changes (HAMi's compaction moves slots under other
 //! processes' cached pointers).
 //!
+//! Nothing in the region is trusted to find a free slot: a slot is claimed
+//! by a compare-and-swap of its `pid` from 0, over all `MAX_PROCS` slots
+//! whatever `proc_num` says, so a lowered `proc_num` or a zeroed magic never
+//! makes a live slot look free. A slot names its process by
+//! [`Identity`] (namespace PID, PID namespace inode, start time): slots of
+//! processes in another PID namespace are never taken over nor reclaimed
+//! from here (only the daemon, which sees host PIDs, can judge them).
+//!
 //! Everything here runs under the region lock, except the read-only scans.
 
 use std::sync::atomic::Ordering::SeqCst;
 
+use vgpu_common::identity::Identity;
 use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS};
+
+use super::usage;
 
 /// Why no slot could be had.
 #[derive(Debug, thiserror::Error)]
@@ -29,37 +40,57 @@ fn zero_counters(slot: &ProcSlot) {
     }
 }
 
-/// Claims a slot for `pid`: a slot that already carries `pid` (PID reuse
-/// after a crash), else the first free slot below `proc_num`, else the next
-/// one, raising `proc_num`. Returns the slot index.
-pub fn register(region: &SharedRegion, pid: i32) -> Result<usize, SlotError> {
-    let n = region.proc_count();
-    let own = (0..n).find(|&i| region.procs[i].pid.load(SeqCst) == pid);
+/// Whether slot `s` is recorded in the PID namespace of `me` (or records
+/// none: a HAMi-core process, judged as HAMi does, by PID alone).
+fn same_namespace(s: &ProcSlot, me: &Identity) -> bool {
+    let ns = s.pidns.load(SeqCst);
+    ns == 0 || me.pidns == 0 || ns == me.pidns
+}
+
+/// One past the highest slot in use, found by reading every slot; raises
+/// `proc_num` to it (repairing a lowered one for every reader, HAMi's
+/// monitor included) and the bound this process sums usage over.
+fn high_water(region: &SharedRegion) -> usize {
+    let n = region
+        .procs
+        .iter()
+        .rposition(|s| s.pid.load(SeqCst) != 0)
+        .map_or(0, |i| i + 1);
+    region.proc_num.fetch_max(n as i32, SeqCst);
+    usage::see_slots(n);
+    n
+}
+
+/// Claims a slot for `me`: the one that already carries its PID in its
+/// namespace (a dead predecessor with a reused PID, or this process before
+/// an `exec`: either way its memory is gone), else the first free one,
+/// claimed by CAS. Returns the slot index.
+pub fn register(region: &SharedRegion, me: &Identity) -> Result<usize, SlotError> {
+    let own = region
+        .procs
+        .iter()
+        .position(|s| s.pid.load(SeqCst) == me.pid && same_namespace(s, me));
     let index = match own {
         Some(i) => i,
-        None => {
-            let free = (0..n).find(|&i| {
-                let s = &region.procs[i];
+        None => region
+            .procs
+            .iter()
+            .position(|s| {
                 s.status.load(SeqCst) == status::EXITED
-                    && s.pid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok()
-            });
-            match free {
-                Some(i) => i,
-                None if n < MAX_PROCS => {
-                    region.procs[n].pid.store(pid, SeqCst);
-                    region.proc_num.store(n as i32 + 1, SeqCst);
-                    n
-                }
-                None => return Err(SlotError::Full),
-            }
-        }
+                    && s.pid.compare_exchange(0, me.pid, SeqCst, SeqCst).is_ok()
+            })
+            .ok_or(SlotError::Full)?,
     };
     let slot = &region.procs[index];
     zero_counters(slot);
     slot.seqlock.store(0, SeqCst);
     slot.hostpid.store(0, SeqCst);
+    slot.pidns.store(me.pidns, SeqCst);
+    slot.start.store(me.start, SeqCst);
     slot.status.store(status::RUNNING, SeqCst);
-    slot.pid.store(pid, SeqCst);
+    slot.pid.store(me.pid, SeqCst);
+    region.proc_num.fetch_max(index as i32 + 1, SeqCst);
+    high_water(region);
     Ok(index)
 }
 
@@ -71,6 +102,8 @@ pub fn release(region: &SharedRegion, index: usize) {
     zero_counters(slot);
     slot.seqlock.store(0, SeqCst);
     slot.hostpid.store(0, SeqCst);
+    slot.pidns.store(0, SeqCst);
+    slot.start.store(0, SeqCst);
     slot.status.store(status::EXITED, SeqCst);
     slot.pid.store(0, SeqCst);
 }
@@ -97,20 +130,139 @@ pub fn pid_alive(pid: i32) -> bool {
     }
 }
 
-/// Frees every slot below `proc_num` whose process is dead (not `except`).
-/// Returns how many were reclaimed.
-pub fn reclaim_dead(region: &SharedRegion, except: i32, alive: impl Fn(i32) -> bool) -> usize {
+/// What `/proc` says of live, non-zombie `pid` of this PID namespace: its
+/// PID namespace inode and start time (0 when unreadable); `None` when it
+/// is dead.
+pub fn probe(pid: i32) -> Option<(u64, u64)> {
+    if !pid_alive(pid) {
+        return None;
+    }
+    let id = Identity::read(std::path::Path::new("/proc"), pid, pid);
+    Some((id.pidns, id.start))
+}
+
+/// Frees every slot, other than `me`'s, whose process is provably dead: in
+/// `me`'s PID namespace, and no live process with its PID, or one started
+/// at another time (the PID was reused). `probe` says of a namespace PID:
+/// `None` = no live process has it, `Some((pidns, start))` = a live one
+/// (0 = unknown). A start time is only compared when `/proc` showed the
+/// process in `me`'s namespace (a `/proc` of another namespace names
+/// another process by that PID). Returns how many were reclaimed.
+pub fn reclaim_dead(
+    region: &SharedRegion,
+    me: &Identity,
+    probe: impl Fn(i32) -> Option<(u64, u64)>,
+) -> usize {
     let mut n = 0;
-    for i in 0..region.proc_count() {
-        let pid = region.procs[i].pid.load(SeqCst);
-        if pid != 0 && pid != except && !alive(pid) {
+    for i in 0..high_water(region) {
+        let s = &region.procs[i];
+        let pid = s.pid.load(SeqCst);
+        if pid == 0 {
+            if s.status.load(SeqCst) != status::EXITED {
+                // A HAMi-core exit leaves counters and status behind; normalise.
+                release(region, i);
+            }
+            continue;
+        }
+        if pid == me.pid || !same_namespace(s, me) {
+            continue;
+        }
+        let recorded = s.start.load(SeqCst);
+        let dead = match probe(pid) {
+            None => true,
+            Some((ns, start)) => {
+                ns != 0 && ns == me.pidns && recorded != 0 && start != 0 && start != recorded
+            }
+        };
+        if dead {
             vlog!(crate::log::INFO, "reclaiming slot {i} of dead pid {pid}");
             release(region, i);
             n += 1;
-        } else if pid == 0 && region.procs[i].status.load(SeqCst) != status::EXITED {
-            // A HAMi-core exit leaves counters and status behind; normalise.
-            release(region, i);
         }
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vgpu_common::view::RegionFile;
+
+    const G: u64 = 1 << 30;
+
+    fn id(pid: i32, pidns: u64, start: u64) -> Identity {
+        Identity { pid, pidns, start }
+    }
+
+    fn region() -> (tempfile::TempDir, RegionFile) {
+        let dir = tempfile::tempdir().unwrap();
+        let f = RegionFile::create_or_open(&dir.path().join("r.cache")).unwrap();
+        (dir, f)
+    }
+
+    /// A lowered `proc_num` (0) or a zeroed magic does not make a live
+    /// slot look free: the newcomer claims another one, and the live
+    /// slot's usage still counts.
+    #[test]
+    fn a_lowered_proc_num_never_hands_out_a_live_slot() {
+        let (_d, f) = region();
+        let r = f.region();
+        let a = register(r, &id(10, 7, 100)).unwrap();
+        usage::add(&r.procs[a], 0, G, usage::Kind::Data);
+        r.proc_num.store(0, SeqCst);
+        r.initialized_flag.store(0, SeqCst);
+        let b = register(r, &id(11, 7, 200)).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(r.procs[a].pid.load(SeqCst), 10);
+        assert_eq!(r.procs[a].used[0].total.load(SeqCst), G);
+        assert!(r.proc_count() > a.max(b), "proc_num repaired");
+        assert_eq!(usage::container_used(r, 0), G);
+    }
+
+    /// Two PID namespaces sharing a region, both PID 1: two slots, each
+    /// keeping its own usage; neither reclaims the other's.
+    #[test]
+    fn the_same_pid_in_two_namespaces_gets_two_slots() {
+        let (_d, f) = region();
+        let r = f.region();
+        let (x, y) = (id(1, 1000, 5), id(1, 2000, 5));
+        let a = register(r, &x).unwrap();
+        usage::add(&r.procs[a], 0, G, usage::Kind::Data);
+        let b = register(r, &y).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(r.procs[a].used[0].total.load(SeqCst), G);
+        // Whatever `probe` says of PID 1, another namespace's slot is not
+        // judged from here.
+        assert_eq!(reclaim_dead(r, &y, |_| None), 0);
+        assert_eq!(reclaim_dead(r, &x, |_| None), 0);
+        assert_eq!(usage::container_used(r, 0), G);
+        // The same process registering again (exec) takes its own slot back.
+        assert_eq!(register(r, &x).unwrap(), a);
+    }
+
+    /// A dead process is reclaimed; so is one whose PID now belongs to a
+    /// process started at another time. A live one is kept.
+    #[test]
+    fn dead_and_reused_pids_are_reclaimed_live_ones_kept() {
+        let (_d, f) = region();
+        let r = f.region();
+        let me = id(1, 9, 1);
+        register(r, &me).unwrap();
+        let dead = register(r, &id(20, 9, 50)).unwrap();
+        let reused = register(r, &id(21, 9, 60)).unwrap();
+        let live = register(r, &id(22, 9, 70)).unwrap();
+        for s in [dead, reused, live] {
+            usage::add(&r.procs[s], 0, G, usage::Kind::Data);
+        }
+        let n = reclaim_dead(r, &me, |pid| match pid {
+            21 => Some((9, 61)),
+            22 => Some((9, 70)),
+            _ => None,
+        });
+        assert_eq!(n, 2);
+        assert_eq!(r.procs[dead].pid.load(SeqCst), 0);
+        assert_eq!(r.procs[reused].pid.load(SeqCst), 0);
+        assert_eq!(r.procs[live].pid.load(SeqCst), 22);
+        assert_eq!(usage::container_used(r, 0), G);
+    }
 }

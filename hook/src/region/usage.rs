@@ -8,10 +8,26 @@
 //! can both fail spuriously (the caller retries a few times) but can never
 //! both pass the limit. No lock, no syscall.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-use vgpu_common::region::{ProcSlot, SharedRegion, MAX_DEVICES};
+use vgpu_common::region::{ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS};
+
+/// The highest slot count this process has seen in use (registration and
+/// reclaim scans read every slot): the usage sum covers at least these
+/// slots, so lowering `proc_num` in the file hides no slot already seen.
+static SEEN_SLOTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Raises the bound of [`container_used`] to `n` slots.
+pub fn see_slots(n: usize) {
+    SEEN_SLOTS.fetch_max(n.min(MAX_PROCS), Relaxed);
+}
+
+/// The slots the usage sum covers: `proc_num`, but never fewer than seen.
+fn summed(region: &SharedRegion) -> &[ProcSlot] {
+    let n = region.proc_count().max(SEEN_SLOTS.load(Relaxed));
+    region.procs.get(..n).unwrap_or(&region.procs)
+}
 
 /// Which `device_memory_t` field an amount belongs to; `total` is always
 /// the sum of the three.
@@ -73,8 +89,7 @@ pub fn container_used(region: &SharedRegion, dev: usize) -> u64 {
     if dev >= MAX_DEVICES {
         return 0;
     }
-    region
-        .active_slots()
+    summed(region)
         .iter()
         .filter(|s| s.pid.load(SeqCst) != 0)
         .map(|s| s.used[dev].total.load(SeqCst))

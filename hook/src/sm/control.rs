@@ -610,7 +610,14 @@ impl<S: Sys> Controller<S> {
         if plan.is_some() && crate::log::enabled(crate::log::DEBUG) {
             self.report_turns(dev, now);
         }
-        if self.plans[dev].swap(w, Relaxed) != w {
+        let was = self.plans[dev].swap(w, Relaxed);
+        if was != 0 && w == 0 {
+            // The turns limited the container while they lasted; what the
+            // idle bucket holds from before them is no debt any more (left,
+            // it stalls the container for as long once the turns end).
+            let _ = self.sys.buckets().devs[dev].tat.fetch_min(now, Relaxed);
+        }
+        if was != w {
             match plan {
                 Some(p) => vlog!(
                     crate::log::INFO,

@@ -1,6 +1,12 @@
 //! The limiter's shared files (the container's sidecar, the node's tables):
 //! created 0666 next to others' files, grown with zeroes, mapped shared for
 //! the process's whole life, and stamped with a magic and a version.
+//!
+//! Any process that can write these files can truncate them: the mappings
+//! are guarded (`crate::mapguard`), so a truncation turns the process's view
+//! into a private zeroed copy instead of a SIGBUS. Zero is a valid state of
+//! both layouts (no bucket charged, no other member): the process then
+//! limits itself alone.
 
 use std::fs::OpenOptions;
 use std::ops::RangeInclusive;
@@ -36,6 +42,9 @@ pub enum FileError {
 /// Every bit pattern must be a valid value (all fields atomics), since the
 /// file's bytes are whatever another process wrote.
 pub unsafe trait SharedFile: Sized + Sync + 'static {
+    /// What the file is, for the truncation guard's log.
+    const KIND: crate::mapguard::Kind;
+
     /// Stamps a zeroed file or checks an existing one's magic and version.
     fn init_or_check(&self) -> Result<(), (u64, u32)>;
 }
@@ -43,7 +52,7 @@ pub unsafe trait SharedFile: Sized + Sync + 'static {
 /// Maps (creating if needed) the file at `path` as a `T`, for the process's
 /// whole life (forks included).
 pub fn open<T: SharedFile>(path: &Path) -> Result<&'static T, FileError> {
-    let p = map(path, std::mem::size_of::<T>())?;
+    let p = map(path, std::mem::size_of::<T>(), T::KIND)?;
     // SAFETY: the mapping is `size_of::<T>()` bytes, page-aligned, never
     // unmapped, and `T: SharedFile` is valid for any bit pattern with shared
     // access through atomics only.
@@ -60,7 +69,11 @@ pub fn open<T: SharedFile>(path: &Path) -> Result<&'static T, FileError> {
 /// Maps `path` read-write and shared, creating it (mode 0666 whatever the
 /// umask: other containers' users share these files) and growing it with
 /// zeroes to `size` bytes. The mapping is never unmapped.
-fn map(path: &Path, size: usize) -> Result<*mut libc::c_void, FileError> {
+fn map(
+    path: &Path,
+    size: usize,
+    kind: crate::mapguard::Kind,
+) -> Result<*mut libc::c_void, FileError> {
     let io = |source| FileError::Io {
         path: path.to_owned(),
         source,
@@ -96,6 +109,7 @@ fn map(path: &Path, size: usize) -> Result<*mut libc::c_void, FileError> {
             source: std::io::Error::last_os_error(),
         });
     }
+    crate::mapguard::guard(kind, p as *const u8, size, None, 0);
     Ok(p)
 }
 

@@ -32,6 +32,8 @@ pub fn open(path: &Path) -> Result<&'static NodeFile, NodeError> {
 
 // SAFETY: `NodeFile` is all atomics.
 unsafe impl SharedFile for NodeFile {
+    const KIND: crate::mapguard::Kind = crate::mapguard::Kind::NodeTable;
+
     /// Stamps a zeroed table, or checks an existing one.
     fn init_or_check(&self) -> Result<(), (u64, u32)> {
         let h = Header {

@@ -146,6 +146,8 @@ pub fn open(path: &Path) -> Result<&'static SmShared, SidecarError> {
 
 // SAFETY: `SmShared` is all atomics.
 unsafe impl SharedFile for SmShared {
+    const KIND: crate::mapguard::Kind = crate::mapguard::Kind::Sidecar;
+
     fn init_or_check(&self) -> Result<(), (u64, u32)> {
         init_or_check(self)
     }

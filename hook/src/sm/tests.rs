@@ -988,3 +988,23 @@ fn late_wake_ups_do_not_cost_the_share() {
         }
     }
 }
+
+/// What the idle bucket holds when the turns end (here 5 s of debt from
+/// before them) does not stall the container: its share is back at the
+/// limit within the second after.
+#[test]
+fn the_bucket_resumes_without_old_debt_when_the_turns_end() {
+    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
+    let c = Controller::new(f);
+    let m = neighbour(node, c.sys.now(), 70);
+    run_with(&c, kernel(1), 1_000_000, SEC, SEC / 2, |f| busy(m, f.now()));
+    assert!(c.turn(0).is_some(), "taking turns");
+    c.sys.buckets().devs[0]
+        .tat
+        .store(c.sys.now() + 5 * SEC, Relaxed);
+    let s = run_with(&c, kernel(1), 1_000_000, 2 * SEC, SEC, |f| {
+        m.touch(f.now(), 70);
+    });
+    assert!(c.turn(0).is_none(), "the turns ended");
+    assert!((s - 30.0).abs() < 3.0, "share after the turns: {s:.1}%");
+}

@@ -247,6 +247,8 @@ fn zero_slot(slot: &ProcSlot) {
     }
     slot.seqlock.store(0, SeqCst);
     slot.hostpid.store(0, SeqCst);
+    slot.pidns.store(0, SeqCst);
+    slot.start.store(0, SeqCst);
     slot.status.store(status::EXITED, SeqCst);
 }
 
@@ -280,7 +282,7 @@ pub fn cleanup(file: &RegionFile) -> Result<CleanupReport, AdminError> {
             continue;
         }
         let hostpid = slot.hostpid.load(SeqCst);
-        let alive: Alive = mappers.liveness(pid, hostpid);
+        let alive: Alive = mappers.slot_liveness(slot);
         if alive.alive {
             continue;
         }
@@ -483,7 +485,7 @@ pub fn plan_signal(file: &RegionFile, action: SignalAction) -> Result<Vec<Target
         if pid == 0 {
             continue;
         }
-        let alive = mappers.liveness(pid, slot.hostpid.load(SeqCst));
+        let alive = mappers.slot_liveness(slot);
         if !alive.alive && alive.is_certainly_dead() {
             continue;
         }

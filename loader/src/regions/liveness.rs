@@ -9,9 +9,21 @@
 //! their innermost namespace PID (`NSpid` in `/proc/<p>/status`) with the
 //! slot's `pid`. Only when `/proc` cannot be read in full (not root) do we
 //! fall back to `pid` in the caller's namespace, and say so.
+//!
+//! A slot written by vgpu also records its process's PID namespace inode
+//! and start time (`ProcSlot::pidns`, `ProcSlot::start`): a candidate
+//! process (the `hostpid`, or a mapper with the right namespace PID) is the
+//! slot's only if those match. That tells apart two namespaces sharing a
+//! region (both PID 1), and a `hostpid` that was reused, or written by the
+//! tenant to name some other process.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::Ordering::SeqCst;
+
+use vgpu_common::identity::Identity;
+use vgpu_common::region::ProcSlot;
 
 /// How a liveness answer was reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -59,11 +71,11 @@ pub fn proc_alive(pid: i64) -> bool {
     }
 }
 
-/// The processes that map one region file: (host PID, innermost namespace
-/// PID) pairs.
+/// The processes that map one region file: host PID and identity
+/// (innermost namespace PID, PID namespace inode, start time).
 #[derive(Debug, Clone, Default)]
 pub struct Mappers {
-    procs: Vec<(i32, i32)>,
+    procs: Vec<(i32, Identity)>,
     /// Namespace PIDs of processes whose maps could not be read (they may
     /// map the region unseen).
     unreadable: Vec<i32>,
@@ -112,7 +124,8 @@ impl Mappers {
             });
             if maps_it && proc_alive(i64::from(pid)) {
                 if let Some(ns) = innermost_nspid(pid) {
-                    out.procs.push((pid, ns));
+                    out.procs
+                        .push((pid, Identity::read(Path::new("/proc"), pid, ns)));
                 }
             }
         }
@@ -133,38 +146,72 @@ impl Mappers {
         !self.opaque && !self.unreadable.contains(&pid)
     }
 
-    /// The host PID of the mapping process whose namespace PID is `nspid`,
-    /// if exactly one matches.
-    pub fn host_pid_of(&self, nspid: i32) -> Option<i32> {
-        let mut it = self.procs.iter().filter(|(_, ns)| *ns == nspid);
+    /// The host PID of the one mapping process that can be `slot`.
+    fn host_pid_matching(&self, slot: &Identity) -> Option<i32> {
+        let mut it = self.matching(slot);
         match (it.next(), it.next()) {
-            (Some((host, _)), None) => Some(*host),
+            (Some(host), None) => Some(host),
             _ => None,
         }
     }
 
-    fn has_nspid(&self, nspid: i32) -> bool {
-        self.procs.iter().any(|(_, ns)| *ns == nspid)
+    fn matching<'a>(&'a self, slot: &'a Identity) -> impl Iterator<Item = i32> + 'a {
+        self.procs
+            .iter()
+            .filter(|(_, id)| id.pid == slot.pid && id.matches(slot.pidns, slot.start))
+            .map(|(host, _)| *host)
     }
 
     /// Liveness of a slot (or lock owner) with namespace PID `pid` and host
-    /// PID `hostpid` (0 = unknown).
+    /// PID `hostpid` (0 = unknown), no identity recorded.
     pub fn liveness(&self, pid: i32, hostpid: i32) -> Alive {
+        self.liveness_of(
+            &Identity {
+                pid,
+                pidns: 0,
+                start: 0,
+            },
+            hostpid,
+        )
+    }
+
+    /// Liveness of the process of `slot`, its identity included.
+    pub fn slot_liveness(&self, slot: &ProcSlot) -> Alive {
+        let id = Identity {
+            pid: slot.pid.load(SeqCst),
+            pidns: slot.pidns.load(SeqCst),
+            start: slot.start.load(SeqCst),
+        };
+        self.liveness_of(&id, slot.hostpid.load(SeqCst))
+    }
+
+    /// Liveness of a process recorded as `slot` with host PID `hostpid`. A
+    /// live `hostpid` whose identity differs from the recorded one is not
+    /// the slot's process: the answer then comes from the mappers.
+    pub fn liveness_of(&self, slot: &Identity, hostpid: i32) -> Alive {
+        let pid = slot.pid;
         if hostpid > 0 {
-            return Alive {
-                alive: proc_alive(i64::from(hostpid)),
-                by: AliveBy::Hostpid,
-                host_pid: Some(hostpid),
-            };
+            let alive = proc_alive(i64::from(hostpid));
+            let recorded = slot.pidns != 0 || slot.start != 0;
+            let same =
+                || Identity::read(Path::new("/proc"), hostpid, pid).matches(slot.pidns, slot.start);
+            if !alive || !recorded || same() {
+                return Alive {
+                    alive,
+                    by: AliveBy::Hostpid,
+                    host_pid: Some(hostpid),
+                };
+            }
         }
         if self.decides(pid) {
+            let host = self.host_pid_matching(slot);
             return Alive {
-                alive: self.has_nspid(pid),
+                alive: self.matching(slot).next().is_some(),
                 by: AliveBy::Mapping,
-                host_pid: self.host_pid_of(pid),
+                host_pid: host,
             };
         }
-        if let Some(host) = self.host_pid_of(pid) {
+        if let Some(host) = self.host_pid_matching(slot) {
             return Alive {
                 alive: true,
                 by: AliveBy::Mapping,
@@ -231,6 +278,48 @@ mod tests {
         let m = Mappers::scan(&file);
         if m.decides(me) {
             assert!(!m.liveness(me, 0).alive);
+        }
+    }
+
+    /// A candidate process is the slot's only if the recorded PID
+    /// namespace and start time match: another namespace's PID 1, a reused
+    /// PID or a forged `hostpid` is not the slot's process.
+    #[test]
+    fn identity_must_match_for_hostpid_and_mappers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.cache");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let file = File::open(&path).unwrap();
+        let _map = memmap2::MmapOptions::new()
+            .map_raw_read_only(&file)
+            .unwrap();
+        let me = std::process::id() as i32;
+        let id = Identity::read(Path::new("/proc"), me, me);
+        let m = Mappers::scan(&file);
+        let got = m.liveness_of(&id, 0);
+        assert!(got.alive && got.host_pid == Some(me), "{got:?}");
+        let got = m.liveness_of(&id, me);
+        assert_eq!((got.alive, got.by), (true, AliveBy::Hostpid));
+        let other_ns = Identity {
+            pidns: id.pidns + 1,
+            ..id
+        };
+        let reused = Identity {
+            start: id.start + 1,
+            ..id
+        };
+        for slot in [other_ns, reused] {
+            // The hostpid (this process) is not the slot's: the mappers
+            // decide, and none is.
+            for hostpid in [0, me] {
+                let got = m.liveness_of(&slot, hostpid);
+                if m.decides(me) {
+                    assert_eq!((got.alive, got.by), (false, AliveBy::Mapping), "{slot:?}");
+                } else {
+                    assert_ne!(got.by, AliveBy::Hostpid, "{slot:?}");
+                }
+                assert_eq!(got.host_pid, None, "{slot:?}");
+            }
         }
     }
 

@@ -319,7 +319,7 @@ fn read_slot(index: usize, slot: &ProcSlot, mappers: &Mappers) -> SlotSummary {
         index,
         pid,
         hostpid,
-        alive: (pid != 0).then(|| mappers.liveness(pid, hostpid)),
+        alive: (pid != 0).then(|| mappers.slot_liveness(slot)),
         status: st,
         status_name: status_name(st),
         usage: (0..MAX_DEVICES)

@@ -1,0 +1,184 @@
+//! What a process knows of the region without reading it: the limits it
+//! last saw and its own usage. Kept beside the mapping so that, when the
+//! file is truncated under the process and the mapping becomes a private
+//! zeroed copy (`crate::mapguard`), the copy is refilled with them: the
+//! process keeps its limits and its own usage, counted alone (the siblings'
+//! slots are gone with the file).
+
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize};
+
+use vgpu_common::region::{
+    status, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MAX_PROCS, MINOR_VERSION, REGION_SIZE,
+};
+
+use vgpu_common::identity::Identity;
+
+use super::usage::Kind;
+
+/// Per-process mirror of the slot and the limits; every word an atomic
+/// (read by the SIGBUS handler).
+#[derive(Debug)]
+pub struct Shadow {
+    slot: AtomicUsize,
+    pid: AtomicI32,
+    pidns: AtomicU64,
+    start: AtomicU64,
+    limit: [AtomicU64; MAX_DEVICES],
+    sm_limit: [AtomicU64; MAX_DEVICES],
+    /// Context, module and data bytes per device.
+    used: [[AtomicU64; 3]; MAX_DEVICES],
+}
+
+impl Default for Shadow {
+    fn default() -> Self {
+        Self {
+            slot: AtomicUsize::new(usize::MAX),
+            pid: AtomicI32::new(0),
+            pidns: AtomicU64::new(0),
+            start: AtomicU64::new(0),
+            limit: std::array::from_fn(|_| AtomicU64::new(0)),
+            sm_limit: std::array::from_fn(|_| AtomicU64::new(0)),
+            used: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+        }
+    }
+}
+
+fn index(kind: Kind) -> usize {
+    match kind {
+        Kind::Context => 0,
+        Kind::Module => 1,
+        Kind::Data => 2,
+    }
+}
+
+impl Shadow {
+    pub fn set_slot(&self, slot: usize, me: &Identity) {
+        self.pid.store(me.pid, SeqCst);
+        self.pidns.store(me.pidns, SeqCst);
+        self.start.store(me.start, SeqCst);
+        self.slot.store(slot, SeqCst);
+    }
+
+    /// Records the region's limits (at attach, and whenever a check reads one).
+    pub fn see_limits(&self, r: &SharedRegion) {
+        for dev in 0..MAX_DEVICES {
+            self.see_limit(dev, r.limit[dev].load(Relaxed));
+            self.sm_limit[dev].store(r.sm_limit[dev].load(Relaxed), Relaxed);
+        }
+    }
+
+    /// Records one limit; a load and no store when unchanged.
+    #[inline]
+    pub fn see_limit(&self, dev: usize, limit: u64) {
+        if let Some(l) = self.limit.get(dev) {
+            if l.load(Relaxed) != limit {
+                l.store(limit, Relaxed);
+            }
+        }
+    }
+
+    pub fn add(&self, dev: usize, bytes: u64, kind: Kind) {
+        if let Some(u) = self.used.get(dev) {
+            u[index(kind)].fetch_add(bytes, Relaxed);
+        }
+    }
+
+    pub fn sub(&self, dev: usize, bytes: u64, kind: Kind) {
+        if let Some(u) = self.used.get(dev) {
+            let _ =
+                u[index(kind)].fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(bytes)));
+        }
+    }
+
+    /// Refills a zeroed copy of the region: header, limits, and this
+    /// process's slot. Atomics only (runs in the SIGBUS handler).
+    pub fn refill(&self, r: &SharedRegion) {
+        r.major_version.store(MAJOR_VERSION, SeqCst);
+        r.minor_version.store(MINOR_VERSION, SeqCst);
+        r.utilization_switch.store(1, SeqCst);
+        for dev in 0..MAX_DEVICES {
+            r.limit[dev].store(self.limit[dev].load(Relaxed), SeqCst);
+            r.sm_limit[dev].store(self.sm_limit[dev].load(Relaxed), SeqCst);
+        }
+        let slot = self.slot.load(SeqCst);
+        if let Some(s) = r.procs.get(slot) {
+            for dev in 0..MAX_DEVICES {
+                let u = &self.used[dev];
+                let (c, m, d) = (u[0].load(Relaxed), u[1].load(Relaxed), u[2].load(Relaxed));
+                let m_ = &s.used[dev];
+                m_.context_size.store(c, SeqCst);
+                m_.module_size.store(m, SeqCst);
+                m_.data_size.store(d, SeqCst);
+                m_.total
+                    .store(c.saturating_add(m).saturating_add(d), SeqCst);
+            }
+            s.pidns.store(self.pidns.load(SeqCst), SeqCst);
+            s.start.store(self.start.load(SeqCst), SeqCst);
+            s.status.store(status::RUNNING, SeqCst);
+            s.pid.store(self.pid.load(SeqCst), SeqCst);
+            r.proc_num.store(slot.min(MAX_PROCS - 1) as i32 + 1, SeqCst);
+        }
+        r.initialized_flag.store(MAGIC, SeqCst);
+    }
+}
+
+/// [`crate::mapguard::Repair`] of a region mapping: `ctx` is the address of
+/// the attachment's boxed [`Shadow`].
+pub fn repair(base: usize, len: usize, ctx: usize) {
+    if ctx == 0 || len < REGION_SIZE {
+        return;
+    }
+    // SAFETY: `ctx` is the address of a `Shadow` boxed by the attachment,
+    // which unguards the mapping before the box is dropped. `base` is the
+    // page-aligned start of a writable mapping of `REGION_SIZE` bytes; any
+    // bytes are a valid `SharedRegion` (all atomics).
+    let (shadow, region) = unsafe { (&*(ctx as *const Shadow), &*(base as *const SharedRegion)) };
+    shadow.refill(region);
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::region::{Attachment, Kind};
+    use std::sync::atomic::Ordering::SeqCst;
+
+    const M: u64 = 1 << 20;
+
+    /// The region file truncated under an attached process: the next access
+    /// finds a private copy holding the limit and this process's usage, so
+    /// the limit still holds for what the process already has.
+    #[test]
+    fn a_truncated_region_is_refilled_with_the_limit_and_own_usage() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.cache");
+        let p = path.display().to_string();
+        let cfg = Config::from_lookup(move |k| match k {
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE" => Some(p.clone()),
+            "CUDA_DEVICE_MEMORY_LIMIT" => Some("1g".to_owned()),
+            _ => None,
+        });
+        let att = Attachment::open(&cfg, std::process::id() as i32).unwrap();
+        assert!(att.reserve(0, 600 * M, Kind::Data));
+        att.add_unchecked(0, 64 * M, Kind::Context);
+        att.release(0, 100 * M, Kind::Data);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        let r = att.region();
+        assert_eq!(r.limit[0].load(SeqCst), 1 << 30);
+        let base = r as *const _ as *const u8;
+        assert!(crate::mapguard::is_lost(base));
+        assert!(r.is_initialized());
+        let s = &r.procs[att.slot_index()];
+        assert_eq!(s.pid.load(SeqCst), att.pid());
+        assert_eq!(s.used[0].data_size.load(SeqCst), 500 * M);
+        assert_eq!(s.used[0].context_size.load(SeqCst), 64 * M);
+        assert_eq!(s.used[0].total.load(SeqCst), 564 * M);
+        assert!(!att.reserve(0, 500 * M, Kind::Data), "past the limit");
+        assert!(att.reserve(0, 400 * M, Kind::Data));
+    }
+}
