@@ -302,7 +302,7 @@ impl Integrity {
             });
             let region = regions.shown(&key);
             let message = format!(
-                "limit tampered: region {} of container {}: {} (expected from {}){}",
+                "limit tampered: region {} of container {}: {}; its spec: {}{}",
                 region.as_deref().unwrap_or(Path::new("-")).display(),
                 short(first.identity.container_id.as_deref().unwrap_or("-")),
                 describe(&m),
@@ -586,29 +586,69 @@ fn show_sm(v: u64) -> String {
     }
 }
 
-/// `device 0 memory 64 GiB (expected 1 GiB)`, the first few of them.
+/// `device 0 memory limit 64 GiB (expected 1 GiB)`, consecutive devices
+/// with the same values as one range, the first few ranges.
 fn describe(m: &[LimitMismatch]) -> String {
     const SHOWN: usize = 4;
-    let mut parts: Vec<String> = m
+    let mut runs: Vec<(LimitMismatch, usize)> = Vec::new();
+    for x in m {
+        match runs.last_mut() {
+            Some((first, last))
+                if first.limit == x.limit
+                    && first.expected == x.expected
+                    && first.found == x.found
+                    && *last + 1 == x.device =>
+            {
+                *last = x.device;
+            }
+            _ => runs.push((*x, x.device)),
+        }
+    }
+    let mut parts: Vec<String> = runs
         .iter()
         .take(SHOWN)
-        .map(|x| match x.limit {
-            LimitName::MemoryBytes => format!(
-                "device {} memory limit {} (expected {})",
-                x.device,
-                show_mem(x.found),
-                show_mem(x.expected)
-            ),
-            LimitName::SmPercent => format!(
-                "device {} SM limit {} (expected {})",
-                x.device,
-                show_sm(x.found),
-                show_sm(x.expected)
-            ),
+        .map(|(x, last)| {
+            let devs = if *last == x.device {
+                format!("device {}", x.device)
+            } else {
+                format!("devices {}-{last}", x.device)
+            };
+            let (what, found, expected) = match x.limit {
+                LimitName::MemoryBytes => ("memory", show_mem(x.found), show_mem(x.expected)),
+                LimitName::SmPercent => ("SM", show_sm(x.found), show_sm(x.expected)),
+            };
+            format!("{devs} {what} limit {found} (expected {expected})")
         })
         .collect();
-    if m.len() > SHOWN {
-        parts.push(format!("{} more", m.len() - SHOWN));
+    if runs.len() > SHOWN {
+        parts.push(format!("{} more", runs.len() - SHOWN));
     }
     parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mismatches_read_as_ranges() {
+        let m = |device, limit, expected, found| LimitMismatch {
+            device,
+            limit,
+            expected,
+            found,
+        };
+        let mut all: Vec<LimitMismatch> = (0..16)
+            .map(|d| m(d, LimitName::MemoryBytes, 1 << 30, 0))
+            .collect();
+        all.push(m(3, LimitName::SmPercent, 30, 100));
+        assert_eq!(
+            describe(&all),
+            "devices 0-15 memory limit none (expected 1 GiB), device 3 SM limit none (expected 30%)"
+        );
+        assert_eq!(
+            describe(&[m(0, LimitName::MemoryBytes, 1 << 30, 64 << 30)]),
+            "device 0 memory limit 64 GiB (expected 1 GiB)"
+        );
+    }
 }
