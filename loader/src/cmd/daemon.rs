@@ -114,13 +114,10 @@ pub struct Args {
     #[arg(long, value_name = "PATTERN", default_values = DEFAULT_SPECS)]
     runtime_spec: Vec<SpecPattern>,
 
-    /// What to do about an integrity finding. report: findings only.
-    /// restore (default): also write a tampered limit back into the
-    /// region, which undoes exactly the tenant's write and stops nothing.
-    /// kill: also SIGKILL a process that runs without its container's
-    /// limit, names a private region, or holds memory past the limit
-    /// (after proving it is in that container's cgroup). A container
-    /// whose spec sets ACTIVE_OOM_KILLER=true gets kill whatever this says.
+    /// What to do about an integrity finding (docs/daemon.md, Limit
+    /// integrity). The default, restore, undoes exactly the tenant's write
+    /// and stops no workload on a false positive. A container whose spec
+    /// sets ACTIVE_OOM_KILLER=true gets kill whatever this says.
     #[arg(long, value_name = "POLICY", value_enum, default_value_t = Policy::Restore)]
     on_violation: Policy,
 }
