@@ -208,6 +208,8 @@ impl Integrity {
                 && now.duration_since(e.read_at) >= SPEC_RETRY
         });
         if stale {
+            // Say what is wrong with a spec once, not at every retry.
+            let first = !self.specs.contains_key(id);
             let (expected, source) = match spec::find(&self.cfg.specs, id) {
                 Ok(Some((path, env))) => {
                     let e = Expected::from_env(&env);
@@ -227,7 +229,9 @@ impl Integrity {
                 }
                 Ok(None) => (None, None),
                 Err(err) => {
-                    tracing::warn!("container {}: {err}", short(id));
+                    if first {
+                        tracing::warn!("container {}: {err}", short(id));
+                    }
                     (None, None)
                 }
             };
