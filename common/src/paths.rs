@@ -13,6 +13,11 @@ pub const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// Where NVIDIA's container toolkit puts the driver libraries on GPU nodes.
 pub const DRIVER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
+/// containerd's task bundles (`<namespace>/<container id>/config.json`,
+/// the OCI spec the daemon takes a container's limits from).
+pub const CONTAINERD_TASKS_DIR: &str = "/run/containerd/io.containerd.runtime.v2.task";
+/// CRI-O's per-container state (`<container id>/userdata/config.json`).
+pub const CRIO_CONTAINERS_DIR: &str = "/run/containers/storage/overlay-containers";
 /// HAMi's node-wide lock directory (mounted into every GPU container).
 pub const VGPULOCK_DIR: &str = "/tmp/vgpulock";
 /// Default port of the daemon's HTTP endpoint (HAMi's monitor uses 9394).

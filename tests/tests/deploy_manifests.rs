@@ -97,6 +97,8 @@ fn every_host_path_the_code_uses_is_mounted_at_the_same_path() {
         paths::BTF_VMLINUX,
         paths::CGROUP_ROOT,
         paths::DRIVER_LIB_DIR,
+        paths::CONTAINERD_TASKS_DIR,
+        paths::CRIO_CONTAINERS_DIR,
     ] {
         let host = host_path_of(&ds, daemon, p).unwrap_or_else(|| panic!("{p} not mounted"));
         assert_eq!(host, p, "{p} must be the same path on the host");

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 /// Where containerd and CRI-O keep the spec (`*`: any one directory,
-/// containerd's namespace; `{id}`: the container id).
+/// containerd's namespace; `{id}`: the container id), under
+/// `vgpu_common::paths::{CONTAINERD_TASKS_DIR, CRIO_CONTAINERS_DIR}`,
+/// which the DaemonSet mounts.
 pub const DEFAULT_SPECS: [&str; 2] = [
     "/run/containerd/io.containerd.runtime.v2.task/*/{id}/config.json",
     "/run/containers/storage/overlay-containers/{id}/userdata/config.json",
@@ -194,6 +196,13 @@ mod tests {
     use super::*;
 
     const CID: &str = "4f1b3c0a9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b";
+
+    #[test]
+    fn defaults_are_under_the_mounted_runtime_dirs() {
+        use vgpu_common::paths::{CONTAINERD_TASKS_DIR, CRIO_CONTAINERS_DIR};
+        assert!(DEFAULT_SPECS[0].starts_with(&format!("{CONTAINERD_TASKS_DIR}/")));
+        assert!(DEFAULT_SPECS[1].starts_with(&format!("{CRIO_CONTAINERS_DIR}/")));
+    }
 
     #[test]
     fn patterns_are_checked() {
