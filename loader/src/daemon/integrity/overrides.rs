@@ -118,7 +118,32 @@ pub fn record(
         .map_err(werr)?;
     f.write_all(&text).map_err(werr)?;
     f.sync_data().map_err(werr)?;
-    std::fs::rename(&tmp, &path).map_err(werr)
+    std::fs::rename(&tmp, &path).map_err(werr)?;
+    prune(state_dir);
+    Ok(())
+}
+
+/// Removes records whose region is gone or replaced (they can never apply
+/// again), so the directory does not grow with every region ever changed.
+fn prune(state_dir: &Path) {
+    const MAX_SEEN: usize = 4096;
+    let Ok(entries) = std::fs::read_dir(state_dir.join(DIR)) else {
+        return;
+    };
+    for e in entries.flatten().take(MAX_SEEN) {
+        let name = e.file_name();
+        let Some(key) = name
+            .to_str()
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(d, i)| Some((d.parse().ok()?, i.parse().ok()?)))
+        else {
+            continue;
+        };
+        if matches!(load(state_dir, key), Ok(None)) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// The admin's changes to region `key`, if a trustworthy record exists.
@@ -191,6 +216,9 @@ mod tests {
         let region = dir.path().join("r.cache");
         std::fs::write(&region, b"x").unwrap();
         let key = key_of(&region);
+        // Made while the region exists, so it never has the region's inode.
+        let other = dir.path().join("s.cache");
+        std::fs::write(&other, b"s").unwrap();
         assert_eq!(load(&state, key).unwrap(), None);
         record(&state, &region, key, Changed::Memory, &[0, 1], 2 << 30).unwrap();
         record(&state, &region, key, Changed::Sm, &[0], 40).unwrap();
@@ -202,7 +230,7 @@ mod tests {
         let mode = std::fs::metadata(record_path(&state, key)).unwrap().mode();
         assert_eq!(mode & 0o777, 0o600);
 
-        // The region was replaced: another file now has that path.
+        // The region was replaced: the record no longer applies.
         std::fs::remove_file(&region).unwrap();
         let keep = dir.path().join("keep");
         std::fs::write(&keep, b"y").unwrap();
@@ -210,6 +238,12 @@ mod tests {
         if key_of(&region) != key {
             assert_eq!(load(&state, key).unwrap(), None);
         }
+        // Gone: no record applies, and the next record removes it.
+        std::fs::remove_file(&region).unwrap();
+        assert_eq!(load(&state, key).unwrap(), None);
+        record(&state, &other, key_of(&other), Changed::Sm, &[0], 50).unwrap();
+        assert!(!record_path(&state, key).exists());
+        assert!(record_path(&state, key_of(&other)).exists());
     }
 
     #[test]
