@@ -27,8 +27,9 @@ use vgpu_tests::dist;
 use vgpu_tests::sim::SimGpu;
 
 const G: u64 = 1 << 30;
-/// `limit[0]` in the v1.2 region.
+/// `limit[0]` and `sm_limit[0]` in the v1.2 region.
 const LIMIT0_OFFSET: u64 = 1600;
+const SM_LIMIT0_OFFSET: u64 = 1728;
 const WITHIN: Duration = Duration::from_secs(2);
 
 fn now_ns() -> u64 {
@@ -304,6 +305,11 @@ fn limit0(path: &Path) -> u64 {
     f.region().limit[0].load(SeqCst)
 }
 
+fn sm_limit0(path: &Path) -> u64 {
+    let f = RegionFile::open(path, Access::ReadOnly).expect("region");
+    f.region().sm_limit[0].load(SeqCst)
+}
+
 /// Waits until the daemon wrote `host` into the region's slot for ns pid 1
 /// (it tracks the process and knows its region).
 fn wait_tracked(path: &Path, host: u32, d: &Daemon) {
@@ -375,15 +381,17 @@ fn spec_env(region: &Path, extra: &[&str]) -> Vec<String> {
 /// (a) A tenant rewrites `limit[0]` to 64 GiB with pwrite: reported within
 /// 2 s and, under the default policy (restore), written back within 2 s.
 /// (c) `vgpu set-mem-limit` then raises it: neither reported nor undone.
+/// A raised SM share is restored the same way.
 #[test]
 fn tampered_limit_is_reported_and_restored_but_admin_changes_are_not() {
     let fx = Fixture::new();
     let gpu = SimGpu::builder().memory("16g").build();
     let daemon = Daemon::start(&fx, &gpu, &[]);
     let region = fx.region("a");
-    let ctr = fx.container(1, &spec_env(&region, &[]));
+    let ctr = fx.container(1, &spec_env(&region, &["CUDA_DEVICE_SM_LIMIT=30"]));
     let env = [
         ("CUDA_DEVICE_MEMORY_LIMIT", "1g".to_owned()),
+        ("CUDA_DEVICE_SM_LIMIT", "30".to_owned()),
         (
             "CUDA_DEVICE_MEMORY_SHARED_CACHE",
             region.display().to_string(),
@@ -470,6 +478,24 @@ fn tampered_limit_is_reported_and_restored_but_admin_changes_are_not() {
             t0.elapsed() <= WITHIN,
             "not restored to the admin's 2 GiB: {}",
             limit0(&region)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The SM share too: 30 % raised to none (100) is written back.
+    f.write_all_at(&100u64.to_le_bytes(), SM_LIMIT0_OFFSET)
+        .expect("pwrite");
+    let t0 = Instant::now();
+    let found = daemon.wait_finding("limit_tampered", Duration::from_secs(10), |f| {
+        f["kind"] == "limit_tampered" && f["limits"][0]["limit"] == "sm_percent"
+    });
+    assert!(t0.elapsed() <= WITHIN, "took {:?}", t0.elapsed());
+    assert_eq!(found["limits"][0]["expected"], 30, "{found:#}");
+    assert_eq!(found["limits"][0]["found"], 100, "{found:#}");
+    while sm_limit0(&region) != 30 {
+        assert!(
+            t0.elapsed() <= WITHIN,
+            "SM limit still {}",
+            sm_limit0(&region)
         );
         std::thread::sleep(Duration::from_millis(10));
     }
