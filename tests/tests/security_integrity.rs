@@ -667,6 +667,37 @@ fn usage_past_the_limit_is_over_limit_and_oom_killer_opts_in_to_kill() {
         "killed without the opt-in: {}",
         daemon.log_text()
     );
+    // Where findings are read on the node: `vgpu findings` and
+    // `vgpu inspect --json`.
+    let out = Command::new(dist::vgpu_bin())
+        .args(["findings", "--state-dir"])
+        .arg(fx.state())
+        .output()
+        .expect("vgpu findings");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("over_limit") && l.contains(&procs[0].1.id[..12])),
+        "{text}"
+    );
+    let out = Command::new(dist::vgpu_bin())
+        .args(["inspect", "--json", "--state-dir"])
+        .arg(fx.state())
+        .arg(fx.dir.path().join("regions"))
+        .output()
+        .expect("vgpu inspect");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("inspect json");
+    let listed = v["daemon_findings"]["findings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        listed
+            .iter()
+            .any(|f| f["kind"] == "over_limit" && f["container_id"] == procs[0].1.id.as_str()),
+        "{v:#}"
+    );
     for (_, _, p, _) in procs {
         p.wait();
     }
