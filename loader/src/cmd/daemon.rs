@@ -252,8 +252,10 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Show what `vgpu daemon` found: untracked allocations and CUDA processes
-/// without a region. Reads the daemon's state file (format in docs/daemon.md).
+/// Show what `vgpu daemon` found: untracked allocations, CUDA processes
+/// without a region, and limit integrity findings (tampered limits,
+/// processes without their container's limit or region, containers past
+/// their limit). Reads the daemon's state file (format in docs/daemon.md).
 ///
 /// Exits 0 when there are no findings, 3 when there are, 1 on error.
 #[derive(clap::Args, Debug)]
