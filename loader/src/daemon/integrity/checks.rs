@@ -23,6 +23,9 @@ impl Integrity {
         regions: &impl RegionAccess,
         out: &mut Vec<(Subject, Finding)>,
     ) {
+        let Some(first) = members.first() else {
+            return;
+        };
         let mut keys: Vec<FileKey> = members.iter().filter_map(|p| p.region).collect();
         keys.sort();
         keys.dedup();
@@ -38,7 +41,6 @@ impl Integrity {
             if m.is_empty() {
                 continue;
             }
-            let first = members[0];
             let plan = decide::plan(self.cfg.policy, exp.oom_killer, Kind::LimitTampered);
             let action = plan.restore.then(|| {
                 let n = regions.restore(&key, &m);
@@ -169,6 +171,9 @@ impl Integrity {
         regions: &impl RegionAccess,
         out: &mut Vec<(Subject, Finding)>,
     ) {
+        let Some(&first) = members.first() else {
+            return;
+        };
         let held: u64 = members
             .iter()
             .filter_map(|p| p.probe_bytes)
@@ -201,11 +206,10 @@ impl Integrity {
         if *n < OVER_SCANS {
             return;
         }
-        let first = members[0];
         let plan = decide::plan(self.cfg.policy, exp.oom_killer, Kind::OverLimit);
         let holders: Vec<Holder> = members
             .iter()
-            .filter(|p| !self.tried.contains(&p.pid))
+            .filter(|p| !self.tried.contains_key(&p.pid))
             .map(|p| Holder {
                 pid: p.pid,
                 probe_bytes: p.probe_bytes.unwrap_or(0),
@@ -232,25 +236,26 @@ impl Integrity {
         out.push((Subject::Container(id.to_owned()), f));
     }
 
-    /// Carries out `plan`'s kill of `pid` (once per process).
+    /// Carries out `plan`'s kill of `pid`, once per process: later calls
+    /// return the first outcome.
     pub(super) fn act(&mut self, plan: Plan, pid: u32, id: &Identity) -> Option<String> {
         if !plan.kill {
             return None;
         }
-        if !self.tried.insert(pid) {
-            return Some(format!("kill of host pid {pid} already tried"));
+        if let Some(done) = self.tried.get(&pid) {
+            return Some(done.clone());
         }
-        Some(
-            match enforce::kill_in_cgroup(&self.procfs, pid, &id.cgroup) {
-                Ok(()) => {
-                    tracing::warn!("killed host pid {pid} (cgroup {})", id.cgroup);
-                    format!("killed host pid {pid}")
-                }
-                Err(e) => {
-                    tracing::warn!("not killed: {e}");
-                    format!("not killed: {e}")
-                }
-            },
-        )
+        let outcome = match enforce::kill_in_cgroup(&self.procfs, pid, &id.cgroup) {
+            Ok(()) => {
+                tracing::warn!("killed host pid {pid} (cgroup {})", id.cgroup);
+                format!("killed host pid {pid}")
+            }
+            Err(e) => {
+                tracing::warn!("not killed: {e}");
+                format!("not killed: {e}")
+            }
+        };
+        self.tried.insert(pid, outcome.clone());
+        Some(outcome)
     }
 }

@@ -120,8 +120,8 @@ pub struct Integrity {
     envs: HashMap<u32, Option<OwnEnv>>,
     since: HashMap<(Kind, Subject), u64>,
     over: HashMap<String, u32>,
-    /// Processes a kill was tried on (one try each).
-    tried: HashSet<u32>,
+    /// Processes a kill was tried on (one try each), and how it went.
+    tried: HashMap<u32, String>,
 }
 
 impl Integrity {
@@ -133,7 +133,7 @@ impl Integrity {
             envs: HashMap::new(),
             since: HashMap::new(),
             over: HashMap::new(),
-            tried: HashSet::new(),
+            tried: HashMap::new(),
         }
     }
 
@@ -147,7 +147,7 @@ impl Integrity {
     ) -> Vec<Finding> {
         let live: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
         self.envs.retain(|pid, _| live.contains(pid));
-        self.tried.retain(|pid| live.contains(pid));
+        self.tried.retain(|pid, _| live.contains(pid));
         let mut by_ctr: HashMap<String, Vec<&ProcInput<'_>>> = HashMap::new();
         for p in procs {
             if let Some(c) = &p.identity.container_id {
