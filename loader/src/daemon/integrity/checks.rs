@@ -16,7 +16,7 @@ use crate::regions::summary::bytes;
 
 impl Integrity {
     pub(super) fn check_regions(
-        &self,
+        &mut self,
         exp: &Expected,
         source: &Path,
         members: &[&ProcInput<'_>],
@@ -36,7 +36,7 @@ impl Integrity {
             let Some((found, _)) = regions.limits(&key) else {
                 continue;
             };
-            let want = self.effective(exp, Some(&key), &found);
+            let want = self.effective(exp, &key, &found);
             let m = decide::mismatches(&want, &found);
             if m.is_empty() {
                 continue;
@@ -91,7 +91,7 @@ impl Integrity {
             // An admin may have raised the container's limit since.
             if let Some(key) = p.region {
                 if let Some((have, _)) = regions.limits(&key) {
-                    let want = self.effective(exp, Some(&key), &have);
+                    let want = self.effective(exp, &key, &have);
                     loose = decide::looser(&want, &own.limits);
                 }
             }
@@ -192,7 +192,7 @@ impl Integrity {
             // Admins may have raised it: take the largest recorded.
             for key in &keys {
                 if let Some((have, _)) = regions.limits(key) {
-                    let want = self.effective(exp, Some(key), &have);
+                    let want = self.effective(exp, key, &have);
                     limit = limit.max(decide::allowance(&want, devices));
                 }
             }

@@ -122,6 +122,8 @@ pub struct Integrity {
     over: HashMap<String, u32>,
     /// Processes a kill was tried on (one try each), and how it went.
     tried: HashMap<u32, String>,
+    /// Admin records already warned about.
+    bad_records: HashSet<FileKey>,
 }
 
 impl Integrity {
@@ -134,6 +136,7 @@ impl Integrity {
             since: HashMap::new(),
             over: HashMap::new(),
             tried: HashMap::new(),
+            bad_records: HashSet::new(),
         }
     }
 
@@ -254,18 +257,19 @@ impl Integrity {
 
     /// The limits of region `key` for a container expecting `exp`, with
     /// admins' changes when the region differs from the spec.
-    fn effective(&self, exp: &Expected, key: Option<&FileKey>, found: &Limits) -> Limits {
-        let m = decide::mismatches(&exp.limits, found);
-        match key {
-            Some(key) if !m.is_empty() => match overrides::load(&self.cfg.state_dir, *key) {
-                Ok(Some(o)) => exp.with_overrides(&o),
-                Ok(None) => exp.limits,
-                Err(e) => {
+    fn effective(&mut self, exp: &Expected, key: &FileKey, found: &Limits) -> Limits {
+        if decide::mismatches(&exp.limits, found).is_empty() {
+            return exp.limits;
+        }
+        match overrides::load(&self.cfg.state_dir, *key) {
+            Ok(Some(o)) => exp.with_overrides(&o),
+            Ok(None) => exp.limits,
+            Err(e) => {
+                if self.bad_records.insert(*key) {
                     tracing::warn!("{e}");
-                    exp.limits
                 }
-            },
-            _ => exp.limits,
+                exp.limits
+            }
         }
     }
 }
