@@ -45,8 +45,10 @@ impl Integrity {
             let action = plan.restore.then(|| {
                 let n = regions.restore(&key, &m);
                 let shown = regions.shown(&key).unwrap_or_default();
+                // The finding itself is logged once; a tenant rewriting the
+                // limit continuously makes this line repeat, so not a warning.
                 if n > 0 {
-                    tracing::warn!(
+                    tracing::info!(
                         "restored {n} limit(s) of region {} (container {})",
                         shown.display(),
                         short(first.identity.container_id.as_deref().unwrap_or("-"))
