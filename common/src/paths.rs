@@ -15,6 +15,11 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// The kubelet's pod log directories, `<namespace>_<pod>_<podUID>`: the
 /// daemon names pods from them without asking the API server.
 pub const PODS_LOG_DIR: &str = "/var/log/pods";
+/// containerd's task bundles (`<namespace>/<container id>/config.json`,
+/// the OCI spec the daemon takes a container's limits from).
+pub const CONTAINERD_TASKS_DIR: &str = "/run/containerd/io.containerd.runtime.v2.task";
+/// CRI-O's per-container state (`<container id>/userdata/config.json`).
+pub const CRIO_CONTAINERS_DIR: &str = "/run/containers/storage/overlay-containers";
 /// HAMi's node-wide lock directory (mounted into every GPU container).
 pub const VGPULOCK_DIR: &str = "/tmp/vgpulock";
 /// Default port of the daemon's HTTP endpoint (HAMi's monitor uses 9394).

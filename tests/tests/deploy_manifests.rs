@@ -21,12 +21,17 @@ use vgpu_tests::dist::workspace_root;
 const OVERLAYS: [&str; 2] = ["hami", "standalone"];
 
 /// Host paths every node has, or that the DaemonSet creates: HAMi's hook
-/// directory, the cgroup mount, the kubelet's pod logs, vgpu's state.
-const HOST_PATH_ALLOWLIST: [&str; 4] = [
+/// directory, the cgroup mount, the kubelet's pod logs, vgpu's state, and
+/// the container runtime's state (containerd's or CRI-O's: a node has one,
+/// and the other is created empty), where each container's OCI spec says
+/// the limits its device plugin gave it.
+const HOST_PATH_ALLOWLIST: [&str; 6] = [
     "/usr/local/vgpu",
     "/sys/fs/cgroup",
     "/var/log/pods",
     "/run/vgpu",
+    "/run/containerd/io.containerd.runtime.v2.task",
+    "/run/containers/storage/overlay-containers",
 ];
 
 fn overlay_dir(name: &str) -> PathBuf {
@@ -425,6 +430,8 @@ fn every_host_path_the_code_uses_is_mounted_at_the_same_path() {
             paths::CONTAINERS_DIR,
             paths::CGROUP_ROOT,
             paths::PODS_LOG_DIR,
+            paths::CONTAINERD_TASKS_DIR,
+            paths::CRIO_CONTAINERS_DIR,
         ] {
             let host = host_path_of(&ds, daemon, p).unwrap_or_else(|| panic!("{p} not mounted"));
             assert_eq!(host, p, "{p} must be the same path on the host");

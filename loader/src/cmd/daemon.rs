@@ -14,6 +14,9 @@ use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
 use crate::daemon::check::{Thresholds, MIB};
 use crate::daemon::findings::{write_state, FILE_NAME};
 use crate::daemon::http::{self, Published, Shared};
+use crate::daemon::integrity::decide::Policy;
+use crate::daemon::integrity::spec::{SpecPattern, DEFAULT_SPECS};
+use crate::daemon::integrity::Config as IntegrityConfig;
 use crate::daemon::libs::LibWatch;
 use crate::daemon::nvml::NvmlView;
 use crate::daemon::observer::{Observer, Settings};
@@ -39,6 +42,15 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 /// process without a region or slot is `no_region`. Findings are logged,
 /// exported as metrics, written to <state-dir>/findings.json and served at
 /// /findings (see `vgpu findings`).
+///
+/// Limit integrity: each container's limits are known from its OCI
+/// runtime spec (the environment the device plugin gave it, which the
+/// container cannot change) and admins' `vgpu set-*-limit` changes. A
+/// region whose limits differ is `limit_tampered`, a process whose own
+/// limit variables are unset or looser is `unlimited_process`, one naming
+/// another region `private_region`, and a container holding more than its
+/// limit by the kernel's count `over_limit`; --on-violation says what
+/// happens then.
 ///
 /// HTTP (default 0.0.0.0:9396): /metrics (Prometheus text, HAMi monitor's
 /// metric names plus vgpu_*), /readyz (200 once probes are attached and the
@@ -105,6 +117,19 @@ pub struct Args {
     /// Do not use NVML (no per-process used memory, no host GPU metrics).
     #[arg(long)]
     no_nvml: bool,
+
+    /// Where container runtimes keep a container's OCI spec (repeatable;
+    /// the first existing file wins): `{id}` is the container id from the
+    /// cgroup path, `*` any one directory (containerd's namespace).
+    #[arg(long, value_name = "PATTERN", default_values = DEFAULT_SPECS)]
+    runtime_spec: Vec<SpecPattern>,
+
+    /// What to do about an integrity finding (docs/daemon.md, Limit
+    /// integrity). The default, restore, undoes exactly the tenant's write
+    /// and stops no workload on a false positive. A container whose spec
+    /// sets ACTIVE_OOM_KILLER=true gets kill whatever this says.
+    #[arg(long, value_name = "POLICY", value_enum, default_value_t = Policy::Restore)]
+    on_violation: Policy,
 }
 
 /// Runs `vgpu daemon`.
@@ -165,6 +190,11 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
         regions_root: Some(args.regions_root.clone()),
         pods_log_dir: args.pods_log_dir.clone(),
         node: args.node_name.clone(),
+        integrity: Some(IntegrityConfig {
+            specs: args.runtime_spec.clone(),
+            state_dir: args.state_dir.clone(),
+            policy: args.on_violation,
+        }),
     };
     let libs = LibWatch::new(Procfs::default(), args.libcuda.clone());
     let mut obs = Observer::new(settings, probes, libs, nvml);
@@ -234,8 +264,10 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Show what `vgpu daemon` found: untracked allocations and CUDA processes
-/// without a region. Reads the daemon's state file (format in docs/daemon.md).
+/// Show what `vgpu daemon` found: untracked allocations, CUDA processes
+/// without a region, and limit integrity findings (tampered limits,
+/// processes without their container's limit or region, containers past
+/// their limit). Reads the daemon's state file (format in docs/daemon.md).
 ///
 /// Exits 0 when there are no findings, 3 when there are, 1 on error.
 #[derive(clap::Args, Debug)]

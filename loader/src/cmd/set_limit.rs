@@ -1,13 +1,15 @@
 //! `vgpu set-sm-limit` and `vgpu set-mem-limit`: change a region's limits
 //! at runtime.
 
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use vgpu_common::limit::{parse_percent, parse_size};
 use vgpu_common::view::{Access, RegionFile};
 
-use crate::regions::admin::{set_limit, Devices, LimitKind};
+use crate::daemon::integrity::overrides::{self, Changed};
+use crate::regions::admin::{resolve_devices, set_limit, Devices, LimitKind};
 use crate::regions::summary::bytes;
 
 /// Which devices (exactly one of --device / --all).
@@ -39,6 +41,10 @@ impl Which {
 /// their launch path. 0 or 100 means no limit. Refuses, writing nothing, if
 /// PATH is not a v1 region, the device is out of range, or PERCENT is not a
 /// whole number from 0 to 100.
+///
+/// The change is first recorded under --state-dir, so `vgpu daemon` takes
+/// it as the container's limit instead of reporting (or undoing) it as
+/// tampering.
 #[derive(clap::Args, Debug)]
 pub struct SmArgs {
     /// The region file.
@@ -47,6 +53,9 @@ pub struct SmArgs {
     which: Which,
     /// New share of the GPU in percent (0 = no limit).
     percent: String,
+    /// The daemon's --state-dir, where admin changes are recorded.
+    #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
+    state_dir: PathBuf,
 }
 
 /// Set the device-memory limit of a region's devices at runtime.
@@ -57,6 +66,10 @@ pub struct SmArgs {
 /// back). SIZE is bytes or digits with k, m or g (1g, 1024m); 0 means no
 /// limit. Refuses, writing nothing, if PATH is not a v1 region, the device
 /// is out of range, or SIZE does not parse.
+///
+/// The change is first recorded under --state-dir, so `vgpu daemon` takes
+/// it as the container's limit instead of reporting (or undoing) it as
+/// tampering.
 #[derive(clap::Args, Debug)]
 pub struct MemArgs {
     /// The region file.
@@ -65,16 +78,49 @@ pub struct MemArgs {
     which: Which,
     /// New limit (1g, 1024m, 1048576k or bytes; 0 = no limit).
     size: String,
+    /// The daemon's --state-dir, where admin changes are recorded.
+    #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
+    state_dir: PathBuf,
 }
 
 fn open(path: &Path) -> anyhow::Result<RegionFile> {
     RegionFile::open(path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
+/// Records the change for the daemon before the region is written (the
+/// daemon reads the region, then the record: it never sees the new value
+/// without the record).
+fn record(
+    state_dir: &Path,
+    file: &RegionFile,
+    changed: Changed,
+    which: Devices,
+    value: u64,
+) -> anyhow::Result<()> {
+    let devices = resolve_devices(file, which).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let md = file.file().metadata()?;
+    overrides::record(
+        state_dir,
+        file.path(),
+        (md.dev(), md.ino()),
+        changed,
+        &devices,
+        value,
+    )?;
+    Ok(())
+}
+
 /// Runs `vgpu set-sm-limit`.
 pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
     let value = parse_percent("PERCENT", &args.percent).map_err(|e| anyhow::anyhow!("{e}"))?;
     let file = open(&args.path)?;
+    record(
+        &args.state_dir,
+        &file,
+        Changed::Sm,
+        args.which.devices(),
+        value,
+    )?;
     let changes = set_limit(&file, LimitKind::Sm, args.which.devices(), value)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let show = |v: u64| {
@@ -99,6 +145,13 @@ pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
 pub fn run_mem(args: MemArgs) -> anyhow::Result<ExitCode> {
     let value = parse_size("SIZE", &args.size).map_err(|e| anyhow::anyhow!("{e}"))?;
     let file = open(&args.path)?;
+    record(
+        &args.state_dir,
+        &file,
+        Changed::Memory,
+        args.which.devices(),
+        value,
+    )?;
     let changes = set_limit(&file, LimitKind::Memory, args.which.devices(), value)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let show = |v: u64| if v == 0 { "none".to_owned() } else { bytes(v) };

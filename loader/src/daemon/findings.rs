@@ -23,18 +23,57 @@ pub enum Kind {
     /// A CUDA process with no region or no slot: the hook is not loaded,
     /// disabled, or bypassed.
     NoRegion,
+    /// A region's `limit[]` / `sm_limit[]` differ from what the container
+    /// was given (its runtime spec, or an admin's `vgpu set-*-limit`).
+    LimitTampered,
+    /// A CUDA process whose own limit variables are unset or looser than
+    /// its container's.
+    UnlimitedProcess,
+    /// A CUDA process that names another region than its container's.
+    PrivateRegion,
+    /// A container holds more device memory than its limit, by the
+    /// kernel's count (the probes).
+    OverLimit,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 2] = [Kind::UntrackedAllocation, Kind::NoRegion];
+    pub const ALL: [Kind; 6] = [
+        Kind::UntrackedAllocation,
+        Kind::NoRegion,
+        Kind::LimitTampered,
+        Kind::UnlimitedProcess,
+        Kind::PrivateRegion,
+        Kind::OverLimit,
+    ];
 
     /// The JSON / metric label value.
     pub const fn name(self) -> &'static str {
         match self {
             Kind::UntrackedAllocation => "untracked_allocation",
             Kind::NoRegion => "no_region",
+            Kind::LimitTampered => "limit_tampered",
+            Kind::UnlimitedProcess => "unlimited_process",
+            Kind::PrivateRegion => "private_region",
+            Kind::OverLimit => "over_limit",
         }
     }
+}
+
+/// Which limit of a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitName {
+    MemoryBytes,
+    SmPercent,
+}
+
+/// One limit that is not what the container was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LimitMismatch {
+    pub device: usize,
+    pub limit: LimitName,
+    pub expected: u64,
+    pub found: u64,
 }
 
 /// One finding about one process.
@@ -68,6 +107,12 @@ pub struct Finding {
     pub since_unix_ms: u64,
     /// One sentence for people.
     pub message: String,
+    /// Limits that differ from the container's (integrity findings).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<LimitMismatch>,
+    /// What the daemon did about it (`restored`, `killed`, or why not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
 }
 
 /// The state file's content.
@@ -165,6 +210,8 @@ mod tests {
             tracked_total_bytes: 0,
             since_unix_ms: 5,
             message: "m".into(),
+            limits: Vec::new(),
+            action: None,
         };
         write_state(&state, &to_json(&[f.clone(), f], 7)).unwrap();
         write_state(&state, &to_json(&[], 8)).unwrap();
@@ -204,6 +251,8 @@ mod tests {
             tracked_total_bytes: 0,
             since_unix_ms: 0,
             message: String::new(),
+            limits: Vec::new(),
+            action: None,
         }
     }
 }

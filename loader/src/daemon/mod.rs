@@ -4,6 +4,8 @@
 //! - [`hostpid`] writes host PIDs into the hook's slots ([`regions`] keeps
 //!   the region files open, [`procfs`] reads what `/proc` says);
 //! - [`check`] decides when usage escaped the hook, [`findings`] records it;
+//! - [`integrity`] knows each container's limits and reports and acts on
+//!   tampering;
 //! - [`nvml`] samples the driver's own view;
 //! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
 //! - [`metrics`] renders Prometheus text ([`pods`] names the pods), [`http`] serves it.
@@ -15,6 +17,7 @@ pub mod findings;
 pub mod hostpid;
 pub mod http;
 pub mod identity;
+pub mod integrity;
 pub mod libs;
 pub mod metrics;
 pub mod nvml;

@@ -14,6 +14,7 @@ use super::check::{excess, Excess, Observation, Streaks, Thresholds};
 use super::findings::{self, Finding, Kind};
 use super::hostpid::{self, Miss, SlotRef};
 use super::identity::{Identities, Identity};
+use super::integrity::{self, Integrity, ProcInput};
 use super::libs::LibWatch;
 use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
 use super::nvml::{NvmlView, Sample};
@@ -48,6 +49,8 @@ pub struct Settings {
     pub pods_log_dir: PathBuf,
     /// This node's name, a label of the host GPU series (empty: none).
     pub node: String,
+    /// Limit integrity checks (`None`: off).
+    pub integrity: Option<integrity::Config>,
 }
 
 /// One process the daemon knows.
@@ -87,6 +90,7 @@ pub struct Observer {
     counters: Counters,
     lost_seen: HashMap<&'static str, u64>,
     attached: Vec<(String, String)>,
+    integrity: Option<Integrity>,
 }
 
 impl Observer {
@@ -96,6 +100,10 @@ impl Observer {
         libs: LibWatch,
         nvml: Option<NvmlView>,
     ) -> Self {
+        let integrity = settings
+            .integrity
+            .clone()
+            .map(|c| Integrity::new(c, Procfs::default()));
         Self {
             pods: PodNames::new(settings.pods_log_dir.clone()),
             settings,
@@ -111,6 +119,7 @@ impl Observer {
             counters: Counters::default(),
             lost_seen: HashMap::new(),
             attached: Vec::new(),
+            integrity,
         }
     }
 
@@ -310,6 +319,7 @@ impl Observer {
         }
         let mut untracked: Vec<_> = untracked.into_iter().collect();
         untracked.sort();
+        out.extend(self.check_integrity(nv.as_ref(), now_ms));
         let snap = Snapshot {
             regions,
             host: nv.map(|s| s.devices).unwrap_or_default(),
@@ -324,6 +334,37 @@ impl Observer {
             metrics: metrics::render(&snap, &self.counters),
             findings_json: findings::to_json(&out, now_ms),
             findings: out.len(),
+        }
+    }
+
+    /// The integrity checks over every known process.
+    fn check_integrity(&mut self, nv: Option<&Sample>, now_ms: u64) -> Vec<Finding> {
+        if self.integrity.is_none() {
+            return Vec::new();
+        }
+        let mut procs: Vec<(&u32, &Proc)> = self.procs.iter().collect();
+        procs.sort_by_key(|(pid, _)| **pid);
+        let empty = Identity::default();
+        let inputs: Vec<ProcInput<'_>> = procs
+            .into_iter()
+            .map(|(&tgid, p)| {
+                let obs = self.observe(tgid, p, nv);
+                ProcInput {
+                    pid: tgid,
+                    ns_pid: p.caller.ns_tgid,
+                    comm: p.caller.comm_str(),
+                    identity: p.identity.as_ref().unwrap_or(&empty),
+                    region: p.slot.map(|at| at.region),
+                    unhooked: p.slot.is_none()
+                        && p.first_seen.elapsed() >= self.settings.slot_grace,
+                    probe_bytes: obs.probe_bytes,
+                    tracked_bytes: obs.tracked_total,
+                }
+            })
+            .collect();
+        match self.integrity.as_mut() {
+            Some(integ) => integ.scan(&inputs, &self.cache, now_ms),
+            None => Vec::new(),
         }
     }
 
@@ -432,6 +473,8 @@ impl Observer {
                 "no region: pid {tgid} ({comm}) container {ctr} uses CUDA without the hook's accounting ({}); {bytes} bytes untracked",
                 p.miss.as_ref().map_or("no slot".into(), ToString::to_string),
             ),
+            // Integrity findings are built by `integrity`, not here.
+            other => format!("{}: pid {tgid} ({comm}) container {ctr}", other.name()),
         };
         Finding {
             kind,
@@ -451,6 +494,8 @@ impl Observer {
             tracked_total_bytes: obs.tracked_total,
             since_unix_ms: since,
             message,
+            limits: Vec::new(),
+            action: None,
         }
     }
 

@@ -1,0 +1,39 @@
+//! [`RegionAccess`] over the daemon's open regions.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::SeqCst;
+
+use vgpu_common::region::MAX_DEVICES;
+
+use super::expected::{normal_sm, Limits};
+use super::overrides::FileKey;
+use super::{enforce, RegionAccess};
+use crate::daemon::findings::LimitMismatch;
+use crate::daemon::regions::RegionCache;
+
+impl RegionAccess for RegionCache {
+    fn limits(&self, key: &FileKey) -> Option<(Limits, u64)> {
+        let r = self.get(key)?.file.region();
+        if !r.is_initialized() {
+            return None;
+        }
+        let mut l = Limits {
+            mem: [0; MAX_DEVICES],
+            sm: [0; MAX_DEVICES],
+        };
+        for d in 0..MAX_DEVICES {
+            l.mem[d] = r.limit[d].load(SeqCst);
+            l.sm[d] = normal_sm(r.sm_limit[d].load(SeqCst));
+        }
+        Some((l, r.device_num.load(SeqCst)))
+    }
+
+    fn shown(&self, key: &FileKey) -> Option<PathBuf> {
+        self.get(key).map(|r| r.shown_path.clone())
+    }
+
+    fn restore(&self, key: &FileKey, m: &[LimitMismatch]) -> usize {
+        self.get(key)
+            .map_or(0, |r| enforce::restore(r.file.region(), m))
+    }
+}

@@ -1,0 +1,263 @@
+//! The checks of one container, run by [`Integrity::scan`]: its regions'
+//! limits, each process's own environment and region, and its usage.
+
+use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
+
+use super::decide::{self, Holder, Plan};
+use super::enforce;
+use super::expected::Expected;
+use super::overrides::FileKey;
+use super::report::{base, describe, short};
+use super::{Integrity, OwnEnv, ProcInput, RegionAccess, Subject, OVER_SCANS};
+use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
+use crate::daemon::identity::Identity;
+use crate::regions::summary::bytes;
+
+impl Integrity {
+    pub(super) fn check_regions(
+        &mut self,
+        exp: &Expected,
+        source: &Path,
+        members: &[&ProcInput<'_>],
+        regions: &impl RegionAccess,
+        out: &mut Vec<(Subject, Finding)>,
+    ) {
+        let Some(first) = members.first() else {
+            return;
+        };
+        let mut keys: Vec<FileKey> = members.iter().filter_map(|p| p.region).collect();
+        keys.sort();
+        keys.dedup();
+        for key in keys {
+            // Region first, then the admin's record: `set-*-limit` writes
+            // the record before the region, so a new value is never seen
+            // without it.
+            let Some((found, _)) = regions.limits(&key) else {
+                continue;
+            };
+            let want = self.effective(exp, &key, &found);
+            let m = decide::mismatches(&want, &found);
+            if m.is_empty() {
+                continue;
+            }
+            let plan = decide::plan(self.cfg.policy, exp.oom_killer, Kind::LimitTampered);
+            let action = plan.restore.then(|| {
+                let n = regions.restore(&key, &m);
+                let shown = regions.shown(&key).unwrap_or_default();
+                // The finding itself is logged once; a tenant rewriting the
+                // limit continuously makes this line repeat, so not a warning.
+                if n > 0 {
+                    tracing::info!(
+                        "restored {n} limit(s) of region {} (container {})",
+                        shown.display(),
+                        short(first.identity.container_id.as_deref().unwrap_or("-"))
+                    );
+                }
+                "restored".to_owned()
+            });
+            let region = regions.shown(&key);
+            let message = format!(
+                "limit tampered: region {} of container {}: {}; its spec: {}{}",
+                region.as_deref().unwrap_or(Path::new("-")).display(),
+                short(first.identity.container_id.as_deref().unwrap_or("-")),
+                describe(&m),
+                source.display(),
+                action
+                    .as_deref()
+                    .map_or(String::new(), |a| format!("; {a}")),
+            );
+            let mut f = base(Kind::LimitTampered, None, first.identity, message);
+            f.region = region;
+            f.limits = m;
+            f.action = action;
+            let ctr = first.identity.container_id.clone().unwrap_or_default();
+            out.push((Subject::Region(key, ctr), f));
+        }
+    }
+
+    pub(super) fn check_process(
+        &mut self,
+        exp: &Expected,
+        p: &ProcInput<'_>,
+        regions: &impl RegionAccess,
+        out: &mut Vec<(Subject, Finding)>,
+    ) {
+        let Some(own) = self.own_env(p.pid) else {
+            return;
+        };
+        let ctr = short(p.identity.container_id.as_deref().unwrap_or("-"));
+        let mut found: Vec<(Kind, String, Vec<LimitMismatch>)> = Vec::new();
+        let mut loose = decide::looser(&exp.limits, &own.limits);
+        if !loose.is_empty() {
+            // An admin may have raised the container's limit since.
+            if let Some(key) = p.region {
+                if let Some((have, _)) = regions.limits(&key) {
+                    let want = self.effective(exp, &key, &have);
+                    loose = decide::looser(&want, &own.limits);
+                }
+            }
+        }
+        if p.unhooked || !loose.is_empty() {
+            let why = if p.unhooked {
+                "runs without the hook's accounting".to_owned()
+            } else if !own.memory_var && loose.iter().any(|m| m.limit == LimitName::MemoryBytes) {
+                format!(
+                    "has no {} ({})",
+                    vgpu_common::env::MEMORY_LIMIT,
+                    describe(&loose)
+                )
+            } else {
+                format!(
+                    "has looser limits than its container ({})",
+                    describe(&loose)
+                )
+            };
+            found.push((
+                Kind::UnlimitedProcess,
+                format!(
+                    "unlimited process: pid {} ({}) container {ctr} {why}",
+                    p.pid, p.comm
+                ),
+                loose,
+            ));
+        }
+        if self.private(exp, p, &own) {
+            found.push((
+                Kind::PrivateRegion,
+                format!(
+                    "private region: pid {} ({}) container {ctr} names region {}, not its container's {}",
+                    p.pid,
+                    p.comm,
+                    own.region.display(),
+                    exp.region.display()
+                ),
+                Vec::new(),
+            ));
+        }
+        for (kind, message, limits) in found {
+            let plan = decide::plan(self.cfg.policy, exp.oom_killer, kind);
+            let action = self.act(plan, p.pid, p.identity);
+            let mut f = base(kind, Some(p), p.identity, message);
+            if let Some(a) = &action {
+                f.message.push_str(&format!("; {a}"));
+            }
+            f.region = Some(own.region.clone());
+            f.limits = limits;
+            f.action = action;
+            out.push((Subject::Pid(p.pid), f));
+        }
+    }
+
+    /// Whether `p` names another region than its container's (by file, so
+    /// another spelling of the same path is not one).
+    pub(super) fn private(&self, exp: &Expected, p: &ProcInput<'_>, own: &OwnEnv) -> bool {
+        if own.region == exp.region {
+            return false;
+        }
+        let key_of = |path: &Path| {
+            std::fs::metadata(self.procfs.resolve(p.pid, path))
+                .ok()
+                .map(|m| (m.dev(), m.ino()))
+        };
+        let want = key_of(&exp.region);
+        let have = p.region.or_else(|| key_of(&own.region));
+        have.is_none() || have != want
+    }
+
+    pub(super) fn check_usage(
+        &mut self,
+        exp: &Expected,
+        id: &str,
+        members: &[&ProcInput<'_>],
+        regions: &impl RegionAccess,
+        out: &mut Vec<(Subject, Finding)>,
+    ) {
+        let Some(&first) = members.first() else {
+            return;
+        };
+        let held: u64 = members
+            .iter()
+            .filter_map(|p| p.probe_bytes)
+            .fold(0, u64::saturating_add);
+        let mut keys: Vec<FileKey> = members.iter().filter_map(|p| p.region).collect();
+        keys.sort();
+        keys.dedup();
+        let device_num = keys
+            .iter()
+            .filter_map(|k| regions.limits(k).map(|(_, n)| n))
+            .max()
+            .unwrap_or(1);
+        let devices = exp.devices.unwrap_or(device_num.min(16) as usize);
+        let mut limit = decide::allowance(&exp.limits, devices);
+        if limit.is_some_and(|l| held > l) {
+            // Admins may have raised it: take the largest recorded.
+            for key in &keys {
+                if let Some((have, _)) = regions.limits(key) {
+                    let want = self.effective(exp, key, &have);
+                    limit = limit.max(decide::allowance(&want, devices));
+                }
+            }
+        }
+        let Some(limit) = limit.filter(|&l| held > l) else {
+            self.over.remove(id);
+            return;
+        };
+        let n = self.over.entry(id.to_owned()).or_insert(0);
+        *n += 1;
+        if *n < OVER_SCANS {
+            return;
+        }
+        let plan = decide::plan(self.cfg.policy, exp.oom_killer, Kind::OverLimit);
+        let holders: Vec<Holder> = members
+            .iter()
+            .filter(|p| !self.tried.contains_key(&p.pid))
+            .map(|p| Holder {
+                pid: p.pid,
+                probe_bytes: p.probe_bytes.unwrap_or(0),
+                tracked_bytes: p.tracked_bytes,
+            })
+            .collect();
+        let action = match (plan.kill, decide::victim(&holders)) {
+            (true, Some(pid)) => {
+                let who = members.iter().find(|p| p.pid == pid).map_or(first, |p| *p);
+                self.act(plan, pid, who.identity)
+            }
+            _ => None,
+        };
+        let message = format!(
+            "over limit: container {} holds {} of device memory by the kernel's count, past its limit of {}{}",
+            short(id),
+            bytes(held),
+            bytes(limit),
+            action.as_deref().map_or(String::new(), |a| format!("; {a}")),
+        );
+        let mut f = base(Kind::OverLimit, None, first.identity, message);
+        f.probe_bytes = Some(held);
+        f.action = action;
+        out.push((Subject::Container(id.to_owned()), f));
+    }
+
+    /// Carries out `plan`'s kill of `pid`, once per process: later calls
+    /// return the first outcome.
+    pub(super) fn act(&mut self, plan: Plan, pid: u32, id: &Identity) -> Option<String> {
+        if !plan.kill {
+            return None;
+        }
+        if let Some(done) = self.tried.get(&pid) {
+            return Some(done.clone());
+        }
+        let outcome = match enforce::kill_in_cgroup(&self.procfs, pid, &id.cgroup) {
+            Ok(()) => {
+                tracing::warn!("killed host pid {pid} (cgroup {})", id.cgroup);
+                format!("killed host pid {pid}")
+            }
+            Err(e) => {
+                tracing::warn!("not killed: {e}");
+                format!("not killed: {e}")
+            }
+        };
+        self.tried.insert(pid, outcome.clone());
+        Some(outcome)
+    }
+}

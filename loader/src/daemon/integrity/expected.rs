@@ -1,0 +1,228 @@
+//! What a container's limits should be, from an environment the container
+//! cannot change (its OCI spec's `process.env`), parsed exactly as the hook
+//! parses its own environment, plus the changes admins made since.
+
+use std::path::PathBuf;
+
+use vgpu_common::env::{MEMORY_LIMIT, SHARED_CACHE, SHARED_CACHE_DEFAULT, SM_LIMIT};
+use vgpu_common::limit::{device_limits, parse_percent, parse_size, LimitError};
+use vgpu_common::region::MAX_DEVICES;
+
+/// HAMi's per-container opt-in to having processes over their limit killed
+/// (its library reads it and never acts on it).
+pub const ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
+/// The device plugin's list of the container's GPUs.
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+
+/// No SM limit, as the hook stores it.
+pub const SM_NONE: u64 = 100;
+
+/// Per-device limits as the hook stores them in a region: bytes (0 = none)
+/// and percent (100 = none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub mem: [u64; MAX_DEVICES],
+    pub sm: [u64; MAX_DEVICES],
+}
+
+impl Limits {
+    /// Limits from `KEY=value` records, as the hook reads its environment
+    /// (the first record of a name wins, like `getenv`).
+    pub fn from_env<'a>(
+        env: impl IntoIterator<Item = &'a str> + Clone,
+    ) -> (Limits, Vec<LimitError>) {
+        let get = |name: &str| lookup(env.clone(), name);
+        let mem = device_limits(MEMORY_LIMIT, 0, parse_size, get);
+        let sm = device_limits(SM_LIMIT, SM_NONE, parse_percent, get);
+        let mut errors = mem.errors;
+        errors.extend(sm.errors);
+        (
+            Limits {
+                mem: mem.values,
+                sm: sm.values.map(normal_sm),
+            },
+            errors,
+        )
+    }
+
+    /// Whether any device has a memory or SM limit.
+    pub fn any(&self) -> bool {
+        self.mem.iter().any(|&m| m != 0) || self.sm.iter().any(|&s| s != SM_NONE)
+    }
+}
+
+/// A region's `sm_limit` as a percent where 100 means none (the region
+/// also uses 0 and anything above 100 for none).
+pub fn normal_sm(v: u64) -> u64 {
+    if v == 0 || v >= SM_NONE {
+        SM_NONE
+    } else {
+        v
+    }
+}
+
+/// What the device plugin gave one container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Expected {
+    pub limits: Limits,
+    /// The region its processes must name (`CUDA_DEVICE_MEMORY_SHARED_CACHE`
+    /// or HAMi's default).
+    pub region: PathBuf,
+    /// `ACTIVE_OOM_KILLER` is `true` or `1`.
+    pub oom_killer: bool,
+    /// How many GPUs `NVIDIA_VISIBLE_DEVICES` lists (`None`: unset, `all`, …).
+    pub devices: Option<usize>,
+    /// Limit variables of the spec that did not parse (the hook refuses
+    /// them too, so the device has no limit).
+    pub errors: Vec<LimitError>,
+}
+
+impl Expected {
+    /// The expectations of a container whose spec environment is `env`;
+    /// `None` when it sets no limit (not a container vgpu limits).
+    pub fn from_env(env: &[String]) -> Option<Expected> {
+        let records = env.iter().map(String::as_str);
+        let (limits, errors) = Limits::from_env(records.clone());
+        if !limits.any() {
+            return None;
+        }
+        let region = lookup(records.clone(), SHARED_CACHE)
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| SHARED_CACHE_DEFAULT.to_owned());
+        let oom_killer = lookup(records.clone(), ACTIVE_OOM_KILLER)
+            .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+        let devices = lookup(records, NVIDIA_VISIBLE_DEVICES).and_then(|v| {
+            let n = v.split(',').filter(|d| !d.trim().is_empty()).count();
+            let named = !matches!(v.trim(), "all" | "none" | "void" | "");
+            (named && n > 0).then_some(n.min(MAX_DEVICES))
+        });
+        Some(Expected {
+            limits,
+            region: PathBuf::from(region),
+            oom_killer,
+            devices,
+            errors,
+        })
+    }
+
+    /// The limits once an admin's recorded changes apply.
+    pub fn with_overrides(&self, o: &Overrides) -> Limits {
+        let mut l = self.limits;
+        for (&d, &v) in &o.mem {
+            if let Some(cell) = l.mem.get_mut(d) {
+                *cell = v;
+            }
+        }
+        for (&d, &v) in &o.sm {
+            if let Some(cell) = l.sm.get_mut(d) {
+                *cell = normal_sm(v);
+            }
+        }
+        l
+    }
+}
+
+/// Limits an admin set with `vgpu set-mem-limit` / `set-sm-limit`, by device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Overrides {
+    #[serde(default)]
+    pub mem: std::collections::BTreeMap<usize, u64>,
+    #[serde(default)]
+    pub sm: std::collections::BTreeMap<usize, u64>,
+}
+
+/// The value of the first `name=` record.
+pub fn lookup<'a>(env: impl IntoIterator<Item = &'a str>, name: &str) -> Option<String> {
+    env.into_iter()
+        .find_map(|rec| rec.strip_prefix(name)?.strip_prefix('=').map(str::to_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: u64 = 1 << 30;
+
+    fn env(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn limits_parse_like_the_hook() {
+        let e = Expected::from_env(&env(&[
+            "PATH=/bin",
+            "CUDA_DEVICE_MEMORY_LIMIT=1g",
+            "CUDA_DEVICE_MEMORY_LIMIT_1=2g",
+            "CUDA_DEVICE_SM_LIMIT=30",
+            "CUDA_DEVICE_MEMORY_LIMIT=8g",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/a.cache",
+            "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b",
+        ]))
+        .unwrap();
+        assert_eq!(e.limits.mem[0], G, "the first record wins, as getenv");
+        assert_eq!(e.limits.mem[1], 2 * G);
+        assert_eq!(e.limits.mem[15], G);
+        assert_eq!(e.limits.sm[0], 30);
+        assert_eq!(e.region, PathBuf::from("/usr/local/vgpu/a.cache"));
+        assert_eq!(e.devices, Some(2));
+        assert!(!e.oom_killer);
+        assert!(e.errors.is_empty());
+    }
+
+    #[test]
+    fn no_limit_is_no_expectation() {
+        assert_eq!(Expected::from_env(&env(&["PATH=/bin"])), None);
+        assert_eq!(
+            Expected::from_env(&env(&[
+                "CUDA_DEVICE_SM_LIMIT=0",
+                "CUDA_DEVICE_MEMORY_LIMIT=0"
+            ])),
+            None
+        );
+        // A malformed value gives no limit (as in the hook), and says why.
+        assert_eq!(
+            Expected::from_env(&env(&["CUDA_DEVICE_MEMORY_LIMIT=1024mb"])),
+            None
+        );
+        let e = Expected::from_env(&env(&[
+            "CUDA_DEVICE_MEMORY_LIMIT_0=1g",
+            "CUDA_DEVICE_MEMORY_LIMIT_1=1.5g",
+        ]))
+        .unwrap();
+        assert_eq!((e.limits.mem[0], e.limits.mem[1]), (G, 0));
+        assert_eq!(e.errors.len(), 1);
+        assert_eq!(e.region, PathBuf::from(SHARED_CACHE_DEFAULT));
+        assert_eq!(e.devices, None);
+    }
+
+    #[test]
+    fn oom_killer_is_an_explicit_opt_in() {
+        for (v, want) in [
+            ("true", true),
+            ("TRUE", true),
+            ("1", true),
+            ("false", false),
+            ("0", false),
+            ("yes", false),
+        ] {
+            let e = Expected::from_env(&env(&[
+                "CUDA_DEVICE_MEMORY_LIMIT=1g",
+                &format!("ACTIVE_OOM_KILLER={v}"),
+            ]))
+            .unwrap();
+            assert_eq!(e.oom_killer, want, "{v}");
+        }
+    }
+
+    #[test]
+    fn overrides_replace_single_devices() {
+        let e = Expected::from_env(&env(&["CUDA_DEVICE_MEMORY_LIMIT=1g"])).unwrap();
+        let o = Overrides {
+            mem: [(0, 4 * G), (99, 1)].into_iter().collect(),
+            sm: [(1, 0)].into_iter().collect(),
+        };
+        let l = e.with_overrides(&o);
+        assert_eq!((l.mem[0], l.mem[1]), (4 * G, G));
+        assert_eq!(l.sm[1], SM_NONE);
+    }
+}

@@ -1,0 +1,275 @@
+//! Limit integrity: the daemon knows what each container's limits should
+//! be and reports, every scan, what differs, then applies the policy.
+//!
+//! - [`spec`] reads the container's OCI runtime spec (the environment the
+//!   device plugin gave it, which the container cannot change);
+//! - [`expected`] turns it into limits, as the hook parses them;
+//! - [`overrides`] keeps admins' runtime changes (`vgpu set-*-limit`);
+//! - [`decide`] holds the pure decisions, [`enforce`] the actions;
+//! - `checks` runs them per container, `environ` reads a process's own
+//!   limits, `report` words the findings, `access` reads the daemon's
+//!   open regions.
+//!
+//! Findings: `limit_tampered` (a region's limits differ), `unlimited_process`
+//! (a process's own limit variables are unset or looser, or it runs without
+//! the hook), `private_region` (it names another region) and `over_limit`
+//! (the container holds more than its limit by the kernel's count). See the
+//! "Limit integrity" section of docs/daemon.md.
+
+mod access;
+mod checks;
+pub mod decide;
+pub mod enforce;
+mod environ;
+pub mod expected;
+pub mod overrides;
+mod report;
+pub mod spec;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use self::decide::Policy;
+use self::expected::{Expected, Limits};
+use self::overrides::FileKey;
+use self::report::{short, show_mem};
+use self::spec::SpecPattern;
+use super::findings::{Finding, Kind, LimitMismatch};
+use super::identity::Identity;
+use super::procfs::Procfs;
+
+/// A spec that was not found is looked for again after this long.
+const SPEC_RETRY: Duration = Duration::from_secs(5);
+/// A container not seen for this long is forgotten.
+const SPEC_IDLE: Duration = Duration::from_secs(120);
+/// Scans a container must stay past its limit to be `over_limit`.
+const OVER_SCANS: u32 = 2;
+
+/// Settings (`vgpu daemon` flags).
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where runtime specs are (`--runtime-spec`).
+    pub specs: Vec<SpecPattern>,
+    /// The daemon's `--state-dir` (admin overrides under it).
+    pub state_dir: PathBuf,
+    /// `--on-violation`.
+    pub policy: Policy,
+}
+
+/// One CUDA process, as the observer knows it.
+#[derive(Clone, Debug)]
+pub struct ProcInput<'a> {
+    /// Host PID (from the probes or NVML, never from a region).
+    pub pid: u32,
+    pub ns_pid: u32,
+    pub comm: String,
+    pub identity: &'a Identity,
+    /// The region of its slot.
+    pub region: Option<FileKey>,
+    /// No slot after the grace period: the hook does not account it.
+    pub unhooked: bool,
+    /// Bytes the kernel saw it allocate minus free.
+    pub probe_bytes: Option<u64>,
+    /// Bytes its slot accounts.
+    pub tracked_bytes: u64,
+}
+
+/// What a region holds, and writing limits back.
+pub trait RegionAccess {
+    /// The region's limits (normalised as the hook stores them) and
+    /// `device_num`, if it is open and initialised.
+    fn limits(&self, key: &FileKey) -> Option<(Limits, u64)>;
+    /// The path to report.
+    fn shown(&self, key: &FileKey) -> Option<PathBuf>;
+    /// Writes the expected values of `m` back (see [`enforce::restore`]).
+    fn restore(&self, key: &FileKey, m: &[LimitMismatch]) -> usize;
+}
+
+#[derive(Debug)]
+struct SpecEntry {
+    expected: Option<Expected>,
+    source: Option<PathBuf>,
+    read_at: Instant,
+    used_at: Instant,
+}
+
+/// A process's own view: its limits and the region it names.
+#[derive(Clone, Debug)]
+struct OwnEnv {
+    limits: Limits,
+    region: PathBuf,
+    memory_var: bool,
+}
+
+/// What a finding is about (for its start time and the log).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Subject {
+    Pid(u32),
+    Region(FileKey, String),
+    Container(String),
+}
+
+/// The integrity checker's state.
+pub struct Integrity {
+    cfg: Config,
+    procfs: Procfs,
+    specs: HashMap<String, SpecEntry>,
+    envs: HashMap<u32, Option<OwnEnv>>,
+    since: HashMap<(Kind, Subject), u64>,
+    over: HashMap<String, u32>,
+    /// Processes a kill was tried on (one try each), and how it went.
+    tried: HashMap<u32, String>,
+    /// Admin records already warned about.
+    bad_records: HashSet<FileKey>,
+}
+
+impl Integrity {
+    pub fn new(cfg: Config, procfs: Procfs) -> Self {
+        Self {
+            cfg,
+            procfs,
+            specs: HashMap::new(),
+            envs: HashMap::new(),
+            since: HashMap::new(),
+            over: HashMap::new(),
+            tried: HashMap::new(),
+            bad_records: HashSet::new(),
+        }
+    }
+
+    /// One scan over the observer's processes: findings, and the policy's
+    /// actions.
+    pub fn scan(
+        &mut self,
+        procs: &[ProcInput<'_>],
+        regions: &impl RegionAccess,
+        now_ms: u64,
+    ) -> Vec<Finding> {
+        let live: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
+        self.envs.retain(|pid, _| live.contains(pid));
+        self.tried.retain(|pid, _| live.contains(pid));
+        let mut by_ctr: HashMap<String, Vec<&ProcInput<'_>>> = HashMap::new();
+        for p in procs {
+            if let Some(c) = &p.identity.container_id {
+                by_ctr.entry(c.clone()).or_default().push(p);
+            }
+        }
+        let mut out = Vec::new();
+        let mut ids: Vec<&String> = by_ctr.keys().collect();
+        ids.sort();
+        for id in ids {
+            let members = &by_ctr[id];
+            let Some((exp, source)) = self.expected(id) else {
+                self.over.remove(id);
+                continue;
+            };
+            self.check_regions(&exp, &source, members, regions, &mut out);
+            for p in members {
+                self.check_process(&exp, p, regions, &mut out);
+            }
+            self.check_usage(&exp, id, members, regions, &mut out);
+        }
+        let now = Instant::now();
+        self.specs
+            .retain(|_, e| now.duration_since(e.used_at) < SPEC_IDLE);
+        self.over.retain(|c, _| by_ctr.contains_key(c));
+        self.publish(out, now_ms)
+    }
+
+    /// Start times, and a log line for each finding that is new or cleared.
+    fn publish(&mut self, found: Vec<(Subject, Finding)>, now_ms: u64) -> Vec<Finding> {
+        let mut keys = HashSet::new();
+        let mut out = Vec::with_capacity(found.len());
+        for (subject, mut f) in found {
+            let key = (f.kind, subject);
+            let since = *self.since.entry(key.clone()).or_insert(now_ms);
+            if since == now_ms {
+                tracing::warn!("{}", f.message);
+            }
+            f.since_unix_ms = since;
+            keys.insert(key);
+            out.push(f);
+        }
+        self.since.retain(|k, _| {
+            let keep = keys.contains(k);
+            if !keep {
+                tracing::info!("finding {} for {:?} cleared", k.0.name(), k.1);
+            }
+            keep
+        });
+        out
+    }
+
+    /// The container's expected limits and where they came from; `None`
+    /// when it has none (no spec, or a spec without limits).
+    fn expected(&mut self, id: &str) -> Option<(Expected, PathBuf)> {
+        let now = Instant::now();
+        let stale = self.specs.get(id).is_none_or(|e| {
+            e.expected.is_none()
+                && e.source.is_none()
+                && now.duration_since(e.read_at) >= SPEC_RETRY
+        });
+        if stale {
+            // Say what is wrong with a spec once, not at every retry.
+            let first = !self.specs.contains_key(id);
+            let (expected, source) = match spec::find(&self.cfg.specs, id) {
+                Ok(Some((path, env))) => {
+                    let e = Expected::from_env(&env);
+                    if let Some(e) = &e {
+                        for err in &e.errors {
+                            tracing::warn!("container {id}: spec {}: {err}", path.display());
+                        }
+                        tracing::info!(
+                            "container {}: limits from {} (memory {}, SM {}%)",
+                            short(id),
+                            path.display(),
+                            show_mem(e.limits.mem[0]),
+                            e.limits.sm[0]
+                        );
+                    }
+                    (e, Some(path))
+                }
+                Ok(None) => (None, None),
+                Err(err) => {
+                    if first {
+                        tracing::warn!("container {}: {err}", short(id));
+                    }
+                    (None, None)
+                }
+            };
+            self.specs.insert(
+                id.to_owned(),
+                SpecEntry {
+                    expected,
+                    source,
+                    read_at: now,
+                    used_at: now,
+                },
+            );
+        }
+        let e = self.specs.get_mut(id)?;
+        e.used_at = now;
+        Some((e.expected.clone()?, e.source.clone()?))
+    }
+
+    /// The limits of region `key` for a container expecting `exp`, with
+    /// admins' changes when the region differs from the spec.
+    fn effective(&mut self, exp: &Expected, key: &FileKey, found: &Limits) -> Limits {
+        if decide::mismatches(&exp.limits, found).is_empty() {
+            return exp.limits;
+        }
+        match overrides::load(&self.cfg.state_dir, *key) {
+            Ok(Some(o)) => exp.with_overrides(&o),
+            Ok(None) => exp.limits,
+            Err(e) => {
+                if self.bad_records.insert(*key) {
+                    tracing::warn!("{e}");
+                }
+                exp.limits
+            }
+        }
+    }
+}

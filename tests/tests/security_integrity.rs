@@ -1,0 +1,704 @@
+//! Limit integrity (issue 17, item 5), end to end as root on the simulated
+//! GPU: a "container" (a cgroup whose path ends in a 64-hex container id,
+//! plus a PID namespace) whose runtime spec (a fixture `config.json`, as
+//! containerd writes it) says 1 GiB, and `vgpu daemon` pointed at it with
+//! `--runtime-spec`. A tenant raising its region's limit, running without
+//! the limit variable, naming a private region or allocating around the
+//! hook is reported within 2 s and stopped under the enforcing policy; an
+//! admin's `vgpu set-mem-limit` is neither reported nor undone.
+#![allow(
+    clippy::expect_used,
+    reason = "test helpers panic with a message when the test machine misbehaves"
+)]
+
+use std::ffi::OsStr;
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use vgpu_common::view::{Access, RegionFile};
+use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::dist;
+use vgpu_tests::sim::SimGpu;
+
+const G: u64 = 1 << 30;
+/// `limit[0]` and `sm_limit[0]` in the v1.2 region.
+const LIMIT0_OFFSET: u64 = 1600;
+const SM_LIMIT0_OFFSET: u64 = 1728;
+const WITHIN: Duration = Duration::from_secs(2);
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as u64
+}
+
+/// A fresh 64-hex container id.
+fn container_id(salt: u64) -> String {
+    let a =
+        now_ns() ^ (u64::from(std::process::id()) << 32) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    format!(
+        "{a:016x}{:016x}{:016x}{:016x}",
+        a.rotate_left(17),
+        a.rotate_left(31),
+        !a
+    )
+}
+
+/// Temp dir with a libcuda copy, the test program, regions and a
+/// containerd-like runtime state directory.
+struct Fixture {
+    dir: tempfile::TempDir,
+    prog: PathBuf,
+}
+
+/// One test container: its cgroup (kubepods layout) and id.
+struct Ctr {
+    cg: Cgroup,
+    id: String,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-integrity-")
+            .tempdir()
+            .expect("tempdir");
+        let lib = dir.path().join("lib");
+        std::fs::create_dir_all(&lib).expect("mkdir");
+        std::fs::copy(
+            dist::sim_dir().join("libcuda.so.1"),
+            lib.join("libcuda.so.1"),
+        )
+        .expect("copy libcuda");
+        let prog = dist::compile_c("daemon_prog", dir.path(), false);
+        for d in ["regions", "out", "runtime/k8s.io"] {
+            std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
+        }
+        Fixture { dir, prog }
+    }
+
+    fn libcuda(&self) -> PathBuf {
+        self.dir.path().join("lib/libcuda.so.1")
+    }
+
+    fn envs(&self, gpu: &SimGpu) -> Vec<(String, String)> {
+        let mut v: Vec<_> = gpu
+            .envs()
+            .into_iter()
+            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
+            .collect();
+        v.push((
+            "LD_LIBRARY_PATH".into(),
+            format!(
+                "{}:{}",
+                self.dir.path().join("lib").display(),
+                gpu.lib_dir().display()
+            ),
+        ));
+        v
+    }
+
+    fn region(&self, name: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("regions")
+            .join(format!("{name}.cache"))
+    }
+
+    fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join("out").join(name)
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// A container whose spec gives it `env` (as the device plugin would).
+    fn container(&self, salt: u64, env: &[String]) -> Ctr {
+        let id = container_id(salt);
+        let uid = format!(
+            "{:08x}-1234-4abc-8def-{:012x}",
+            salt,
+            now_ns() & 0xffff_ffff_ffff
+        );
+        let cg = Cgroup::create(&format!("vgpu-test/kubepods/burstable/pod{uid}/{id}"));
+        let bundle = self.dir.path().join("runtime/k8s.io").join(&id);
+        std::fs::create_dir_all(&bundle).expect("bundle");
+        let spec = serde_json::json!({
+            "ociVersion": "1.1.0",
+            "process": { "args": ["/bin/app"], "env": env, "cwd": "/" },
+            "root": { "path": "rootfs" },
+        });
+        std::fs::write(bundle.join("config.json"), spec.to_string()).expect("config.json");
+        Ctr { cg, id }
+    }
+
+    /// `daemon_prog <out> <hooked-MiB> [hidden-MiB]` in `ctr`, hooked,
+    /// with `env` on top of the simulator's (`under_shell`: as a child of
+    /// `sh`, not PID 1 of its namespace); it waits for "go".
+    fn spawn(
+        &self,
+        gpu: &SimGpu,
+        ctr: &Ctr,
+        name: &str,
+        env: &[(&str, String)],
+        args: &[&str],
+        under_shell: bool,
+    ) -> ContainerProcess {
+        let base = self.envs(gpu);
+        let hook = dist::hook_lib();
+        let mut all: Vec<(&str, &OsStr)> = base
+            .iter()
+            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
+            .collect();
+        all.push(("LD_PRELOAD", hook.as_os_str()));
+        for (k, v) in env {
+            all.push((k, OsStr::new(v)));
+        }
+        let out = self.out(name);
+        let mut argv: Vec<&OsStr> = Vec::new();
+        if under_shell {
+            argv.extend(["sh", "-c", "\"$@\"; exit $?", "sh"].map(OsStr::new));
+        }
+        argv.extend([self.prog.as_os_str(), out.as_os_str()]);
+        argv.extend(args.iter().map(OsStr::new));
+        ctr.cg.spawn(&argv, &all)
+    }
+
+    fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
+            {
+                return v;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "{name}: no {what:?} line after {timeout:?}; its output: {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// A daemon probing the fixture's libcuda, reading its runtime specs.
+struct Daemon {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let log = fx.dir.path().join("daemon.log");
+        let child = Command::new(dist::vgpu_bin())
+            .arg("-v")
+            .arg("daemon")
+            .arg("--libcuda")
+            .arg(fx.libcuda())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--state-dir")
+            .arg(fx.state())
+            .arg("--regions-root")
+            .arg(fx.dir.path().join("no-hami-dir"))
+            .arg("--runtime-spec")
+            .arg(format!(
+                "{}/runtime/*/{{id}}/config.json",
+                fx.dir.path().display()
+            ))
+            .args(extra)
+            .envs(fx.envs(gpu))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn vgpu daemon");
+        let mut d = Daemon { child, port, log };
+        let t = Instant::now();
+        while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!("daemon exited {st}: {}", d.log_text());
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "not ready: {}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn findings(&self) -> Vec<Value> {
+        let (code, body) = get(self.port, "/findings").expect("findings");
+        assert_eq!(code, 200);
+        let v: Value = serde_json::from_str(&body).expect("json");
+        v["findings"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The first finding `pick` accepts, polled every 20 ms up to `limit`.
+    fn wait_finding(&self, what: &str, limit: Duration, pick: impl Fn(&Value) -> bool) -> Value {
+        let t = Instant::now();
+        loop {
+            let list = self.findings();
+            if let Some(f) = list.iter().find(|f| pick(f)) {
+                return f.clone();
+            }
+            assert!(
+                t.elapsed() < limit,
+                "no {what} finding after {limit:?}: {list:#?}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn metrics(&self) -> String {
+        get(self.port, "/metrics").expect("metrics").1
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    Some((
+        head.split_whitespace().nth(1)?.parse().ok()?,
+        body.to_owned(),
+    ))
+}
+
+fn limit0(path: &Path) -> u64 {
+    let f = RegionFile::open(path, Access::ReadOnly).expect("region");
+    f.region().limit[0].load(SeqCst)
+}
+
+fn sm_limit0(path: &Path) -> u64 {
+    let f = RegionFile::open(path, Access::ReadOnly).expect("region");
+    f.region().sm_limit[0].load(SeqCst)
+}
+
+/// Waits until the daemon wrote `host` into the region's slot for ns pid 1
+/// (it tracks the process and knows its region).
+fn wait_tracked(path: &Path, host: u32, d: &Daemon) {
+    let t = Instant::now();
+    loop {
+        if let Ok(f) = RegionFile::open(path, Access::ReadOnly) {
+            let r = f.region();
+            if r.active_slots()
+                .iter()
+                .any(|s| s.hostpid.load(SeqCst) == host as i32)
+            {
+                return;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "slot never filled: {}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The first child of host process `pid` (waits up to 5 s for it).
+fn child_of(pid: u32) -> u32 {
+    let t = Instant::now();
+    loop {
+        let c =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(c) = c.split_whitespace().next() {
+            return c.parse().expect("pid");
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "{pid} has no child");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether host process `pid` is gone (or a zombie).
+fn dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
+}
+
+fn wait_dead(pid: u32, limit: Duration) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if dead(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    dead(pid)
+}
+
+fn spec_env(region: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+        "CUDA_DEVICE_MEMORY_LIMIT=1g".to_owned(),
+        format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}", region.display()),
+    ];
+    v.extend(extra.iter().map(|s| (*s).to_owned()));
+    v
+}
+
+/// (a) A tenant rewrites `limit[0]` to 64 GiB with pwrite: reported within
+/// 2 s and, under the default policy (restore), written back within 2 s.
+/// (c) `vgpu set-mem-limit` then raises it: neither reported nor undone.
+/// A raised SM share is restored the same way.
+#[test]
+fn tampered_limit_is_reported_and_restored_but_admin_changes_are_not() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::builder().memory("16g").build();
+    let daemon = Daemon::start(&fx, &gpu, &[]);
+    let region = fx.region("a");
+    let ctr = fx.container(1, &spec_env(&region, &["CUDA_DEVICE_SM_LIMIT=30"]));
+    let env = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "1g".to_owned()),
+        ("CUDA_DEVICE_SM_LIMIT", "30".to_owned()),
+        (
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            region.display().to_string(),
+        ),
+    ];
+    let mut p = fx.spawn(&gpu, &ctr, "a", &env, &["64"], false);
+    let host = p.host_pid();
+    p.send_line("go");
+    fx.mark("a", "allocated", Duration::from_secs(10));
+    wait_tracked(&region, host, &daemon);
+    // A container as given: nothing to say.
+    std::thread::sleep(Duration::from_millis(1200));
+    let clean = daemon.findings();
+    assert!(clean.is_empty(), "{clean:#?}\n{}", daemon.log_text());
+    assert_eq!(limit0(&region), G);
+
+    // The tenant's write (the region is read-write in its container).
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&region)
+        .expect("open");
+    f.write_all_at(&(64 * G).to_le_bytes(), LIMIT0_OFFSET)
+        .expect("pwrite");
+    let t0 = Instant::now();
+    let found = daemon.wait_finding("limit_tampered", Duration::from_secs(10), |f| {
+        f["kind"] == "limit_tampered" && f["container_id"] == ctr.id.as_str()
+    });
+    let after = t0.elapsed();
+    eprintln!("limit_tampered after {after:?}: {found:#}");
+    assert!(after <= WITHIN, "took {after:?}");
+    assert_eq!(found["limits"][0]["device"], 0, "{found:#}");
+    assert_eq!(found["limits"][0]["limit"], "memory_bytes");
+    assert_eq!(found["limits"][0]["expected"], G);
+    assert_eq!(found["limits"][0]["found"], 64 * G);
+    assert_eq!(found["action"], "restored");
+    assert_eq!(found["region"], region.display().to_string());
+    assert_eq!(found["cgroup"], ctr.cg.rel());
+    // Written back.
+    while limit0(&region) != G {
+        assert!(
+            t0.elapsed() <= WITHIN,
+            "limit still {} after {:?}",
+            limit0(&region),
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!("restored after {:?}", t0.elapsed());
+    assert!(daemon.log_text().contains("limit tampered: region"));
+
+    // An admin raises it: recorded, so the daemon takes it as the limit.
+    let out = Command::new(dist::vgpu_bin())
+        .arg("set-mem-limit")
+        .arg(&region)
+        .args(["--device", "0", "2g", "--state-dir"])
+        .arg(fx.state())
+        .output()
+        .expect("set-mem-limit");
+    assert!(out.status.success(), "{out:?}");
+    // Several scans later: still 2 GiB, and no finding about it.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(2500) {
+        assert_eq!(
+            limit0(&region),
+            2 * G,
+            "the admin's change was undone: {}",
+            daemon.log_text()
+        );
+        let list = daemon.findings();
+        assert!(
+            !list.iter().any(|f| f["kind"] == "limit_tampered"
+                && f["container_id"] == ctr.id.as_str()
+                && f["limits"][0]["found"] == 2 * G),
+            "{list:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A tenant write over the admin's value is restored to the admin's value.
+    f.write_all_at(&(64 * G).to_le_bytes(), LIMIT0_OFFSET)
+        .expect("pwrite");
+    let t0 = Instant::now();
+    while limit0(&region) != 2 * G {
+        assert!(
+            t0.elapsed() <= WITHIN,
+            "not restored to the admin's 2 GiB: {}",
+            limit0(&region)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The SM share too: 30 % raised to none (100) is written back.
+    f.write_all_at(&100u64.to_le_bytes(), SM_LIMIT0_OFFSET)
+        .expect("pwrite");
+    let t0 = Instant::now();
+    let found = daemon.wait_finding("limit_tampered", Duration::from_secs(10), |f| {
+        f["kind"] == "limit_tampered" && f["limits"][0]["limit"] == "sm_percent"
+    });
+    assert!(t0.elapsed() <= WITHIN, "took {:?}", t0.elapsed());
+    assert_eq!(found["limits"][0]["expected"], 30, "{found:#}");
+    assert_eq!(found["limits"][0]["found"], 100, "{found:#}");
+    while sm_limit0(&region) != 30 {
+        assert!(
+            t0.elapsed() <= WITHIN,
+            "SM limit still {}",
+            sm_limit0(&region)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let m = daemon.metrics();
+    assert!(m.contains("vgpu_findings{kind=\"limit_tampered\"}"), "{m}");
+    p.wait();
+}
+
+/// (b) Under `--on-violation kill`, a process of the container that drops
+/// the limit variable, and one that names a private region, are reported
+/// within 2 s and killed, and so is one without the hook once its slot
+/// grace (1 s here) is over; a process as given is left alone.
+#[test]
+fn unlimited_and_private_processes_are_reported_and_killed() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::builder().memory("16g").build();
+    let daemon = Daemon::start(&fx, &gpu, &["--on-violation", "kill", "--slot-grace", "1"]);
+    let region = fx.region("b");
+    let ctr = fx.container(2, &spec_env(&region, &[]));
+    let shared = (
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        region.display().to_string(),
+    );
+    let limit = ("CUDA_DEVICE_MEMORY_LIMIT", "1g".to_owned());
+
+    let mut good = fx.spawn(
+        &gpu,
+        &ctr,
+        "good",
+        &[limit.clone(), shared.clone()],
+        &["64"],
+        false,
+    );
+    let good_pid = good.host_pid();
+    good.send_line("go");
+    fx.mark("good", "allocated", Duration::from_secs(10));
+    wait_tracked(&region, good_pid, &daemon);
+
+    let private = fx.region("mine");
+    let mut unl = fx.spawn(
+        &gpu,
+        &ctr,
+        "unlimited",
+        std::slice::from_ref(&shared),
+        &["64"],
+        false,
+    );
+    let mut prv = fx.spawn(
+        &gpu,
+        &ctr,
+        "private",
+        &[
+            limit.clone(),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                private.display().to_string(),
+            ),
+        ],
+        &["64"],
+        false,
+    );
+    // No hook at all (an empty LD_PRELOAD replaces the fixture's), under
+    // a shell so that it is not PID 1 of its namespace: the others are, in
+    // theirs, and slots are found by namespace PID alone (issue 17 item 7,
+    // not this test's), so it would be taken for one of them.
+    let mut bare = fx.spawn(
+        &gpu,
+        &ctr,
+        "bare",
+        &[limit.clone(), shared.clone(), ("LD_PRELOAD", String::new())],
+        &["64"],
+        true,
+    );
+    let (unl_pid, prv_pid) = (unl.host_pid(), prv.host_pid());
+    let bare_pid = child_of(bare.host_pid());
+    unl.send_line("go");
+    prv.send_line("go");
+    bare.send_line("go");
+    for (name, pid, kind, within) in [
+        ("unlimited", unl_pid, "unlimited_process", WITHIN),
+        ("private", prv_pid, "private_region", WITHIN),
+        (
+            "bare",
+            bare_pid,
+            "unlimited_process",
+            WITHIN + Duration::from_secs(1),
+        ),
+    ] {
+        let first = fx.mark(name, "first_call", Duration::from_secs(10));
+        let f = daemon.wait_finding(kind, Duration::from_secs(10), |f| {
+            f["kind"] == kind && f["pid"] == pid
+        });
+        let after = Duration::from_nanos(now_ns().saturating_sub(first));
+        eprintln!("{kind} after {after:?}: {f:#}");
+        assert!(after <= within, "{name}: {kind} took {after:?}");
+        assert_eq!(f["container_id"], ctr.id.as_str());
+        assert_eq!(f["action"], format!("killed host pid {pid}"), "{f:#}");
+        assert!(
+            wait_dead(pid, Duration::from_secs(2)),
+            "{name} ({pid}) still alive"
+        );
+    }
+    assert!(
+        !dead(good_pid),
+        "the process as given was killed: {}",
+        daemon.log_text()
+    );
+    assert!(
+        !daemon.findings().iter().any(|f| f["pid"] == good_pid),
+        "{:#?}",
+        daemon.findings()
+    );
+    good.wait();
+    unl.wait();
+    prv.wait();
+    bare.wait();
+}
+
+/// (d) Allocations around the hook (a dlmopen'd libcuda) past the limit are
+/// `over_limit` by the kernel's count within 2 s; under the default policy
+/// the process lives, and a container whose spec sets
+/// ACTIVE_OOM_KILLER=true has it killed.
+#[test]
+fn usage_past_the_limit_is_over_limit_and_oom_killer_opts_in_to_kill() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::builder().memory("16g").build();
+    let daemon = Daemon::start(&fx, &gpu, &[]);
+    let mut procs = Vec::new();
+    for (salt, name, extra) in [
+        (3, "over", &[][..]),
+        (4, "oom", &["ACTIVE_OOM_KILLER=true"][..]),
+    ] {
+        let region = fx.region(name);
+        let ctr = fx.container(salt, &spec_env(&region, extra));
+        let env = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g".to_owned()),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                region.display().to_string(),
+            ),
+        ];
+        let mut p = fx.spawn(&gpu, &ctr, name, &env, &["64", "1100"], false);
+        let pid = p.host_pid();
+        p.send_line("go");
+        procs.push((name, ctr, p, pid));
+    }
+    for (name, ctr, _, pid) in &procs {
+        let t_alloc = fx.mark(name, "allocated", Duration::from_secs(10));
+        let f = daemon.wait_finding("over_limit", Duration::from_secs(10), |f| {
+            f["kind"] == "over_limit" && f["container_id"] == ctr.id.as_str()
+        });
+        let after = Duration::from_nanos(now_ns().saturating_sub(t_alloc));
+        eprintln!("{name}: over_limit after {after:?}: {f:#}");
+        assert!(after <= WITHIN, "{name}: took {after:?}");
+        assert!(f["probe_bytes"].as_u64().unwrap_or(0) > G, "{f:#}");
+        if *name == "oom" {
+            assert_eq!(f["action"], format!("killed host pid {pid}"), "{f:#}");
+            assert!(
+                wait_dead(*pid, Duration::from_secs(2)),
+                "{name} still alive"
+            );
+        } else {
+            assert!(f.get("action").is_none(), "{f:#}");
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        !dead(procs[0].3),
+        "killed without the opt-in: {}",
+        daemon.log_text()
+    );
+    // Where findings are read on the node: `vgpu findings` and
+    // `vgpu inspect --json`.
+    let out = Command::new(dist::vgpu_bin())
+        .args(["findings", "--state-dir"])
+        .arg(fx.state())
+        .output()
+        .expect("vgpu findings");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("over_limit") && l.contains(&procs[0].1.id[..12])),
+        "{text}"
+    );
+    let out = Command::new(dist::vgpu_bin())
+        .args(["inspect", "--json", "--state-dir"])
+        .arg(fx.state())
+        .arg(fx.dir.path().join("regions"))
+        .output()
+        .expect("vgpu inspect");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("inspect json");
+    let listed = v["daemon_findings"]["findings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        listed
+            .iter()
+            .any(|f| f["kind"] == "over_limit" && f["container_id"] == procs[0].1.id.as_str()),
+        "{v:#}"
+    );
+    for (_, _, p, _) in procs {
+        p.wait();
+    }
+}
