@@ -150,8 +150,10 @@ pub fn render() -> String {
             monitorused,
             device_util,
             status,
+            _pad,
             seqlock,
-            unused
+            pidns,
+            start,
         }
     );
     abi_layout!(
