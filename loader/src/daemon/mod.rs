@@ -6,7 +6,8 @@
 //! - [`check`] decides when usage escaped the hook, [`findings`] records it;
 //! - [`integrity`] knows each container's limits and reports and acts on
 //!   tampering;
-//! - [`nvml`] samples the driver's own view;
+//! - [`nvml`] samples the driver's own view, [`utilization`] turns its
+//!   per-process samples into each container's utilization;
 //! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
 //! - [`metrics`] renders Prometheus text ([`pods`] names the pods), [`http`] serves it.
 //!
@@ -25,3 +26,4 @@ pub mod observer;
 pub mod pods;
 pub mod procfs;
 pub mod regions;
+pub mod utilization;

@@ -1,7 +1,9 @@
 //! The driver's own view through NVML: per-device memory and utilization,
-//! and per-process used memory keyed by host PID.
+//! per-process used memory and per-process SM utilization, keyed by host
+//! PID (the daemon runs in the host's PID namespace).
 
 use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::Nvml;
@@ -16,6 +18,9 @@ pub struct DeviceSample {
     pub memory_used: u64,
     /// GPU utilization, percent.
     pub utilization: Option<u32>,
+    /// Host PID -> SM utilization percent since the previous sample (mean
+    /// of NVML's samples for that PID); `None` when the query failed.
+    pub process_util: Option<HashMap<u32, u32>>,
 }
 
 /// One scan's NVML view.
@@ -29,6 +34,8 @@ pub struct Sample {
 /// An initialised NVML.
 pub struct NvmlView {
     nvml: Nvml,
+    /// Unix µs of the previous per-process utilization query, per device.
+    last_seen: HashMap<u32, u64>,
 }
 
 impl NvmlView {
@@ -36,11 +43,12 @@ impl NvmlView {
     pub fn init() -> Result<Self, nvml_wrapper::error::NvmlError> {
         Ok(Self {
             nvml: Nvml::init()?,
+            last_seen: HashMap::new(),
         })
     }
 
     /// Samples every device. A device that fails is skipped (logged at debug).
-    pub fn sample(&self) -> Sample {
+    pub fn sample(&mut self) -> Sample {
         let mut out = Sample::default();
         let count = match self.nvml.device_count() {
             Ok(n) => n,
@@ -57,7 +65,7 @@ impl NvmlView {
                     continue;
                 }
             };
-            let s = DeviceSample {
+            let mut s = DeviceSample {
                 index,
                 uuid: dev.uuid().unwrap_or_default(),
                 device_type: dev
@@ -66,7 +74,23 @@ impl NvmlView {
                     .unwrap_or_default(),
                 memory_used: dev.memory_info().map_or(0, |m| m.used),
                 utilization: dev.utilization_rates().ok().map(|u| u.gpu),
+                process_util: None,
             };
+            let now_us = unix_us();
+            let since = self.last_seen.get(&index).copied().unwrap_or(0);
+            let util = match dev.process_utilization_stats(since) {
+                Ok(v) => Some(v.into_iter().map(|u| (u.pid, u.sm_util)).collect()),
+                // No process ran since `since`.
+                Err(nvml_wrapper::error::NvmlError::NotFound) => Some(Vec::new()),
+                Err(e) => {
+                    tracing::debug!("nvmlDeviceGetProcessUtilization({index}): {e}");
+                    None
+                }
+            };
+            if util.is_some() {
+                self.last_seen.insert(index, now_us);
+            }
+            s.process_util = util.map(|v| mean_by_pid(&v));
             match dev.running_compute_processes() {
                 Ok(procs) => {
                     for p in procs {
@@ -82,5 +106,39 @@ impl NvmlView {
             out.devices.push(s);
         }
         out
+    }
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// NVML returns one sample per PID per internal sampling period: their mean,
+/// per PID, capped at 100.
+pub fn mean_by_pid(samples: &[(u32, u32)]) -> HashMap<u32, u32> {
+    let mut acc: HashMap<u32, (u64, u64)> = HashMap::new();
+    for &(pid, util) in samples {
+        let e = acc.entry(pid).or_insert((0, 0));
+        e.0 += u64::from(util.min(100));
+        e.1 += 1;
+    }
+    acc.into_iter()
+        .map(|(pid, (sum, n))| (pid, ((sum + n / 2) / n.max(1)) as u32))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_averaged_per_pid_and_capped() {
+        let m = mean_by_pid(&[(7, 40), (7, 60), (8, 250), (9, 0)]);
+        assert_eq!(m.get(&7), Some(&50));
+        assert_eq!(m.get(&8), Some(&100));
+        assert_eq!(m.get(&9), Some(&0));
+        assert_eq!(m.len(), 3);
     }
 }

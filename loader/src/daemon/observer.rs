@@ -17,10 +17,11 @@ use super::identity::{Identities, Identity};
 use super::integrity::{self, Integrity, ProcInput};
 use super::libs::LibWatch;
 use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
-use super::nvml::{NvmlView, Sample};
+use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::Procfs;
 use super::regions::RegionCache;
+use super::utilization::{daemon_publishes, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::discover;
 
@@ -256,7 +257,7 @@ impl Observer {
 
     /// Slow job: NVML, the cross-check, findings, metrics.
     pub fn scan(&mut self) -> ScanOutput {
-        let nv = self.nvml.as_ref().map(NvmlView::sample);
+        let nv = self.nvml.as_mut().map(NvmlView::sample);
         self.adopt_nvml_processes(nv.as_ref());
         self.count_lost();
         let now_ms = findings::now_ms();
@@ -306,7 +307,7 @@ impl Observer {
         });
         out.sort_by(|a, b| (a.kind.name(), a.pid).cmp(&(b.kind.name(), b.pid)));
 
-        let regions = self.region_views();
+        let regions = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
         self.cache.evict_idle(Duration::from_secs(60));
         let mut untracked: HashMap<Identity, u64> = HashMap::new();
         for f in &out {
@@ -499,7 +500,10 @@ impl Observer {
         }
     }
 
-    fn region_views(&mut self) -> Vec<RegionView> {
+    /// One view per open region. `devices` (NVML) gives each container's
+    /// utilization; it is also written into the slots of devices the region
+    /// does not SM-limit.
+    fn region_views(&mut self, devices: &[DeviceSample]) -> Vec<RegionView> {
         if let Some(root) = self.settings.regions_root.clone() {
             if let Ok(found) = discover(&root) {
                 for f in found {
@@ -512,8 +516,18 @@ impl Observer {
             }
         }
         self.pods.refresh();
+        let util = Utilization::new(
+            devices,
+            self.procs.iter().filter_map(|(&host_pid, p)| {
+                p.slot.map(|at| SlotProc {
+                    host_pid,
+                    region: at.region,
+                    slot: at.slot,
+                })
+            }),
+        );
         let mut views = Vec::new();
-        for (_, r) in self.cache.iter() {
+        for (key, r) in self.cache.iter() {
             let region = r.file.region();
             if !region.is_initialized() {
                 continue;
@@ -552,9 +566,20 @@ impl Observer {
                 ("cgroup".to_owned(), id.cgroup.clone()),
                 ("region".to_owned(), r.shown_path.display().to_string()),
             ];
+            let mut devices = region_devices(region);
+            for d in &mut devices {
+                if let Some(u) = util.container(key, &d.uuid, d.index) {
+                    d.sm_util = u;
+                }
+                if daemon_publishes(d.sm_limit) {
+                    for (slot, pct) in util.per_slot(key, &d.uuid, d.index) {
+                        r.write_sm_util(slot, d.index, pct);
+                    }
+                }
+            }
             views.push(RegionView {
                 labels,
-                devices: region_devices(region),
+                devices,
                 last_kernel_time: region.last_kernel_time.load(SeqCst),
             });
         }

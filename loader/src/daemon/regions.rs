@@ -28,6 +28,19 @@ pub struct OpenRegion {
     last_used: Instant,
 }
 
+impl OpenRegion {
+    /// Stores a process's SM utilization of device `dev` in its slot, where
+    /// HAMi's monitor reads it.
+    pub fn write_sm_util(&self, slot: usize, dev: usize, pct: u64) {
+        let r = self.file.region();
+        if let Some(s) = r.procs.get(slot) {
+            if let Some(u) = s.device_util.get(dev) {
+                u.sm_util.store(pct, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 /// Why a region could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
