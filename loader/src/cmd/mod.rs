@@ -6,6 +6,7 @@ pub mod inspect;
 pub mod install_hook;
 pub mod set_limit;
 pub mod suspend;
+pub mod top;
 pub mod trace;
 pub mod turns;
 pub mod unlock;

@@ -8,3 +8,4 @@ pub mod admin;
 pub mod discover;
 pub mod liveness;
 pub mod summary;
+pub mod top;

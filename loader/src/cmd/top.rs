@@ -1,0 +1,165 @@
+//! `vgpu top`: a live per-node view of every container on every GPU.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use vgpu_common::view::{Access, RegionFile};
+
+use crate::regions::discover::{discover, ContainerRef, Found, DEFAULT_ROOT};
+use crate::regions::liveness::Mappers;
+use crate::regions::summary::RegionSummary;
+use crate::regions::top::{rows, sort, table, Row, SortKey};
+
+/// Live view of the node: one row per container and device.
+///
+/// Each row shows memory used / limit, SM utilization / SM limit (percent;
+/// `sm_util` from the regions: the hook's measurement for SM-limited
+/// containers, the daemon's NVML sample for the others), the processes
+/// using the device and findings (the region's own, as `vgpu inspect`, and
+/// `vgpu daemon`'s about the container when its state directory is there).
+/// Reads the region files and the daemon's findings file only; attaches
+/// nothing. Refreshes every --interval seconds until interrupted, plain
+/// text: on a terminal the screen is cleared and redrawn in place (no
+/// alternate screen, so it works over ssh and leaves the last frame
+/// visible); otherwise frames follow each other. See docs/inspect.md.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A region file, or a directory to scan like --root.
+    #[arg(value_name = "PATH")]
+    path: Option<PathBuf>,
+
+    /// Scan this root of HAMi container directories.
+    #[arg(long, value_name = "DIR", conflicts_with = "path", default_value = DEFAULT_ROOT)]
+    root: PathBuf,
+
+    /// State directory of `vgpu daemon` (its findings.json).
+    #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
+    state_dir: PathBuf,
+
+    /// Print one snapshot as JSON and exit.
+    #[arg(long)]
+    json: bool,
+
+    /// Sort rows by this key.
+    #[arg(long, value_enum, default_value_t = SortKey::Mem)]
+    sort: SortKey,
+
+    /// Seconds between refreshes.
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    interval: f64,
+
+    /// Stop after this many frames (0: until interrupted).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    count: u64,
+}
+
+#[derive(serde::Serialize)]
+struct Snapshot {
+    updated_unix_ms: u64,
+    rows: Vec<Row>,
+    /// Region files that could not be read: (path, error).
+    errors: Vec<(PathBuf, String)>,
+    /// Whether the daemon's findings file was read.
+    daemon: bool,
+}
+
+fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
+    let single = args.path.as_deref().filter(|p| !p.is_dir());
+    let found = match single {
+        Some(p) => vec![Found {
+            path: p.to_owned(),
+            owner: ContainerRef::of_file(p),
+        }],
+        None => {
+            let root = args.path.as_deref().unwrap_or(&args.root);
+            discover(root).map_err(|e| anyhow::anyhow!("{e}"))?
+        }
+    };
+    let mut summaries = Vec::new();
+    let mut errors = Vec::new();
+    for f in &found {
+        match RegionFile::open(&f.path, Access::ReadOnly) {
+            Ok(file) => {
+                let mappers = Mappers::scan(file.file());
+                summaries.push(RegionSummary::read(&file, f.owner.as_ref(), &mappers));
+            }
+            Err(e) => errors.push((f.path.clone(), e.to_string())),
+        }
+    }
+    let daemon = crate::daemon::findings::read_state(&args.state_dir);
+    let mut rs = rows(&summaries, daemon.as_ref());
+    sort(&mut rs, args.sort);
+    Ok(Snapshot {
+        updated_unix_ms: crate::daemon::findings::now_ms(),
+        rows: rs,
+        errors,
+        daemon: daemon.is_some(),
+    })
+}
+
+fn frame(s: &Snapshot, width: usize, sort: SortKey) -> String {
+    let secs = s.updated_unix_ms / 1000;
+    let containers = {
+        let mut n: Vec<&str> = s.rows.iter().map(|r| r.region.as_str()).collect();
+        n.dedup();
+        n.len()
+    };
+    let mut out = format!(
+        "vgpu top: {containers} container(s), {} row(s), {:02}:{:02}:{:02} UTC, sort {sort:?}, daemon findings {}\n",
+        s.rows.len(),
+        secs / 3600 % 24,
+        secs / 60 % 60,
+        secs % 60,
+        if s.daemon { "read" } else { "absent" },
+    );
+    for l in table(&s.rows, width) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    for (p, e) in &s.errors {
+        out.push_str(&format!("{}: {e}\n", p.display()));
+    }
+    out
+}
+
+fn width() -> usize {
+    std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(120)
+}
+
+/// Runs `vgpu top`.
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.json {
+        let s = snapshot(&args)?;
+        let mut w = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut w, &s).context("writing JSON")?;
+        writeln!(w)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let tty = std::io::stdout().is_terminal();
+    let every = Duration::from_secs_f64(args.interval.max(0.1));
+    let mut n = 0u64;
+    loop {
+        let s = snapshot(&args)?;
+        let mut w = std::io::stdout().lock();
+        if tty {
+            // Cursor home and clear: redraw in place, no alternate screen.
+            write!(w, "\x1b[H\x1b[2J")?;
+        } else if n > 0 {
+            writeln!(w)?;
+        }
+        write!(w, "{}", frame(&s, width(), args.sort))?;
+        w.flush()?;
+        drop(w);
+        n += 1;
+        if args.count != 0 && n >= args.count {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(every);
+    }
+}

@@ -1,0 +1,268 @@
+//! `vgpu top`'s rows: one per container (region) and device, built from
+//! region snapshots and the daemon's findings file. Pure: no I/O here.
+
+use std::cmp::Reverse;
+
+use super::summary::{bytes, RegionSummary};
+
+/// A process of a row.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RowProcess {
+    /// PID in the container's namespace.
+    pub pid: i32,
+    /// Host PID (0: not known yet).
+    pub hostpid: i32,
+    pub used_bytes: u64,
+    pub sm_util_percent: u64,
+}
+
+/// One container on one device.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    /// HAMi's `<podUID>_<ctrName>` directory, when so named.
+    pub pod_uid: Option<String>,
+    pub container: Option<String>,
+    pub region: String,
+    pub device: usize,
+    pub uuid: String,
+    pub memory_used_bytes: u64,
+    /// 0: no limit.
+    pub memory_limit_bytes: u64,
+    /// Sum of the slots' `sm_util` (percent, capped at 100).
+    pub sm_util_percent: u64,
+    /// 100: no limit.
+    pub sm_limit_percent: u64,
+    pub processes: Vec<RowProcess>,
+    /// Finding kinds: the region's own (as `vgpu inspect`) and the daemon's
+    /// about this container.
+    pub findings: Vec<String>,
+}
+
+/// Sort keys.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortKey {
+    /// Memory used, largest first.
+    Mem,
+    /// SM utilization, largest first.
+    Sm,
+    /// Number of processes, most first.
+    Procs,
+    /// Findings, most first.
+    Findings,
+    /// Container name.
+    Name,
+}
+
+/// A limit of 0 or 100 and more reads as none (100), as HAMi.
+fn sm_limit(raw: u64) -> u64 {
+    match raw {
+        1..=99 => raw,
+        _ => 100,
+    }
+}
+
+/// A daemon finding (from `findings.json`) is about a region when it names
+/// its pod (HAMi directory) or its path.
+fn daemon_finding_matches(f: &serde_json::Value, s: &RegionSummary) -> bool {
+    let pod = f.get("pod_uid").and_then(|v| v.as_str());
+    let region = f.get("region").and_then(|v| v.as_str());
+    match (&s.pod_uid, pod) {
+        (Some(a), Some(b)) if a == b => true,
+        _ => region.is_some_and(|r| std::path::Path::new(r) == s.path),
+    }
+}
+
+/// The rows of these regions; `daemon` is the daemon's findings file.
+pub fn rows(regions: &[RegionSummary], daemon: Option<&serde_json::Value>) -> Vec<Row> {
+    let daemon_findings: &[serde_json::Value] = daemon
+        .and_then(|d| d.get("findings"))
+        .and_then(|f| f.as_array())
+        .map_or(&[], |v| v.as_slice());
+    let mut out = Vec::new();
+    for s in regions {
+        for d in &s.devices {
+            let mut processes = Vec::new();
+            let mut util = 0u64;
+            for slot in &s.slots {
+                if slot.pid == 0 || slot.alive.as_ref().is_some_and(|a| a.is_certainly_dead()) {
+                    continue;
+                }
+                let Some(u) = slot.usage.iter().find(|u| u.device == d.index) else {
+                    continue;
+                };
+                util = util.saturating_add(u.sm_util);
+                processes.push(RowProcess {
+                    pid: slot.pid,
+                    hostpid: slot.hostpid,
+                    used_bytes: u.total_bytes,
+                    sm_util_percent: u.sm_util.min(100),
+                });
+            }
+            let mut findings: Vec<String> = s
+                .findings
+                .iter()
+                .filter(|f| f.device.is_none_or(|i| i == d.index))
+                .map(|f| kind_name(&f.kind))
+                .collect();
+            findings.extend(
+                daemon_findings
+                    .iter()
+                    .filter(|f| daemon_finding_matches(f, s))
+                    .filter_map(|f| f.get("kind").and_then(|k| k.as_str()))
+                    .map(str::to_owned),
+            );
+            out.push(Row {
+                pod_uid: s.pod_uid.clone(),
+                container: s.container.clone(),
+                region: s.path.display().to_string(),
+                device: d.index,
+                uuid: d.uuid.clone(),
+                memory_used_bytes: d.used_bytes,
+                memory_limit_bytes: d.limit_bytes,
+                sm_util_percent: util.min(100),
+                sm_limit_percent: sm_limit(d.sm_limit_percent),
+                processes,
+                findings,
+            });
+        }
+    }
+    out
+}
+
+fn kind_name(k: &super::summary::FindingKind) -> String {
+    serde_json::to_value(k)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+impl Row {
+    /// `<podUID>/<container>`, else the region path.
+    pub fn name(&self) -> String {
+        match (&self.pod_uid, &self.container) {
+            (Some(p), Some(c)) => format!("{p}/{c}"),
+            _ => self.region.clone(),
+        }
+    }
+}
+
+/// Sorts in place (ties: name, then device).
+pub fn sort(rows: &mut [Row], key: SortKey) {
+    rows.sort_by_key(|r| (r.name(), r.device));
+    match key {
+        SortKey::Mem => rows.sort_by_key(|r| Reverse(r.memory_used_bytes)),
+        SortKey::Sm => rows.sort_by_key(|r| Reverse(r.sm_util_percent)),
+        SortKey::Procs => rows.sort_by_key(|r| Reverse(r.processes.len())),
+        SortKey::Findings => rows.sort_by_key(|r| Reverse(r.findings.len())),
+        SortKey::Name => {}
+    }
+}
+
+/// Plain text lines (no escape codes), widest name first trimmed to fit
+/// `width` columns.
+pub fn table(rows: &[Row], width: usize) -> Vec<String> {
+    const FIXED: usize = 4 + 24 + 12 + 6 + 2;
+    let name_w = width.saturating_sub(FIXED + 16).clamp(12, 60);
+    let mut out = vec![format!(
+        "{:<name_w$} {:>3} {:>23} {:>11} {:>5}  FINDINGS",
+        "CONTAINER", "DEV", "MEMORY USED / LIMIT", "SM % / LIM", "PROCS"
+    )];
+    for r in rows {
+        let mut name = r.name();
+        if name.chars().count() > name_w {
+            let tail: String = name.chars().rev().take(name_w - 1).collect();
+            name = format!("…{}", tail.chars().rev().collect::<String>());
+        }
+        let limit = if r.memory_limit_bytes == 0 {
+            "none".to_owned()
+        } else {
+            bytes(r.memory_limit_bytes)
+        };
+        let sm_limit = if r.sm_limit_percent >= 100 {
+            "none".to_owned()
+        } else {
+            r.sm_limit_percent.to_string()
+        };
+        let findings = if r.findings.is_empty() {
+            "-".to_owned()
+        } else {
+            r.findings.join(",")
+        };
+        out.push(format!(
+            "{name:<name_w$} {:>3} {:>23} {:>11} {:>5}  {findings}",
+            r.device,
+            format!("{} / {limit}", bytes(r.memory_used_bytes)),
+            format!("{} / {sm_limit}", r.sm_util_percent),
+            r.processes.len(),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, mem: u64, sm: u64, procs: usize) -> Row {
+        Row {
+            pod_uid: Some(name.into()),
+            container: Some("c".into()),
+            region: format!("/r/{name}"),
+            device: 0,
+            uuid: String::new(),
+            memory_used_bytes: mem,
+            memory_limit_bytes: 1 << 30,
+            sm_util_percent: sm,
+            sm_limit_percent: 100,
+            processes: (0..procs)
+                .map(|i| RowProcess {
+                    pid: i as i32 + 1,
+                    hostpid: 0,
+                    used_bytes: 0,
+                    sm_util_percent: 0,
+                })
+                .collect(),
+            findings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn sort_keys_order_largest_first_and_names_alphabetically() {
+        let mut rs = vec![
+            row("b", 10, 90, 1),
+            row("a", 30, 10, 3),
+            row("c", 20, 50, 2),
+        ];
+        let names = |rs: &[Row]| {
+            rs.iter()
+                .map(|r| r.pod_uid.clone().unwrap())
+                .collect::<String>()
+        };
+        sort(&mut rs, SortKey::Mem);
+        assert_eq!(names(&rs), "acb");
+        sort(&mut rs, SortKey::Sm);
+        assert_eq!(names(&rs), "bca");
+        sort(&mut rs, SortKey::Procs);
+        assert_eq!(names(&rs), "acb");
+        sort(&mut rs, SortKey::Name);
+        assert_eq!(names(&rs), "abc");
+    }
+
+    #[test]
+    fn table_shows_usage_limits_and_none() {
+        let mut r = row("pod", 512 << 20, 42, 2);
+        r.sm_limit_percent = 30;
+        r.findings = vec!["dead_slot".into()];
+        let mut u = row("other", 0, 0, 0);
+        u.memory_limit_bytes = 0;
+        let t = table(&[r, u], 100);
+        assert!(t[0].starts_with("CONTAINER"), "{t:?}");
+        assert!(t[1].starts_with("pod/c "), "{t:?}");
+        assert!(t[1].contains("512 MiB / 1 GiB"), "{t:?}");
+        assert!(t[1].contains("42 / 30"), "{t:?}");
+        assert!(t[1].ends_with("dead_slot"), "{t:?}");
+        assert!(t[2].contains("0 B / none"), "{t:?}");
+        assert!(t[2].contains("0 / none"), "{t:?}");
+        assert!(t.iter().all(|l| !l.contains('\x1b')));
+    }
+}
