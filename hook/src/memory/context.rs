@@ -6,7 +6,8 @@
 //! process's own line of NVML's process list when its host PID is known
 //! (initial PID namespace, or `hostpid` filled by the daemon); else, under
 //! the node-wide lock `/tmp/vgpulock/lock`, from the one PID that appeared
-//! in the list (which is then our host PID); else from the size another
+//! in the list (our host PID, unless it is our namespace PID: R580 lists a
+//! container's processes to it with namespace PIDs); else from the size another
 //! process of the container measured exactly (the sidecar); else from the
 //! device-wide `used` delta when plausible. The size is cached per device
 //! (per process, and exact sizes in the container's sidecar); a known size
@@ -72,6 +73,22 @@ impl Snapshot {
             procs: d.processes(dev),
             used: d.device_used(dev),
         }
+    }
+}
+
+/// The PID to find ourselves under in NVML's list: the known host PID, or,
+/// when the list lacks it, our namespace PID if listed (a driver that
+/// lists a container's processes with namespace PIDs).
+pub fn own_listed(host: Option<u32>, ns: Option<u32>, after: &Snapshot) -> Option<u32> {
+    let listed = |pid: u32| {
+        after
+            .procs
+            .as_ref()
+            .is_some_and(|l| l.iter().any(|(p, _)| *p == pid))
+    };
+    match host {
+        Some(h) if !listed(h) => ns.filter(|n| listed(*n)).or(Some(h)),
+        other => other,
     }
 }
 
@@ -179,12 +196,17 @@ pub fn counted_context(
     let rc = create();
     let after = Snapshot::take(d, dev);
     drop(lock);
+    let own = own_listed(own, d.own_ns_pid(), &after);
     let m = infer(own, &before, &after, d.shared_ctx_size(dev));
     if rc != CUDA_SUCCESS {
         return (rc, 0);
     }
     if let Measured::NewPid { pid, .. } = m {
-        p.att.set_host_pid(pid);
+        // A driver that lists a container's processes with their namespace
+        // PIDs (R580) shows us under our own PID: exact size, no host PID.
+        if Some(pid) != d.own_ns_pid() {
+            p.att.set_host_pid(pid);
+        }
     }
     let size = m.bytes().unwrap_or_else(|| {
         vlog_once!(

@@ -25,6 +25,12 @@ pub trait Driver {
     fn own_host_pid(&self) -> Option<u32> {
         None
     }
+    /// This process's PID in its own PID namespace when that is not the
+    /// initial one: the PID the driver lists it under to its own
+    /// container's callers (R580 does; older drivers may list host PIDs).
+    fn own_ns_pid(&self) -> Option<u32> {
+        None
+    }
     /// The context size of `dev` measured by another process of the
     /// container (the sidecar).
     fn shared_ctx_size(&self, _dev: usize) -> Option<u64> {
@@ -81,6 +87,10 @@ impl Driver for Real {
         in_initial_pid_ns().then(std::process::id)
     }
 
+    fn own_ns_pid(&self) -> Option<u32> {
+        (!in_initial_pid_ns()).then(std::process::id)
+    }
+
     fn shared_ctx_size(&self, dev: usize) -> Option<u64> {
         crate::sm::sidecar::shared()?.devs.get(dev)?.ctx_bytes()
     }
@@ -113,7 +123,8 @@ pub fn in_initial_pid_ns() -> bool {
 }
 
 /// `nvmlDeviceGetComputeRunningProcesses_v3` (else `_v2`, same struct) as
-/// `(host pid, used bytes)`; entries without a memory figure are dropped.
+/// `(pid, used bytes)`; entries without a memory figure are dropped. PIDs
+/// are as the caller's PID namespace sees them (host PIDs on the host).
 pub fn running_processes(handle: nvmlDevice_t) -> Option<Vec<(u32, u64)>> {
     Some(
         compute_processes(handle)?
@@ -124,7 +135,7 @@ pub fn running_processes(handle: nvmlDevice_t) -> Option<Vec<(u32, u64)>> {
     )
 }
 
-/// Every compute process on the device, as NVML lists it (host pids).
+/// Every compute process on the device, as NVML lists it to this process.
 pub fn compute_processes(handle: nvmlDevice_t) -> Option<Vec<nvmlProcessInfo_t>> {
     let fns = crate::real::nvml::fns()?;
     let call = fns

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 use super::context::{
-    counted_context, infer, released_by_destroy, released_by_reset, Measured, Snapshot,
+    counted_context, infer, own_listed, released_by_destroy, released_by_reset, Measured, Snapshot,
 };
 use super::driver::Driver;
 use super::{counted, uncounted};
@@ -24,6 +24,8 @@ struct Fake {
     /// NVML's process list (`None`: no list).
     procs: std::cell::RefCell<Option<Vec<(u32, u64)>>>,
     own: Option<u32>,
+    /// Our PID in a (non-initial) PID namespace.
+    ns: Option<u32>,
     shared: Cell<Option<u64>>,
 }
 
@@ -42,6 +44,9 @@ impl Driver for Fake {
     }
     fn own_host_pid(&self) -> Option<u32> {
         self.own
+    }
+    fn own_ns_pid(&self) -> Option<u32> {
+        self.ns
     }
     fn shared_ctx_size(&self, _dev: usize) -> Option<u64> {
         self.shared.get()
@@ -345,6 +350,52 @@ fn a_first_context_over_the_limit_is_destroyed() {
     assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
     assert!(destroyed.get());
     assert_eq!(used(&p, 0), 0);
+}
+
+/// In a PID namespace under a driver that lists the container's processes
+/// with namespace PIDs (R580), the one new PID is ours as the namespace
+/// sees it: the size is exact, and no namespace PID becomes the host PID.
+#[test]
+fn a_namespace_pid_in_nvmls_list_measures_but_is_no_host_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "1g"), 8003, 0).unwrap();
+    let fake = Fake {
+        dev: 0,
+        used: Cell::new(0),
+        ns: Some(1),
+        procs: std::cell::RefCell::new(Some(Vec::new())),
+        ..Default::default()
+    };
+    let (rc, bytes) = counted_context(
+        &p,
+        &fake,
+        0,
+        || {
+            // Another container allocated meanwhile: the delta is wrong.
+            fake.used.set(900 * M);
+            *fake.procs.borrow_mut() = Some(vec![(1, 300 * M)]);
+            CUDA_SUCCESS
+        },
+        || {},
+    );
+    assert_eq!((rc, bytes), (CUDA_SUCCESS, 300 * M));
+    assert_eq!(p.att.host_pid(), None);
+    let slot = &p.att.region().procs[p.att.slot_index()];
+    assert_eq!(slot.hostpid.load(SeqCst), 0);
+}
+
+#[test]
+fn our_line_is_found_by_host_pid_else_by_namespace_pid() {
+    let after = snap(&[(1, 64 * M), (2, 32 * M)], 0);
+    // The host PID (from the daemon) listed: it.
+    let host_listed = snap(&[(4711, 64 * M)], 0);
+    assert_eq!(own_listed(Some(4711), Some(1), &host_listed), Some(4711));
+    // Not listed, the namespace PID is: a namespace-faithful driver.
+    assert_eq!(own_listed(Some(4711), Some(1), &after), Some(1));
+    // Neither: the host PID (infer falls back to other measures).
+    assert_eq!(own_listed(Some(4711), Some(3), &after), Some(4711));
+    // No host PID known: nothing (the node lock and the new PID decide).
+    assert_eq!(own_listed(None, Some(1), &after), None);
 }
 
 fn snap(procs: &[(u32, u64)], used: u64) -> Snapshot {

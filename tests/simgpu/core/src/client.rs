@@ -92,6 +92,9 @@ impl Client {
         let hello = Hello {
             kind,
             ns_pid: std::process::id(),
+            pid_ns: crate::pids::pid_ns_inode()
+                .and_then(|i| u32::try_from(i).ok())
+                .unwrap_or(0),
         };
         send_all(&conn, &hello.encode()).map_err(|e| server_err(format!("send: {e}")))?;
         let mut buf = [0u8; 16];

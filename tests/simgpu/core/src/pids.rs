@@ -17,3 +17,43 @@ pub fn pid_ns_inode() -> Option<u64> {
 pub fn in_initial_pid_ns() -> bool {
     pid_ns_inode().is_none_or(|ino| ino == INIT_PID_NS_INO)
 }
+
+/// The PID a caller in PID namespace `caller_ns` (its inode; `None`:
+/// unknown, taken as the host's) sees for a process with host PID
+/// `host_pid`, namespace PID `ns_pid` in namespace `pid_ns`, as the real
+/// driver answers process queries: host callers see host PIDs; a caller
+/// in a container sees the processes of its own namespace with their
+/// namespace PIDs and nothing else. (A caller in an intermediate namespace
+/// of nested ones would see the process too; not modelled: such a caller
+/// sees only its own namespace's processes.)
+pub fn visible_pid(caller_ns: Option<u64>, host_pid: u32, ns_pid: u32, pid_ns: u32) -> Option<u32> {
+    match caller_ns {
+        None | Some(INIT_PID_NS_INO) => Some(host_pid),
+        Some(ns) if pid_ns != 0 && u64::from(pid_ns) == ns => Some(ns_pid),
+        Some(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_callers_see_host_pids_containers_their_own_namespace_pids() {
+        let c1 = 4_026_532_100u64;
+        assert_eq!(visible_pid(None, 4711, 1, c1 as u32), Some(4711));
+        assert_eq!(
+            visible_pid(Some(INIT_PID_NS_INO), 4711, 1, c1 as u32),
+            Some(4711)
+        );
+        assert_eq!(visible_pid(Some(c1), 4711, 1, c1 as u32), Some(1));
+        // Another container's process, and a host process: hidden.
+        assert_eq!(visible_pid(Some(c1), 4800, 1, 4_026_532_200), None);
+        assert_eq!(
+            visible_pid(Some(c1), 900, 900, INIT_PID_NS_INO as u32),
+            None
+        );
+        // Namespace unknown: never shown inside a container.
+        assert_eq!(visible_pid(Some(c1), 900, 900, 0), None);
+    }
+}

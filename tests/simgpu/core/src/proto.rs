@@ -28,6 +28,8 @@ pub struct Hello {
     pub kind: Kind,
     /// `getpid()` as the client sees it.
     pub ns_pid: u32,
+    /// Inode of the client's PID namespace (0: unknown).
+    pub pid_ns: u32,
 }
 
 /// Server → client.
@@ -48,6 +50,7 @@ impl Hello {
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4..8].copy_from_slice(&(self.kind as u32).to_le_bytes());
         b[8..12].copy_from_slice(&self.ns_pid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.pid_ns.to_le_bytes());
         b
     }
 
@@ -64,6 +67,7 @@ impl Hello {
         Some(Hello {
             kind,
             ns_pid: word(b, 8),
+            pid_ns: word(b, 12),
         })
     }
 }
@@ -104,6 +108,7 @@ mod tests {
         let h = Hello {
             kind: Kind::Cuda,
             ns_pid: 1,
+            pid_ns: 4026532000,
         };
         assert_eq!(Hello::decode(&h.encode()), Some(h));
         let w = Welcome {

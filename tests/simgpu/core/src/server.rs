@@ -192,7 +192,7 @@ impl Server {
         let hello = Hello::decode(&buf)?;
         let pid = peer_pid(&stream).unwrap_or(hello.ns_pid);
         let (slot, gen) = match hello.kind {
-            Kind::Cuda => self.alloc_slot(pid, hello.ns_pid).unwrap_or((NO_SLOT, 0)),
+            Kind::Cuda => self.alloc_slot(pid, &hello).unwrap_or((NO_SLOT, 0)),
             Kind::Observer => (NO_SLOT, 0),
         };
         let welcome = Welcome {
@@ -216,7 +216,7 @@ impl Server {
         Some(Conn { stream, slot, pid })
     }
 
-    fn alloc_slot(&self, pid: u32, ns_pid: u32) -> Option<(u32, u64)> {
+    fn alloc_slot(&self, pid: u32, hello: &Hello) -> Option<(u32, u64)> {
         let sh = self.shm.shared();
         let (i, s) = sh
             .slots
@@ -225,7 +225,8 @@ impl Server {
             .take(MAX_SLOTS)
             .find(|(_, s)| s.state.load(Ordering::Acquire) == 0)?;
         s.pid.store(pid, Ordering::Relaxed);
-        s.ns_pid.store(ns_pid, Ordering::Relaxed);
+        s.ns_pid.store(hello.ns_pid, Ordering::Relaxed);
+        s.pid_ns.store(hello.pid_ns, Ordering::Relaxed);
         for d in 0..s.used.len() {
             s.used[d].store(0, Ordering::Relaxed);
             s.contexts[d].store(0, Ordering::Relaxed);

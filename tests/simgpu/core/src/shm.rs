@@ -62,8 +62,9 @@ pub struct Slot {
     pub pid: AtomicU32,
     /// The PID the process sees for itself (1 inside `unshare --pid`).
     pub ns_pid: AtomicU32,
-    /// Padding.
-    pub _pad: AtomicU32,
+    /// Inode of the process's PID namespace (0: unknown). nsfs inodes
+    /// are 32-bit (`proc_inum` is an `unsigned int`).
+    pub pid_ns: AtomicU32,
     /// Incremented each time the slot is handed out; intervals carry it.
     pub gen: AtomicU64,
     /// Device bytes held per device (contexts included).
@@ -270,6 +271,8 @@ pub struct ProcessInfo {
     pub pid: u32,
     /// PID inside its own namespace.
     pub ns_pid: u32,
+    /// Inode of its PID namespace (0: unknown).
+    pub pid_ns: u32,
     /// Device bytes held (contexts included).
     pub used: u64,
     /// Contexts held.
@@ -292,6 +295,7 @@ impl Shm {
                 slot: i,
                 pid: s.pid.load(Ordering::Relaxed),
                 ns_pid: s.ns_pid.load(Ordering::Relaxed),
+                pid_ns: s.pid_ns.load(Ordering::Relaxed),
                 used: s.used[d].load(Ordering::Relaxed),
                 contexts: s.contexts[d].load(Ordering::Relaxed),
                 launches: s.launches[d].load(Ordering::Relaxed),

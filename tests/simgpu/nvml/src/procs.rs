@@ -1,5 +1,6 @@
-//! Per-process queries: running compute processes (host PIDs, memory) and
-//! per-process utilization samples.
+//! Per-process queries: running compute processes (PIDs as the caller's
+//! PID namespace sees them, memory) and per-process utilization samples
+//! (host PIDs).
 
 use crate::{guard, index, put, with, NvmlDevice, NvmlErr, NvmlReturn};
 
@@ -24,9 +25,12 @@ pub struct ProcessInfoV2 {
 /// `NVML_VALUE_NOT_AVAILABLE` for instance ids (no MIG).
 const NOT_AVAILABLE_U32: u32 = u32::MAX;
 
-/// `(host pid, used bytes)` of processes holding a context on the device,
-/// one entry per PID.
+/// `(pid, used bytes)` of processes holding a context on the device, one
+/// entry per PID, as the real driver lists them: host PIDs for a caller in
+/// the host's PID namespace; inside a container only the processes of the
+/// caller's namespace, with their namespace PIDs.
 fn running(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlErr> {
+    let caller_ns = simgpu::pids::pid_ns_inode();
     with(|s| {
         let i = index(s, dev)?;
         let mut out: Vec<(u32, u64)> = Vec::new();
@@ -34,9 +38,12 @@ fn running(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlErr> {
             if p.contexts == 0 {
                 continue;
             }
-            match out.iter_mut().find(|(pid, _)| *pid == p.pid) {
+            let Some(pid) = simgpu::pids::visible_pid(caller_ns, p.pid, p.ns_pid, p.pid_ns) else {
+                continue;
+            };
+            match out.iter_mut().find(|(q, _)| *q == pid) {
                 Some(e) => e.1 += p.used,
-                None => out.push((p.pid, p.used)),
+                None => out.push((pid, p.used)),
             }
         }
         Ok(out)
