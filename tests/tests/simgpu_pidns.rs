@@ -1,8 +1,11 @@
-//! Like the real driver, the simulator reports *host* PIDs for processes in
-//! PID namespaces (containers).
+//! PIDs in PID namespaces (containers) as the real driver (R580) reports
+//! them: host callers see host PIDs; a caller inside a container sees its
+//! own namespace's processes with their namespace PIDs, and nothing else.
 
+use std::path::Path;
 use std::process::Command;
 
+use vgpu_tests::dist;
 use vgpu_tests::sim::{c_program, fields, Running, SimGpu};
 
 #[test]
@@ -54,4 +57,163 @@ fn process_in_pid_namespace_is_listed_with_its_host_pid() {
     let p = gpu.process(0, host_pid).expect("slot by host pid");
     assert_eq!(p.ns_pid, 1);
     assert!(inner.finish().success());
+}
+
+const M: u64 = 1 << 20;
+const CTX: u64 = 100 * M;
+
+/// `CUDA_DEVICE_MEMORY_*` of a hooked container with its own region.
+fn hooked(cmd: &mut Command, region: &Path, limit: &str) {
+    cmd.env("LD_PRELOAD", dist::hook_lib())
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", limit);
+}
+
+/// `simgpu_tool alloc BYTES pid hold` started by `launcher` (unshare or
+/// nsenter); returns it running with its (namespace pid, host pid).
+fn holder(
+    gpu: &SimGpu,
+    mut launcher: Command,
+    bytes: u64,
+    hook: Option<(&Path, &str)>,
+) -> (Running, u64, u32) {
+    launcher
+        .arg(c_program("simgpu_tool"))
+        .args(["alloc", &bytes.to_string(), "pid", "hold"]);
+    if let Some((region, limit)) = hook {
+        hooked(&mut launcher, region, limit);
+    }
+    let mut r = Running::start_cmd(gpu, &mut launcher);
+    assert_eq!(r.line("alloc"), "alloc 0");
+    let f = fields(&r.line("pid"));
+    r.line("ready");
+    (r, f[0], f[1] as u32)
+}
+
+/// `simgpu_nvml mem procs` run inside the PID namespace of host pid
+/// `target` (or on the host for `None`): the memory line and the listed
+/// `(pid, bytes)`.
+fn nvml_view(
+    gpu: &SimGpu,
+    target: Option<u32>,
+    hook: Option<(&Path, &str)>,
+) -> (Vec<u64>, Vec<(u64, u64)>) {
+    let client = c_program("simgpu_nvml");
+    let mut cmd = match target {
+        Some(pid) => {
+            let mut c = Command::new("nsenter");
+            c.args(["--target", &pid.to_string(), "--pid", "--"])
+                .arg(client);
+            c
+        }
+        None => Command::new(client),
+    };
+    cmd.args(["mem", "procs"]);
+    if let Some((region, limit)) = hook {
+        hooked(&mut cmd, region, limit);
+    }
+    let out = gpu.apply(&mut cmd).output().expect("run simgpu_nvml");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mem = text
+        .lines()
+        .find(|l| l.starts_with("mem "))
+        .map(fields)
+        .unwrap_or_default();
+    let n = text
+        .lines()
+        .find(|l| l.starts_with("procs "))
+        .map(|l| fields(l)[0])
+        .unwrap_or_else(|| panic!("no procs line: {text}"));
+    let mut procs: Vec<(u64, u64)> = text
+        .lines()
+        .filter(|l| l.starts_with("proc "))
+        .map(|l| {
+            let f = fields(l);
+            (f[0], f[1])
+        })
+        .collect();
+    assert_eq!(procs.len() as u64, n, "{text}");
+    procs.sort();
+    (mem, procs)
+}
+
+#[test]
+fn nvml_inside_a_container_lists_its_own_processes_with_namespace_pids() {
+    let gpu = SimGpu::builder().memory("8g").context_bytes("100m").build();
+    let dir = tempfile::tempdir().unwrap();
+    let region_a = dir.path().join("a.cache");
+    let unshare = || {
+        let mut c = Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount-proc"]);
+        c
+    };
+    // Container A (hooked, 1 GiB): two processes. Container B (no hook):
+    // one. And one process on the host.
+    let (a1, a1_ns, a1_host) = holder(&gpu, unshare(), M, Some((&region_a, "1g")));
+    let mut enter_a = Command::new("nsenter");
+    enter_a.args(["--target", &a1_host.to_string(), "--pid", "--"]);
+    let (a2, a2_ns, a2_host) = holder(&gpu, enter_a, 2 * M, Some((&region_a, "1g")));
+    let (b, b_ns, b_host) = holder(&gpu, unshare(), 3 * M, None);
+    let (h, h_pid, h_host) = holder(&gpu, Command::new("env"), 4 * M, None);
+    assert_eq!((a1_ns, b_ns), (1, 1));
+    assert_ne!(a2_ns, 1);
+    assert_eq!(h_pid, u64::from(h_host));
+
+    // From the host: everyone, by host PID.
+    let (_, all) = nvml_view(&gpu, None, None);
+    let mut expect = vec![
+        (u64::from(a1_host), CTX + M),
+        (u64::from(a2_host), CTX + 2 * M),
+        (u64::from(b_host), CTX + 3 * M),
+        (u64::from(h_host), CTX + 4 * M),
+    ];
+    expect.sort();
+    assert_eq!(all, expect);
+
+    // Inside A, with and without the hook: exactly A's two processes,
+    // namespace PIDs, the driver's memory figures.
+    let a_expect = {
+        let mut v = vec![(a1_ns, CTX + M), (a2_ns, CTX + 2 * M)];
+        v.sort();
+        v
+    };
+    let (_, plain) = nvml_view(&gpu, Some(a1_host), None);
+    assert_eq!(plain, a_expect, "inside A, no hook");
+    let (mem, under_hook) = nvml_view(&gpu, Some(a1_host), Some((&region_a, "1g")));
+    assert_eq!(under_hook, a_expect, "inside A, under the hook");
+    // ...while the device's memory shows the container's limit and usage.
+    assert_eq!(
+        mem[0],
+        1 << 30,
+        "total under the hook is the limit: {mem:?}"
+    );
+    assert_eq!(
+        mem[2],
+        2 * CTX + 3 * M,
+        "used under the hook is the container's: {mem:?}"
+    );
+
+    // Inside B: only B's process.
+    let (_, in_b) = nvml_view(&gpu, Some(b_host), None);
+    assert_eq!(in_b, vec![(1, CTX + 3 * M)], "inside B");
+    let (_, in_b_hooked) = nvml_view(
+        &gpu,
+        Some(b_host),
+        Some((&dir.path().join("b.cache"), "2g")),
+    );
+    assert_eq!(
+        in_b_hooked,
+        vec![(1, CTX + 3 * M)],
+        "inside B, under the hook"
+    );
+
+    // A's second process first: its namespace ends with A's PID 1.
+    for r in [a2, a1, b, h] {
+        assert!(r.finish().success());
+    }
 }
