@@ -42,6 +42,8 @@ pub struct RegionView {
     pub devices: Vec<RegionDevice>,
     /// Unix seconds; 0 = never.
     pub last_kernel_time: u64,
+    /// Slots in use whose process is gone (by host PID), until reclaimed.
+    pub dead_slots: u64,
 }
 
 /// Everything one scan exports besides the counters.
@@ -123,7 +125,9 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let vmod = Family::<Labels, Gauge>::default();
     let vbuf = Family::<Labels, Gauge>::default();
     let smlimit = Family::<Labels, Gauge>::default();
+    let dead = Family::<Labels, Gauge>::default();
     for r in &s.regions {
+        dead.get_or_create(&r.labels).set(r.dead_slots as i64);
         for d in &r.devices {
             let l = with(
                 &r.labels,
@@ -190,6 +194,12 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "vgpu_sm_limit_percent",
         "SM (compute) limit of the container, percent of the GPU's time (100 = none)",
         smlimit,
+    );
+
+    hami.register(
+        "vgpu_dead_slots",
+        "Region slots held by processes that are gone (until reclaimed)",
+        dead,
     );
 
     let hused = Family::<Labels, Gauge>::default();
@@ -304,6 +314,7 @@ mod tests {
                     ..RegionDevice::default()
                 }],
                 last_kernel_time: 90,
+                dead_slots: 2,
             }],
             now_unix: 100,
             ..Snapshot::default()
@@ -315,6 +326,7 @@ mod tests {
             r#"hami_vgpu_memory_context_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 500"#,
             r#"hami_container_last_kernel_elapsed_seconds{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 10.0"#,
             r#"vgpu_sm_limit_percent{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 30"#,
+            r#"vgpu_dead_slots{zone="vGPU",pod_uid="p",container="c"} 2"#,
             "vgpu_hostpid_fills_total 3",
             r#"vgpu_findings{kind="untracked_allocation"} 0"#,
         ] {

@@ -580,6 +580,7 @@ impl Observer {
             views.push(RegionView {
                 labels,
                 devices,
+                dead_slots: dead_slots(region),
                 last_kernel_time: region.last_kernel_time.load(SeqCst),
             });
         }
@@ -637,6 +638,19 @@ pub fn region_devices(region: &vgpu_common::region::SharedRegion) -> Vec<RegionD
     }
     devs.retain(|d| d.index < device_num || d.total != 0 || d.limit != 0);
     devs
+}
+
+/// Slots in use whose process is certainly gone, judged by host PID alone
+/// (the region's `hostpid` is the tenant's to write: a wrong one only
+/// miscounts its own container).
+fn dead_slots(region: &vgpu_common::region::SharedRegion) -> u64 {
+    let none = crate::regions::liveness::Mappers::none();
+    region
+        .active_slots()
+        .iter()
+        .filter(|s| s.pid.load(SeqCst) != 0 && s.status.load(SeqCst) != status::EXITED)
+        .filter(|s| none.slot_liveness(s).is_certainly_dead())
+        .count() as u64
 }
 
 fn identity_of(ids: &mut Identities, procfs: &Procfs, pid: u32, cgroup_id: u64) -> Identity {
