@@ -297,3 +297,414 @@ fn logs_have_no_escape_codes_in_a_file_and_are_json_on_request() {
     assert!(levels.iter().any(|l| l == "WARN"), "{text}");
     assert!(text.contains("probes detached"), "{text}");
 }
+
+/// Identifiers of a PromQL expression: `(metrics, labels)` it names. Labels
+/// are those of matchers, `by`/`without`/`on`/`ignoring` lists and the
+/// second argument of Grafana's `label_values(metric, label)`.
+fn promql_names(expr: &str) -> (Vec<String>, Vec<String>) {
+    const AGGREGATIONS: [&str; 12] = [
+        "sum",
+        "avg",
+        "min",
+        "max",
+        "count",
+        "group",
+        "stddev",
+        "stdvar",
+        "topk",
+        "bottomk",
+        "quantile",
+        "count_values",
+    ];
+    const KEYWORDS: [&str; 8] = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "offset",
+    ];
+    // Quoted strings hold values and `$variables`, never names.
+    let mut text = String::new();
+    let mut quoted = false;
+    for c in expr.chars() {
+        if c == '"' {
+            quoted = !quoted;
+            text.push(' ');
+        } else if !quoted {
+            text.push(c);
+        }
+    }
+    let b: Vec<char> = text.chars().collect();
+    let (mut metrics, mut labels) = (Vec::new(), Vec::new());
+    let (mut braces, mut brackets, mut label_list, mut label_values_arg) = (0, 0, false, None);
+    let mut parens = 0i32;
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_alphabetic() || c == '_' {
+            let start = i;
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == '_' || b[i] == ':') {
+                i += 1;
+            }
+            let word: String = b[start..i].iter().collect();
+            let next = b[i..].iter().find(|c| !c.is_whitespace()).copied();
+            if brackets > 0 {
+                continue; // a duration
+            }
+            if braces > 0 || label_list {
+                labels.push(word);
+            } else if label_values_arg == Some(parens) && metrics.len() > 0 && next == Some(')') {
+                labels.push(word);
+                label_values_arg = None;
+            } else if KEYWORDS.contains(&word.as_str()) {
+                label_list = next == Some('(');
+            } else if next == Some('(') || AGGREGATIONS.contains(&word.as_str()) {
+                if word == "label_values" {
+                    label_values_arg = Some(parens + 1);
+                }
+            } else {
+                metrics.push(word);
+            }
+            continue;
+        }
+        match c {
+            '{' => braces += 1,
+            '}' => braces -= 1,
+            '[' => brackets += 1,
+            ']' => brackets -= 1,
+            '(' => parens += 1,
+            ')' => {
+                parens -= 1;
+                label_list = false;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    (metrics, labels)
+}
+
+#[test]
+fn promql_names_are_told_apart() {
+    let (m, l) = promql_names(
+        r#"100 * sum by (kind, node) (rate(vgpu_x_total{a=~"$v", b!="q"}[5m])) / (hami_y{c="1"} > 0)"#,
+    );
+    assert_eq!(m, ["vgpu_x_total", "hami_y"]);
+    assert_eq!(l, ["kind", "node", "a", "b", "c"]);
+    let (m, l) = promql_names(r#"label_values(hami_z{namespace=~"$namespace"}, pod)"#);
+    assert_eq!(
+        (m, l),
+        (
+            vec!["hami_z".to_owned()],
+            vec!["namespace".to_owned(), "pod".to_owned()]
+        )
+    );
+}
+
+/// Every query of deploy/grafana/vgpu-dashboard.json names only metrics
+/// and labels present in `metrics` (the daemon's `/metrics` text); legend
+/// `{{label}}`s count as labels of their query.
+fn check_dashboard(metrics: &str) {
+    let path = dist::workspace_root().join("deploy/grafana/vgpu-dashboard.json");
+    let dash: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    // name -> every label seen on its samples.
+    let mut have: std::collections::HashMap<&str, std::collections::HashSet<&str>> =
+        std::collections::HashMap::new();
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        match parse_sample(line) {
+            Some((name, labels)) => have
+                .entry(name)
+                .or_default()
+                .extend(labels.iter().map(|(k, _)| *k)),
+            None => {
+                if let Some((name, _)) = line.split_once(' ') {
+                    have.entry(name).or_default();
+                }
+            }
+        }
+    }
+    let mut queries: Vec<(String, String)> = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            queries.push((
+                t["expr"].as_str().unwrap().to_owned(),
+                t["legendFormat"].as_str().unwrap_or("").to_owned(),
+            ));
+        }
+    }
+    for v in dash["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = v["query"]["query"].as_str() {
+            queries.push((q.to_owned(), String::new()));
+        }
+    }
+    assert!(queries.len() >= 15, "{queries:?}");
+    let mut checked = std::collections::HashSet::new();
+    for (expr, legend) in &queries {
+        let (names, mut labels) = promql_names(expr);
+        assert!(!names.is_empty(), "no metric in {expr}");
+        labels.extend(
+            legend
+                .split("{{")
+                .skip(1)
+                .filter_map(|s| s.split_once("}}").map(|(l, _)| l.trim().to_owned())),
+        );
+        for n in &names {
+            let Some(l) = have.get(n.as_str()) else {
+                panic!("{path:?}: {expr}: no metric {n} in /metrics:\n{metrics}");
+            };
+            checked.insert(n.clone());
+            for label in &labels {
+                assert!(
+                    names.iter().any(|m| have
+                        .get(m.as_str())
+                        .is_some_and(|s| s.contains(label.as_str()))),
+                    "{path:?}: {expr}: label {label} on none of {names:?} ({n} has {l:?})"
+                );
+            }
+        }
+    }
+    // What the issue asks the dashboard to show.
+    for m in [
+        "hami_vgpu_memory_used_bytes",
+        "hami_vgpu_memory_limit_bytes",
+        "hami_container_device_utilization_ratio",
+        "vgpu_sm_limit_percent",
+        "vgpu_untracked_bytes",
+        "vgpu_findings",
+        "vgpu_dead_slots",
+        "hami_host_gpu_memory_used_bytes",
+        "hami_host_gpu_utilization_ratio",
+    ] {
+        assert!(checked.contains(m), "the dashboard does not show {m}");
+    }
+}
+
+/// Percent of `window` each host PID kept device 0 busy (the simulator's
+/// truth), measured from now.
+fn sim_shares(gpu: &SimGpu, window: Duration, pids: &[u32]) -> Vec<f64> {
+    let from = simgpu::clock::mono_ns();
+    std::thread::sleep(window);
+    let w = simgpu::clock::mono_ns() - from;
+    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
+    pids.iter()
+        .map(|pid| {
+            busy.iter()
+                .filter(|p| p.pid == *pid)
+                .map(|p| p.busy_ns as f64 * 100.0 / w as f64)
+                .sum()
+        })
+        .collect()
+}
+
+fn value_of(text: &str, name: &str, pod: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| l.contains(&format!("pod=\"{pod}\"")))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+/// Two containers (PID namespaces, own regions under HAMi's directory), one
+/// SM-limited (30 %) and one not, both busy, plus an unhooked CUDA process
+/// (a `no_region` finding): every container's utilization is in `/metrics`
+/// within 5 points of what the simulator says each used, the unlimited
+/// container's slot carries it for HAMi's monitor, `vgpu top --json` shows
+/// both, and the Grafana dashboard names only what `/metrics` has.
+#[test]
+fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
+    let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
+    let dir = fixture();
+    let root = dir.path().join("containers");
+    let logs = dir.path().join("pods");
+    let sm_loop = dist::compile_c("sm_loop", dir.path(), false);
+    let tool = vgpu_tests::sim::c_program("simgpu_tool");
+    // This test's libcuda copy first, so the daemon's probes see them.
+    let ld = format!(
+        "LD_LIBRARY_PATH={}:{}",
+        dir.path().join("lib").display(),
+        gpu.lib_dir().display()
+    );
+    let mut running = Vec::new();
+    for (p, sm) in PODS.iter().zip(["30", "0"]) {
+        std::fs::create_dir_all(
+            logs.join(format!("{}_{}_{}", p.namespace, p.name, p.uid))
+                .join(p.container),
+        )
+        .unwrap();
+        let region_dir = root.join(format!("{}_{}", p.uid, p.container));
+        std::fs::create_dir_all(&region_dir).unwrap();
+        let mut c = Command::new("env");
+        c.arg(&ld)
+            .args(["unshare", "--pid", "--fork", "--mount-proc"])
+            .arg(&sm_loop)
+            .args(["kernel", "busy_1000us", "12"])
+            .env("LD_PRELOAD", dist::hook_lib())
+            .env(
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+                region_dir.join("r.cache"),
+            )
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", p.limit)
+            .env("CUDA_DEVICE_SM_LIMIT", sm)
+            .env("GPU_CORE_UTILIZATION_POLICY", "force");
+        let mut r = vgpu_tests::sim::Running::start_cmd(&gpu, &mut c);
+        r.line("ready");
+        running.push(r);
+    }
+    let mut bare = Command::new("env");
+    bare.arg(&ld).arg(&tool).args(["alloc", "1048576", "hold"]);
+    let mut bare = vgpu_tests::sim::Running::start_cmd(&gpu, &mut bare);
+    bare.line("ready");
+
+    let state = dir.path().join("state");
+    let d = Daemon::start(
+        dir.path(),
+        &gpu,
+        &[
+            "--regions-root",
+            root.to_str().unwrap(),
+            "--pods-log-dir",
+            logs.to_str().unwrap(),
+            "--node-name",
+            "gpu-node-1",
+            "--interval",
+            "0.25",
+            "--slot-grace",
+            "0.5",
+        ],
+    );
+    // Host PIDs of the two workloads (unshare's child), as the simulator
+    // records them.
+    let host_pids: Vec<u32> = running
+        .iter()
+        .map(|r| {
+            let kids =
+                std::fs::read_to_string(format!("/proc/{}/task/{}/children", r.pid(), r.pid()))
+                    .unwrap_or_default();
+            // env exec'd unshare, which forked the workload.
+            kids.split_whitespace().next().unwrap().parse().unwrap()
+        })
+        .collect();
+    // Wait until both containers' processes are matched and measured.
+    let t = Instant::now();
+    loop {
+        let (_, body) = get(d.port, "/metrics").unwrap();
+        let ok = PODS.iter().all(|p| {
+            value_of(&body, "hami_container_device_utilization_ratio", p.name).unwrap_or(0.0) > 0.0
+        }) && body.contains("vgpu_findings{kind=\"no_region\"} 1");
+        if ok {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "utilization never measured for both:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The metric, averaged over 3 s of scrapes, against the simulator's
+    // truth over the same 3 s.
+    let scraper = {
+        let port = d.port;
+        std::thread::spawn(move || {
+            let mut sums = [0.0f64; 2];
+            let mut n = 0.0;
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_secs(3) {
+                let (_, body) = get(port, "/metrics").unwrap();
+                for (i, p) in PODS.iter().enumerate() {
+                    sums[i] +=
+                        value_of(&body, "hami_container_device_utilization_ratio", p.name).unwrap();
+                }
+                n += 1.0;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (sums[0] / n, sums[1] / n)
+        })
+    };
+    let truth = sim_shares(&gpu, Duration::from_secs(3), &host_pids);
+    let (limited, unlimited) = scraper.join().unwrap();
+    eprintln!(
+        "utilization: limited container {limited:.1} % (simulator {:.1} %), unlimited {unlimited:.1} % (simulator {:.1} %)",
+        truth[0], truth[1]
+    );
+    assert!(truth[0] > 5.0 && truth[1] > 5.0, "both busy: {truth:?}");
+    assert!(
+        (limited - truth[0]).abs() <= 5.0,
+        "limited: {limited} vs {}",
+        truth[0]
+    );
+    assert!(
+        (unlimited - truth[1]).abs() <= 5.0,
+        "unlimited: {unlimited} vs {}",
+        truth[1]
+    );
+
+    // HAMi's monitor reads the slots: the daemon filled the unlimited one.
+    let region_b = root
+        .join(format!("{}_{}", PODS[1].uid, PODS[1].container))
+        .join("r.cache");
+    let f = RegionFile::open(&region_b, Access::ReadOnly).unwrap();
+    let slot_util: u64 = f
+        .region()
+        .active_slots()
+        .iter()
+        .map(|s| {
+            s.device_util[0]
+                .sm_util
+                .load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .sum();
+    assert!(slot_util > 0, "the unlimited container's slot sm_util is 0");
+
+    // vgpu top --json: both containers, their processes (namespace PID 1,
+    // host PID known), both utilizations, and the daemon's state read.
+    let out = Command::new(dist::vgpu_bin())
+        .args(["top", "--json", "--root"])
+        .arg(&root)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let top: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(top["daemon"], true, "{top:#}");
+    let rows = top["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{top:#}");
+    for (p, host) in PODS.iter().zip(&host_pids) {
+        let row = rows
+            .iter()
+            .find(|r| r["pod_uid"] == p.uid)
+            .unwrap_or_else(|| panic!("no row for {}: {top:#}", p.name));
+        assert_eq!(row["container"], p.container);
+        assert_eq!(row["memory_limit_bytes"], p.limit_bytes);
+        assert!(
+            row["memory_used_bytes"].as_u64().unwrap() >= 64 << 20,
+            "{row:#}"
+        );
+        assert!(row["sm_util_percent"].as_u64().unwrap() > 0, "{row:#}");
+        let procs = row["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "{row:#}");
+        assert_eq!(procs[0]["pid"], 1, "{row:#}");
+        assert_eq!(procs[0]["hostpid"], *host, "{row:#}");
+    }
+    assert_eq!(
+        rows[0]["sm_limit_percent"].as_u64().unwrap()
+            + rows[1]["sm_limit_percent"].as_u64().unwrap(),
+        130,
+        "{top:#}"
+    );
+
+    // The dashboard, against this /metrics (findings included).
+    let (_, body) = get(d.port, "/metrics").unwrap();
+    assert!(body.contains("vgpu_untracked_bytes{"), "{body}");
+    check_dashboard(&body);
+
+    d.stop();
+    for r in running {
+        r.kill();
+    }
+    bare.kill();
+}
