@@ -5,9 +5,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use vgpu_common::limit::{parse_percent, parse_size};
-use vgpu_common::view::{Access, RegionFile};
+
+use vgpu_common::region_io::RegionIo;
 
 use crate::regions::admin::{set_limit, Devices, LimitKind};
+use crate::regions::open::{open_region, Access};
 use crate::regions::summary::bytes;
 
 /// Which devices (exactly one of --device / --all).
@@ -67,8 +69,8 @@ pub struct MemArgs {
     size: String,
 }
 
-fn open(path: &Path) -> anyhow::Result<RegionFile> {
-    RegionFile::open(path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))
+fn open(path: &Path) -> anyhow::Result<RegionIo> {
+    open_region(path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Runs `vgpu set-sm-limit`.
