@@ -128,13 +128,16 @@ impl RegionIo {
             dev: md.dev(),
             ino: md.ino(),
         };
-        io.check_size()?;
+        // Foreign content first (a file that is no region says so, whatever
+        // its size), then the size, then the version.
         let mut head = [0u8; 12];
-        io.read_exact_at(&mut head, 0)?;
+        let n = (md.len().min(head.len() as u64)) as usize;
+        io.read_exact_at(&mut head[..n], 0)?;
         let word = |i: usize| [head[i], head[i + 1], head[i + 2], head[i + 3]];
-        if i32::from_le_bytes(word(0)) != MAGIC {
+        if n >= 4 && i32::from_le_bytes(word(0)) != MAGIC {
             return Err(IoError::Foreign { path: io.path });
         }
+        io.check_size()?;
         let (major, minor) = (u32::from_le_bytes(word(4)), u32::from_le_bytes(word(8)));
         if major != MAJOR_VERSION {
             return Err(IoError::Version {
@@ -425,7 +428,7 @@ mod tests {
             Err(IoError::Version { major: 2, .. })
         ));
         let short = dir.path().join("short");
-        std::fs::write(&short, &b[..100]).unwrap();
+        std::fs::write(&short, &region_bytes(0)[..100]).unwrap();
         assert!(matches!(open(&short, false), Err(IoError::Size { .. })));
         let d = std::fs::File::open(dir.path()).unwrap();
         assert!(matches!(
