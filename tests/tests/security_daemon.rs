@@ -71,6 +71,20 @@ impl Daemon {
         }
     }
 
+    /// Panics, with the exit status once there is one, unless `/healthz`
+    /// answers 200.
+    fn assert_serving(&mut self) {
+        if get(self.port, "/healthz").map(|(s, _)| s) == Some(200) {
+            return;
+        }
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            self.assert_alive();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("daemon alive but not serving: {}", self.log_text());
+    }
+
     fn metrics(&self) -> String {
         let (code, body) = get(self.port, "/metrics").expect("scrape");
         assert_eq!(code, 200);
@@ -385,11 +399,10 @@ fn truncating_a_region_never_crashes_the_daemon() {
     // Several polls (100 ms) and scans (500 ms) go by.
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(3) {
-        daemon.assert_alive();
+        daemon.assert_serving();
         std::thread::sleep(Duration::from_millis(100));
     }
-    daemon.assert_alive();
-    assert_eq!(get(daemon.port, "/healthz").map(|(s, _)| s), Some(200));
+    daemon.assert_serving();
     let m = daemon.metrics();
     assert!(m.contains(&format!("region=\"{}\"", c.display())), "{m}");
     for p in [&a, &b] {
@@ -595,6 +608,16 @@ fn admin_commands_refuse_symlinks() {
     assert_eq!(r.region().limit[0].load(SeqCst), 1 << 30, "limit unchanged");
 }
 
+/// A child killed and reaped when dropped (also when a test panics).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Item 6: `suspend`/`resume` do not signal a host process that a slot's
 /// forged `hostpid` names, even one that catches the signals.
 #[test]
@@ -605,12 +628,14 @@ fn suspend_never_signals_a_forged_hostpid() {
         .unwrap();
     let got = dir.path().join("got");
     // A host daemon that would act on SIGUSR1/2.
-    let mut decoy = Command::new("sh")
+    let decoy = Reaped(
+        Command::new("sh")
         .arg("-c")
         .arg(r#"trap 'echo usr2 >> "$0"' USR2; trap 'echo usr1 >> "$0"' USR1; echo up >> "$0"; while :; do sleep 0.05; done"#)
         .arg(&got)
         .spawn()
-        .expect("spawn decoy");
+        .expect("spawn decoy"),
+    );
     wait_for("decoy up", Duration::from_secs(5), || {
         std::fs::read_to_string(&got).is_ok_and(|s| s.contains("up"))
     });
@@ -621,7 +646,7 @@ fn suspend_never_signals_a_forged_hostpid() {
     let slot = &r.region().procs[0];
     slot.pid.store(1, SeqCst);
     slot.status.store(status::RUNNING, SeqCst);
-    slot.hostpid.store(decoy.id() as i32, SeqCst);
+    slot.hostpid.store(decoy.0.id() as i32, SeqCst);
     for verb in ["suspend", "resume"] {
         let args: Vec<&OsStr> = vec![
             verb.as_ref(),
@@ -630,14 +655,13 @@ fn suspend_never_signals_a_forged_hostpid() {
             "1".as_ref(),
         ];
         let (done, ok, err) = vgpu_bounded(&args, Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(300));
+        let seen = std::fs::read_to_string(&got).unwrap_or_default();
+        assert_eq!(seen.trim(), "up", "{verb} signalled the decoy: {err}");
         assert!(done && !ok, "vgpu {verb} accepted a forged host pid: {err}");
         assert!(err.contains("not trusted"), "{verb}: {err}");
     }
-    std::thread::sleep(Duration::from_millis(300));
-    let seen = std::fs::read_to_string(&got).unwrap_or_default();
-    let _ = decoy.kill();
-    let _ = decoy.wait();
-    assert_eq!(seen.trim(), "up", "the decoy was signalled: {seen:?}");
+    drop(decoy);
 }
 
 /// Item 4: a request whose headers never finish is dropped within seconds,
