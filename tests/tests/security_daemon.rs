@@ -758,9 +758,12 @@ fn a_thousand_sparse_regions_stay_cheap() {
         std::fs::write(&p, &template).unwrap();
         let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
         f.set_len(vgpu_common::region::FILE_SIZE).unwrap();
-        // proc_num = 1024: every slot would be read.
+        // proc_num = 1024: every slot would be read; one device with a
+        // limit: every file would export its series.
         use std::os::unix::fs::FileExt as _;
         f.write_all_at(&1024i32.to_le_bytes(), 2_008_896).unwrap();
+        f.write_all_at(&1u64.to_le_bytes(), 56).unwrap();
+        f.write_all_at(&(1u64 << 30).to_le_bytes(), 1600).unwrap();
     }
     let other = root.join("podO_main/r.cache");
     let o = make_region(&other, 0);
