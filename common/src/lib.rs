@@ -2,7 +2,8 @@
 //!
 //! `no_std` so the eBPF programs can use the event records; the `std`
 //! feature adds what only host code needs (limit parsing, the mapped view
-//! over a region file, the region lock).
+//! over a region file, the unmapped access privileged processes use, the
+//! region lock).
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod env;
@@ -23,5 +24,7 @@ pub mod limit;
 pub mod lock;
 #[cfg(feature = "std")]
 pub mod node;
+#[cfg(feature = "std")]
+pub mod region_io;
 #[cfg(feature = "std")]
 pub mod view;

@@ -1,12 +1,16 @@
-//! A read-only view of a node table, for `vgpu turns`: nothing is written,
+//! A read-only copy of a node table, for `vgpu turns`: nothing is written,
 //! not even the header of an empty file.
+//!
+//! The table sits in a directory every container of the node can write, so
+//! it is never mapped here (a tenant truncating it would SIGBUS the reader):
+//! it is opened without following a symlink or blocking on a FIFO, checked
+//! on the descriptor, and copied with `pread`.
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;
-
-use memmap2::{MmapOptions, MmapRaw};
 
 use super::{NodeFile, MAGIC, SIZE, VERSION};
 
@@ -14,15 +18,24 @@ use super::{NodeFile, MAGIC, SIZE, VERSION};
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
     #[error("cannot open node table {path}: {source}")]
-    Open { path: PathBuf, source: io::Error },
-    #[error("cannot map node table {path}: {source}")]
-    Map { path: PathBuf, source: io::Error },
+    Open {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read node table {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not a regular file: refused")]
+    NotRegular { path: PathBuf },
     #[error("{path} is {size} bytes, shorter than a node table ({SIZE} bytes)")]
     Short { path: PathBuf, size: u64 },
-    #[error(
-        "{path} is not a vgpu node table this version reads (magic {magic:#x}, version \
-         {version}; expected {MAGIC:#x}, version {VERSION})"
-    )]
+    /// `magic` and `version` are for callers; the message does not echo
+    /// the file's bytes.
+    #[error("{path} is not a vgpu node table this version reads (expected version {VERSION})")]
     Foreign {
         path: PathBuf,
         magic: u64,
@@ -30,41 +43,66 @@ pub enum ReadError {
     },
 }
 
-/// A mapped node table, read-only.
+/// A copy of a node table.
 #[derive(Debug)]
 pub struct NodeView {
-    map: MmapRaw,
+    table: Box<NodeFile>,
     path: PathBuf,
 }
 
 impl NodeView {
-    /// Maps the table at `path` read-only and checks its header.
+    /// Opens the table at `path` (`O_NOFOLLOW | O_NONBLOCK`) and copies it.
     pub fn open(path: &Path) -> Result<Self, ReadError> {
-        let open_err = |source| ReadError::Open {
-            path: path.to_owned(),
-            source,
-        };
-        let file = File::open(path).map_err(open_err)?;
-        let size = file.metadata().map_err(open_err)?.len();
-        if size < SIZE as u64 {
-            return Err(ReadError::Short {
-                path: path.to_owned(),
-                size,
-            });
-        }
-        let map = MmapOptions::new()
-            .len(SIZE)
-            .map_raw_read_only(&file)
-            .map_err(|source| ReadError::Map {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(|source| ReadError::Open {
                 path: path.to_owned(),
                 source,
             })?;
-        let view = NodeView {
-            map,
+        Self::from_file(&file, path)
+    }
+
+    /// Copies the table from an opened descriptor, checking it first.
+    pub fn from_file(file: &File, path: &Path) -> Result<Self, ReadError> {
+        let md = file.metadata().map_err(|source| ReadError::Open {
             path: path.to_owned(),
+            source,
+        })?;
+        if !md.file_type().is_file() {
+            return Err(ReadError::NotRegular {
+                path: path.to_owned(),
+            });
+        }
+        let short = |size| ReadError::Short {
+            path: path.to_owned(),
+            size,
         };
-        let t = view.table();
-        let (magic, version) = (t.magic.load(Acquire), t.version.load(Acquire));
+        if md.len() < SIZE as u64 {
+            return Err(short(md.len()));
+        }
+        let mut table = Box::<NodeFile>::default();
+        let p = &mut *table as *mut NodeFile as *mut u8;
+        // SAFETY: `p` points at the `SIZE` bytes of a `NodeFile` we own
+        // exclusively; every field is an atomic integer (and the layout has
+        // no padding, as node/mod.rs asserts), so any bytes are valid.
+        let buf = unsafe { std::slice::from_raw_parts_mut(p, SIZE) };
+        let mut done = 0;
+        while done < SIZE {
+            match file.read_at(&mut buf[done..], done as u64) {
+                Ok(0) => return Err(short(done as u64)),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(ReadError::Read {
+                        path: path.to_owned(),
+                        source,
+                    })
+                }
+            }
+        }
+        let (magic, version) = (table.magic.load(Acquire), table.version.load(Acquire));
         if magic != MAGIC || version != VERSION {
             return Err(ReadError::Foreign {
                 path: path.to_owned(),
@@ -72,16 +110,15 @@ impl NodeView {
                 version,
             });
         }
-        Ok(view)
+        Ok(Self {
+            table,
+            path: path.to_owned(),
+        })
     }
 
     /// The table.
     pub fn table(&self) -> &NodeFile {
-        // SAFETY: the mapping is `SIZE` bytes, page-aligned (more than
-        // `NodeFile`'s 64), and lives as long as `self`; every field of
-        // `NodeFile` is an atomic, valid for any bytes, and only loaded
-        // (a read-only mapping is never stored to).
-        unsafe { &*(self.map.as_ptr() as *const NodeFile) }
+        &self.table
     }
 
     pub fn path(&self) -> &Path {
@@ -130,6 +167,20 @@ mod tests {
         assert!(matches!(
             NodeView::open(&dir.path().join("none")),
             Err(ReadError::Open { .. })
+        ));
+        // Neither a symlink to a table nor a FIFO (which would block a
+        // plain open) is read.
+        std::fs::write(&p, bytes(MAGIC)).unwrap();
+        let ln = dir.path().join("vgpu-sm-ln");
+        std::os::unix::fs::symlink(&p, &ln).unwrap();
+        assert!(matches!(NodeView::open(&ln), Err(ReadError::Open { .. })));
+        let fifo = dir.path().join("vgpu-sm-fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert!(matches!(
+            NodeView::open(&fifo),
+            Err(ReadError::NotRegular { .. })
         ));
     }
 }

@@ -3,8 +3,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use vgpu_common::view::{Access, RegionFile};
-
 use crate::regions::admin::cleanup;
 use crate::regions::summary::bytes;
 
@@ -27,7 +25,8 @@ pub struct Args {
 /// Runs `vgpu cleanup`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file =
-        RegionFile::open(&args.path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))?;
+        crate::regions::open::open_region(&args.path, crate::regions::open::Access::ReadWrite)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     let report = cleanup(&file).map_err(|e| anyhow::anyhow!("{e}"))?;
     for r in &report.reclaimed {
         println!(

@@ -54,7 +54,14 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 ///
 /// HTTP (default 0.0.0.0:9396): /metrics (Prometheus text, HAMi monitor's
 /// metric names plus vgpu_*), /readyz (200 once probes are attached and the
-/// first scan is done), /healthz, /findings. See docs/daemon.md.
+/// first scan is done), /healthz, /findings. Served on its own thread with
+/// a 3 s header timeout, 10 s per connection, 16 KiB requests and at most
+/// 256 connections (16 per client address). See docs/daemon.md.
+///
+/// Region files and paths that containers control are treated as hostile:
+/// opened with openat2 inside the process's root, never through a symlink,
+/// never mapped (read with pread), at most 4 per container directory under
+/// --regions-root (docs/daemon.md, "Threat model").
 ///
 /// Needs root or CAP_BPF+CAP_PERFMON+CAP_SYS_PTRACE (to read other
 /// processes' /proc entries). SIGINT/SIGTERM detach everything and exit.
@@ -153,9 +160,7 @@ fn secs(s: f64, min: f64) -> Duration {
 }
 
 async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
-    let listener = http::bind(args.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("vgpu daemon: {e}"))?;
+    let listener = http::bind(args.listen).map_err(|e| anyhow::anyhow!("vgpu daemon: {e}"))?;
     let offsets = match btf::running_kernel_offsets() {
         Ok(o) => Some(o),
         Err(e) => {
@@ -204,7 +209,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let shared: Shared = Arc::new(Mutex::new(Published::default()));
-    let server = tokio::spawn(http::serve(listener, shared.clone()));
+    http::spawn(listener, shared.clone()).map_err(|e| anyhow::anyhow!("vgpu daemon: {e}"))?;
     logging::notice(&format!(
         "vgpu daemon: {} libcuda file(s) probed; http://{}; state {}",
         obs.attached_libs(),
@@ -246,8 +251,8 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
                     Err(_) => {}
                 }
                 if let Ok(mut p) = shared.lock() {
-                    p.metrics = out.metrics;
-                    p.findings = out.findings_json;
+                    p.metrics = out.metrics.into();
+                    p.findings = out.findings_json.into();
                     p.ready = obs.attached_libs() > 0;
                 }
             }
@@ -258,7 +263,6 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    server.abort();
     drop(obs); // detaches every probe
     logging::notice("vgpu daemon: probes detached, exiting");
     Ok(ExitCode::SUCCESS)

@@ -1,14 +1,13 @@
 //! `vgpu inspect`: shared regions, their limits, slots, lock and findings.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use vgpu_common::view::{Access, RegionFile};
-
 use crate::regions::discover::{discover, ContainerRef, Found, DEFAULT_ROOT};
 use crate::regions::liveness::{Alive, AliveBy, Mappers};
+use crate::regions::open::{open_region, open_under, Access};
 use crate::regions::summary::{bytes, RegionSummary};
 
 /// Show HAMi shared regions: limits, process slots, the lock, and findings.
@@ -64,24 +63,38 @@ struct ReadError {
     error: String,
 }
 
-fn summarize(found: &Found) -> Result<RegionSummary, String> {
-    let file = RegionFile::open(&found.path, Access::ReadOnly).map_err(|e| e.to_string())?;
+/// Opens a region without following symlinks: below `root` for files
+/// found there, the whole path for a file named on the command line.
+/// Opens (confined under `root` when scanning one) and summarizes a region.
+pub(super) fn summarize(found: &Found, root: Option<&Path>) -> Result<RegionSummary, String> {
+    let file = match root {
+        Some(root) => open_under(root, &found.path, Access::ReadOnly),
+        None => open_region(&found.path, Access::ReadOnly),
+    }
+    .map_err(|e| e.to_string())?;
     let mappers = Mappers::scan(file.file());
-    Ok(RegionSummary::read(&file, found.owner.as_ref(), &mappers))
+    RegionSummary::read(&file, found.owner.as_ref(), &mappers).map_err(|e| e.to_string())
 }
 
 /// Runs `vgpu inspect`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let single = args.path.as_deref().filter(|p| !p.is_dir());
-    let found = match single {
-        Some(p) => vec![Found {
+    // `symlink_metadata`: a symlink named as PATH is a file (refused when
+    // opened), never a directory to scan.
+    let single = args
+        .path
+        .as_deref()
+        .filter(|p| !std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()));
+    let root = match single {
+        Some(_) => None,
+        None => Some(args.path.as_deref().unwrap_or(&args.root)),
+    };
+    let found = match (single, root) {
+        (Some(p), _) => vec![Found {
             path: p.to_owned(),
             owner: ContainerRef::of_file(p),
         }],
-        None => {
-            let root = args.path.as_deref().unwrap_or(&args.root);
-            discover(root).map_err(|e| anyhow::anyhow!("{e}"))?
-        }
+        (None, Some(root)) => discover(root).map_err(|e| anyhow::anyhow!("{e}"))?,
+        (None, None) => Vec::new(),
     };
     let mut out = Output {
         regions: Vec::new(),
@@ -89,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         daemon_findings: crate::daemon::findings::read_state(&args.state_dir),
     };
     for f in &found {
-        match summarize(f) {
+        match summarize(f, root) {
             Ok(s) => out.regions.push(s),
             // One file: its error is the command's error.
             Err(e) if single.is_some() => anyhow::bail!("{e}"),

@@ -1,15 +1,16 @@
 //! `vgpu set-sm-limit` and `vgpu set-mem-limit`: change a region's limits
 //! at runtime.
 
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use vgpu_common::limit::{parse_percent, parse_size};
-use vgpu_common::view::{Access, RegionFile};
+
+use vgpu_common::region_io::RegionIo;
 
 use crate::daemon::integrity::overrides::{self, Changed};
 use crate::regions::admin::{resolve_devices, set_limit, Devices, LimitKind};
+use crate::regions::open::{open_region, Access};
 use crate::regions::summary::bytes;
 
 /// Which devices (exactly one of --device / --all).
@@ -83,8 +84,8 @@ pub struct MemArgs {
     state_dir: PathBuf,
 }
 
-fn open(path: &Path) -> anyhow::Result<RegionFile> {
-    RegionFile::open(path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))
+fn open(path: &Path) -> anyhow::Result<RegionIo> {
+    open_region(path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// Records the change for the daemon before the region is written (the
@@ -92,21 +93,14 @@ fn open(path: &Path) -> anyhow::Result<RegionFile> {
 /// without the record).
 fn record(
     state_dir: &Path,
-    file: &RegionFile,
+    file: &RegionIo,
     changed: Changed,
     which: Devices,
     value: u64,
 ) -> anyhow::Result<()> {
-    let devices = resolve_devices(file, which).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let md = file.file().metadata()?;
-    overrides::record(
-        state_dir,
-        file.path(),
-        (md.dev(), md.ino()),
-        changed,
-        &devices,
-        value,
-    )?;
+    let snap = file.snapshot()?;
+    let devices = resolve_devices(file, &snap, which)?;
+    overrides::record(state_dir, file.path(), file.key(), changed, &devices, value)?;
     Ok(())
 }
 

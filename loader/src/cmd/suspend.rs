@@ -4,17 +4,19 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use vgpu_common::view::{Access, RegionFile};
-
 use crate::regions::admin::{plan_signal, send_signal, wait_status, SignalAction};
+use crate::regions::open::{open_region, Access};
 
 /// Suspend every process of a region (HAMi's SIGUSR2 protocol).
 ///
 /// Sends SIGUSR2 to every live process of the region (by host PID) and
 /// waits until each slot reports status 2 (suspended); a suspended process
 /// blocks at its next allocation or launch. Refuses, signalling nobody, if
-/// any live process has no known host PID or does not handle both SIGUSR2
-/// and SIGUSR1 (the default action of those signals kills the process).
+/// any live process has no known host PID, is not proven to be the slot's
+/// process (it must map this region file and see itself as the slot's pid;
+/// the host PID in a slot is container-writable), or does not handle both
+/// SIGUSR2 and SIGUSR1 (the default action of those signals kills the
+/// process). PATH must be a regular file reached without symlinks.
 /// Fails after --timeout if some slot did not report.
 #[derive(clap::Args, Debug)]
 pub struct SuspendArgs {
@@ -29,7 +31,8 @@ pub struct SuspendArgs {
 ///
 /// Sends SIGUSR1 to every live process of the region (by host PID) and
 /// waits until each slot reports status 1 (running). Refuses, signalling
-/// nobody, if any live process has no known host PID or does not handle
+/// nobody, if any live process has no known host PID, is not proven to be
+/// the slot's process (see `vgpu suspend --help`), or does not handle
 /// SIGUSR1. Fails after --timeout if some slot did not report.
 #[derive(clap::Args, Debug)]
 pub struct ResumeArgs {
@@ -43,7 +46,7 @@ pub struct ResumeArgs {
 fn act(path: &std::path::Path, timeout: f64, action: SignalAction) -> anyhow::Result<ExitCode> {
     let timeout = Duration::try_from_secs_f64(timeout)
         .map_err(|_| anyhow::anyhow!("--timeout {timeout} is not a number of seconds"))?;
-    let file = RegionFile::open(path, Access::ReadOnly).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let file = open_region(path, Access::ReadOnly).map_err(|e| anyhow::anyhow!("{e}"))?;
     let targets = plan_signal(&file, action).map_err(|e| anyhow::anyhow!("{e}"))?;
     let verb = match action {
         SignalAction::Suspend => "suspended",
@@ -53,7 +56,7 @@ fn act(path: &std::path::Path, timeout: f64, action: SignalAction) -> anyhow::Re
         println!("no live process in {}; nothing {verb}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
-    send_signal(&targets, action).map_err(|e| anyhow::anyhow!("{e}"))?;
+    send_signal(&file, &targets, action).map_err(|e| anyhow::anyhow!("{e}"))?;
     wait_status(&file, &targets, action, timeout).map_err(|e| anyhow::anyhow!("{e}"))?;
     for t in &targets {
         println!(

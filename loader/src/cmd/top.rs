@@ -6,11 +6,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use vgpu_common::view::{Access, RegionFile};
 
 use crate::regions::discover::{discover, ContainerRef, Found, DEFAULT_ROOT};
-use crate::regions::liveness::Mappers;
-use crate::regions::summary::RegionSummary;
 use crate::regions::top::{rows, sort, table, Row, SortKey};
 
 /// Live view of the node: one row per container and device.
@@ -67,26 +64,31 @@ struct Snapshot {
 }
 
 fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
-    let single = args.path.as_deref().filter(|p| !p.is_dir());
-    let found = match single {
-        Some(p) => vec![Found {
+    // As `vgpu inspect`: a symlink named as PATH is a file (refused when
+    // opened), never a directory to scan; files under a root are opened
+    // below it, read with pread, never mapped.
+    let single = args
+        .path
+        .as_deref()
+        .filter(|p| !std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()));
+    let root = match single {
+        Some(_) => None,
+        None => Some(args.path.as_deref().unwrap_or(&args.root)),
+    };
+    let found = match (single, root) {
+        (Some(p), _) => vec![Found {
             path: p.to_owned(),
             owner: ContainerRef::of_file(p),
         }],
-        None => {
-            let root = args.path.as_deref().unwrap_or(&args.root);
-            discover(root).map_err(|e| anyhow::anyhow!("{e}"))?
-        }
+        (None, Some(root)) => discover(root).map_err(|e| anyhow::anyhow!("{e}"))?,
+        (None, None) => Vec::new(),
     };
     let mut summaries = Vec::new();
     let mut errors = Vec::new();
     for f in &found {
-        match RegionFile::open(&f.path, Access::ReadOnly) {
-            Ok(file) => {
-                let mappers = Mappers::scan(file.file());
-                summaries.push(RegionSummary::read(&file, f.owner.as_ref(), &mappers));
-            }
-            Err(e) => errors.push((f.path.clone(), e.to_string())),
+        match super::inspect::summarize(f, root) {
+            Ok(s) => summaries.push(s),
+            Err(e) => errors.push((f.path.clone(), e)),
         }
     }
     let daemon = crate::daemon::findings::read_state(&args.state_dir);

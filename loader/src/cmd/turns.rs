@@ -10,6 +10,8 @@ use vgpu_common::clock;
 use vgpu_common::node::{self, NodeFile, NodeView, ACTIVE_NS, FRAME_NS};
 use vgpu_common::paths::VGPULOCK_DIR;
 
+use crate::regions::open::{open_file, Access};
+
 /// Show which SM-limited containers take turns on each GPU, and their turns.
 ///
 /// Containers with an SM limit that set `VGPU_SM_NODE_DIR` (HAMi's
@@ -142,15 +144,18 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         errors: Vec::new(),
     };
     for p in &paths {
-        match NodeView::open(p) {
+        let view = open_file(p, Access::ReadOnly)
+            .map_err(|e| e.to_string())
+            .and_then(|f| NodeView::from_file(&f, p).map_err(|e| e.to_string()));
+        match view {
             Ok(v) => out.tables.push(Table {
                 path: p.clone(),
                 frame_ms: ms(FRAME_NS),
                 members: members(v.table(), clock::monotonic_ns()),
             }),
-            Err(e) => out.errors.push(ReadError {
+            Err(error) => out.errors.push(ReadError {
                 path: p.clone(),
-                error: e.to_string(),
+                error,
             }),
         }
     }

@@ -3,8 +3,6 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use vgpu_common::view::{Access, RegionFile};
-
 use crate::regions::admin::unlock;
 
 /// Recover a region's lock after its holder died.
@@ -26,7 +24,8 @@ pub struct Args {
 /// Runs `vgpu unlock`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file =
-        RegionFile::open(&args.path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))?;
+        crate::regions::open::open_region(&args.path, crate::regions::open::Access::ReadWrite)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
     let r = unlock(&file).map_err(|e| anyhow::anyhow!("{e}"))?;
     if r.owner_pid == 0 {
         println!("the region lock is free and no owner is recorded; nothing to do");

@@ -3,14 +3,21 @@
 //! writes `hostpid` into the slot, so NVML's per-process samples (keyed by
 //! host PID) can be attributed to it.
 
+use std::mem::offset_of;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
 
 use vgpu_common::env::{SHARED_CACHE, SHARED_CACHE_DEFAULT};
-use vgpu_common::region::status;
+use vgpu_common::region::{status, ProcSlot};
+use vgpu_common::region_io::{slot_offset, RegionIo};
 
 use super::procfs::Procfs;
-use super::regions::{OpenError, RegionCache, RegionKey};
+use super::regions::{RegionCache, RegionKey};
+use crate::regions::open::{open_in_process, Access, OpenError};
+
+/// Processes of one region found in one poll share one read of it.
+const FRESH: Duration = Duration::from_millis(50);
 
 /// Where a process's slot is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,7 +63,9 @@ pub fn region_path_of(procfs: &Procfs, host_pid: u32) -> Result<PathBuf, Miss> {
     ))
 }
 
-/// Finds the slot of (`host_pid`, `ns_pid`) and writes its host PID.
+/// Finds the slot of (`host_pid`, `ns_pid`) and writes its host PID. The
+/// path the process names is resolved inside its own root (never through a
+/// symlink, never to a non-regular file).
 pub fn fill(
     procfs: &Procfs,
     cache: &mut RegionCache,
@@ -65,23 +74,25 @@ pub fn fill(
     cgroup_id: u64,
 ) -> Result<Filled, Miss> {
     let shown = region_path_of(procfs, host_pid)?;
-    let host_path = procfs.resolve(host_pid, &shown);
-    let (key, open) = cache.get_or_open(&host_path, &shown).map_err(|e| match e {
-        OpenError::Missing(_) => Miss::NoRegion(shown.clone()),
-        OpenError::Region(e) => Miss::BadRegion {
-            path: shown.clone(),
-            error: e.to_string(),
-        },
-    })?;
+    let bad = |error: String| Miss::BadRegion {
+        path: shown.clone(),
+        error,
+    };
+    let file =
+        open_in_process(&procfs.dir(host_pid), &shown, Access::ReadWrite).map_err(|e| match e {
+            OpenError::Missing { .. } => Miss::NoRegion(shown.clone()),
+            e => bad(e.to_string()),
+        })?;
+    let (key, open) = cache.insert(file, &shown).map_err(|e| bad(e.to_string()))?;
     if open.cgroup_id.is_none() {
         open.cgroup_id = Some(cgroup_id);
     }
-    let region = open.file.region();
+    let region = open.snapshot(FRESH).map_err(|e| bad(e.to_string()))?;
     let slot = find_slot(region, ns_pid).ok_or(Miss::NoSlot {
         path: shown.clone(),
         ns_pid,
     })?;
-    let wrote = write_hostpid(region, slot, ns_pid, host_pid);
+    let wrote = write_hostpid(&open.file, slot, ns_pid, host_pid);
     Ok(Filled {
         at: SlotRef { region: key, slot },
         wrote,
@@ -91,13 +102,14 @@ pub fn fill(
 /// Re-checks a filled slot: `Some(wrote)` while it still belongs to
 /// `ns_pid` (rewriting `hostpid` if something reset it, e.g. the hook's
 /// registration racing the first fill), `None` when the slot moved or the
-/// region is gone.
+/// region is gone. Reads only the slot's identity words.
 pub fn refresh(cache: &RegionCache, at: SlotRef, ns_pid: u32, host_pid: u32) -> Option<bool> {
-    let region = cache.get(&at.region)?.file.region();
-    if find_slot(region, ns_pid) != Some(at.slot) {
+    let file = &cache.get(&at.region)?.file;
+    let (pid, _, st) = file.slot_head(at.slot).ok()?;
+    if i32::try_from(ns_pid).ok()? != pid || st == status::EXITED {
         return None;
     }
-    Some(write_hostpid(region, at.slot, ns_pid, host_pid))
+    Some(write_hostpid(file, at.slot, ns_pid, host_pid))
 }
 
 /// The live slot (status not exited) whose `pid` is `ns_pid`.
@@ -109,25 +121,26 @@ pub fn find_slot(region: &vgpu_common::region::SharedRegion, ns_pid: u32) -> Opt
         .position(|s| s.pid.load(SeqCst) == pid && s.status.load(SeqCst) != status::EXITED)
 }
 
-/// Stores `host_pid` if the slot still carries `ns_pid` and holds another
-/// value; returns whether it wrote.
-fn write_hostpid(
-    region: &vgpu_common::region::SharedRegion,
-    slot: usize,
-    ns_pid: u32,
-    host_pid: u32,
-) -> bool {
+/// Stores `host_pid` (one `pwrite`) if the slot still carries `ns_pid` and
+/// holds another value; returns whether it wrote.
+fn write_hostpid(file: &RegionIo, slot: usize, ns_pid: u32, host_pid: u32) -> bool {
     let (Ok(pid), Ok(host)) = (i32::try_from(ns_pid), i32::try_from(host_pid)) else {
         return false;
     };
-    let Some(s) = region.procs.get(slot) else {
+    let Ok((now_pid, now_host, _)) = file.slot_head(slot) else {
         return false;
     };
-    if s.pid.load(SeqCst) != pid || s.hostpid.load(SeqCst) == host {
+    if now_pid != pid || now_host == host {
         return false;
     }
-    s.hostpid.store(host, SeqCst);
-    true
+    let at = slot_offset(slot) + offset_of!(ProcSlot, hostpid) as u64;
+    match file.write_i32(at, host) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!("{e}");
+            false
+        }
+    }
 }
 
 #[cfg(test)]
@@ -187,6 +200,44 @@ mod tests {
         // The slot was freed: refresh says so.
         r.procs[1].status.store(0, Relaxed);
         assert_eq!(refresh(&cache, got.at, 1, 1021), None);
+    }
+
+    #[test]
+    fn a_region_named_through_a_symlink_is_never_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("ctr/r")).unwrap();
+        let victim = region_at(&dir.path().join("host/victim.cache"));
+        let v = victim.region();
+        v.proc_num.store(1, Relaxed);
+        v.procs[0].pid.store(1, Relaxed);
+        v.procs[0].status.store(1, Relaxed);
+        let target = dir.path().join("host/victim.cache");
+        std::os::unix::fs::symlink(&target, dir.path().join("ctr/r/abs.cache")).unwrap();
+        std::os::unix::fs::symlink(
+            "../../host/victim.cache",
+            dir.path().join("ctr/r/rel.cache"),
+        )
+        .unwrap();
+        let procfs = Procfs::at(dir.path().join("proc"));
+        let mut cache = RegionCache::default();
+        for (pid, name) in [
+            (11, "/r/abs.cache"),
+            (12, "/r/rel.cache"),
+            (13, "/../host/victim.cache"),
+        ] {
+            fake_proc(
+                dir.path(),
+                pid,
+                &format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={name}\0"),
+            );
+            let got = fill(&procfs, &mut cache, pid, 1, 0);
+            assert!(
+                matches!(&got, Err(Miss::BadRegion { .. }) | Err(Miss::NoRegion(_))),
+                "{name}: {got:?}"
+            );
+        }
+        assert_eq!(v.procs[0].hostpid.load(Relaxed), 0, "victim untouched");
+        assert_eq!(cache.iter().count(), 0);
     }
 
     #[test]

@@ -1,9 +1,19 @@
 //! The daemon's HTTP endpoint: metrics, readiness, health and findings,
 //! served from what the last scan published (a request never touches the
 //! probes or the regions).
+//!
+//! The port is reachable from every pod of the node (Prometheus scrapes the
+//! pod IP), so a tenant can connect to it. It runs on its own thread (a long
+//! scan never delays an answer) and bounds what a client can hold: a
+//! request's headers must arrive within [`HEADER_TIMEOUT`], a connection
+//! lives at most [`CONN_TIMEOUT`] and serves one request, a request is at
+//! most [`MAX_BUF`] bytes, and at most [`MAX_CONNS`] connections are open,
+//! [`MAX_PER_PEER`] from one address; beyond that a new connection is
+//! closed at once. Responses share the published bytes, never copy them.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,21 +21,36 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use vgpu_common::paths::{HEALTH_PATH, METRICS_PATH, READY_PATH};
 
 /// Path of the findings JSON.
 pub const FINDINGS_PATH: &str = "/findings";
 /// `/healthz` fails when the poll loop has not run for this long.
 const STALE: Duration = Duration::from_secs(10);
+/// A request's headers must be complete this soon after it starts.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(3);
+/// A connection is closed this long after it was accepted, whatever it
+/// does (a client that never reads its response included).
+pub const CONN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Read buffer of a connection: the largest request head accepted.
+pub const MAX_BUF: usize = 16 * 1024;
+/// Header lines accepted in one request.
+const MAX_HEADERS: usize = 32;
+/// Open connections at once.
+pub const MAX_CONNS: usize = 256;
+/// Open connections from one address (one pod), so that a tenant flooding
+/// the port starves only itself.
+pub const MAX_PER_PEER: usize = 16;
 
 /// What the loops publish for the endpoint.
 #[derive(Debug)]
 pub struct Published {
-    pub metrics: String,
-    pub findings: String,
+    pub metrics: Bytes,
+    pub findings: Bytes,
     /// Probes attached and the first scan done.
     pub ready: bool,
     pub last_poll: Instant,
@@ -34,8 +59,8 @@ pub struct Published {
 impl Default for Published {
     fn default() -> Self {
         Self {
-            metrics: String::new(),
-            findings: "{\"version\":1,\"findings\":[]}\n".to_owned(),
+            metrics: Bytes::new(),
+            findings: Bytes::from_static(b"{\"version\":1,\"findings\":[]}\n"),
             ready: false,
             last_poll: Instant::now(),
         }
@@ -45,87 +70,193 @@ impl Default for Published {
 /// Shared between the loop and the server.
 pub type Shared = Arc<Mutex<Published>>;
 
-/// Binding the listen address failed.
+/// Binding the listen address or starting the server failed.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {addr}: {source}")]
-pub struct BindError {
-    pub addr: SocketAddr,
-    pub source: std::io::Error,
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the HTTP thread: {0}")]
+    Thread(#[source] std::io::Error),
 }
 
 /// Binds `addr` (so a taken port is an error at startup, not later).
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| BindError { addr, source })
+pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
+    let bind_err = |source| ServeError::Bind { addr, source };
+    let l = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+    l.set_nonblocking(true).map_err(bind_err)?;
+    Ok(l)
+}
+
+/// Serves on a thread of its own, with its own runtime, until the process
+/// exits.
+pub fn spawn(listener: std::net::TcpListener, shared: Shared) -> Result<(), ServeError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Thread)?;
+    std::thread::Builder::new()
+        .name("vgpu-http".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                match TcpListener::from_std(listener) {
+                    Ok(l) => serve(l, shared).await,
+                    Err(e) => tracing::error!("http listener: {e}"),
+                }
+            })
+        })
+        .map_err(ServeError::Thread)?;
+    Ok(())
+}
+
+/// Open connections per peer address.
+#[derive(Debug, Default)]
+struct Peers(Mutex<HashMap<IpAddr, usize>>);
+
+/// One connection counted for its peer, uncounted on drop.
+struct PeerSlot {
+    peers: Arc<Peers>,
+    ip: IpAddr,
+}
+
+impl Peers {
+    fn take(self: &Arc<Self>, ip: IpAddr) -> Option<PeerSlot> {
+        let mut m = self.0.lock().ok()?;
+        let n = m.entry(ip).or_insert(0);
+        if *n >= MAX_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.peers.0.lock() {
+            if let Some(n) = m.get_mut(&self.ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    m.remove(&self.ip);
+                }
+            }
+        }
+    }
 }
 
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, shared: Shared) {
+    let open = Arc::new(Semaphore::new(MAX_CONNS));
+    let peers = Arc::new(Peers::default());
     loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
             Err(e) => {
                 tracing::debug!("accept: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
+        // Over a cap: close at once (dropping the stream), costing nothing.
+        let Ok(permit) = open.clone().try_acquire_owned() else {
+            continue;
+        };
+        let Some(slot) = peers.take(peer.ip()) else {
+            continue;
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
+            let _held = (permit, slot);
             let svc = service_fn(move |req| {
                 let shared = shared.clone();
                 async move { Ok::<_, Infallible>(respond(&req, &shared)) }
             });
-            if let Err(e) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
-                tracing::debug!("http connection: {e}");
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_BUF)
+                .max_headers(MAX_HEADERS)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), svc);
+            match tokio::time::timeout(CONN_TIMEOUT, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("http connection from {peer}: {e}"),
+                Err(_) => {
+                    tracing::debug!("http connection from {peer}: closed after {CONN_TIMEOUT:?}")
+                }
             }
         });
     }
 }
 
 fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            Bytes::from_static(b"GET only\n"),
+            "text/plain",
+        );
+    }
     let Ok(p) = shared.lock() else {
         return text(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "state lock poisoned\n".into(),
+            Bytes::from_static(b"state lock poisoned\n"),
             "text/plain",
         );
     };
+    let plain = |code, body: &'static [u8]| text(code, Bytes::from_static(body), "text/plain");
     match req.uri().path() {
         METRICS_PATH => text(
             StatusCode::OK,
             p.metrics.clone(),
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         ),
-        READY_PATH if p.ready => text(StatusCode::OK, "ready\n".into(), "text/plain"),
-        READY_PATH => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "starting\n".into(),
-            "text/plain",
-        ),
-        HEALTH_PATH if p.last_poll.elapsed() < STALE => {
-            text(StatusCode::OK, "ok\n".into(), "text/plain")
-        }
-        HEALTH_PATH => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "poll loop stalled\n".into(),
-            "text/plain",
-        ),
+        READY_PATH if p.ready => plain(StatusCode::OK, b"ready\n"),
+        READY_PATH => plain(StatusCode::SERVICE_UNAVAILABLE, b"starting\n"),
+        HEALTH_PATH if p.last_poll.elapsed() < STALE => plain(StatusCode::OK, b"ok\n"),
+        HEALTH_PATH => plain(StatusCode::SERVICE_UNAVAILABLE, b"poll loop stalled\n"),
         FINDINGS_PATH => text(StatusCode::OK, p.findings.clone(), "application/json"),
-        _ => text(StatusCode::NOT_FOUND, "not found\n".into(), "text/plain"),
+        _ => plain(StatusCode::NOT_FOUND, b"not found\n"),
     }
 }
 
-fn text(status: StatusCode, body: String, ctype: &'static str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
+fn text(status: StatusCode, body: Bytes, ctype: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
     *r.status_mut() = status;
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static(ctype),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_holds_at_most_its_share() {
+        let peers = Arc::new(Peers::default());
+        let ip: IpAddr = [10, 0, 0, 7].into();
+        let held: Vec<PeerSlot> = (0..MAX_PER_PEER).filter_map(|_| peers.take(ip)).collect();
+        assert_eq!(held.len(), MAX_PER_PEER);
+        assert!(peers.take(ip).is_none());
+        assert!(
+            peers.take([10, 0, 0, 8].into()).is_some(),
+            "another peer is served"
+        );
+        drop(held);
+        assert!(peers.take(ip).is_some());
+        assert_eq!(
+            peers.0.lock().unwrap().len(),
+            0,
+            "dropped slots leave nothing"
+        );
+    }
 }

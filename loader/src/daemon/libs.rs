@@ -2,10 +2,19 @@
 //! containers (`/proc/<pid>/root/...`), each file once by (dev, inode). A
 //! container that bind-mounts the host's driver shares its inode, so one
 //! attachment covers it.
+//!
+//! A container's files are its tenant's: a path is resolved inside the
+//! container's root (`openat2` with `RESOLVE_IN_ROOT`, so an absolute
+//! symlink such as the usual `libcuda.so.1 -> /usr/lib/…` stays in the
+//! container, and no magic link is followed), only a regular file is taken,
+//! and it is then read and probed through that descriptor.
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use crate::probes::libcuda::{Libcuda, SONAME};
 
@@ -79,16 +88,24 @@ impl LibWatch {
             }
             let dir = self.procfs.dir(pid);
             let root = dir.join("root");
+            let Ok(root_fd) = rustix::fs::open(
+                &root,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
             if let Ok(md) = std::fs::metadata(dir.join("ns/mnt")) {
                 if self.mount_ns.insert(md.ino()) {
                     for d in DIRS {
-                        self.try_path(&root.join(d).join(SONAME), &mut out);
+                        self.try_path(&root_fd, &root, &Path::new(d).join(SONAME), &mut out);
                     }
                 }
             }
             if let Ok(maps) = std::fs::read_to_string(dir.join("maps")) {
                 for p in mapped_libcuda(&maps) {
-                    self.try_path(&root.join(p.trim_start_matches('/')), &mut out);
+                    let rel = Path::new(p.trim_start_matches('/'));
+                    self.try_path(&root_fd, &root, rel, &mut out);
                 }
             }
         }
@@ -101,22 +118,42 @@ impl LibWatch {
         }
     }
 
-    /// A path under `/proc/<pid>/root`: not canonicalized (that would
-    /// leave the container's mount namespace), identified by its inode.
-    fn try_path(&mut self, path: &Path, out: &mut Vec<Libcuda>) {
-        let Ok(md) = std::fs::metadata(path) else {
+    /// `rel` inside the container whose root is `root_fd` (`root` for
+    /// messages): resolved by the kernel inside that root, identified by
+    /// its inode, kept open as an `O_PATH` descriptor (which opens
+    /// nothing: a FIFO or device there has no effect).
+    fn try_path(
+        &mut self,
+        root_fd: &std::os::fd::OwnedFd,
+        root: &Path,
+        rel: &Path,
+        out: &mut Vec<Libcuda>,
+    ) {
+        let resolve = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
+        let Ok(fd) = rustix::fs::openat2(
+            root_fd,
+            rel,
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            resolve,
+        ) else {
             return;
         };
-        if md.is_file() {
-            self.push(
-                Libcuda {
-                    path: path.to_owned(),
-                    dev: md.dev(),
-                    ino: md.ino(),
-                },
-                out,
-            );
+        let Ok(st) = rustix::fs::fstat(&fd) else {
+            return;
+        };
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+            return;
         }
+        self.push(
+            Libcuda {
+                path: root.join(rel),
+                dev: st.st_dev,
+                ino: st.st_ino,
+                fd: Some(Arc::new(fd)),
+            },
+            out,
+        );
     }
 }
 
@@ -158,6 +195,40 @@ mod tests {
                 "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04"
             ]
         );
+    }
+
+    #[test]
+    fn container_paths_resolve_inside_the_container() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_dir = dir.path().join("proc/42");
+        let ctr = dir.path().join("ctr");
+        let lib_dir = ctr.join("usr/lib");
+        std::fs::create_dir_all(proc_dir.join("ns")).unwrap();
+        std::fs::create_dir_all(&lib_dir).unwrap();
+        std::fs::write(proc_dir.join("ns/mnt"), b"").unwrap();
+        std::os::unix::fs::symlink(&ctr, proc_dir.join("root")).unwrap();
+        // The usual absolute link, which must resolve in the container, not
+        // on the host.
+        std::fs::write(lib_dir.join("libcuda.so.580"), b"ctr").unwrap();
+        std::os::unix::fs::symlink("/usr/lib/libcuda.so.580", lib_dir.join(SONAME)).unwrap();
+        // A FIFO where another directory would have libcuda: skipped, and
+        // nothing blocks.
+        std::fs::create_dir_all(ctr.join("lib64")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            ctr.join("lib64").join(SONAME),
+            rustix::fs::FileType::Fifo,
+            Mode::RUSR | Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        let mut w = LibWatch::new(Procfs::at(dir.path().join("proc")), Vec::new());
+        w.host_done = true;
+        let got = w.scan().unwrap();
+        let want = std::fs::metadata(lib_dir.join("libcuda.so.580")).unwrap();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!((got[0].dev, got[0].ino), (want.dev(), want.ino()));
+        assert_eq!(std::fs::read(got[0].io_path()).unwrap(), b"ctr");
     }
 
     #[test]

@@ -101,6 +101,9 @@ fn identity_labels(id: &Identity) -> Labels {
 }
 
 type GaugeF = Gauge<f64, AtomicU64>;
+/// Byte counts are u64 in a region (and a tenant may write any value):
+/// exported as u64, never wrapped into a negative i64.
+type GaugeU = Gauge<u64, AtomicU64>;
 
 /// A region's `sm_limit` as the share it allows: 0 (unset), 100 and more
 /// all mean no limit.
@@ -116,14 +119,14 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let mut reg = Registry::default();
     let hami = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
 
-    let vused = Family::<Labels, Gauge>::default();
-    let vlimit = Family::<Labels, Gauge>::default();
-    let cmem = Family::<Labels, Gauge>::default();
+    let vused = Family::<Labels, GaugeU>::default();
+    let vlimit = Family::<Labels, GaugeU>::default();
+    let cmem = Family::<Labels, GaugeU>::default();
     let cutil = Family::<Labels, GaugeF>::default();
     let clast = Family::<Labels, GaugeF>::default();
-    let vctx = Family::<Labels, Gauge>::default();
-    let vmod = Family::<Labels, Gauge>::default();
-    let vbuf = Family::<Labels, Gauge>::default();
+    let vctx = Family::<Labels, GaugeU>::default();
+    let vmod = Family::<Labels, GaugeU>::default();
+    let vbuf = Family::<Labels, GaugeU>::default();
     let smlimit = Family::<Labels, Gauge>::default();
     let dead = Family::<Labels, Gauge>::default();
     for r in &s.regions {
@@ -136,12 +139,12 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
                     ("device_uuid", d.uuid.clone()),
                 ],
             );
-            vused.get_or_create(&l).set(d.total as i64);
-            cmem.get_or_create(&l).set(d.total as i64);
-            vlimit.get_or_create(&l).set(d.limit as i64);
-            vctx.get_or_create(&l).set(d.context as i64);
-            vmod.get_or_create(&l).set(d.module as i64);
-            vbuf.get_or_create(&l).set(d.data as i64);
+            vused.get_or_create(&l).set(d.total);
+            cmem.get_or_create(&l).set(d.total);
+            vlimit.get_or_create(&l).set(d.limit);
+            vctx.get_or_create(&l).set(d.context);
+            vmod.get_or_create(&l).set(d.module);
+            vbuf.get_or_create(&l).set(d.data);
             cutil.get_or_create(&l).set(d.sm_util as f64);
             smlimit.get_or_create(&l).set(sm_limit_percent(d.sm_limit));
             if r.last_kernel_time > 0 {
@@ -202,7 +205,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         dead,
     );
 
-    let hused = Family::<Labels, Gauge>::default();
+    let hused = Family::<Labels, GaugeU>::default();
     let hutil = Family::<Labels, GaugeF>::default();
     for d in &s.host {
         let mut l = Vec::new();
@@ -214,7 +217,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
             ("device_uuid".to_owned(), d.uuid.clone()),
             ("device_type".to_owned(), d.device_type.clone()),
         ]);
-        hused.get_or_create(&l).set(d.memory_used as i64);
+        hused.get_or_create(&l).set(d.memory_used);
         if let Some(u) = d.utilization {
             hutil.get_or_create(&l).set(f64::from(u));
         }
@@ -230,9 +233,9 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         hutil,
     );
 
-    let untracked = Family::<Labels, Gauge>::default();
+    let untracked = Family::<Labels, GaugeU>::default();
     for (id, b) in &s.untracked {
-        untracked.get_or_create(&identity_labels(id)).set(*b as i64);
+        untracked.get_or_create(&identity_labels(id)).set(*b);
     }
     reg.register(
         "vgpu_untracked_bytes",
@@ -332,6 +335,38 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
+    }
+
+    #[test]
+    fn values_above_i64_max_are_exported_as_they_are() {
+        let s = Snapshot {
+            regions: vec![RegionView {
+                labels: vec![("pod_uid".into(), "p".into())],
+                devices: vec![RegionDevice {
+                    limit: u64::MAX - 5,
+                    total: 1 << 63,
+                    ..RegionDevice::default()
+                }],
+                last_kernel_time: 0,
+                dead_slots: 0,
+            }],
+            ..Snapshot::default()
+        };
+        let text = render(&s, &Counters::default());
+        let value = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            value("hami_vgpu_memory_limit_bytes{").as_deref(),
+            Some("18446744073709551610")
+        );
+        assert_eq!(
+            value("hami_vgpu_memory_used_bytes{").as_deref(),
+            Some("9223372036854775808")
+        );
     }
 
     #[test]

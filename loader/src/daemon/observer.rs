@@ -23,7 +23,17 @@ use super::procfs::Procfs;
 use super::regions::RegionCache;
 use super::utilization::{daemon_publishes, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
-use crate::regions::discover::discover;
+use crate::regions::discover::{discover_bounded, Bounds};
+use crate::regions::open::{open_under, Access};
+
+/// Region files read per container directory and per scan under the
+/// regions root. HAMi puts one region in each container's directory; a
+/// tenant filling its directory with files must not cost the node a core
+/// or push other containers' series out.
+pub const SCAN_BOUNDS: Bounds = Bounds {
+    per_dir: 4,
+    total: 512,
+};
 
 /// Entry points the daemon probes: driver init, context creation, every
 /// allocation and free. Never a launch (a uprobe there taxes every launch).
@@ -92,6 +102,8 @@ pub struct Observer {
     lost_seen: HashMap<&'static str, u64>,
     attached: Vec<(String, String)>,
     integrity: Option<Integrity>,
+    /// Region files left out by [`SCAN_BOUNDS`] at the last scan.
+    skipped: usize,
 }
 
 impl Observer {
@@ -121,6 +133,7 @@ impl Observer {
             lost_seen: HashMap::new(),
             attached: Vec::new(),
             integrity,
+            skipped: 0,
         }
     }
 
@@ -257,6 +270,8 @@ impl Observer {
 
     /// Slow job: NVML, the cross-check, findings, metrics.
     pub fn scan(&mut self) -> ScanOutput {
+        self.open_root_regions();
+        self.cache.refresh();
         let nv = self.nvml.as_mut().map(NvmlView::sample);
         self.adopt_nvml_processes(nv.as_ref());
         self.count_lost();
@@ -405,8 +420,8 @@ impl Observer {
     fn observe(&self, tgid: u32, p: &Proc, nv: Option<&Sample>) -> Observation {
         let (mut data, mut total) = (0u64, 0u64);
         if let Some(at) = p.slot {
-            if let Some(r) = self.cache.get(&at.region) {
-                let s = &r.file.region().procs[at.slot];
+            if let Some(r) = self.cache.get(&at.region).and_then(|r| r.last_snapshot()) {
+                let s = &r.procs[at.slot];
                 for d in 0..MAX_DEVICES {
                     data = data.saturating_add(s.used[d].data_size.load(SeqCst));
                     total = total.saturating_add(s.used[d].total.load(SeqCst));
@@ -500,21 +515,48 @@ impl Observer {
         }
     }
 
+    /// Opens the regions under the regions root, within [`SCAN_BOUNDS`],
+    /// each below the root without following a symlink.
+    fn open_root_regions(&mut self) {
+        let Some(root) = self.settings.regions_root.clone() else {
+            return;
+        };
+        let Ok(found) = discover_bounded(&root, SCAN_BOUNDS) else {
+            return;
+        };
+        if found.skipped != self.skipped {
+            if found.skipped > 0 {
+                tracing::warn!(
+                    "{} region file(s) under {} left out: at most {} per container directory \
+                     and {} per scan are read",
+                    found.skipped,
+                    root.display(),
+                    SCAN_BOUNDS.per_dir,
+                    SCAN_BOUNDS.total
+                );
+            }
+            self.skipped = found.skipped;
+        }
+        for f in found.regions {
+            let file = match open_under(&root, &f.path, Access::ReadWrite) {
+                Ok(file) => file,
+                Err(e) => {
+                    tracing::debug!("{e}");
+                    continue;
+                }
+            };
+            if let Ok((_, r)) = self.cache.insert(file, &f.path) {
+                if r.owner.is_none() {
+                    r.owner = f.owner;
+                }
+            }
+        }
+    }
+
     /// One view per open region. `devices` (NVML) gives each container's
     /// utilization; it is also written into the slots of devices the region
     /// does not SM-limit.
     fn region_views(&mut self, devices: &[DeviceSample]) -> Vec<RegionView> {
-        if let Some(root) = self.settings.regions_root.clone() {
-            if let Ok(found) = discover(&root) {
-                for f in found {
-                    if let Ok((_, r)) = self.cache.get_or_open(&f.path, &f.path) {
-                        if r.owner.is_none() {
-                            r.owner = f.owner;
-                        }
-                    }
-                }
-            }
-        }
         self.pods.refresh();
         let util = Utilization::new(
             devices,
@@ -528,7 +570,9 @@ impl Observer {
         );
         let mut views = Vec::new();
         for (key, r) in self.cache.iter() {
-            let region = r.file.region();
+            let Some(region) = r.last_snapshot() else {
+                continue;
+            };
             if !region.is_initialized() {
                 continue;
             }
@@ -572,8 +616,10 @@ impl Observer {
                     d.sm_util = u;
                 }
                 if daemon_publishes(d.sm_limit) {
-                    for (slot, pct) in util.per_slot(key, &d.uuid, d.index) {
-                        r.write_sm_util(slot, d.index, pct);
+                    for (slot, host_pid, pct) in util.per_slot(key, &d.uuid, d.index) {
+                        if let Err(e) = r.write_sm_util(slot, host_pid, d.index, pct) {
+                            tracing::debug!("{e}");
+                        }
                     }
                 }
             }

@@ -1,8 +1,8 @@
 //! What the daemon reads from `/proc/<pid>`: a process's environment, its
-//! PID in its own namespace, whether it still exists, and where its root is.
+//! PID in its own namespace, and whether it still exists.
 
 use std::io;
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 
 /// `/proc` (a parameter so tests can point at a fake tree).
 #[derive(Clone, Debug)]
@@ -50,26 +50,6 @@ impl Procfs {
     pub fn ns_pid(&self, pid: u32) -> Option<u32> {
         let status = std::fs::read_to_string(self.dir(pid).join("status")).ok()?;
         ns_pid_of(&status)
-    }
-
-    /// `path` as the process sees it, reachable from here: under
-    /// `/proc/<pid>/root` (absolute) or `/proc/<pid>/cwd` (relative).
-    pub fn resolve(&self, pid: u32, path: &Path) -> PathBuf {
-        let base = if path.is_absolute() { "root" } else { "cwd" };
-        // `..` never climbs above the process's root.
-        let mut parts = Vec::new();
-        for c in path.components() {
-            match c {
-                Component::Normal(part) => parts.push(part),
-                Component::ParentDir => {
-                    parts.pop();
-                }
-                _ => {}
-            }
-        }
-        let mut out = self.dir(pid).join(base);
-        out.extend(parts);
-        out
     }
 
     /// Host PIDs of every process (`/proc/[0-9]*`).
@@ -130,19 +110,6 @@ mod tests {
         assert_eq!(ns_pid_of(status), Some(1));
         assert_eq!(ns_pid_of("NSpid:\t42\n"), Some(42));
         assert_eq!(ns_pid_of("Name:\tx\n"), None);
-    }
-
-    #[test]
-    fn resolve_stays_under_the_process_root() {
-        let p = Procfs::at("/proc");
-        assert_eq!(
-            p.resolve(12, Path::new("/tmp/../../etc/r.cache")),
-            PathBuf::from("/proc/12/root/etc/r.cache")
-        );
-        assert_eq!(
-            p.resolve(12, Path::new("r.cache")),
-            PathBuf::from("/proc/12/cwd/r.cache")
-        );
     }
 
     #[test]

@@ -63,9 +63,9 @@ impl<'a> Utilization<'a> {
         Some(sum.min(100))
     }
 
-    /// `(slot, percent)` for each of the region's matched processes on a
-    /// device; empty when NVML cannot say.
-    pub fn per_slot(&self, region: &RegionKey, uuid: &str, index: usize) -> Vec<(usize, u64)> {
+    /// `(slot, host pid, percent)` for each of the region's matched
+    /// processes on a device; empty when NVML cannot say.
+    pub fn per_slot(&self, region: &RegionKey, uuid: &str, index: usize) -> Vec<(usize, u32, u64)> {
         let (Some(procs), Some(samples)) = (self.by_region.get(region), self.samples(uuid, index))
         else {
             return Vec::new();
@@ -74,7 +74,7 @@ impl<'a> Utilization<'a> {
             .iter()
             .map(|p| {
                 let u = samples.get(&p.host_pid).copied().unwrap_or(0);
-                (p.slot, u64::from(u.min(100)))
+                (p.slot, p.host_pid, u64::from(u.min(100)))
             })
             .collect()
     }
@@ -134,7 +134,10 @@ mod tests {
         assert_eq!(u.container(&B, "GPU-bbbb", 0), Some(0));
         // No UUID in the region: the index.
         assert_eq!(u.container(&A, "", 1), Some(90));
-        assert_eq!(u.per_slot(&A, "GPU-aaaa", 0), vec![(0, 30), (1, 25)]);
+        assert_eq!(
+            u.per_slot(&A, "GPU-aaaa", 0),
+            vec![(0, 100, 30), (1, 101, 25)]
+        );
     }
 
     #[test]
@@ -162,7 +165,10 @@ mod tests {
         assert_eq!(u.container(&A, "GPU-cccc", 0), None);
         // Capped at 100, per slot and summed.
         assert_eq!(u.container(&A, "GPU-bbbb", 1), Some(100));
-        assert_eq!(u.per_slot(&A, "GPU-bbbb", 1), vec![(0, 100), (1, 50)]);
+        assert_eq!(
+            u.per_slot(&A, "GPU-bbbb", 1),
+            vec![(0, 100, 100), (1, 101, 50)]
+        );
     }
 
     #[test]

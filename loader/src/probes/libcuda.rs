@@ -2,8 +2,11 @@
 
 use std::{
     collections::HashMap,
-    os::unix::fs::MetadataExt as _,
+    io::Read as _,
+    os::fd::{AsRawFd as _, OwnedFd},
+    os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _};
@@ -55,29 +58,60 @@ pub enum LibcudaError {
 
 /// A libcuda file to probe, identified by its inode (one attachment covers
 /// every process, in any container, that maps this file).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Libcuda {
-    /// Canonical path (symlinks resolved).
+    /// Canonical path (symlinks resolved), or where a container has it.
     pub path: PathBuf,
     /// `st_dev` of the file.
     pub dev: u64,
     /// `st_ino` of the file.
     pub ino: u64,
+    /// A descriptor of the very file: it is read and probed through it
+    /// (`/proc/self/fd/N`), never by `path`, which a container could point
+    /// elsewhere meanwhile.
+    pub fd: Option<Arc<OwnedFd>>,
 }
 
+/// A libcuda larger than this is not read (the real one is ~100 MB).
+pub const MAX_SIZE: u64 = 1 << 30;
+
+impl PartialEq for Libcuda {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.path, self.dev, self.ino) == (&o.path, o.dev, o.ino)
+    }
+}
+
+impl Eq for Libcuda {}
+
 impl Libcuda {
-    /// Canonicalizes `path` and records its inode.
+    /// The path to read and probe the file by.
+    pub fn io_path(&self) -> PathBuf {
+        match &self.fd {
+            Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+            None => self.path.clone(),
+        }
+    }
+
+    /// Canonicalizes `path`, opens it (`O_PATH`, which opens nothing) and
+    /// records its inode: it is read and probed through that descriptor.
     pub fn open(path: &Path) -> Result<Libcuda, LibcudaError> {
         let read = |source| LibcudaError::Read {
             path: path.to_path_buf(),
             source,
         };
         let path = std::fs::canonicalize(path).map_err(read)?;
-        let md = std::fs::metadata(&path).map_err(read)?;
+        let fd = rustix::fs::open(
+            &path,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| read(e.into()))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| read(e.into()))?;
         Ok(Libcuda {
             path,
-            dev: md.dev(),
-            ino: md.ino(),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            fd: Some(Arc::new(fd)),
         })
     }
 
@@ -127,10 +161,29 @@ fn ld_so_cache_lookup(soname: &str) -> Option<PathBuf> {
 /// File offsets of the named functions in an ELF shared object: what a
 /// uprobe attaches to. Names not exported are absent from the result.
 pub fn symbol_offsets(path: &Path, names: &[&str]) -> Result<HashMap<String, u64>, LibcudaError> {
-    let data = std::fs::read(path).map_err(|source| LibcudaError::Read {
+    let read = |source| LibcudaError::Read {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    // A container's file may be anything: never block on a FIFO, never read
+    // more than a driver library's size.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(read)?;
+    let md = file.metadata().map_err(read)?;
+    if !md.is_file() || md.len() > MAX_SIZE {
+        return Err(read(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not a regular file of at most {MAX_SIZE} bytes"),
+        )));
+    }
+    let mut data = Vec::new();
+    (&mut file)
+        .take(MAX_SIZE)
+        .read_to_end(&mut data)
+        .map_err(read)?;
     let file = object::File::parse(&*data).map_err(|source| LibcudaError::Parse {
         path: path.to_path_buf(),
         source,

@@ -105,7 +105,7 @@ impl ProbeSet {
             return Ok(report);
         }
         let names: Vec<&str> = funcs.iter().map(|f| f.symbol()).collect();
-        let offsets = libcuda::symbol_offsets(&lib.path, &names)?;
+        let offsets = libcuda::symbol_offsets(&lib.io_path(), &names)?;
         let mut seen: Vec<(u64, Func)> = Vec::new();
         for &func in funcs {
             let Some(&off) = offsets.get(func.symbol()) else {
@@ -145,7 +145,7 @@ impl ProbeSet {
             location: UProbeAttachLocation::AbsoluteOffset(offset),
             cookie: Some(u64::from(func.id())),
         };
-        p.attach(point, &lib.path, UProbeScope::AllProcesses)
+        p.attach(point, lib.io_path(), UProbeScope::AllProcesses)
             .map_err(|e| ProbeError::classify("attaching uprobes", e))?;
         Ok(())
     }
@@ -175,7 +175,7 @@ impl ProbeSet {
             .filter(|f| matches!(f.class(), FuncClass::Launch | FuncClass::GraphLaunch))
             .collect();
         let names: Vec<&str> = launches.iter().map(|f| f.symbol()).collect();
-        let offsets = libcuda::symbol_offsets(&lib.path, &names)?;
+        let offsets = libcuda::symbol_offsets(&lib.io_path(), &names)?;
         let mut attached = Vec::new();
         let mut seen = HashSet::new();
         for func in launches {
@@ -189,7 +189,7 @@ impl ProbeSet {
                 location: UProbeAttachLocation::AbsoluteOffset(off),
                 cookie: None,
             };
-            prog.attach(point, &lib.path, UProbeScope::AllProcesses)
+            prog.attach(point, lib.io_path(), UProbeScope::AllProcesses)
                 .map_err(|e| ProbeError::classify("attaching uprobes", e))?;
             attached.push(func);
         }

@@ -4,16 +4,22 @@
 //! Each one validates first and refuses (an [`AdminError`], nothing written)
 //! when the operation is unsafe. None moves a slot: other processes keep
 //! pointers to their own.
+//!
+//! The region is a file its container can write, so nothing here maps it:
+//! decisions read a [`RegionIo::snapshot`] and changes are single-field
+//! `pwrite`s. A signal goes only to a process proven, through a pidfd, to
+//! map this very file with the slot's namespace PID.
 
+use std::mem::{offset_of, size_of};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use vgpu_common::lock;
-use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES};
-use vgpu_common::view::RegionFile;
+use vgpu_common::region::{status, DeviceMemory, DeviceUtil, ProcSlot, SharedRegion, MAX_DEVICES};
+use vgpu_common::region_io::{slot_offset, IoError, RegionIo};
 
-use super::liveness::{catches_signal, signal_target, Alive, AliveBy, Mappers};
+use super::liveness::{catches_signal, proves_slot, signal_target, Alive, AliveBy, Mappers};
 use super::summary::{owner_liveness, sem_value, slot_is_clean};
 
 /// How long cleanup waits for the region lock before refusing.
@@ -87,6 +93,18 @@ pub enum AdminError {
         signal: &'static str,
         source: std::io::Error,
     },
+    #[error(
+        "slot {slot} names host pid {host_pid}, but that process does not map {path} with \
+         namespace pid {pid}: the slot's host PID is not trusted; nothing was signalled"
+    )]
+    Unproven {
+        path: PathBuf,
+        slot: usize,
+        pid: i32,
+        host_pid: i32,
+    },
+    #[error(transparent)]
+    Io(#[from] IoError),
     #[error("timed out after {secs:.1} s: {slots} did not report {want}")]
     Timeout {
         secs: f64,
@@ -131,10 +149,14 @@ fn device_count(r: &SharedRegion) -> u64 {
     r.device_num.load(SeqCst)
 }
 
-/// The devices `which` names in `file`, or a range error (device must be
-/// below 16 and below `device_num` when that is set).
-pub fn resolve_devices(file: &RegionFile, which: Devices) -> Result<Vec<usize>, AdminError> {
-    let n = device_count(file.region());
+/// The devices `which` names in the region, or a range error (device must
+/// be below 16 and below `device_num` when that is set).
+pub fn resolve_devices(
+    file: &RegionIo,
+    r: &SharedRegion,
+    which: Devices,
+) -> Result<Vec<usize>, AdminError> {
+    let n = device_count(r);
     let usable = if n == 0 {
         MAX_DEVICES
     } else {
@@ -162,31 +184,33 @@ fn used(r: &SharedRegion, dev: usize) -> u64 {
 /// Writes `value` into `limit[]` or `sm_limit[]` of the devices. Running
 /// processes read these on their allocation / launch paths.
 pub fn set_limit(
-    file: &RegionFile,
+    file: &RegionIo,
     kind: LimitKind,
     which: Devices,
     value: u64,
 ) -> Result<Vec<LimitChange>, AdminError> {
-    let devices = resolve_devices(file, which)?;
-    let r = file.region();
-    let cells = match kind {
-        LimitKind::Memory => &r.limit,
-        LimitKind::Sm => &r.sm_limit,
+    let r = file.snapshot()?;
+    let devices = resolve_devices(file, &r, which)?;
+    let (cells, base) = match kind {
+        LimitKind::Memory => (&r.limit, offset_of!(SharedRegion, limit)),
+        LimitKind::Sm => (&r.sm_limit, offset_of!(SharedRegion, sm_limit)),
     };
-    Ok(devices
-        .into_iter()
-        .map(|d| LimitChange {
+    let mut out = Vec::new();
+    for d in devices {
+        file.write_u64((base + d * 8) as u64, value)?;
+        out.push(LimitChange {
             device: d,
-            old: cells[d].swap(value, SeqCst),
+            old: cells[d].load(SeqCst),
             new: value,
-            used_bytes: used(r, d),
-        })
-        .collect())
+            used_bytes: used(&r, d),
+        });
+    }
+    Ok(out)
 }
 
 /// Takes the region lock for an admin change, or says who holds it.
 fn take_lock<'a>(
-    file: &'a RegionFile,
+    file: &'a RegionIo,
     mappers: &Mappers,
 ) -> Result<lock::RegionLockGuard<'a>, AdminError> {
     let lock_err = |source| AdminError::Lock {
@@ -196,9 +220,9 @@ fn take_lock<'a>(
     if let Some(g) = lock::lock_timeout(file.file(), LOCK_WAIT).map_err(lock_err)? {
         return Ok(g);
     }
-    let r = file.region();
+    let r = file.snapshot()?;
     let owner = r.owner_pid.load(SeqCst);
-    match owner_liveness(r, mappers) {
+    match owner_liveness(&r, mappers) {
         Some(a) if a.alive => Err(AdminError::HeldByLive {
             path: file.path().to_owned(),
             pid: owner,
@@ -235,32 +259,39 @@ pub struct CleanupReport {
     pub proc_num_after: i32,
 }
 
-fn zero_slot(slot: &ProcSlot) {
-    for d in 0..MAX_DEVICES {
-        let m = &slot.used[d];
-        m.context_size.store(0, SeqCst);
-        m.module_size.store(0, SeqCst);
-        m.data_size.store(0, SeqCst);
-        m.total.store(0, SeqCst);
-        slot.monitorused[d].store(0, SeqCst);
-        slot.device_util[d].sm_util.store(0, SeqCst);
-    }
-    slot.seqlock.store(0, SeqCst);
-    slot.hostpid.store(0, SeqCst);
-    slot.pidns.store(0, SeqCst);
-    slot.start.store(0, SeqCst);
-    slot.status.store(status::EXITED, SeqCst);
+/// Zeroes a slot's counters, identity, host PID and status (not its `pid`)
+/// in the file. Device arrays go in one write each.
+fn zero_slot(file: &RegionIo, i: usize) -> Result<(), IoError> {
+    let base = slot_offset(i);
+    let at = |off: usize| base + off as u64;
+    file.write_at(
+        at(offset_of!(ProcSlot, used)),
+        &[0u8; MAX_DEVICES * size_of::<DeviceMemory>()],
+    )?;
+    file.write_at(
+        at(offset_of!(ProcSlot, monitorused)),
+        &[0u8; MAX_DEVICES * 8],
+    )?;
+    file.write_at(
+        at(offset_of!(ProcSlot, device_util)),
+        &[0u8; MAX_DEVICES * size_of::<DeviceUtil>()],
+    )?;
+    file.write_u64(at(offset_of!(ProcSlot, seqlock)), 0)?;
+    file.write_i32(at(offset_of!(ProcSlot, hostpid)), 0)?;
+    file.write_u64(at(offset_of!(ProcSlot, pidns)), 0)?;
+    file.write_u64(at(offset_of!(ProcSlot, start)), 0)?;
+    file.write_i32(at(offset_of!(ProcSlot, status)), status::EXITED)
 }
 
 /// Frees the slots of dead processes under the region lock, zeroes
 /// leftovers in free slots, and lowers `proc_num` over trailing free slots.
 /// Live slots, and slots whose liveness cannot be decided, are untouched.
-pub fn cleanup(file: &RegionFile) -> Result<CleanupReport, AdminError> {
+pub fn cleanup(file: &RegionIo) -> Result<CleanupReport, AdminError> {
     // Scan before locking (a registrant maps the file before it locks), then
     // decide under the lock.
     let mappers = Mappers::scan(file.file());
     let _guard = take_lock(file, &mappers)?;
-    let r = file.region();
+    let r = file.snapshot()?;
     let proc_num_before = r.proc_num.load(SeqCst);
     let mut report = CleanupReport {
         reclaimed: Vec::new(),
@@ -272,11 +303,13 @@ pub fn cleanup(file: &RegionFile) -> Result<CleanupReport, AdminError> {
     // Processes that registered after the scan are in the slots but not in
     // the scan: re-scan so a live newcomer is never taken for dead.
     let mappers = Mappers::scan(file.file());
+    let mut clean: Vec<bool> = r.active_slots().iter().map(slot_is_clean).collect();
     for (i, slot) in r.active_slots().iter().enumerate() {
         let pid = slot.pid.load(SeqCst);
         if pid == 0 {
-            if !slot_is_clean(slot) {
-                zero_slot(slot);
+            if !clean[i] {
+                zero_slot(file, i)?;
+                clean[i] = true;
                 report.normalised.push(i);
             }
             continue;
@@ -293,10 +326,13 @@ pub fn cleanup(file: &RegionFile) -> Result<CleanupReport, AdminError> {
         let total = (0..MAX_DEVICES)
             .map(|d| slot.used_total(d))
             .fold(0, u64::saturating_add);
-        zero_slot(slot);
+        zero_slot(file, i)?;
         // Only if nobody re-claimed it meanwhile (a hook going on without
-        // the lock).
-        if slot.pid.compare_exchange(pid, 0, SeqCst, SeqCst).is_ok() {
+        // the lock). A read then a write, not a compare-and-swap: the
+        // window is the two syscalls, under the region lock.
+        if file.slot_head(i)?.0 == pid {
+            file.write_i32(slot_offset(i), 0)?;
+            clean[i] = true;
             report.reclaimed.push(Reclaimed {
                 slot: i,
                 pid,
@@ -306,15 +342,15 @@ pub fn cleanup(file: &RegionFile) -> Result<CleanupReport, AdminError> {
             });
         }
     }
-    let mut n = r.proc_count();
-    while n > 0 && slot_is_clean(&r.procs[n - 1]) {
+    let mut n = clean.len();
+    while n > 0 && clean[n - 1] {
         n -= 1;
     }
     let n = n as i32;
     if n != proc_num_before {
-        r.proc_num.store(n, SeqCst);
+        file.write_i32(offset_of!(SharedRegion, proc_num) as u64, n)?;
     }
-    report.proc_num_after = r.proc_num.load(SeqCst);
+    report.proc_num_after = file.snapshot()?.proc_num.load(SeqCst);
     Ok(report)
 }
 
@@ -336,15 +372,15 @@ pub struct UnlockReport {
 /// no recovery (the kernel dropped it); this clears a dead `owner_pid` and
 /// resets HAMi-core's semaphore if a dead owner left it taken. Refuses while
 /// the owner lives or an unknown holder has the lock.
-pub fn unlock(file: &RegionFile) -> Result<UnlockReport, AdminError> {
+pub fn unlock(file: &RegionIo) -> Result<UnlockReport, AdminError> {
     let lock_err = |source| AdminError::Lock {
         path: file.path().to_owned(),
         source,
     };
-    let r = file.region();
+    let r = file.snapshot()?;
     let mappers = Mappers::scan(file.file());
     let owner_pid = r.owner_pid.load(SeqCst);
-    let owner = owner_liveness(r, &mappers);
+    let owner = owner_liveness(&r, &mappers);
     let held = lock::is_locked(file.file()).map_err(lock_err)?;
     let mut report = UnlockReport {
         owner_pid,
@@ -390,45 +426,27 @@ pub fn unlock(file: &RegionFile) -> Result<UnlockReport, AdminError> {
     let Some(_guard) = lock::try_lock(file.file()).map_err(lock_err)? else {
         return Err(AdminError::HeldByUnknown {
             path: file.path().to_owned(),
-            owner: r.owner_pid.load(SeqCst),
+            owner: file.snapshot()?.owner_pid.load(SeqCst),
         });
     };
+    let r = file.snapshot()?;
     if owner_pid == 0 {
         report.sem_zero_without_owner = sem_value(&r.sem) == 0;
         return Ok(report);
     }
     // The owner is dead: a HAMi-core owner may have died inside sem_wait's
-    // critical section, leaving the semaphore at 0.
-    if r.sem[0].compare_exchange(0, 1, SeqCst, SeqCst).is_ok() {
+    // critical section, leaving the semaphore at 0. Its waiters use a 10 s
+    // sem_timedwait, so they see the reset at their next try without a
+    // futex wake (which would need a mapping of the file).
+    if sem_value(&r.sem) == 0 {
+        file.write_u32(offset_of!(SharedRegion, sem) as u64, 1)?;
         report.sem_reset = true;
-        wake_sem_waiters(r);
     }
-    report.cleared_owner = r
-        .owner_pid
-        .compare_exchange(owner_pid, 0, SeqCst, SeqCst)
-        .is_ok();
+    if r.owner_pid.load(SeqCst) == owner_pid {
+        file.write_u64(offset_of!(SharedRegion, owner_pid) as u64, 0)?;
+        report.cleared_owner = true;
+    }
     Ok(report)
-}
-
-/// Wakes HAMi-core processes blocked in `sem_wait` on the reset semaphore
-/// (glibc waits on the value word with a shared futex; the high word of the
-/// first 64 bits counts waiters).
-fn wake_sem_waiters(r: &SharedRegion) {
-    if r.sem[1].load(SeqCst) == 0 {
-        return;
-    }
-    // SAFETY: the address is the semaphore's value word inside our live
-    // MAP_SHARED mapping of the region, 4-byte aligned; FUTEX_WAKE only
-    // reads the futex key from it and wakes waiters, it does not write.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            r.sem[0].as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-        );
-    }
 }
 
 /// Suspend or resume.
@@ -441,10 +459,10 @@ pub enum SignalAction {
 }
 
 impl SignalAction {
-    fn signal(self) -> (i32, &'static str) {
+    fn signal(self) -> (rustix::process::Signal, &'static str) {
         match self {
-            Self::Suspend => (libc::SIGUSR2, "SIGUSR2"),
-            Self::Resume => (libc::SIGUSR1, "SIGUSR1"),
+            Self::Suspend => (rustix::process::Signal::USR2, "SIGUSR2"),
+            Self::Resume => (rustix::process::Signal::USR1, "SIGUSR1"),
         }
     }
 
@@ -476,9 +494,9 @@ pub struct Target {
 /// The live processes of the region and their host PIDs, after checking
 /// that each one can be signalled safely. All or nothing: one unsafe
 /// target refuses the whole operation.
-pub fn plan_signal(file: &RegionFile, action: SignalAction) -> Result<Vec<Target>, AdminError> {
+pub fn plan_signal(file: &RegionIo, action: SignalAction) -> Result<Vec<Target>, AdminError> {
     let mappers = Mappers::scan(file.file());
-    let r = file.region();
+    let r = file.snapshot()?;
     let mut targets = Vec::new();
     for (i, slot) in r.active_slots().iter().enumerate() {
         let pid = slot.pid.load(SeqCst);
@@ -496,6 +514,14 @@ pub fn plan_signal(file: &RegionFile, action: SignalAction) -> Result<Vec<Target
                 pid,
             });
         };
+        if !proves_slot(host_pid, pid, file.key()) {
+            return Err(AdminError::Unproven {
+                path: file.path().to_owned(),
+                slot: i,
+                pid,
+                host_pid,
+            });
+        }
         for &(sig, name) in action.needed() {
             if catches_signal(host_pid, sig) != Some(true) {
                 return Err(AdminError::NotCaught {
@@ -514,24 +540,42 @@ pub fn plan_signal(file: &RegionFile, action: SignalAction) -> Result<Vec<Target
     Ok(targets)
 }
 
-/// Sends the action's signal to every target.
-pub fn send_signal(targets: &[Target], action: SignalAction) -> Result<(), AdminError> {
+/// Sends the action's signal to every target, each through a pidfd taken
+/// before the proof is checked again: if the process the proof looked at
+/// died and its PID was reused, the signal fails instead of reaching the
+/// newcomer.
+pub fn send_signal(
+    file: &RegionIo,
+    targets: &[Target],
+    action: SignalAction,
+) -> Result<(), AdminError> {
     let (sig, name) = action.signal();
+    let signal_err = |t: &Target, source: std::io::Error| AdminError::Signal {
+        slot: t.slot,
+        host_pid: t.host_pid,
+        signal: name,
+        source,
+    };
     for t in targets {
-        // SAFETY: kill(2) with a positive pid and a valid signal number has
-        // no memory-safety preconditions.
-        let rc = unsafe { libc::kill(t.host_pid, sig) };
-        if rc != 0 {
-            let source = std::io::Error::last_os_error();
-            if source.raw_os_error() == Some(libc::ESRCH) {
-                continue; // exited meanwhile
-            }
-            return Err(AdminError::Signal {
+        let Some(pid) = rustix::process::Pid::from_raw(t.host_pid) else {
+            continue;
+        };
+        let pidfd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::SRCH) => continue, // exited meanwhile
+            Err(e) => return Err(signal_err(t, e.into())),
+        };
+        if !proves_slot(t.host_pid, t.pid, file.key()) {
+            return Err(AdminError::Unproven {
+                path: file.path().to_owned(),
                 slot: t.slot,
+                pid: t.pid,
                 host_pid: t.host_pid,
-                signal: name,
-                source,
             });
+        }
+        match rustix::process::pidfd_send_signal(&pidfd, sig) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => {}
+            Err(e) => return Err(signal_err(t, e.into())),
         }
     }
     Ok(())
@@ -540,7 +584,7 @@ pub fn send_signal(targets: &[Target], action: SignalAction) -> Result<(), Admin
 /// Waits until every target's slot reports the action's status (a target
 /// whose slot changed owner or whose process exited counts as done).
 pub fn wait_status(
-    file: &RegionFile,
+    file: &RegionIo,
     targets: &[Target],
     action: SignalAction,
     timeout: Duration,
@@ -548,16 +592,13 @@ pub fn wait_status(
     let (want, want_name) = action.want();
     let start = Instant::now();
     loop {
-        let r = file.region();
-        let pending: Vec<&Target> = targets
-            .iter()
-            .filter(|t| {
-                let s = &r.procs[t.slot];
-                s.pid.load(SeqCst) == t.pid
-                    && s.status.load(SeqCst) != want
-                    && super::liveness::proc_alive(i64::from(t.host_pid))
-            })
-            .collect();
+        let mut pending = Vec::new();
+        for t in targets {
+            let (pid, _, st) = file.slot_head(t.slot)?;
+            if pid == t.pid && st != want && super::liveness::proc_alive(i64::from(t.host_pid)) {
+                pending.push(t);
+            }
+        }
         if pending.is_empty() {
             return Ok(());
         }

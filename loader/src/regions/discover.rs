@@ -74,12 +74,52 @@ fn read_dir(path: &Path) -> Result<Vec<std::fs::DirEntry>, DiscoverError> {
     Ok(entries)
 }
 
+/// How many region files one scan takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Per container directory (and directly in the root), first by name.
+    pub per_dir: usize,
+    /// In all.
+    pub total: usize,
+}
+
+impl Bounds {
+    pub const NONE: Self = Self {
+        per_dir: usize::MAX,
+        total: usize::MAX,
+    };
+}
+
+/// What a bounded scan found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Discovered {
+    pub regions: Vec<Found>,
+    /// Region files left out by the bounds.
+    pub skipped: usize,
+}
+
 /// Every region file under `root`: `*.cache` files in its subdirectories
 /// (HAMi's layout) and directly in `root`, sorted by path. A subdirectory
 /// that cannot be read is skipped (it may vanish while we scan); `root`
-/// itself must be readable.
+/// itself must be readable. Symlinks are never taken (neither as a
+/// directory nor as a file).
 pub fn discover(root: &Path) -> Result<Vec<Found>, DiscoverError> {
-    let mut out = Vec::new();
+    discover_bounded(root, Bounds::NONE).map(|d| d.regions)
+}
+
+/// [`discover`], taking at most `bounds.per_dir` files of each directory
+/// and `bounds.total` in all.
+pub fn discover_bounded(root: &Path, bounds: Bounds) -> Result<Discovered, DiscoverError> {
+    let mut out = Discovered::default();
+    let mut top = 0;
+    let take = |out: &mut Discovered, in_dir: &mut usize, found: Found| {
+        if *in_dir >= bounds.per_dir || out.regions.len() >= bounds.total {
+            out.skipped += 1;
+        } else {
+            *in_dir += 1;
+            out.regions.push(found);
+        }
+    };
     for entry in read_dir(root)? {
         let path = entry.path();
         let Ok(kind) = entry.file_type() else {
@@ -89,20 +129,23 @@ pub fn discover(root: &Path) -> Result<Vec<Found>, DiscoverError> {
             let Ok(inner) = read_dir(&path) else {
                 continue;
             };
+            let mut in_dir = 0;
             for file in inner {
                 let is_file = file.file_type().map(|t| t.is_file()).unwrap_or(false);
                 if is_file && file.file_name().to_str().is_some_and(is_region_name) {
                     let path = file.path();
-                    out.push(Found {
+                    let found = Found {
                         owner: ContainerRef::of_file(&path),
                         path,
-                    });
+                    };
+                    take(&mut out, &mut in_dir, found);
                 }
             }
         } else if kind.is_file() && entry.file_name().to_str().is_some_and(is_region_name) {
-            out.push(Found { path, owner: None });
+            take(&mut out, &mut top, Found { path, owner: None });
         }
     }
+    out.regions.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
 }
 
@@ -142,6 +185,38 @@ mod tests {
         assert_eq!(owner.container, "main");
         assert_eq!(found[1].owner, None);
         assert_eq!(found[2].owner, None);
+    }
+
+    #[test]
+    fn bounds_cap_each_directory_and_the_scan() {
+        let root = tempfile::tempdir().unwrap();
+        for d in ["a_x", "b_y"] {
+            std::fs::create_dir_all(root.path().join(d)).unwrap();
+            for i in 0..10 {
+                std::fs::write(root.path().join(d).join(format!("{i}.cache")), b"x").unwrap();
+            }
+        }
+        std::os::unix::fs::symlink(root.path().join("a_x"), root.path().join("c_z")).unwrap();
+        let got = discover_bounded(
+            root.path(),
+            Bounds {
+                per_dir: 3,
+                total: 5,
+            },
+        )
+        .unwrap();
+        assert_eq!(got.regions.len(), 5);
+        assert_eq!(got.skipped, 15);
+        let in_a = got
+            .regions
+            .iter()
+            .filter(|f| f.path.starts_with(root.path().join("a_x")));
+        assert_eq!(in_a.count(), 3);
+        assert_eq!(
+            discover(root.path()).unwrap().len(),
+            20,
+            "the symlinked directory is not read"
+        );
     }
 
     #[test]

@@ -84,6 +84,34 @@ pub struct Mappers {
     opaque: bool,
 }
 
+/// Whether one line of `/proc/<pid>/maps` maps inode `ino` of device
+/// `want_dev` (`maps`' `major:minor` hex form).
+fn maps_line_is(line: &str, want_dev: &str, ino: u64) -> bool {
+    let mut f = line.split_ascii_whitespace();
+    let (dev, inode) = (f.nth(3), f.next());
+    dev == Some(want_dev) && inode.and_then(|i| i.parse().ok()) == Some(ino)
+}
+
+fn maps_dev(dev: u64) -> String {
+    format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev))
+}
+
+/// Whether host process `host_pid` maps the region file `(dev, ino)` and
+/// sees itself as `ns_pid` (last `NSpid`): the proof required before a
+/// slot's `hostpid`, which its container can write, is signalled.
+pub fn proves_slot(host_pid: i32, ns_pid: i32, (dev, ino): (u64, u64)) -> bool {
+    if host_pid <= 0 || ns_pid <= 0 {
+        return false;
+    }
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{host_pid}/maps")) else {
+        return false;
+    };
+    let want_dev = maps_dev(dev);
+    maps.lines().any(|l| maps_line_is(l, &want_dev, ino))
+        && innermost_nspid(host_pid) == Some(ns_pid)
+        && proc_alive(i64::from(host_pid))
+}
+
 impl Mappers {
     /// Scans `/proc/*/maps` for mappings of `file`'s inode.
     pub fn scan(file: &File) -> Self {
@@ -91,7 +119,7 @@ impl Mappers {
             return Self::none();
         };
         let (dev, ino) = (meta.dev(), meta.ino());
-        let want_dev = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+        let want_dev = maps_dev(dev);
         let Ok(dir) = std::fs::read_dir("/proc") else {
             return Self::none();
         };
@@ -117,11 +145,7 @@ impl Mappers {
                     continue;
                 }
             };
-            let maps_it = maps.lines().any(|line| {
-                let mut f = line.split_ascii_whitespace();
-                let (dev, inode) = (f.nth(3), f.next());
-                dev == Some(want_dev.as_str()) && inode.and_then(|i| i.parse().ok()) == Some(ino)
-            });
+            let maps_it = maps.lines().any(|l| maps_line_is(l, &want_dev, ino));
             if maps_it && proc_alive(i64::from(pid)) {
                 if let Some(ns) = innermost_nspid(pid) {
                     out.procs
@@ -274,7 +298,17 @@ mod tests {
         let got = m.liveness(me, 0);
         assert!(got.alive, "{got:?}");
         assert_eq!(got.host_pid, Some(me));
+        let md = file.metadata().unwrap();
+        let key = (md.dev(), md.ino());
+        let my_ns = innermost_nspid(me).unwrap();
+        assert!(proves_slot(me, my_ns, key));
+        assert!(!proves_slot(me, my_ns + 1, key), "namespace pid must match");
+        assert!(
+            !proves_slot(me, my_ns, (md.dev(), md.ino() + 1)),
+            "another file"
+        );
         drop(map);
+        assert!(!proves_slot(me, my_ns, key), "no longer mapped");
         let m = Mappers::scan(&file);
         if m.decides(me) {
             assert!(!m.liveness(me, 0).alive);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS, MINOR_VERSION};
-use vgpu_common::view::RegionFile;
+use vgpu_common::region_io::{IoError, RegionIo};
 
 use super::discover::ContainerRef;
 use super::liveness::{Alive, Mappers};
@@ -204,9 +204,15 @@ pub fn owner_liveness(region: &SharedRegion, mappers: &Mappers) -> Option<Alive>
 }
 
 impl RegionSummary {
-    /// Snapshots `file`. `mappers` is a [`Mappers::scan`] of the same file.
-    pub fn read(file: &RegionFile, owner: Option<&ContainerRef>, mappers: &Mappers) -> Self {
-        let r = file.region();
+    /// Snapshots `file` (a copy read with `pread`, never a mapping).
+    /// `mappers` is a [`Mappers::scan`] of the same file.
+    pub fn read(
+        file: &RegionIo,
+        owner: Option<&ContainerRef>,
+        mappers: &Mappers,
+    ) -> Result<Self, IoError> {
+        let snap = file.snapshot()?;
+        let r: &SharedRegion = &snap;
         let device_num = r.device_num.load(SeqCst);
         let proc_num = r.proc_num.load(SeqCst);
         let mut findings = Vec::new();
@@ -290,7 +296,7 @@ impl RegionSummary {
         };
         lock_findings(&lock, &mut findings);
         findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
-        Self {
+        Ok(Self {
             path: file.path().to_owned(),
             pod_uid: owner.map(|o| o.pod_uid.clone()),
             container: owner.map(|o| o.container.clone()),
@@ -307,7 +313,7 @@ impl RegionSummary {
             slots,
             free_slots,
             findings,
-        }
+        })
     }
 }
 

@@ -13,7 +13,7 @@ use crate::daemon::regions::RegionCache;
 
 impl RegionAccess for RegionCache {
     fn limits(&self, key: &FileKey) -> Option<(Limits, u64)> {
-        let r = self.get(key)?.file.region();
+        let r = self.get(key)?.last_snapshot()?;
         if !r.is_initialized() {
             return None;
         }
@@ -33,7 +33,6 @@ impl RegionAccess for RegionCache {
     }
 
     fn restore(&self, key: &FileKey, m: &[LimitMismatch]) -> usize {
-        self.get(key)
-            .map_or(0, |r| enforce::restore(r.file.region(), m))
+        self.get(key).map_or(0, |r| enforce::restore(&r.file, m))
     }
 }

@@ -1,7 +1,7 @@
 //! The checks of one container, run by [`Integrity::scan`]: its regions'
 //! limits, each process's own environment and region, and its usage.
 
-use std::os::unix::fs::MetadataExt as _;
+use crate::regions::open::{open_in_process, Access};
 use std::path::Path;
 
 use super::decide::{self, Holder, Plan};
@@ -155,10 +155,12 @@ impl Integrity {
         if own.region == exp.region {
             return false;
         }
+        // Opened inside the process's root like every path it names: no
+        // symlink, no FIFO, nothing outside the container.
         let key_of = |path: &Path| {
-            std::fs::metadata(self.procfs.resolve(p.pid, path))
+            open_in_process(&self.procfs.dir(p.pid), path, Access::ReadOnly)
                 .ok()
-                .map(|m| (m.dev(), m.ino()))
+                .map(|io| io.key())
         };
         let want = key_of(&exp.region);
         let have = p.region.or_else(|| key_of(&own.region));

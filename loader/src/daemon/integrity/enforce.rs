@@ -2,40 +2,64 @@
 //! killing a process, only once it is proven to be the one meant.
 
 use std::io;
+use std::mem::{offset_of, size_of};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering::SeqCst;
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
-use vgpu_common::region::SharedRegion;
+use vgpu_common::region::{SharedRegion, MAX_DEVICES};
+use vgpu_common::region_io::RegionIo;
 
 use super::expected::normal_sm;
 use crate::daemon::findings::{LimitMismatch, LimitName};
 use crate::daemon::procfs::Procfs;
 
-/// Writes each mismatched limit's expected value back into `region`, only
-/// where the cell still holds what was found (a newer write, an admin's
-/// included, is not overwritten). Returns how many cells it wrote.
-pub fn restore(region: &SharedRegion, mismatches: &[LimitMismatch]) -> usize {
+/// A region's limit cells, as [`restore`] reads and writes them.
+pub trait LimitCells {
+    /// The cell's current value (`None`: unreadable, or no such device).
+    fn read(&self, limit: LimitName, device: usize) -> Option<u64>;
+    /// Stores `value`; false when it could not be written.
+    fn write(&self, limit: LimitName, device: usize, value: u64) -> bool;
+}
+
+/// The cell's offset in the region file.
+fn cell_offset(limit: LimitName, device: usize) -> Option<u64> {
+    if device >= MAX_DEVICES {
+        return None;
+    }
+    let base = match limit {
+        LimitName::MemoryBytes => offset_of!(SharedRegion, limit),
+        LimitName::SmPercent => offset_of!(SharedRegion, sm_limit),
+    };
+    Some((base + device * size_of::<u64>()) as u64)
+}
+
+/// The daemon's regions: each cell read anew with `pread` and written with
+/// `pwrite`, never through a mapping the tenant could truncate.
+impl LimitCells for RegionIo {
+    fn read(&self, limit: LimitName, device: usize) -> Option<u64> {
+        self.read_u64(cell_offset(limit, device)?).ok()
+    }
+    fn write(&self, limit: LimitName, device: usize, value: u64) -> bool {
+        cell_offset(limit, device).is_some_and(|at| self.write_u64(at, value).is_ok())
+    }
+}
+
+/// Writes each mismatched limit's expected value back, only where the cell
+/// still holds what was found (a newer write, an admin's included, is not
+/// overwritten; one racing this read is seen at the next scan, against its
+/// recorded override). Returns how many cells it wrote.
+pub fn restore(cells: &impl LimitCells, mismatches: &[LimitMismatch]) -> usize {
     let mut n = 0;
     for m in mismatches {
-        let cells = match m.limit {
-            LimitName::MemoryBytes => &region.limit,
-            LimitName::SmPercent => &region.sm_limit,
-        };
-        let Some(cell) = cells.get(m.device) else {
+        let Some(now) = cells.read(m.limit, m.device) else {
             continue;
         };
-        let now = cell.load(SeqCst);
         let same = match m.limit {
             LimitName::MemoryBytes => now == m.found,
             LimitName::SmPercent => normal_sm(now) == m.found,
         };
-        if same
-            && cell
-                .compare_exchange(now, m.expected, SeqCst, SeqCst)
-                .is_ok()
-        {
+        if same && cells.write(m.limit, m.device, m.expected) {
             n += 1;
         }
     }
@@ -124,8 +148,13 @@ mod tests {
     #[test]
     fn restore_writes_back_only_what_it_saw() {
         let dir = tempfile::tempdir().unwrap();
-        let f = RegionFile::create_or_open(&dir.path().join("r.cache")).unwrap();
+        let path = dir.path().join("r.cache");
+        let f = RegionFile::create_or_open(&path).unwrap();
         let r = f.region();
+        r.major_version
+            .store(vgpu_common::region::MAJOR_VERSION, Relaxed);
+        r.initialized_flag
+            .store(vgpu_common::region::MAGIC, Relaxed);
         r.limit[0].store(64 << 30, Relaxed);
         r.limit[1].store(5, Relaxed);
         r.sm_limit[2].store(0, Relaxed);
@@ -135,8 +164,14 @@ mod tests {
             expected,
             found,
         };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let io = RegionIo::new(file, &path, true).unwrap();
         let n = restore(
-            r,
+            &io,
             &[
                 m(0, LimitName::MemoryBytes, 1 << 30, 64 << 30),
                 // Changed since it was seen: left alone.
