@@ -16,6 +16,7 @@ say() { printf '\n=== %s\n' "$*"; }
 wait_line() { for ((t = 0; t < $3 * 10; t++)); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "timeout waiting for $2 in $1"; cat "$1"; return 1; }
 metric() { curl -s localhost:9396/metrics | awk -v m="$1" -v p="$2" 'index($0, m"{") == 1 && index($0, "pod_uid=\""p"\"") {print $NF}'; }
 
+exec > >(tee "$OUT/log") 2>&1
 echo "vgpu observe, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 cc -O2 -o "$W/hook_mem" "$ROOT/tests/c/hook_mem.c" -I "$ROOT/tests/c" -DUSE_CUDA_H \
@@ -88,9 +89,16 @@ say "a second container, SM limit 30, beside it; vgpu top"
 container limited 30 20
 wait_line "$W/limited.txt" ready 90
 sleep 6
+nvidia-smi pmon -c 1 -s u
+for i in $(seq 6); do
+    echo "metric unlimited $(metric hami_container_device_utilization_ratio pod-unlimited | head -1)" \
+        "limited $(metric hami_container_device_utilization_ratio pod-limited | head -1)" \
+        "nvidia-smi $(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits)"
+    sleep 0.5
+done
 COLUMNS=150 "$DIST/vgpu" top --root "$W/containers" --state-dir "$W/state" --count 2 --interval 1 --sort sm
 "$DIST/vgpu" top --json --root "$W/containers" --state-dir "$W/state" >"$OUT/top.json"
-curl -s localhost:9396/metrics | grep -E '^(hami_container_device_utilization_ratio|vgpu_sm_limit_percent|hami_host_gpu_utilization_ratio|vgpu_findings|vgpu_untracked_bytes)' | sed -E 's/region="[^"]*",//' 
+curl -s localhost:9396/metrics | grep -E '^(hami_container_device_utilization_ratio|vgpu_sm_limit_percent|hami_host_gpu_utilization_ratio|vgpu_findings|vgpu_untracked_bytes)' | grep -v 'vdevice_index="[1-9]' | sed -E 's/region="[^"]*",//' 
 kill "$hp" "$upid" 2>/dev/null
 kill -INT $dp; wait $dp 2>/dev/null
 cp "$W/daemon.log" "$OUT/daemon.log"
