@@ -14,7 +14,8 @@ LIBCUDA=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 LIBDIR=$(dirname "$LIBCUDA")
 say() { printf '\n=== %s\n' "$*"; }
 wait_line() { for ((t = 0; t < $3 * 10; t++)); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done; echo "timeout waiting for $2 in $1"; cat "$1"; return 1; }
-metric() { curl -s localhost:9396/metrics | awk -v m="$1" -v p="$2" 'index($0, m"{") == 1 && index($0, "pod_uid=\""p"\"") {print $NF}'; }
+# metric NAME POD_UID: its value on device 0.
+metric() { curl -s localhost:9396/metrics | awk -v m="$1" -v p="$2" 'index($0, m"{") == 1 && index($0, "pod_uid=\""p"\"") && index($0, "vdevice_index=\"0\"") {print $NF}'; }
 
 exec > >(tee "$OUT/log") 2>&1
 echo "vgpu observe, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
