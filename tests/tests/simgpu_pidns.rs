@@ -69,17 +69,23 @@ fn hooked(cmd: &mut Command, region: &Path, limit: &str) {
         .env("CUDA_DEVICE_MEMORY_LIMIT", limit);
 }
 
-/// `simgpu_tool alloc BYTES pid hold` started by `launcher` (unshare or
-/// nsenter); returns it running with its (namespace pid, host pid).
+/// `simgpu_tool alloc BYTES [launch busy_1000us 100] pid hold` started by
+/// `launcher` (unshare or nsenter); returns it running with its (namespace
+/// pid, host pid).
 fn holder(
     gpu: &SimGpu,
     mut launcher: Command,
     bytes: u64,
+    busy: bool,
     hook: Option<(&Path, &str)>,
 ) -> (Running, u64, u32) {
     launcher
         .arg(c_program("simgpu_tool"))
-        .args(["alloc", &bytes.to_string(), "pid", "hold"]);
+        .args(["alloc", &bytes.to_string()]);
+    if busy {
+        launcher.args(["launch", "busy_1000us", "100"]);
+    }
+    launcher.args(["pid", "hold"]);
     if let Some((region, limit)) = hook {
         hooked(&mut launcher, region, limit);
     }
@@ -90,14 +96,17 @@ fn holder(
     (r, f[0], f[1] as u32)
 }
 
-/// `simgpu_nvml mem procs` run inside the PID namespace of host pid
-/// `target` (or on the host for `None`): the memory line and the listed
-/// `(pid, bytes)`.
-fn nvml_view(
-    gpu: &SimGpu,
-    target: Option<u32>,
-    hook: Option<(&Path, &str)>,
-) -> (Vec<u64>, Vec<(u64, u64)>) {
+/// What `simgpu_nvml mem procs putil 1500000` prints: the memory line, the
+/// listed `(pid, bytes)` and the PIDs of the utilization samples.
+struct NvmlView {
+    mem: Vec<u64>,
+    procs: Vec<(u64, u64)>,
+    sampled: Vec<u64>,
+}
+
+/// [`NvmlView`] from inside the PID namespace of host pid `target` (or on
+/// the host for `None`).
+fn nvml_view(gpu: &SimGpu, target: Option<u32>, hook: Option<(&Path, &str)>) -> NvmlView {
     let client = c_program("simgpu_nvml");
     let mut cmd = match target {
         Some(pid) => {
@@ -108,7 +117,7 @@ fn nvml_view(
         }
         None => Command::new(client),
     };
-    cmd.args(["mem", "procs"]);
+    cmd.args(["mem", "procs", "putil", "1500000"]);
     if let Some((region, limit)) = hook {
         hooked(&mut cmd, region, limit);
     }
@@ -139,7 +148,17 @@ fn nvml_view(
         .collect();
     assert_eq!(procs.len() as u64, n, "{text}");
     procs.sort();
-    (mem, procs)
+    let mut sampled: Vec<u64> = text
+        .lines()
+        .filter(|l| l.starts_with("sample "))
+        .map(|l| fields(l)[0])
+        .collect();
+    sampled.sort();
+    NvmlView {
+        mem,
+        procs,
+        sampled,
+    }
 }
 
 #[test]
@@ -152,20 +171,22 @@ fn nvml_inside_a_container_lists_its_own_processes_with_namespace_pids() {
         c.args(["--pid", "--fork", "--mount-proc"]);
         c
     };
-    // Container A (hooked, 1 GiB): two processes. Container B (no hook):
-    // one. And one process on the host.
-    let (a1, a1_ns, a1_host) = holder(&gpu, unshare(), M, Some((&region_a, "1g")));
+    // Container A (hooked, 1 GiB): two processes, the first ran kernels.
+    // Container B (no hook): one, idle. And a process on the host that ran
+    // kernels.
+    let (a1, a1_ns, a1_host) = holder(&gpu, unshare(), M, true, Some((&region_a, "1g")));
     let mut enter_a = Command::new("nsenter");
     enter_a.args(["--target", &a1_host.to_string(), "--pid", "--"]);
-    let (a2, a2_ns, a2_host) = holder(&gpu, enter_a, 2 * M, Some((&region_a, "1g")));
-    let (b, b_ns, b_host) = holder(&gpu, unshare(), 3 * M, None);
-    let (h, h_pid, h_host) = holder(&gpu, Command::new("env"), 4 * M, None);
+    let (a2, a2_ns, a2_host) = holder(&gpu, enter_a, 2 * M, false, Some((&region_a, "1g")));
+    let (b, b_ns, b_host) = holder(&gpu, unshare(), 3 * M, false, None);
+    let (h, h_pid, h_host) = holder(&gpu, Command::new("env"), 4 * M, true, None);
     assert_eq!((a1_ns, b_ns), (1, 1));
     assert_ne!(a2_ns, 1);
     assert_eq!(h_pid, u64::from(h_host));
 
     // From the host: everyone, by host PID.
-    let (_, all) = nvml_view(&gpu, None, None);
+    let host = nvml_view(&gpu, None, None);
+    let all = host.procs;
     let mut expect = vec![
         (u64::from(a1_host), CTX + M),
         (u64::from(a2_host), CTX + 2 * M),
@@ -174,6 +195,9 @@ fn nvml_inside_a_container_lists_its_own_processes_with_namespace_pids() {
     ];
     expect.sort();
     assert_eq!(all, expect);
+    let mut busy = vec![u64::from(a1_host), u64::from(h_host)];
+    busy.sort();
+    assert_eq!(host.sampled, busy, "utilization samples on the host");
 
     // Inside A, with and without the hook: exactly A's two processes,
     // namespace PIDs, the driver's memory figures.
@@ -182,10 +206,17 @@ fn nvml_inside_a_container_lists_its_own_processes_with_namespace_pids() {
         v.sort();
         v
     };
-    let (_, plain) = nvml_view(&gpu, Some(a1_host), None);
-    assert_eq!(plain, a_expect, "inside A, no hook");
-    let (mem, under_hook) = nvml_view(&gpu, Some(a1_host), Some((&region_a, "1g")));
-    assert_eq!(under_hook, a_expect, "inside A, under the hook");
+    let plain = nvml_view(&gpu, Some(a1_host), None);
+    assert_eq!(plain.procs, a_expect, "inside A, no hook");
+    assert_eq!(plain.sampled, [1], "utilization samples inside A");
+    let hooked_a = nvml_view(&gpu, Some(a1_host), Some((&region_a, "1g")));
+    assert_eq!(hooked_a.procs, a_expect, "inside A, under the hook");
+    assert_eq!(
+        hooked_a.sampled,
+        [1],
+        "utilization samples inside A, hooked"
+    );
+    let mem = hooked_a.mem;
     // ...while the device's memory shows the container's limit and usage.
     assert_eq!(
         mem[0],
@@ -198,16 +229,17 @@ fn nvml_inside_a_container_lists_its_own_processes_with_namespace_pids() {
         "used under the hook is the container's: {mem:?}"
     );
 
-    // Inside B: only B's process.
-    let (_, in_b) = nvml_view(&gpu, Some(b_host), None);
-    assert_eq!(in_b, vec![(1, CTX + 3 * M)], "inside B");
-    let (_, in_b_hooked) = nvml_view(
+    // Inside B: only B's process; B ran nothing, so no sample at all.
+    let in_b = nvml_view(&gpu, Some(b_host), None);
+    assert_eq!(in_b.procs, vec![(1, CTX + 3 * M)], "inside B");
+    assert!(in_b.sampled.is_empty(), "inside B: {:?}", in_b.sampled);
+    let in_b_hooked = nvml_view(
         &gpu,
         Some(b_host),
         Some((&dir.path().join("b.cache"), "2g")),
     );
     assert_eq!(
-        in_b_hooked,
+        in_b_hooked.procs,
         vec![(1, CTX + 3 * M)],
         "inside B, under the hook"
     );

@@ -1,6 +1,5 @@
-//! Per-process queries: running compute processes (PIDs as the caller's
-//! PID namespace sees them, memory) and per-process utilization samples
-//! (host PIDs).
+//! Per-process queries: running compute processes (memory) and per-process
+//! utilization samples, with PIDs as the caller's PID namespace sees them.
 
 use crate::{guard, index, put, with, NvmlDevice, NvmlErr, NvmlReturn};
 
@@ -199,9 +198,11 @@ pub struct ProcessUtilizationSample {
     dec_util: u32,
 }
 
-/// `nvmlDeviceGetProcessUtilization`: one sample per process (host PID)
-/// that ran kernels after `lastSeenTimeStamp` (µs since the epoch; 0 = all
-/// buffered). `smUtil` is the process's share of the last
+/// `nvmlDeviceGetProcessUtilization`: one sample per process that ran
+/// kernels after `lastSeenTimeStamp` (µs since the epoch; 0 = all
+/// buffered), PIDs as for the process list (R580 on an H100: `nvidia-smi
+/// pmon` inside a container shows its process as PID 1 and hides the
+/// host's). `smUtil` is the process's share of the last
 /// `SIMGPU_SAMPLE_MS`; `timeStamp` is when its latest kernel activity
 /// ended. No process: `NVML_ERROR_NOT_FOUND`, as the real library.
 #[no_mangle]
@@ -211,6 +212,7 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     count: *mut u32,
     last_seen: u64,
 ) -> NvmlReturn {
+    let caller_ns = simgpu::pids::pid_ns_inode();
     guard(|| {
         let items: Vec<ProcessUtilizationSample> = with(|s| {
             let i = index(s, dev)?;
@@ -221,16 +223,23 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
                 simgpu::clock::real_us_to_mono(last_seen)
             };
             let mut by_pid: Vec<ProcessUtilizationSample> = Vec::new();
-            for p in simgpu::timeline::process_busy(s.client.shm(), i, since, window) {
+            let shm = s.client.shm();
+            for p in simgpu::timeline::process_busy(shm, i, since, window) {
+                let Some(sl) = shm.slot(p.slot) else { continue };
+                let ns_pid = sl.ns_pid.load(std::sync::atomic::Ordering::Relaxed);
+                let pid_ns = sl.pid_ns.load(std::sync::atomic::Ordering::Relaxed);
+                let Some(pid) = simgpu::pids::visible_pid(caller_ns, p.pid, ns_pid, pid_ns) else {
+                    continue;
+                };
                 let util = ((p.busy_ns * 100 + window / 2) / window).min(100) as u32;
                 let ts = simgpu::clock::mono_to_real_us(p.last_active);
-                match by_pid.iter_mut().find(|x| x.pid == p.pid) {
+                match by_pid.iter_mut().find(|x| x.pid == pid) {
                     Some(x) => {
                         x.sm_util = (x.sm_util + util).min(100);
                         x.time_stamp = x.time_stamp.max(ts);
                     }
                     None => by_pid.push(ProcessUtilizationSample {
-                        pid: p.pid,
+                        pid,
                         time_stamp: ts,
                         sm_util: util,
                         mem_util: util / 2,
