@@ -513,7 +513,8 @@ fn value_of(text: &str, name: &str, pod: &str) -> Option<f64> {
 /// (a `no_region` finding): every container's utilization is in `/metrics`
 /// within 5 points of what the simulator says each used, the unlimited
 /// container's slot carries it for HAMi's monitor, `vgpu top --json` shows
-/// both, and the Grafana dashboard names only what `/metrics` has.
+/// both with the daemon's measurement, and the Grafana dashboard names only
+/// what `/metrics` has.
 #[test]
 fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
     let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
@@ -671,6 +672,7 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
     assert!(out.status.success(), "{out:?}");
     let top: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(top["daemon"], true, "{top:#}");
+    assert_eq!(top["daemon_utilization"], true, "{top:#}");
     let rows = top["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{top:#}");
     for (p, host) in PODS.iter().zip(&host_pids) {
@@ -684,6 +686,9 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
             row["memory_used_bytes"].as_u64().unwrap() >= 64 << 20,
             "{row:#}"
         );
+        // The daemon's measurement (the limited container's slot holds the
+        // hook's, which may differ).
+        assert_eq!(row["sm_util_source"], "daemon", "{row:#}");
         assert!(row["sm_util_percent"].as_u64().unwrap() > 0, "{row:#}");
         let procs = row["processes"].as_array().unwrap();
         assert_eq!(procs.len(), 1, "{row:#}");

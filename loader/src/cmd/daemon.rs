@@ -12,7 +12,7 @@ use tokio::time::MissedTickBehavior;
 use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
 
 use crate::daemon::check::{Thresholds, MIB};
-use crate::daemon::findings::{write_state, FILE_NAME};
+use crate::daemon::findings::{write_state, write_state_file, FILE_NAME};
 use crate::daemon::http::{self, Published, Shared};
 use crate::daemon::integrity::decide::Policy;
 use crate::daemon::integrity::spec::{SpecPattern, DEFAULT_SPECS};
@@ -242,7 +242,10 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             _ = scan.tick() => {
                 let out = obs.scan();
                 tracing::trace!("scan: {} finding(s)", out.findings);
-                match write_state(&args.state_dir, &out.findings_json) {
+                let util = crate::daemon::utilization::FILE_NAME;
+                match write_state(&args.state_dir, &out.findings_json)
+                    .and_then(|()| write_state_file(&args.state_dir, util, &out.utilization_json))
+                {
                     Ok(()) => state_warned = false,
                     Err(e) if !state_warned => {
                         tracing::warn!("{e}");

@@ -1,20 +1,26 @@
 //! `vgpu top`: a live per-node view of every container on every GPU.
 
 use std::io::{IsTerminal as _, Write as _};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 
+use crate::daemon::findings::read_state_file;
+use crate::daemon::utilization::{State, FILE_NAME as UTILIZATION};
 use crate::regions::discover::{discover, ContainerRef, Found, DEFAULT_ROOT};
-use crate::regions::top::{rows, sort, table, Row, SortKey};
+use crate::regions::top::{rows, sort, table, Input, Row, SortKey};
+
+/// The daemon's measurements are used while at most this old.
+const FRESH_MS: u64 = 5_000;
 
 /// Live view of the node: one row per container and device.
 ///
-/// Each row shows memory used / limit, SM utilization / SM limit (percent;
-/// `sm_util` from the regions: the hook's measurement for SM-limited
-/// containers, the daemon's NVML sample for the others), the processes
+/// Each row shows memory used / limit, SM utilization / SM limit (percent:
+/// `vgpu daemon`'s per-container NVML measurement from its state directory
+/// when fresh, else the slots' `sm_util`), the processes
 /// using the device and findings (the region's own, as `vgpu inspect`, and
 /// `vgpu daemon`'s about the container when its state directory is there).
 /// Reads the region files and the daemon's findings file only; attaches
@@ -61,6 +67,8 @@ struct Snapshot {
     errors: Vec<(PathBuf, String)>,
     /// Whether the daemon's findings file was read.
     daemon: bool,
+    /// Whether the daemon's utilization file was read (and fresh).
+    daemon_utilization: bool,
 }
 
 fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
@@ -83,22 +91,43 @@ fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
         (None, Some(root)) => discover(root).map_err(|e| anyhow::anyhow!("{e}"))?,
         (None, None) => Vec::new(),
     };
-    let mut summaries = Vec::new();
+    let now = crate::daemon::findings::now_ms();
+    let util: Option<State> = read_state_file(&args.state_dir, UTILIZATION)
+        .filter(|s: &State| now.saturating_sub(s.updated_unix_ms) <= FRESH_MS);
+    let mut inputs = Vec::new();
     let mut errors = Vec::new();
     for f in &found {
         match super::inspect::summarize(f, root) {
-            Ok(s) => summaries.push(s),
+            Ok(summary) => {
+                // The daemon keys regions by inode, whatever path names them.
+                let key = std::fs::symlink_metadata(&f.path)
+                    .ok()
+                    .map(|m| (m.dev(), m.ino()));
+                let measured = util
+                    .as_ref()
+                    .zip(key)
+                    .map(|(u, k)| {
+                        summary
+                            .devices
+                            .iter()
+                            .filter_map(|d| u.get(k, d.index).map(|p| (d.index, p)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                inputs.push(Input { summary, measured });
+            }
             Err(e) => errors.push((f.path.clone(), e)),
         }
     }
     let daemon = crate::daemon::findings::read_state(&args.state_dir);
-    let mut rs = rows(&summaries, daemon.as_ref());
+    let mut rs = rows(&inputs, daemon.as_ref());
     sort(&mut rs, args.sort);
     Ok(Snapshot {
-        updated_unix_ms: crate::daemon::findings::now_ms(),
+        updated_unix_ms: now,
         rows: rs,
         errors,
         daemon: daemon.is_some(),
+        daemon_utilization: util.is_some(),
     })
 }
 

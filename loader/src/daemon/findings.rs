@@ -154,12 +154,17 @@ pub fn to_json(findings: &[Finding], now_ms: u64) -> String {
 /// Replaces `<dir>/findings.json` with `json` atomically (temp file +
 /// rename), so a reader never sees a torn file.
 pub fn write_state(dir: &Path, json: &str) -> Result<(), StateError> {
+    write_state_file(dir, FILE_NAME, json)
+}
+
+/// Writes `<dir>/<name>` the same way (temp file + rename: never torn).
+pub fn write_state_file(dir: &Path, name: &str, json: &str) -> Result<(), StateError> {
     std::fs::create_dir_all(dir).map_err(|source| StateError::Dir {
         path: dir.to_owned(),
         source,
     })?;
-    let path = dir.join(FILE_NAME);
-    let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
     let werr = |source| StateError::Write {
         path: path.clone(),
         source,
@@ -173,7 +178,12 @@ pub fn write_state(dir: &Path, json: &str) -> Result<(), StateError> {
 /// The findings file under `dir` as JSON, if present and valid (for
 /// `vgpu inspect --json`).
 pub fn read_state(dir: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(dir.join(FILE_NAME)).ok()?;
+    read_state_file(dir, FILE_NAME)
+}
+
+/// `<dir>/<name>` parsed, if present and valid.
+pub fn read_state_file<T: serde::de::DeserializeOwned>(dir: &Path, name: &str) -> Option<T> {
+    let text = std::fs::read_to_string(dir.join(name)).ok()?;
     serde_json::from_str(&text).ok()
 }
 

@@ -77,7 +77,10 @@ impl NvmlView {
                 process_util: None,
             };
             let now_us = unix_us();
-            let since = self.last_seen.get(&index).copied().unwrap_or(0);
+            let since = self
+                .last_seen
+                .get(&index)
+                .map_or(0, |&prev| prev.min(now_us.saturating_sub(MIN_SPAN_US)));
             let util = match dev.process_utilization_stats(since) {
                 Ok(v) => Some(v.into_iter().map(|u| (u.pid, u.sm_util)).collect()),
                 // No process ran since `since`.
@@ -108,6 +111,11 @@ impl NvmlView {
         out
     }
 }
+
+/// Per-process samples cover at least this span: NVML samples a few times a
+/// second, and on an H100 a 0.5 s span of two time-sliced processes swung
+/// between 0 and 50 % for a 30 % one.
+const MIN_SPAN_US: u64 = 1_000_000;
 
 fn unix_us() -> u64 {
     SystemTime::now()

@@ -21,7 +21,7 @@ use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::Procfs;
 use super::regions::RegionCache;
-use super::utilization::{daemon_publishes, SlotProc, Utilization};
+use super::utilization::{self, daemon_publishes, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
 use crate::regions::open::{open_under, Access};
@@ -83,6 +83,8 @@ pub struct ScanOutput {
     pub metrics: String,
     pub findings_json: String,
     pub findings: usize,
+    /// [`super::utilization::State`] as JSON.
+    pub utilization_json: String,
 }
 
 /// The daemon.
@@ -322,7 +324,8 @@ impl Observer {
         });
         out.sort_by(|a, b| (a.kind.name(), a.pid).cmp(&(b.kind.name(), b.pid)));
 
-        let regions = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
+        let (regions, measured) =
+            self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
         self.cache.evict_idle(Duration::from_secs(60));
         let mut untracked: HashMap<Identity, u64> = HashMap::new();
         for f in &out {
@@ -350,6 +353,12 @@ impl Observer {
             metrics: metrics::render(&snap, &self.counters),
             findings_json: findings::to_json(&out, now_ms),
             findings: out.len(),
+            utilization_json: serde_json::to_string(&utilization::State {
+                version: 1,
+                updated_unix_ms: now_ms,
+                regions: measured,
+            })
+            .unwrap_or_default(),
         }
     }
 
@@ -556,7 +565,10 @@ impl Observer {
     /// One view per open region. `devices` (NVML) gives each container's
     /// utilization; it is also written into the slots of devices the region
     /// does not SM-limit.
-    fn region_views(&mut self, devices: &[DeviceSample]) -> Vec<RegionView> {
+    fn region_views(
+        &mut self,
+        devices: &[DeviceSample],
+    ) -> (Vec<RegionView>, Vec<utilization::Measured>) {
         self.pods.refresh();
         let util = Utilization::new(
             devices,
@@ -569,6 +581,7 @@ impl Observer {
             }),
         );
         let mut views = Vec::new();
+        let mut measured = Vec::new();
         for (key, r) in self.cache.iter() {
             let Some(region) = r.last_snapshot() else {
                 continue;
@@ -611,9 +624,16 @@ impl Observer {
                 ("region".to_owned(), r.shown_path.display().to_string()),
             ];
             let mut devices = region_devices(region);
+            let mut m = utilization::Measured {
+                dev: key.0,
+                ino: key.1,
+                region: r.shown_path.display().to_string(),
+                devices: Vec::new(),
+            };
             for d in &mut devices {
                 if let Some(u) = util.container(key, &d.uuid, d.index) {
                     d.sm_util = u;
+                    m.devices.push((d.index, u));
                 }
                 if daemon_publishes(d.sm_limit) {
                     for (slot, host_pid, pct) in util.per_slot(key, &d.uuid, d.index) {
@@ -623,6 +643,9 @@ impl Observer {
                     }
                 }
             }
+            if !m.devices.is_empty() {
+                measured.push(m);
+            }
             views.push(RegionView {
                 labels,
                 devices,
@@ -631,7 +654,8 @@ impl Observer {
             });
         }
         views.sort_by(|a, b| a.labels.cmp(&b.labels));
-        views
+        measured.sort_by(|a, b| a.region.cmp(&b.region));
+        (views, measured)
     }
 
     fn count_lost(&mut self) {

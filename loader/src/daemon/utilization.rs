@@ -13,6 +13,43 @@ use std::collections::HashMap;
 use super::nvml::DeviceSample;
 use super::regions::RegionKey;
 
+/// The state file with the last scan's measurements (for `vgpu top`).
+pub const FILE_NAME: &str = "utilization.json";
+
+/// One region's measured devices, as written to [`FILE_NAME`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Measured {
+    /// The region file's `st_dev` and `st_ino`: the same file whatever path
+    /// names it.
+    pub dev: u64,
+    pub ino: u64,
+    /// The path as the daemon shows it (`region` label).
+    pub region: String,
+    /// `(device index, percent)`.
+    pub devices: Vec<(usize, u64)>,
+}
+
+/// [`FILE_NAME`]'s content.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct State {
+    pub version: u32,
+    pub updated_unix_ms: u64,
+    pub regions: Vec<Measured>,
+}
+
+impl State {
+    /// Percent for region file `(dev, ino)`'s device `index`, if measured.
+    pub fn get(&self, key: RegionKey, index: usize) -> Option<u64> {
+        self.regions
+            .iter()
+            .find(|m| (m.dev, m.ino) == key)?
+            .devices
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, p)| *p)
+    }
+}
+
 /// A CUDA process matched to its slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotProc {
@@ -169,6 +206,26 @@ mod tests {
             u.per_slot(&A, "GPU-bbbb", 1),
             vec![(0, 100, 100), (1, 101, 50)]
         );
+    }
+
+    #[test]
+    fn the_state_file_finds_a_region_by_its_inode() {
+        let s = State {
+            version: 1,
+            updated_unix_ms: 5,
+            regions: vec![Measured {
+                dev: 1,
+                ino: 10,
+                region: "/r".into(),
+                devices: vec![(0, 42), (2, 7)],
+            }],
+        };
+        let back: State = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(s.get((1, 10), 0), Some(42));
+        assert_eq!(s.get((1, 10), 2), Some(7));
+        assert_eq!(s.get((1, 10), 1), None);
+        assert_eq!(s.get((2, 10), 0), None);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `vgpu top`'s rows: one per container (region) and device, built from
-//! region snapshots and the daemon's findings file. Pure: no I/O here.
+//! region snapshots, the daemon's utilization measurements and its findings
+//! file. Pure: no I/O here.
 
 use std::cmp::Reverse;
 
@@ -28,8 +29,11 @@ pub struct Row {
     pub memory_used_bytes: u64,
     /// 0: no limit.
     pub memory_limit_bytes: u64,
-    /// Sum of the slots' `sm_util` (percent, capped at 100).
+    /// SM utilization, percent: the daemon's measurement when it has one,
+    /// else the sum of the slots' `sm_util` (capped at 100).
     pub sm_util_percent: u64,
+    /// `daemon` or `slots`: where `sm_util_percent` comes from.
+    pub sm_util_source: &'static str,
     /// 100: no limit.
     pub sm_limit_percent: u64,
     pub processes: Vec<RowProcess>,
@@ -72,14 +76,23 @@ fn daemon_finding_matches(f: &serde_json::Value, s: &RegionSummary) -> bool {
     }
 }
 
+/// One region and what the daemon measured of it.
+#[derive(Debug, Clone)]
+pub struct Input {
+    pub summary: RegionSummary,
+    /// `(device index, percent)` from the daemon's last scan (empty: none).
+    pub measured: Vec<(usize, u64)>,
+}
+
 /// The rows of these regions; `daemon` is the daemon's findings file.
-pub fn rows(regions: &[RegionSummary], daemon: Option<&serde_json::Value>) -> Vec<Row> {
+pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
     let daemon_findings: &[serde_json::Value] = daemon
         .and_then(|d| d.get("findings"))
         .and_then(|f| f.as_array())
         .map_or(&[], |v| v.as_slice());
     let mut out = Vec::new();
-    for s in regions {
+    for input in regions {
+        let s = &input.summary;
         for d in &s.devices {
             let mut processes = Vec::new();
             let mut util = 0u64;
@@ -111,6 +124,11 @@ pub fn rows(regions: &[RegionSummary], daemon: Option<&serde_json::Value>) -> Ve
                     .filter_map(|f| f.get("kind").and_then(|k| k.as_str()))
                     .map(str::to_owned),
             );
+            let measured = input
+                .measured
+                .iter()
+                .find(|(i, _)| *i == d.index)
+                .map(|(_, p)| *p);
             out.push(Row {
                 pod_uid: s.pod_uid.clone(),
                 container: s.container.clone(),
@@ -119,7 +137,12 @@ pub fn rows(regions: &[RegionSummary], daemon: Option<&serde_json::Value>) -> Ve
                 uuid: d.uuid.clone(),
                 memory_used_bytes: d.used_bytes,
                 memory_limit_bytes: d.limit_bytes,
-                sm_util_percent: util.min(100),
+                sm_util_percent: measured.unwrap_or(util).min(100),
+                sm_util_source: if measured.is_some() {
+                    "daemon"
+                } else {
+                    "slots"
+                },
                 sm_limit_percent: sm_limit(d.sm_limit_percent),
                 processes,
                 findings,
@@ -213,6 +236,7 @@ mod tests {
             memory_used_bytes: mem,
             memory_limit_bytes: 1 << 30,
             sm_util_percent: sm,
+            sm_util_source: "slots",
             sm_limit_percent: 100,
             processes: (0..procs)
                 .map(|i| RowProcess {
@@ -224,6 +248,80 @@ mod tests {
                 .collect(),
             findings: Vec::new(),
         }
+    }
+
+    fn summary(slot_util: u64) -> RegionSummary {
+        use super::super::summary::{DeviceSummary, LockSummary, SlotSummary, SlotUsage};
+        RegionSummary {
+            path: "/r/p_c/x.cache".into(),
+            pod_uid: Some("p".into()),
+            container: Some("c".into()),
+            major_version: 1,
+            minor_version: 2,
+            device_num: 1,
+            devices: vec![DeviceSummary {
+                index: 0,
+                uuid: "GPU-x".into(),
+                limit_bytes: 1 << 30,
+                sm_limit_percent: 30,
+                used_bytes: 100,
+            }],
+            proc_num: 1,
+            priority: 1,
+            utilization_switch: 0,
+            recent_kernel: 0,
+            last_kernel_time: 0,
+            lock: LockSummary {
+                owner_pid: 0,
+                held: None,
+                owner: None,
+                sem_value: 1,
+                sem_postinit_value: 1,
+            },
+            slots: vec![SlotSummary {
+                index: 0,
+                pid: 1,
+                hostpid: 4711,
+                alive: None,
+                status: 1,
+                status_name: "running",
+                usage: vec![SlotUsage {
+                    device: 0,
+                    context_bytes: 0,
+                    module_bytes: 0,
+                    data_bytes: 100,
+                    total_bytes: 100,
+                    monitor_used_bytes: 0,
+                    sm_util: slot_util,
+                }],
+            }],
+            free_slots: 0,
+            findings: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_daemons_measurement_wins_over_the_slots() {
+        let daemon = serde_json::json!({"findings": [
+            {"kind": "no_region", "pod_uid": "p"},
+            {"kind": "over_limit", "pod_uid": "other"},
+        ]});
+        let measured = Input {
+            summary: summary(0),
+            measured: vec![(0, 33)],
+        };
+        let r = &rows(&[measured], Some(&daemon))[0];
+        assert_eq!((r.sm_util_percent, r.sm_util_source), (33, "daemon"));
+        assert_eq!((r.sm_limit_percent, r.memory_used_bytes), (30, 100));
+        assert_eq!(r.findings, ["no_region"]);
+        assert_eq!(r.processes[0].hostpid, 4711);
+        let slots = Input {
+            summary: summary(12),
+            measured: Vec::new(),
+        };
+        let r = &rows(&[slots], None)[0];
+        assert_eq!((r.sm_util_percent, r.sm_util_source), (12, "slots"));
+        assert!(r.findings.is_empty());
     }
 
     #[test]
