@@ -356,7 +356,7 @@ fn promql_names(expr: &str) -> (Vec<String>, Vec<String>) {
             }
             if braces > 0 || label_list {
                 labels.push(word);
-            } else if label_values_arg == Some(parens) && metrics.len() > 0 && next == Some(')') {
+            } else if label_values_arg == Some(parens) && !metrics.is_empty() && next == Some(')') {
                 labels.push(word);
                 label_values_arg = None;
             } else if KEYWORDS.contains(&word.as_str()) {
