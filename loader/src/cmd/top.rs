@@ -133,11 +133,12 @@ fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
 
 fn frame(s: &Snapshot, width: usize, sort: SortKey) -> String {
     let secs = s.updated_unix_ms / 1000;
-    let containers = {
-        let mut n: Vec<&str> = s.rows.iter().map(|r| r.region.as_str()).collect();
-        n.dedup();
-        n.len()
-    };
+    let containers = s
+        .rows
+        .iter()
+        .map(|r| r.region.as_str())
+        .collect::<std::collections::HashSet<_>>()
+        .len();
     let mut out = format!(
         "vgpu top: {containers} container(s), {} row(s), {:02}:{:02}:{:02} UTC, sort {sort:?}, daemon findings {}\n",
         s.rows.len(),
