@@ -5,6 +5,7 @@
 //! over a region file, the region lock).
 #![cfg_attr(not(feature = "std"), no_std)]
 
+pub mod entry;
 pub mod env;
 pub mod event;
 pub mod paths;

@@ -7,9 +7,6 @@
 #[macro_use]
 mod log;
 #[macro_use]
-#[path = "exports/list.rs"]
-mod list;
-#[macro_use]
 pub mod real;
 
 pub mod config;
