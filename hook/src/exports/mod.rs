@@ -81,7 +81,8 @@ macro_rules! gen_exports {
             None
         }
 
-        /// Every hooked name, for tests and docs.
+        /// Every hooked name, for tests.
+        #[cfg(test)]
         pub const HOOKED: &[&str] = &[$(stringify!($ch),)* $(stringify!($nh),)*];
     };
 }
