@@ -1,5 +1,6 @@
-//! Names of the environment variables vgpu reads. They are HAMi-core's
-//! (spec §1.1), so a container set up for HAMi works unchanged.
+//! Names of the environment variables vgpu reads. They are the ones
+//! HAMi-core's `libvgpu.so` reads (<https://github.com/Project-HAMi/HAMi-core>), so a container
+//! set up for HAMi works unchanged.
 
 /// Memory limit for every device; `_<N>` suffixed variants override per device.
 pub const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";

@@ -578,3 +578,63 @@ fn allocations_behind_the_hook_are_findings() {
         "{line}"
     );
 }
+
+/// The programs' rare diagnostics (aya-log) reach the daemon's log: with
+/// room for one process, a second one's calls find the per-process maps
+/// full; that is counted, and its first occurrence is logged.
+#[test]
+fn a_full_probe_map_is_logged_by_the_daemon() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::new();
+    let daemon = Daemon::start(&fx, &gpu, &["--max-procs", "1"]);
+    assert!(!daemon.log_text().contains("procs_full"));
+    let cgroups = [
+        Cgroup::unique("daemon-full-a"),
+        Cgroup::unique("daemon-full-b"),
+    ];
+    let mut procs: Vec<ContainerProcess> = (0..2)
+        .map(|i| fx.spawn(&gpu, &cgroups[i], &format!("full{i}"), false, &["8"]))
+        .collect();
+    for (i, p) in procs.iter_mut().enumerate() {
+        p.send_line("go");
+        fx.mark(&format!("full{i}"), "allocated", Duration::from_secs(30));
+    }
+    let want = "procs_full (first time on this CPU";
+    let t = Instant::now();
+    while !daemon.log_text().contains(want) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no diagnostic in the daemon's log: {}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The counter behind it is exported at the next scan.
+    let lost = || {
+        sample(
+            &daemon.metrics(),
+            "vgpu_probe_lost_events_total",
+            &[("reason", "procs_full")],
+        )
+        .unwrap_or(0.0)
+    };
+    while lost() < 1.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{}",
+            daemon.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for p in procs {
+        p.wait();
+    }
+    let log = daemon.stop();
+    let line = log.lines().find(|l| l.contains(want)).unwrap();
+    eprintln!("{line}");
+    assert!(line.contains("WARN"), "{line}");
+    // Once per CPU at most, though every call of the second process missed.
+    // SAFETY: sysconf has no memory arguments.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+    assert!(log.matches(want).count() <= cpus, "{log}");
+}

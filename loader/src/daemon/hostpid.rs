@@ -1,5 +1,5 @@
 //! Host-PID fill: the hook registers its slot under its namespace PID and
-//! cannot know its host PID (spec §2.8); the daemon sees both in libcuda and
+//! cannot know its host PID inside a PID namespace; the daemon sees both in libcuda and
 //! writes `hostpid` into the slot, so NVML's per-process samples (keyed by
 //! host PID) can be attributed to it.
 

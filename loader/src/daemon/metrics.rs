@@ -1,4 +1,5 @@
-//! Prometheus text: HAMi monitor's metric names (spec §8) fed from the
+//! Prometheus text: the metric names of HAMi's vGPU monitor
+//! (`cmd/vGPUmonitor/metrics.go`, <https://github.com/Project-HAMi/HAMi>) fed from the
 //! regions and NVML, plus vgpu's own. A fresh registry is built for every
 //! scan and rendered once, so a scrape never sees a half-updated set and
 //! series of gone containers disappear; counters live across scans.

@@ -183,6 +183,7 @@ impl Observer {
     /// Fast job: new processes from the probe maps, host-PID fills and
     /// re-checks, forgetting the dead.
     pub fn poll(&mut self) -> Result<(), ProbeError> {
+        self.probes.flush_diagnostics();
         for (caller, counts) in self.probes.procs()? {
             let tgid = caller.host_tgid;
             let p = self.procs.entry(tgid).or_insert_with(|| Proc {
