@@ -565,9 +565,9 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
         false,
     );
     // No hook at all (an empty LD_PRELOAD replaces the fixture's), under
-    // a shell so that it is not PID 1 of its namespace: the others are, in
-    // theirs, and slots are found by namespace PID alone (issue 17 item 7,
-    // not this test's), so it would be taken for one of them.
+    // a shell so that it is not PID 1 of its namespace (a PID 1 without the
+    // hook beside hooked PID 1s of other namespaces is daemon_observer's
+    // two-namespace test).
     let mut bare = fx.spawn(
         &gpu,
         &ctr,

@@ -19,7 +19,7 @@ use super::libs::LibWatch;
 use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
 use super::nvml::{NvmlView, Sample};
 use super::pods::PodNames;
-use super::procfs::Procfs;
+use super::procfs::{ProcIdentity, Procfs};
 use super::regions::RegionCache;
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
@@ -74,6 +74,8 @@ struct Proc {
     nvml_only: bool,
     slot: Option<SlotRef>,
     miss: Option<Miss>,
+    /// What its slot must record (read from `/proc` once).
+    me: Option<ProcIdentity>,
 }
 
 /// What one scan publishes.
@@ -193,6 +195,7 @@ impl Observer {
                 nvml_only: false,
                 slot: None,
                 miss: None,
+                me: None,
             });
             if p.nvml_only {
                 p.nvml_only = false;
@@ -215,12 +218,16 @@ impl Observer {
                     p.caller.cgroup_id,
                 ));
             }
-            let ns_pid = match p.caller.ns_tgid {
-                0 => self.procfs.ns_pid(tgid).unwrap_or(tgid),
-                n => n,
-            };
+            let procfs = &self.procfs;
+            let me = *p.me.get_or_insert_with(|| {
+                let ns_pid = match p.caller.ns_tgid {
+                    0 => procfs.ns_pid(tgid).unwrap_or(tgid),
+                    n => n,
+                };
+                procfs.identity(tgid, ns_pid)
+            });
             if let Some(at) = p.slot {
-                match hostpid::refresh(&self.cache, at, ns_pid, tgid) {
+                match hostpid::refresh(&self.cache, at, &me, tgid) {
                     Some(true) => {
                         self.counters.hostpid_fills.inc();
                     }
@@ -231,13 +238,7 @@ impl Observer {
                     continue;
                 }
             }
-            match hostpid::fill(
-                &self.procfs,
-                &mut self.cache,
-                tgid,
-                ns_pid,
-                p.caller.cgroup_id,
-            ) {
+            match hostpid::fill(&self.procfs, &mut self.cache, tgid, &me, p.caller.cgroup_id) {
                 Ok(f) => {
                     if f.wrote {
                         self.counters.hostpid_fills.inc();
@@ -245,7 +246,8 @@ impl Observer {
                         self.counters.hostpid_verified.inc();
                     }
                     tracing::debug!(
-                        "host pid {tgid} (pid {ns_pid}) in slot {} after {:?}",
+                        "host pid {tgid} (pid {}) in slot {} after {:?}",
+                        me.pid,
                         f.at.slot,
                         p.first_seen.elapsed()
                     );
@@ -411,6 +413,7 @@ impl Observer {
                     nvml_only: true,
                     slot: None,
                     miss: None,
+                    me: None,
                 },
             );
         }

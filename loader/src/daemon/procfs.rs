@@ -1,8 +1,11 @@
 //! What the daemon reads from `/proc/<pid>`: a process's environment, its
-//! PID in its own namespace, and whether it still exists.
+//! PID in its own namespace, its identity (PID namespace, start time), and
+//! whether it still exists.
 
 use std::io;
 use std::path::PathBuf;
+
+pub use vgpu_common::identity::Identity as ProcIdentity;
 
 /// `/proc` (a parameter so tests can point at a fake tree).
 #[derive(Clone, Debug)]
@@ -50,6 +53,13 @@ impl Procfs {
     pub fn ns_pid(&self, pid: u32) -> Option<u32> {
         let status = std::fs::read_to_string(self.dir(pid).join("status")).ok()?;
         ns_pid_of(&status)
+    }
+
+    /// Who process `pid` is, as a slot records it: `ns_pid` (its PID in
+    /// its own namespace), the inode of its PID namespace and its start
+    /// time (0 for what cannot be read).
+    pub fn identity(&self, pid: u32, ns_pid: u32) -> ProcIdentity {
+        ProcIdentity::read_dir(&self.dir(pid), i32::try_from(ns_pid).unwrap_or(0))
     }
 
     /// Host PIDs of every process (`/proc/[0-9]*`).
