@@ -700,3 +700,117 @@ fn pid_1_of_two_namespaces_sharing_a_region_each_get_their_own_host_pid() {
         p.wait();
     }
 }
+
+/// A slot's (pid, status, hostpid, total on device 0) by index.
+fn slot_at(path: &Path, i: usize) -> (i32, i32, i32, u64) {
+    let f = RegionFile::open(path, Access::ReadOnly).expect("open region");
+    let s = &f.region().procs[i];
+    (
+        s.pid.load(SeqCst),
+        s.status.load(SeqCst),
+        s.hostpid.load(SeqCst),
+        s.used[0].total.load(SeqCst),
+    )
+}
+
+/// Index of the live slot of namespace PID 1 recording PID namespace `pidns`.
+fn slot_index_of_ns(path: &Path, pidns: u64) -> Option<usize> {
+    let f = RegionFile::open(path, Access::ReadOnly).ok()?;
+    f.region().active_slots().iter().position(|s| {
+        s.pid.load(SeqCst) == 1
+            && s.pidns.load(SeqCst) == pidns
+            && s.status.load(SeqCst) != status::EXITED
+    })
+}
+
+/// The hook keeps a slot until its process is dead, so after a container's
+/// last process exits normally nobody in it frees the slot: the daemon
+/// does, within a few seconds. The slot of a live process (another PID
+/// namespace sharing the region, which the hook there does not judge)
+/// keeps its host PID and usage all along.
+#[test]
+fn a_dead_process_slot_is_freed_and_a_live_one_never_is() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::new();
+    let daemon = Daemon::start(&fx, &gpu, &[]);
+    let cgs: Vec<Cgroup> = (0..2)
+        .map(|i| Cgroup::unique(&format!("daemon-reclaim{i}")))
+        .collect();
+    let names = ["exits", "lives"];
+    let mut procs: Vec<ContainerProcess> = (0..2)
+        .map(|i| fx.spawn_on(&gpu, &cgs[i], names[i], "shared", true, &["64"]))
+        .collect();
+    let ids: Vec<(u32, u64)> = procs
+        .iter()
+        .map(|p| (p.host_pid(), p.pidns_inum()))
+        .collect();
+    for p in &mut procs {
+        p.send_line("go");
+    }
+    for n in names {
+        fx.mark(n, "allocated", Duration::from_secs(10));
+    }
+    let region = fx.region("shared");
+    let t = Instant::now();
+    while !ids
+        .iter()
+        .all(|&(host, ns)| host_pid_of_ns(&region, ns) == Some(host as i32))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "host pids not filled\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dead = slot_index_of_ns(&region, ids[0].1).expect("slot of the exiting process");
+    let live = slot_index_of_ns(&region, ids[1].1).expect("slot of the live process");
+    assert!(slot_at(&region, dead).3 >= 64 * MIB);
+    let live_slot = slot_at(&region, live);
+    assert!(live_slot.3 >= 64 * MIB, "{live_slot:?}");
+
+    let st = procs.remove(0).wait();
+    assert!(st.success(), "exiting process: {st}");
+    let t = Instant::now();
+    loop {
+        let s = slot_at(&region, dead);
+        if s == (0, status::EXITED, 0, 0) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the dead process's slot {dead} is still {s:?} after 5 s\n{}",
+            daemon.log_text()
+        );
+        assert_eq!(slot_at(&region, live), live_slot, "the live slot changed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "slot of a normal exit freed {:?} after the process was reaped",
+        t.elapsed()
+    );
+    // The live one stays as it was, scan after scan.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        assert_eq!(slot_at(&region, live), live_slot, "the live slot changed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let m = daemon.metrics();
+    assert_eq!(
+        sample(&m, "vgpu_slots_reclaimed_total", &[]),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        daemon.log_text().contains(&format!(
+            "freed slot {dead} of {}: pid 1 (host pid {}) is dead",
+            region.display(),
+            ids[0].0
+        )),
+        "{}",
+        daemon.log_text()
+    );
+    for p in procs {
+        p.wait();
+    }
+}

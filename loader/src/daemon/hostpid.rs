@@ -20,7 +20,7 @@ use crate::regions::open::{open_in_process, Access, OpenError};
 const FRESH: Duration = Duration::from_millis(50);
 
 /// Where a process's slot is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SlotRef {
     pub region: RegionKey,
     pub slot: usize,

@@ -70,6 +70,8 @@ pub struct Counters {
     /// first found it (the hook learnt it itself, e.g. outside a PID
     /// namespace or from NVML during its context measurement).
     pub hostpid_verified: Counter,
+    /// Slots of dead processes the daemon freed.
+    pub slots_reclaimed: Counter,
     /// Calls seen by the probes, by kind (`alloc`, `alloc_failure`, `free`, `launch`, `graph_launch`).
     pub probe_events: Family<Labels, Counter>,
     /// Calls the probes could not record, by reason.
@@ -263,6 +265,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "vgpu_hostpid_verified",
         "Processes whose slot already held the right host PID when first found",
         c.hostpid_verified.clone(),
+    );
+    reg.register(
+        "vgpu_slots_reclaimed",
+        "Region slots of dead processes the daemon freed",
+        c.slots_reclaimed.clone(),
     );
     reg.register(
         "vgpu_probe_events",

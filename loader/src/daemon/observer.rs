@@ -2,7 +2,7 @@
 //! learn processes from the probes, fill host PIDs, forget the dead) and
 //! [`Observer::scan`] (the cross-check, findings and metrics).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
@@ -20,6 +20,7 @@ use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
 use super::nvml::{NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::{ProcIdentity, Procfs};
+use super::reclaim::Reclaimer;
 use super::regions::RegionCache;
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
@@ -105,6 +106,7 @@ pub struct Observer {
     integrity: Option<Integrity>,
     /// Region files left out by [`SCAN_BOUNDS`] at the last scan.
     skipped: usize,
+    reclaimer: Reclaimer,
 }
 
 impl Observer {
@@ -135,6 +137,7 @@ impl Observer {
             attached: Vec::new(),
             integrity,
             skipped: 0,
+            reclaimer: Reclaimer::default(),
         }
     }
 
@@ -273,6 +276,7 @@ impl Observer {
     pub fn scan(&mut self) -> ScanOutput {
         self.open_root_regions();
         self.cache.refresh();
+        self.reclaim_dead_slots();
         let nv = self.nvml.as_ref().map(NvmlView::sample);
         self.adopt_nvml_processes(nv.as_ref());
         self.count_lost();
@@ -352,6 +356,14 @@ impl Observer {
             findings_json: findings::to_json(&out, now_ms),
             findings: out.len(),
         }
+    }
+
+    /// Frees slots whose processes are proven dead (see [`Reclaimer`]);
+    /// slots of processes the daemon tracks are left alone.
+    fn reclaim_dead_slots(&mut self) {
+        let tracked: HashSet<SlotRef> = self.procs.values().filter_map(|p| p.slot).collect();
+        let n = self.reclaimer.run(&mut self.cache, &self.procfs, &tracked);
+        self.counters.slots_reclaimed.inc_by(n as u64);
     }
 
     /// The integrity checks over every known process.

@@ -58,8 +58,39 @@ impl Procfs {
     /// Who process `pid` is, as a slot records it: `ns_pid` (its PID in
     /// its own namespace), the inode of its PID namespace and its start
     /// time (0 for what cannot be read).
+    /// A process in another time namespace reads its start time shifted by
+    /// that namespace's boot-time offset, so there it is left unknown.
     pub fn identity(&self, pid: u32, ns_pid: u32) -> ProcIdentity {
-        ProcIdentity::read_dir(&self.dir(pid), i32::try_from(ns_pid).unwrap_or(0))
+        let dir = self.dir(pid);
+        let mut id = ProcIdentity::read_dir(&dir, i32::try_from(ns_pid).unwrap_or(0));
+        if !self.same_time_ns(&dir) {
+            id.start = 0;
+        }
+        id
+    }
+
+    /// Whether the process of `dir` shares this process's time namespace
+    /// (kernels without time namespaces: yes; unreadable: no).
+    fn same_time_ns(&self, dir: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let ino = |d: &std::path::Path| match std::fs::metadata(d.join("ns/time")) {
+            Ok(m) => Some(Some(m.ino())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(None),
+            Err(_) => None,
+        };
+        match (ino(dir), ino(&self.root.join("self"))) {
+            (Some(a), Some(b)) => a == b || a.is_none() || b.is_none(),
+            _ => false,
+        }
+    }
+
+    /// Whether no process `pid` exists (`/proc/<pid>` is gone; a zombie
+    /// still exists).
+    pub fn gone(&self, pid: u32) -> bool {
+        matches!(
+            std::fs::symlink_metadata(self.dir(pid)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound
+        )
     }
 
     /// Host PIDs of every process (`/proc/[0-9]*`).
