@@ -56,6 +56,8 @@ pub struct Snapshot<'a> {
     pub probes: Vec<(String, String)>,
     /// Processes the probes know.
     pub processes: usize,
+    /// Region files under the regions root the scan bounds left out.
+    pub region_files_skipped: usize,
     pub now_unix: u64,
     /// This node's name for HAMi's `node` label of host series (empty: left out).
     pub node: &'a str,
@@ -256,6 +258,13 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let procs = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
     procs.set(s.processes as i64);
     reg.register("vgpu_processes", "CUDA processes the probes know", procs);
+    let skipped = GaugeU::default();
+    skipped.set(s.region_files_skipped as u64);
+    reg.register(
+        "vgpu_region_files_skipped",
+        "Region files under the regions root left out of the last scan by its bounds",
+        skipped,
+    );
     reg.register(
         "vgpu_hostpid_fills",
         "Host PIDs written into region slots",
@@ -316,8 +325,10 @@ mod tests {
                 last_kernel_time: 90,
             }],
             now_unix: 100,
+            region_files_skipped: 996,
             ..Snapshot::default()
         };
+        c.slots_reclaimed.inc_by(2);
         let text = render(&s, &c);
         for line in [
             r#"hami_vgpu_memory_used_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 600"#,
@@ -326,6 +337,8 @@ mod tests {
             r#"hami_container_last_kernel_elapsed_seconds{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 10.0"#,
             r#"vgpu_sm_limit_percent{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 30"#,
             "vgpu_hostpid_fills_total 3",
+            "vgpu_region_files_skipped 996",
+            "vgpu_slots_reclaimed_total 2",
             r#"vgpu_findings{kind="untracked_allocation"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");

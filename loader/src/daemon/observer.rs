@@ -348,6 +348,7 @@ impl Observer {
             untracked,
             probes: self.attached.clone(),
             processes: self.procs.len(),
+            region_files_skipped: self.skipped,
             now_unix: now_ms / 1000,
             node: &self.settings.node,
         };
