@@ -252,10 +252,16 @@ impl RegionIo {
         let base = slot_offset(i);
         let mut pid = [0u8; 4];
         self.read_exact_at(&mut pid, base)?;
+        // `pidns` and `start` are adjacent: one read.
+        const _: () = assert!(offset_of!(ProcSlot, start) == offset_of!(ProcSlot, pidns) + 8);
+        let mut id = [0u8; 16];
+        self.read_exact_at(&mut id, base + offset_of!(ProcSlot, pidns) as u64)?;
+        let (ns, start) = id.split_at(8);
+        let word = |b: &[u8]| b.try_into().map(u64::from_le_bytes).unwrap_or(0);
         Ok(Identity {
             pid: i32::from_le_bytes(pid),
-            pidns: self.read_u64(base + offset_of!(ProcSlot, pidns) as u64)?,
-            start: self.read_u64(base + offset_of!(ProcSlot, start) as u64)?,
+            pidns: word(ns),
+            start: word(start),
         })
     }
 

@@ -106,11 +106,12 @@ pub fn fill(
 /// words.
 pub fn refresh(cache: &RegionCache, at: SlotRef, me: &ProcIdentity, host_pid: u32) -> Option<bool> {
     let file = &cache.get(&at.region)?.file;
-    let (_, _, st) = file.slot_head(at.slot).ok()?;
+    let (_, now_host, st) = file.slot_head(at.slot).ok()?;
     if st == status::EXITED || !is_slot_of(&file.slot_identity(at.slot).ok()?, me) {
         return None;
     }
-    Some(write_hostpid(file, at.slot, me, host_pid))
+    let host = i32::try_from(host_pid).ok()?;
+    Some(now_host != host && store_hostpid(file, at.slot, host))
 }
 
 /// Whether a slot recording `rec` can be process `me`: the same namespace
@@ -153,9 +154,11 @@ fn write_hostpid(file: &RegionIo, slot: usize, me: &ProcIdentity, host_pid: u32)
     let (Ok((_, now_host, _)), Ok(rec)) = (file.slot_head(slot), file.slot_identity(slot)) else {
         return false;
     };
-    if !is_slot_of(&rec, me) || now_host == host {
-        return false;
-    }
+    is_slot_of(&rec, me) && now_host != host && store_hostpid(file, slot, host)
+}
+
+/// One `pwrite` of slot `slot`'s `hostpid`; returns whether it was written.
+fn store_hostpid(file: &RegionIo, slot: usize, host: i32) -> bool {
     let at = slot_offset(slot) + offset_of!(ProcSlot, hostpid) as u64;
     match file.write_i32(at, host) {
         Ok(()) => true,
