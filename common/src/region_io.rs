@@ -370,8 +370,8 @@ mod tests {
         let mut v = vec![0u8; FILE_SIZE as usize];
         v[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         v[4..8].copy_from_slice(&1u32.to_le_bytes());
-        let pn = offset_of!(SharedRegion, proc_num);
-        v[pn..pn + 4].copy_from_slice(&proc_num.to_le_bytes());
+        let at = offset_of!(SharedRegion, proc_num);
+        v[at..at + 4].copy_from_slice(&proc_num.to_le_bytes());
         v
     }
 
