@@ -35,7 +35,11 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 /// For each CUDA process it writes the host PID into the process's slot of
 /// its shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE in /proc/<pid>/environ,
 /// resolved under /proc/<pid>/root), which the hook cannot learn inside a
-/// PID namespace and without which per-container utilization reads 0.
+/// PID namespace and without which per-container utilization reads 0. The
+/// slot is the one recording the process's namespace PID, PID namespace and
+/// start time. Slots whose process is then proven dead (its host PID gone or
+/// another process) are freed, as `vgpu cleanup` would, so that a
+/// container's last exit does not leave its usage counted.
 ///
 /// It compares what the kernel saw each process allocate, what its slot
 /// tracks and what NVML says it uses. A persistent difference (default

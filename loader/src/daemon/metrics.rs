@@ -57,6 +57,8 @@ pub struct Snapshot<'a> {
     pub probes: Vec<(String, String)>,
     /// Processes the probes know.
     pub processes: usize,
+    /// Region files under the regions root the scan bounds left out.
+    pub region_files_skipped: usize,
     pub now_unix: u64,
     /// This node's name for HAMi's `node` label of host series (empty: left out).
     pub node: &'a str,
@@ -71,6 +73,8 @@ pub struct Counters {
     /// first found it (the hook learnt it itself, e.g. outside a PID
     /// namespace or from NVML during its context measurement).
     pub hostpid_verified: Counter,
+    /// Slots of dead processes the daemon freed.
+    pub slots_reclaimed: Counter,
     /// Calls seen by the probes, by kind (`alloc`, `alloc_failure`, `free`, `launch`, `graph_launch`).
     pub probe_events: Family<Labels, Counter>,
     /// Calls the probes could not record, by reason.
@@ -255,6 +259,13 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let procs = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
     procs.set(s.processes as i64);
     reg.register("vgpu_processes", "CUDA processes the probes know", procs);
+    let skipped = GaugeU::default();
+    skipped.set(s.region_files_skipped as u64);
+    reg.register(
+        "vgpu_region_files_skipped",
+        "Region files under the regions root left out of the last scan by its bounds",
+        skipped,
+    );
     reg.register(
         "vgpu_hostpid_fills",
         "Host PIDs written into region slots",
@@ -264,6 +275,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "vgpu_hostpid_verified",
         "Processes whose slot already held the right host PID when first found",
         c.hostpid_verified.clone(),
+    );
+    reg.register(
+        "vgpu_slots_reclaimed",
+        "Region slots of dead processes the daemon freed",
+        c.slots_reclaimed.clone(),
     );
     reg.register(
         "vgpu_probe_events",
@@ -310,8 +326,10 @@ mod tests {
                 last_kernel_time: 90,
             }],
             now_unix: 100,
+            region_files_skipped: 996,
             ..Snapshot::default()
         };
+        c.slots_reclaimed.inc_by(2);
         let text = render(&s, &c);
         for line in [
             r#"hami_vgpu_memory_used_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 600"#,
@@ -320,6 +338,8 @@ mod tests {
             r#"hami_container_last_kernel_elapsed_seconds{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 10.0"#,
             r#"vgpu_sm_limit_percent{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 30"#,
             "vgpu_hostpid_fills_total 3",
+            "vgpu_region_files_skipped 996",
+            "vgpu_slots_reclaimed_total 2",
             r#"vgpu_findings{kind="untracked_allocation"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
