@@ -508,3 +508,47 @@ fn capture_at_10() -> Result<(), String> {
         10.0,
     )
 }
+
+/// Issue 16: a process saturating the device is killed while its queued
+/// kernels still occupy it (300 ms of them here, `SIMGPU_QUEUE_MS`), and a
+/// second process starts the same loop at once under a limit of 30. The
+/// first timing of the second process waits behind the dead one's queue;
+/// it must not become a debt: the second process gets its 30 % from 0.6 s
+/// after its start (it did no work for 16 s and more before the fix).
+#[test]
+fn sm_a_new_process_behind_a_killed_ones_queue_is_not_stalled() {
+    let _s = serial();
+    let what = "a process at 30 behind a killed one's queue";
+    retried(what, || {
+        let gpu = SimGpu::new();
+        let a = HookEnv::new("sm-stall-a", "0");
+        let b = HookEnv::new("sm-stall-b", "0");
+        let force = ("GPU_CORE_UTILIZATION_POLICY", "force");
+        let mut pa = start(
+            &a,
+            &gpu,
+            0,
+            &["kernel", "busy_2000us", "30"],
+            &[force, ("SIMGPU_QUEUE_MS", "300")],
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let queued = simgpu::timeline::busy_between(gpu.shm(), 0, now_ns(), u64::MAX / 2);
+        pa.kill9();
+        let pb = start(&b, &gpu, 30, &["kernel", "busy_2000us", "4"], &[force]);
+        let shares = process_shares(&gpu, Duration::from_millis(600), &[pb.child.id()]);
+        let s = process_shares(&gpu, Duration::from_secs(2), &[pb.child.id()]);
+        eprintln!(
+            "{what}: {:.0} ms queued at the kill; first 0.6 s {:.1}%, then {:.1}%",
+            queued as f64 / 1e6,
+            shares[0],
+            s[0]
+        );
+        if queued < 100_000_000 {
+            return Err(format!(
+                "only {:.0} ms queued when the first process was killed",
+                queued as f64 / 1e6
+            ));
+        }
+        near(what, s[0], 30.0)
+    });
+}

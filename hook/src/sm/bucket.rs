@@ -103,16 +103,19 @@ pub fn try_admit(tat: &AtomicU64, now: u64, cost_ns: u64, pct: u32, depth_ns: u6
 
 /// Charges (`delta > 0`) or refunds (`delta < 0`) GPU time after the fact
 /// (a launch that failed, or a cost learnt after a launch was charged a
-/// guess). A refund never moves `tat` below `now - depth`.
+/// guess). A charge is added to `tat` where it is, not first raised to
+/// `now - depth`: it is owed for launches already admitted, which were
+/// paid from `tat` as it stood then, so a container that was idle since
+/// owes only what it used beyond its idle time. A refund never moves `tat`
+/// below `now - depth`.
 pub fn adjust(tat: &AtomicU64, now: u64, delta_ns: i64, pct: u32, depth_ns: u64) {
     let step = wall_of(delta_ns.unsigned_abs(), pct);
     let floor = now.saturating_sub(depth_ns);
     let _ = tat.fetch_update(AcqRel, Relaxed, |old| {
-        let base = old.max(floor);
         Some(if delta_ns >= 0 {
-            base.saturating_add(step)
+            old.saturating_add(step)
         } else {
-            base.saturating_sub(step).max(floor)
+            old.max(floor).saturating_sub(step).max(floor)
         })
     });
 }
@@ -192,6 +195,15 @@ mod tests {
         assert_eq!(tat.load(Relaxed), now + 2_000_000);
         adjust(&tat, now, -100_000_000, 50, DEPTH_NS);
         assert_eq!(tat.load(Relaxed), now - DEPTH_NS);
+        // Owed for launches admitted 20 ms ago by a container idle since:
+        // charged where `tat` stood, so only what exceeds the idle time
+        // is a debt now.
+        let tat = AtomicU64::new(now - 20_000_000);
+        adjust(&tat, now, 6_000_000, 50, DEPTH_NS);
+        assert_eq!(tat.load(Relaxed), now - 8_000_000);
+        assert_eq!(try_admit(&tat, now, 1_000_000, 50, DEPTH_NS), Admit::Go);
+        adjust(&tat, now, 12_000_000, 50, DEPTH_NS);
+        assert_eq!(tat.load(Relaxed), now + 22_000_000);
     }
 
     #[test]

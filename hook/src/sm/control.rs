@@ -21,7 +21,7 @@ use super::phase::{self, Gate, Phase};
 use super::policy;
 use super::sidecar::DevBucket;
 use super::sys::{Poll, Sys};
-use super::{demand, turns};
+use super::{demand, tuning, turns};
 
 /// How often the region's settings are re-read on the launch path.
 pub const REFRESH_NS: u64 = 50_000_000;
@@ -415,10 +415,16 @@ impl<S: Sys> Controller<S> {
         }
     }
 
-    /// Charges GPU time learnt after the fact (launches charged a guess).
+    /// Charges GPU time learnt after the fact (launches charged a guess),
+    /// at most one frame of wall time at the limit: the estimate behind it
+    /// is the minimum of agreeing samples, and what is over a frame is
+    /// forgiven rather than made a debt that no launch could pay before
+    /// the next frame (a latency-bound tenant's worst wait).
     fn settle(&self, dev: usize, owed: i64) {
-        self.charged[dev].fetch_add(owed, Relaxed);
         let pct = self.limits[dev].load(Relaxed);
+        let cap = (tuning::FRAME_NS as u128 * u128::from(pct.clamp(1, 100)) / 100) as i64;
+        let owed = owed.min(cap);
+        self.charged[dev].fetch_add(owed, Relaxed);
         if pct > 0 && self.enforce.load(Relaxed) {
             let b = &self.sys.buckets().devs[dev];
             let owed = (owed as f64 * b.gain()) as i64;

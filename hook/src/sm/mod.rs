@@ -33,6 +33,7 @@ pub mod sidecar;
 pub mod sys;
 #[cfg(test)]
 mod tests;
+mod tuning;
 mod turns;
 
 use std::ffi::c_uint;
