@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering::Acquire;
 
 use memmap2::{MmapOptions, MmapRaw};
 
-use super::{NodeFile, MAGIC, SIZE, VERSION};
+use super::{NodeFile, MAGIC, MIN_VERSION, SIZE, VERSION};
 
 /// Why a node table could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +65,7 @@ impl NodeView {
         };
         let t = view.table();
         let (magic, version) = (t.magic.load(Acquire), t.version.load(Acquire));
-        if magic != MAGIC || version != VERSION {
+        if magic != MAGIC || !(MIN_VERSION..=VERSION).contains(&version) {
             return Err(ReadError::Foreign {
                 path: path.to_owned(),
                 magic,

@@ -39,6 +39,8 @@ pub struct Demand {
     since: [AtomicU64; MAX_DEVICES],
     charged: [AtomicU64; MAX_DEVICES],
     wants: [AtomicBool; MAX_DEVICES],
+    /// A whole window was measured (the verdict is not the default).
+    known: [AtomicBool; MAX_DEVICES],
 }
 
 impl Demand {
@@ -67,6 +69,7 @@ impl Demand {
         let used = charged.wrapping_sub(self.charged[dev].load(Relaxed)) as i64;
         let used = used.max(0) as f64 * per_charged;
         let wants = used >= WANT_FRACTION * share * span as f64;
+        self.known[dev].store(true, Relaxed);
         if self.wants[dev].swap(wants, Relaxed) != wants {
             vlog!(
                 crate::log::DEBUG,
@@ -83,6 +86,12 @@ impl Demand {
         }
         self.restart(dev, now, charged);
         wants
+    }
+
+    /// Whether a whole window was measured on `dev` and found the
+    /// container using less than most of its share.
+    pub fn light(&self, dev: usize) -> bool {
+        self.known[dev].load(Relaxed) && !self.wants[dev].load(Relaxed)
     }
 
     fn restart(&self, dev: usize, now: u64, charged: u64) {

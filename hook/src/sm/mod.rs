@@ -29,6 +29,7 @@ mod mapfile;
 pub mod node;
 pub mod phase;
 pub mod policy;
+mod prio;
 pub mod sidecar;
 pub mod sys;
 #[cfg(test)]

@@ -39,7 +39,7 @@ unsafe impl SharedFile for NodeFile {
             version: &self.version,
             size: &self.size,
         };
-        h.stamp_or_check(MAGIC, VERSION, SIZE, VERSION..=VERSION)
+        h.stamp_or_check(MAGIC, VERSION, SIZE, MIN_VERSION..=VERSION)
     }
 }
 

@@ -91,6 +91,16 @@ pub trait Sys: Sync {
     fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
         None
     }
+    /// Whether limited containers take turns in the node's table (else it
+    /// only ranks them by priority).
+    fn turns(&self) -> bool {
+        true
+    }
+    /// Whether the process takes part in the node's priorities even
+    /// without a limit (`CUDA_TASK_PRIORITY` set and a node directory).
+    fn ranked(&self) -> bool {
+        false
+    }
 }
 
 /// Runs `f` (the limiter's own event calls) in the relaxed capture mode, so
@@ -348,12 +358,21 @@ impl Sys for Real {
                 Err(e) => {
                     vlog!(
                         crate::log::WARN,
-                        "{e}; limited containers on this GPU do not take turns"
+                        "{e}; containers on this GPU neither take turns nor rank by priority"
                     );
                     None
                 }
             }
         })
+    }
+
+    fn turns(&self) -> bool {
+        crate::state::config().turns
+    }
+
+    fn ranked(&self) -> bool {
+        let c = crate::state::config();
+        c.priority_stated && c.node_dir.as_ref().is_some_and(|d| d.is_dir())
     }
 
     fn note_host_pid(&self) {
