@@ -187,6 +187,9 @@ pub struct Controller<S: Sys> {
     higher: [AtomicU32; MAX_DEVICES],
     /// This process's launches admitted while held (`prio`).
     marks: Mutex<Marks>,
+    /// Per device: a feedback step is due at this limit (0: none), for the
+    /// background thread (`Sys::offload`).
+    fb_due: [AtomicU32; MAX_DEVICES],
 }
 
 impl<S: Sys> Controller<S> {
@@ -222,6 +225,7 @@ impl<S: Sys> Controller<S> {
             member: std::array::from_fn(|_| AtomicU32::new(0)),
             higher: std::array::from_fn(|_| AtomicU32::new(0)),
             marks: Mutex::new(Marks::default()),
+            fb_due: std::array::from_fn(|_| AtomicU32::new(0)),
         }
     }
 
@@ -384,7 +388,11 @@ impl<S: Sys> Controller<S> {
                     // device): the gain holds, and the loop re-baselines
                     // afterwards.
                     if turn.is_none() && now >= self.fb_next[dev].load(Relaxed) {
-                        self.feedback(dev, now, pct);
+                        if self.sys.offload() {
+                            self.fb_due[dev].store(pct, Relaxed);
+                        } else {
+                            self.feedback(dev, now, pct);
+                        }
                     }
                     return (pct, slept, billed, held);
                 }
@@ -398,6 +406,17 @@ impl<S: Sys> Controller<S> {
                         self.refresh(now);
                     }
                 }
+            }
+        }
+    }
+
+    /// The background thread's turn (`Sys::offload`): runs the feedback
+    /// steps that launches found due, off their path.
+    pub fn background(&self) {
+        for (dev, due) in self.fb_due.iter().enumerate() {
+            let pct = due.swap(0, Relaxed);
+            if pct != 0 {
+                self.feedback(dev, self.sys.now(), pct);
             }
         }
     }
@@ -430,7 +449,10 @@ impl<S: Sys> Controller<S> {
             .node(dev)
             .and_then(|n| n.members.get(i as usize - 1))
         {
-            m.queued(now, cost);
+            // Its work starts, at the latest, once the lower-priority
+            // containers' short queues have drained and the GPU has
+            // switched contexts: in flight until then, and for its cost.
+            m.queued(now.saturating_add(tuning::HIGH_START_NS), cost);
         }
     }
 

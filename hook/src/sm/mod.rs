@@ -101,6 +101,31 @@ impl Launch {
     }
 }
 
+/// Starts, once, the thread that runs the feedback loop's steps off the
+/// launch path (`Controller::background`); `false` when it cannot be
+/// started (the steps then run on the launch path).
+fn background_started() -> bool {
+    static STARTED: OnceLock<bool> = OnceLock::new();
+    *STARTED.get_or_init(|| {
+        let period = std::time::Duration::from_nanos(feedback::PERIOD_NS / 10);
+        match std::thread::Builder::new()
+            .name("vgpu-sm".into())
+            .spawn(move || loop {
+                std::thread::sleep(period);
+                controller().background();
+            }) {
+            Ok(_) => true,
+            Err(e) => {
+                vlog!(
+                    crate::log::WARN,
+                    "cannot start the SM feedback thread ({e}); its steps run on the launch path"
+                );
+                false
+            }
+        }
+    })
+}
+
 fn controller() -> &'static Controller<sys::Real> {
     static C: OnceLock<Controller<sys::Real>> = OnceLock::new();
     C.get_or_init(|| Controller::new(sys::Real::default()))

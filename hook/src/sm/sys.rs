@@ -101,6 +101,12 @@ pub trait Sys: Sync {
     fn ranked(&self) -> bool {
         false
     }
+    /// Whether a background thread runs the feedback steps
+    /// (`Controller::background`), so that its NVML calls (about 4 ms on an
+    /// H100) never delay a launch; else they run on the launch path.
+    fn offload(&self) -> bool {
+        false
+    }
 }
 
 /// Runs `f` (the limiter's own event calls) in the relaxed capture mode, so
@@ -368,6 +374,10 @@ impl Sys for Real {
 
     fn turns(&self) -> bool {
         crate::state::config().turns
+    }
+
+    fn offload(&self) -> bool {
+        super::background_started()
     }
 
     fn ranked(&self) -> bool {

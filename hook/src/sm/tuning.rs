@@ -22,3 +22,16 @@ pub const YIELD_MAX_NS: u64 = FRAME_NS;
 /// service that stops gives the GPU back within a frame, and more than its
 /// gaps between requests (20 ms for a 50-request/s service).
 pub const HOLD_NS: u64 = FRAME_NS - super::control::REPLAN_NS;
+
+/// What a GPU's switch between two contexts' work may take, at most,
+/// beyond the work itself (an allowance: Hopper time-slices contexts with
+/// its compute preemption; tens of µs are typical).
+pub const CONTEXT_SWITCH_NS: u64 = 300_000;
+
+/// A higher-priority container's launch is in flight from its launch until
+/// at least this long after it (plus its learnt cost): its work starts at
+/// the latest once the lower ones' queues (`LOW_QUEUE_NS`) have drained
+/// and the GPU has switched contexts. Its costs alone would release the
+/// lower ones before that, and a context that keeps getting work keeps the
+/// GPU until its time slice ends.
+pub const HIGH_START_NS: u64 = LOW_QUEUE_NS + CONTEXT_SWITCH_NS;
