@@ -552,3 +552,64 @@ fn sm_a_new_process_behind_a_killed_ones_queue_is_not_stalled() {
         near(what, s[0], 30.0)
     });
 }
+
+/// Issue 16, priorities: two unlimited processes of two containers on one
+/// simulated GPU, sharing its node directory. With equal priorities the
+/// device's FIFO splits them about evenly; with `CUDA_TASK_PRIORITY` 0 and
+/// 1 the low one keeps a short queue and waits for the high one's work in
+/// flight, at most a frame at a time: it gets a little (it is not starved),
+/// the high one nearly all. Once the high one is gone, the low one has the
+/// device within a frame or two.
+#[test]
+fn sm_a_lower_priority_container_yields_to_a_higher_one() {
+    let _s = serial();
+    let what = "priority 0 beside priority 1";
+    retried(what, || {
+        let gpu = SimGpu::new();
+        let a = HookEnv::new("sm-prio-hi", "0");
+        let b = HookEnv::new("sm-prio-lo", "0");
+        let args = ["kernel", "busy_500us", "8"];
+        let mut hi = start(&a, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "0")]);
+        let lo = start(&b, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
+        std::thread::sleep(Duration::from_millis(600));
+        let ids = [hi.child.id(), lo.child.id()];
+        let s = process_shares(&gpu, Duration::from_secs(2), &ids);
+        eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
+        if !(s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0) {
+            return Err(format!(
+                "high {:.1}%, low {:.1}% (not > 85 and 0.2..10)",
+                s[0], s[1]
+            ));
+        }
+        hi.kill9();
+        // The dead one's queue (the sim's 50 ms) drains, then the low one
+        // is free within a frame.
+        std::thread::sleep(Duration::from_millis(200));
+        let after = process_shares(&gpu, Duration::from_secs(1), &[lo.child.id()]);
+        eprintln!("{what}: low alone {:.1}%", after[0]);
+        if after[0] < 90.0 {
+            return Err(format!("low alone {:.1}%, not > 90", after[0]));
+        }
+        Ok(())
+    });
+    retried("equal priorities", || {
+        let gpu = SimGpu::new();
+        let a = HookEnv::new("sm-prio-eq-a", "0");
+        let b = HookEnv::new("sm-prio-eq-b", "0");
+        let args = ["kernel", "busy_500us", "4"];
+        let pa = start(&a, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
+        let pb = start(&b, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
+        std::thread::sleep(Duration::from_millis(600));
+        let s = process_shares(
+            &gpu,
+            Duration::from_secs(2),
+            &[pa.child.id(), pb.child.id()],
+        );
+        eprintln!("equal priorities: {:.1}% / {:.1}%", s[0], s[1]);
+        near("equal priorities, the first", s[0], 50.0).and(near(
+            "equal priorities, the second",
+            s[1],
+            50.0,
+        ))
+    });
+}
