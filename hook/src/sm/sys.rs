@@ -305,6 +305,8 @@ impl Sys for Real {
 
     fn buckets(&self) -> &'static SmShared {
         self.buckets.get_or_init(|| {
+            // The configuration names the sidecar (`sidecar::set_region_path`).
+            let _ = crate::state::config();
             sidecar::shared().unwrap_or_else(|| {
                 vlog!(
                     crate::log::ERROR,
