@@ -11,28 +11,9 @@
 //! until it is paid back. One CAS per admitted launch, no lock; processes of
 //! the container share the word through the sidecar file.
 
+pub use super::tuning::{BATCH_NS, DEPTH_NS, LEAD_NS, MAX_DEPTH_NS};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
-
-/// Wall time the bucket can hold on a host that wakes on time: bursts stay
-/// within `DEPTH × limit` of GPU time, and a sleep that overshoots by less
-/// than this (less the batch) loses nothing.
-pub const DEPTH_NS: u64 = 4_000_000;
-
-/// The deepest the bucket gets on a host that wakes late (`Depth`).
-pub const MAX_DEPTH_NS: u64 = 50_000_000;
-
-/// A launch is admitted up to this long before its turn, so the GPU has
-/// work queued when the host thread is late to wake (a loaded machine); it
-/// adds `LEAD × limit` to the burst, nothing to the rate.
-pub const LEAD_NS: u64 = 1_000_000;
-
-/// An empty bucket is waited on until it holds this much more wall time
-/// than one launch needs, so a throttled container is admitted a batch of
-/// launches per wake-up instead of one: fewer host wake-ups, and on a device
-/// time-sliced between containers, fewer context switches (each one costs
-/// the device time that no container gets). The rate is unchanged.
-pub const BATCH_NS: u64 = 2_000_000;
 
 /// Wall nanoseconds that `cost_ns` of GPU time buys at `pct` percent.
 pub fn wall_of(cost_ns: u64, pct: u32) -> u64 {

@@ -22,25 +22,12 @@ use super::policy;
 use super::prio::{self, Marks};
 use super::sidecar::DevBucket;
 use super::sys::{Poll, Sys};
+use super::tuning::{
+    BLOCK_SLEEP_NS, EVENT_POOL as MAX_POOL, LEASE_NS, MAX_PENDING, MAX_SLEEP_NS, MEASURED_FRESH_NS,
+    POLL_NS,
+};
+pub use super::tuning::{PUBLISH_NS, REFRESH_NS, REPLAN_NS};
 use super::{demand, tuning, turns};
-
-/// How often the region's settings are re-read on the launch path.
-pub const REFRESH_NS: u64 = 50_000_000;
-/// How often the process's share is published into its slot.
-pub const PUBLISH_NS: u64 = 1_000_000_000;
-/// Longest single sleep while throttled (settings are re-read after it).
-const MAX_SLEEP_NS: u64 = 100_000_000;
-/// Sleep step while the monitor blocks the container.
-const BLOCK_SLEEP_NS: u64 = 100_000_000;
-/// Timed launches in flight at most.
-const MAX_PENDING: usize = 32;
-/// Event pairs kept per context.
-const MAX_POOL: usize = 32;
-/// Finished timings are collected at most this often (a driver call each).
-const POLL_NS: u64 = 500_000;
-/// How often a limited process re-reads the node's table (`phase`) and
-/// marks its container active there.
-pub const REPLAN_NS: u64 = 10_000_000;
 
 /// What `before` hands to `after` for one launch.
 #[derive(Debug)]
@@ -119,12 +106,8 @@ impl Loop {
     }
 }
 
-/// A leader holds the loop this long without renewing it.
-const LEASE_NS: u64 = 4 * feedback::PERIOD_NS;
 /// Low bits of a lease that carry the leader's pid.
 const LEASE_PID_MASK: u64 = (1 << 20) - 1;
-/// While the leader measured this recently, it publishes `sm_util`.
-const MEASURED_FRESH_NS: u64 = 2 * PUBLISH_NS;
 
 #[derive(Debug, Default)]
 struct Publish {

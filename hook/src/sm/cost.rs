@@ -22,30 +22,9 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
+pub use super::tuning::{AGREE, DEFAULT_COST_NS, EARLY_SAMPLES, SAMPLE_EVERY, SAMPLE_GAP_NS};
+use super::tuning::{COST_WINDOW as WINDOW, MAX_KEYS};
 use vgpu_common::region::MAX_DEVICES;
-
-/// Cost of a launch on a device nothing was learnt about yet.
-pub const DEFAULT_COST_NS: u64 = 20_000;
-/// Samples every key gets before sampling becomes occasional.
-pub const EARLY_SAMPLES: u32 = 6;
-/// Samples whose minimum first replaces the guess. The first launch of a
-/// key finds its stream idle, so its start event completes at once and
-/// its timing holds whatever other contexts had queued on the device
-/// (a killed saturating process left 50 ms and more); the next launches
-/// are queued behind it in the stream and are timed from its end.
-pub const AGREE: u32 = 3;
-/// After that, one launch in this many is timed...
-pub const SAMPLE_EVERY: u64 = 64;
-/// ...and at most one per key in this long: a launch-bound loop issues
-/// ~100,000 launches/s, and each timing costs two `cuEventRecord`s and a
-/// query (about 1 % of such a loop's rate at one in 64). A window of
-/// samples still spans well under the feedback period.
-pub const SAMPLE_GAP_NS: u64 = 4_000_000;
-/// Samples per re-estimation window.
-const WINDOW: u32 = 32;
-/// Keys kept before the table is cleared (a process generating unbounded
-/// distinct grids must not grow memory without bound).
-const MAX_KEYS: usize = 8192;
 
 /// What identifies "the same work": the function and its geometry, or the
 /// executable graph.

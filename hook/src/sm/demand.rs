@@ -20,17 +20,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
+pub use super::tuning::{DEMAND_WINDOW_NS as WINDOW_NS, WANT_FRACTION};
 use vgpu_common::region::MAX_DEVICES;
-
-/// The window the use is measured over: several turns (a 50 ms frame), so
-/// one turn's gaps do not decide it.
-pub const WINDOW_NS: u64 = 100_000_000;
-/// Using at least this fraction of its share, a container wants it: a busy
-/// container reaches more than 0.8 of its share even when the GPU
-/// time-slices it with a neighbour, while a launch-bound loop of tiny
-/// kernels or a service between requests stays far below (docs/benchmarks.md,
-/// "Sixth run", has the figures this threshold sits between).
-pub const WANT_FRACTION: f64 = 0.7;
 
 /// Per device: the start of the current window, the container's charges
 /// then, and the verdict of the last whole window.

@@ -17,11 +17,7 @@ use std::collections::VecDeque;
 
 use super::sys::{Poll, Sys};
 use super::tuning::{LOW_QUEUE_NS, YIELD_MAX_NS};
-
-/// Shortest wait for the own queue to drain: about a host wake-up.
-const MIN_WAIT_NS: u64 = 20_000;
-/// Marker events kept for reuse.
-const MAX_POOL: usize = 64;
+use super::tuning::{MARK_POOL as MAX_POOL, MIN_WAIT_NS};
 
 /// What the gate says about one launch of a lower-priority container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,17 +20,9 @@ use std::sync::Mutex;
 use vgpu_common::region::MAX_DEVICES;
 
 use super::sys::{Poll, Sys};
-
-/// Bounds of the scale, and of a turn's measure that is believed.
-const MIN: f64 = 0.5;
-const MAX: f64 = 2.0;
-/// A burst shorter than this says too little.
-const MIN_BURST_NS: u64 = 1_000_000;
-/// A turn whose queue runs dry within its first launches is measured from
-/// the launch after the stall.
-const RESTART_WITHIN: u64 = 8;
-/// Fraction of the log-error corrected per measured turn.
-const K: f64 = 0.5;
+use super::tuning::{
+    MIN_BURST_NS, RESTART_WITHIN, TURN_K as K, TURN_SCALE_MAX as MAX, TURN_SCALE_MIN as MIN,
+};
 
 /// One turn's launches on one stream, between two events.
 #[derive(Debug, Clone, Copy)]
