@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 
-use super::sys::{Poll, Sys};
+use super::sys::{Events, Poll};
 use super::tuning::{LOW_QUEUE_NS, YIELD_MAX_NS};
 use super::tuning::{MARK_POOL as MAX_POOL, MIN_WAIT_NS};
 
@@ -54,7 +54,7 @@ pub struct Marks {
 impl Marks {
     /// Drops the completed launches from the front; returns the GPU ns
     /// still queued.
-    pub fn drain(&mut self, sys: &impl Sys) -> u64 {
+    pub fn drain(&mut self, sys: &impl Events) -> u64 {
         while let Some(&(ctx, ev, cost)) = self.q.front() {
             match sys.query(ev) {
                 Poll::NotReady => break,
@@ -72,7 +72,7 @@ impl Marks {
     }
 
     /// Records a marker after a launch of `cost` on `stream` of `ctx`.
-    pub fn push(&mut self, sys: &impl Sys, ctx: usize, stream: usize, cost: u64) {
+    pub fn push(&mut self, sys: &impl Events, ctx: usize, stream: usize, cost: u64) {
         let ev = match self.pool.iter().rposition(|&(c, _)| c == ctx) {
             Some(i) => self.pool.swap_remove(i).1,
             None => match sys.create_event() {
@@ -88,7 +88,7 @@ impl Marks {
         }
     }
 
-    fn recycle(&mut self, sys: &impl Sys, ctx: usize, ev: usize) {
+    fn recycle(&mut self, sys: &impl Events, ctx: usize, ev: usize) {
         if self.pool.len() < MAX_POOL {
             self.pool.push((ctx, ev));
         } else {

@@ -17,7 +17,7 @@ use super::mapfile::SharedFile;
 use super::node::NodeFile;
 use super::phase;
 use super::sidecar::{self, SmShared};
-use super::sys::{Poll, Sys};
+use super::sys::{Clock, Container, Events, NodeTable, Nvml, Poll};
 
 const QUEUE_NS: u64 = 50_000_000;
 const SLACK_NS: u64 = 60_000;
@@ -131,19 +131,19 @@ impl Fake {
     }
 }
 
-impl Sys for Fake {
+impl Clock for Fake {
     fn now(&self) -> u64 {
         self.now.load(Relaxed)
     }
+
     fn coarse(&self) -> u64 {
         self.now()
     }
+
     fn unix_secs(&self) -> u64 {
         self.unix_us() / 1_000_000
     }
-    fn unix_us(&self) -> u64 {
-        UNIX_BASE_US + self.now() / 1_000
-    }
+
     fn sleep_until(&self, t: u64) {
         let n = self.sleeps.fetch_add(1, Relaxed) + 1;
         if n == self.unblock_after.load(Relaxed) {
@@ -152,17 +152,27 @@ impl Sys for Fake {
         self.now
             .fetch_max(t + SLACK_NS + self.late_ns.load(Relaxed), Relaxed);
     }
+
+    fn unix_us(&self) -> u64 {
+        UNIX_BASE_US + self.now() / 1_000
+    }
+}
+
+impl Events for Fake {
     fn current(&self) -> Option<(usize, usize)> {
         Some((7, 0))
     }
+
     fn create_event(&self) -> Option<usize> {
         let mut g = self.gpu.lock().unwrap();
         g.next += 1;
         Some(g.next)
     }
+
     fn destroy_event(&self, ev: usize) {
         self.gpu.lock().unwrap().events.remove(&ev);
     }
+
     fn record(&self, ev: usize, _stream: usize) -> bool {
         self.records.fetch_add(1, Relaxed);
         let mut g = self.gpu.lock().unwrap();
@@ -170,6 +180,7 @@ impl Sys for Fake {
         g.events.insert(ev, t);
         true
     }
+
     fn query(&self, ev: usize) -> Poll {
         match self.gpu.lock().unwrap().events.get(&ev) {
             Some(&t) if t <= self.now() => Poll::Ready,
@@ -177,28 +188,32 @@ impl Sys for Fake {
             None => Poll::Failed,
         }
     }
+
     fn elapsed_ns(&self, a: usize, b: usize) -> Option<u64> {
         let g = self.gpu.lock().unwrap();
         Some((g.events.get(&b)? - g.events.get(&a)?) * self.skew_pct.load(Relaxed) / 100)
     }
+
+    fn capturing(&self, _stream: usize) -> bool {
+        self.capturing.load(Relaxed)
+    }
+}
+
+impl Container for Fake {
     fn region(&self) -> Option<(&SharedRegion, usize)> {
         Some((self.file.region(), 0))
     }
+
     fn policy(&self) -> i32 {
         self.policy
     }
+
     fn buckets(&self) -> &'static SmShared {
         self.buckets
     }
-    fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
-        self.node
-    }
-    fn ranked(&self) -> bool {
-        self.ranked.load(Relaxed)
-    }
-    fn offload(&self) -> bool {
-        self.offload.load(Relaxed)
-    }
+}
+
+impl Nvml for Fake {
     fn proc_util(&self, _dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
         if !self.nvml.load(Relaxed) {
             return None;
@@ -231,9 +246,7 @@ impl Sys for Fake {
         }
         Some(v)
     }
-    fn capturing(&self, _stream: usize) -> bool {
-        self.capturing.load(Relaxed)
-    }
+
     fn device_busy(&self, _dev: usize, since_us: u64) -> Option<(f64, Vec<u32>)> {
         let pids = self.device.lock().unwrap().clone()?;
         let now = self.now();
@@ -253,6 +266,20 @@ impl Sys for Fake {
             u /= 2.0;
         }
         Some(((u + self.other_pct.load(Relaxed) as f64).min(100.0), pids))
+    }
+}
+
+impl NodeTable for Fake {
+    fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
+        self.node
+    }
+
+    fn ranked(&self) -> bool {
+        self.ranked.load(Relaxed)
+    }
+
+    fn offload(&self) -> bool {
+        self.offload.load(Relaxed)
     }
 }
 

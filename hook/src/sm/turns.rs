@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::sys::{Poll, Sys};
+use super::sys::{Events as Gpu, Poll};
 use super::tuning::{
     MIN_BURST_NS, RESTART_WITHIN, TURN_K as K, TURN_SCALE_MAX as MAX, TURN_SCALE_MIN as MIN,
 };
@@ -71,7 +71,7 @@ impl Meter {
 
     /// A launch of `charge` was admitted in a turn; `empty`: the container's
     /// queue had drained before it. Called before the launch is forwarded.
-    pub fn admitted<S: Sys>(
+    pub fn admitted<S: Gpu>(
         &self,
         sys: &S,
         dev: usize,
@@ -139,7 +139,7 @@ impl Meter {
     }
 
     /// Records the open burst's start event again, before this launch.
-    fn restart<S: Sys>(&self, sys: &S, d: &Dev) -> bool {
+    fn restart<S: Gpu>(&self, sys: &S, d: &Dev) -> bool {
         let Ok(ev) = d.events.try_lock() else {
             return false;
         };
@@ -148,7 +148,7 @@ impl Meter {
 
     /// The container's next launch waits for its next turn: the open burst
     /// ends after the launches already forwarded.
-    pub fn turn_ended<S: Sys>(&self, sys: &S, dev: usize) {
+    pub fn turn_ended<S: Gpu>(&self, sys: &S, dev: usize) {
         let Some(d) = self.devs.get(dev) else { return };
         if d.stream.load(Acquire) == 0 {
             return;
@@ -167,7 +167,7 @@ impl Meter {
     }
 
     /// Reads a finished burst, if any, into the scale.
-    fn collect<S: Sys>(&self, sys: &S, d: &Dev, ev: &mut Events) {
+    fn collect<S: Gpu>(&self, sys: &S, d: &Dev, ev: &mut Events) {
         let Some((b, charged, launches)) = ev.done else {
             return;
         };
