@@ -475,7 +475,7 @@ svc_run() {
     local share=""
     [ -n "$t" ] && [ -n "${SOLO:-}" ] && share=$(awk -v a="$t" -v b="$SOLO" 'BEGIN {printf "%.1f %%", 100 * a / b}')
     printf '| %s | %s | %s matmuls/s %s |\n' "$label" "${s:--}" "${t:--}" "$share"
-    grep -h 'higher priority\|panicked\|rror' "$W/svc-s.log" "$W/svc-t.log" 2>/dev/null | sort | uniq -c | head -n 4
+    grep -hi 'higher priority\|panicked\|error' "$W/svc-s.log" "$W/svc-t.log" 2>/dev/null | sort | uniq -c | head -n 4
 }
 
 phase_prio() {
