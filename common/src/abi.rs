@@ -184,7 +184,9 @@ pub fn render() -> String {
             owner,
             seen,
             limit,
+            rank,
             wants,
+            inflight_until,
             reserved
         }
     );
