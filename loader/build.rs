@@ -4,7 +4,8 @@
 //! - `AYA_BUILD_SKIP=1` skips it (host-only `cargo clippy`); the loader then
 //!   embeds an empty object and `vgpu trace` says so.
 //! - `VGPU_EBPF_TOOLCHAIN` names the rustup toolchain for the nested build
-//!   (default `debian-1.96`, see shared toolchain.md).
+//!   (default `debian-1.96`: Debian's `rustc-web` with its prebuilt `core`
+//!   for bpfel, linked by `cargo xtask setup`; docs/trace.md).
 
 use anyhow::Context as _;
 

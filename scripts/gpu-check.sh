@@ -20,6 +20,9 @@
 #                                        (VARIANTS="name=/path/libvgpu.so ...": other builds at limit 90)
 #   bash scripts/gpu-check.sh pyab       the same loop in one process, its limit flipped on and off
 #                                        (paired: host drift cancels); VARIANTS as above
+#   bash scripts/gpu-check.sh prio       a latency-bound service beside a trainer (issue 16): service
+#                                        p50/p99 and trainer throughput alone, unlimited, at 30/70 and
+#                                        with priorities 0/1 (VARIANTS: other builds at 30/70 too)
 #
 # Every figure printed is measured in this run.
 set -uo pipefail
@@ -452,6 +455,53 @@ phase_pyab() {
             CUDA_DEVICE_SM_LIMIT=90 GPU_CORE_UTILIZATION_POLICY=force \
             python3 "$ROOT/scripts/gpu/ab_limit.py" --vgpu "$DIST/vgpu" --limits "${AB_LIMITS:-90,60,30,10}" --cycles "${AB_CYCLES:-8}"
     done
+}
+
+# svc_run LABEL SERVICE_ENV TRAINER_ENV: the two processes side by side
+# (either env "-": that process does not run), each its own region.
+svc_run() {
+    local label=$1 senv=$2 tenv=$3 secs=${PRIO_SECONDS:-12} s="" t=""
+    if [ "$senv" != - ]; then
+        env $senv CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/svc.XXXX")/s.cache" \
+            python3 "$ROOT/scripts/gpu/svc_bench.py" service --seconds "$secs" >"$W/svc-s.txt" 2>"$W/svc-s.log" &
+    fi
+    if [ "$tenv" != - ]; then
+        env $tenv CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/svc.XXXX")/t.cache" \
+            python3 "$ROOT/scripts/gpu/svc_bench.py" trainer --seconds "$secs" >"$W/svc-t.txt" 2>"$W/svc-t.log" &
+    fi
+    wait
+    [ "$senv" != - ] && s=$(cat "$W/svc-s.txt")
+    [ "$tenv" != - ] && t=$(awk '{print $2}' "$W/svc-t.txt")
+    local share=""
+    [ -n "$t" ] && [ -n "${SOLO:-}" ] && share=$(awk -v a="$t" -v b="$SOLO" 'BEGIN {printf "%.1f %%", 100 * a / b}')
+    printf '| %s | %s | %s matmuls/s %s |\n' "$label" "${s:--}" "${t:--}" "$share"
+    grep -hi 'higher priority\|panicked\|error' "$W/svc-s.log" "$W/svc-t.log" 2>/dev/null | sort | uniq -c | head -n 4
+}
+
+phase_prio() {
+    say "service (4 bf16 2048² matmuls + sync every 20 ms) beside a trainer (bf16 4096² matmuls)"
+    local hook="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+    # HAMi's node directory, shared by both (each container has it mounted).
+    rm -rf /tmp/vgpulock && mkdir -m 0777 /tmp/vgpulock
+    SOLO=""
+    svc_run "trainer alone" - "X=1"
+    SOLO=$(awk '{print $2}' "$W/svc-t.txt")
+    echo "| configuration | service | trainer (of alone) |"
+    echo "|---|---|---|"
+    svc_run "service alone" "X=1" -
+    svc_run "both unlimited" "X=1" "X=1"
+    local v name lib
+    for v in "dist=$DIST/libvgpu.so" ${VARIANTS:-}; do
+        name=${v%%=*} lib=${v#*=}
+        hook="LD_PRELOAD=$lib GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+        svc_run "$name: 30 / 70, equal priority" "$hook CUDA_DEVICE_SM_LIMIT=30" "$hook CUDA_DEVICE_SM_LIMIT=70"
+    done
+    hook="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+    svc_run "priority 0 / 1, no limits" "$hook CUDA_TASK_PRIORITY=0" "$hook CUDA_TASK_PRIORITY=1"
+    svc_run "priority 0 / 1, 30 / 70" "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=30" \
+        "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=70"
+    svc_run "service stops: trainer priority 1 alone" - "$hook CUDA_TASK_PRIORITY=1"
+    rm -rf /tmp/vgpulock
 }
 
 "phase_$PHASE"

@@ -184,7 +184,9 @@ pub fn render() -> String {
             owner,
             seen,
             limit,
+            rank,
             wants,
+            inflight_until,
             reserved
         }
     );
@@ -257,7 +259,14 @@ pub fn render() -> String {
             _pad
         }
     );
-    abi_layout!(&mut s, Pending { event, out_ptr });
+    abi_layout!(
+        &mut s,
+        Pending {
+            event,
+            out_ptr,
+            out_ptr2
+        }
+    );
     abi_layout!(
         &mut s,
         LaunchKey {
@@ -281,7 +290,31 @@ pub fn render() -> String {
             bytes_freed,
         }
     );
+    render_wire_ids(&mut s);
     s
+}
+
+/// The wire values the eBPF programs and the loader agree on: every
+/// [`Func`](crate::event::Func) id with its symbol and class, every
+/// [`Counter`](crate::event::Counter) index with its name.
+fn render_wire_ids(s: &mut String) {
+    use crate::event::{Counter, Func};
+
+    let mut funcs: Vec<Func> = Func::ALL.into_iter().chain(Func::CONTEXT).collect();
+    funcs.sort_by_key(|f| f.id());
+    for f in funcs {
+        let back = Func::from_id(f.id()).map_or("none", Func::symbol);
+        let _ = writeln!(
+            s,
+            "Func::{f:?} = {} symbol={} class={:?} from_id={back}",
+            f.id(),
+            f.symbol(),
+            f.class()
+        );
+    }
+    for c in Counter::ALL {
+        let _ = writeln!(s, "Counter::{c:?} = {} name={}", c as u32, c.name());
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! Names of the environment variables vgpu reads. They are HAMi-core's
-//! (spec §1.1), so a container set up for HAMi works unchanged.
+//! Names of the environment variables vgpu reads. They are the ones
+//! HAMi-core's `libvgpu.so` reads (<https://github.com/Project-HAMi/HAMi-core>), so a container
+//! set up for HAMi works unchanged.
 
 /// Memory limit for every device; `_<N>` suffixed variants override per device.
 pub const MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
@@ -23,5 +24,8 @@ pub const VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// `/tmp/vgpulock` (mode 0777) into every container it sets up, so that is
 /// the value to use in a HAMi cluster.
 pub const SM_NODE_DIR: &str = "VGPU_SM_NODE_DIR";
+/// The node directory HAMi's device plugin mounts into every container it
+/// sets up; used for priorities when only `CUDA_TASK_PRIORITY` is set.
+pub const SM_NODE_DIR_HAMI: &str = "/tmp/vgpulock";
 /// Directory HAMi's device plugin bind-mounts per container (host side).
 pub const HAMI_CONTAINERS_DIR: &str = "/usr/local/vgpu/containers";

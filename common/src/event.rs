@@ -46,67 +46,58 @@ pub mod sizes {
     pub const ALLOCS: u32 = 262_144;
 }
 
-/// A probed libcuda entry point. The value is the uprobe attach cookie and
-/// the `func` field of every record.
-///
-/// Gaps are room for related entry points; retired values are never reused.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Func {
-    // Allocation and free: 1..=31.
-    /// `cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)`
-    MemAlloc = 1,
-    /// `cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w, size_t h, unsigned elem)`
-    MemAllocPitch = 2,
-    /// `cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned flags)`
-    MemAllocManaged = 3,
-    /// `cuMemFree_v2(CUdeviceptr dptr)`
-    MemFree = 4,
-    /// `cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s)`
-    MemAllocAsync = 5,
-    /// `cuMemAllocAsync_ptsz`
-    MemAllocAsyncPtsz = 6,
-    /// `cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool p, CUstream s)`
-    MemAllocFromPoolAsync = 7,
-    /// `cuMemAllocFromPoolAsync_ptsz`
-    MemAllocFromPoolAsyncPtsz = 8,
-    /// `cuMemFreeAsync(CUdeviceptr dptr, CUstream s)`
-    MemFreeAsync = 9,
-    /// `cuMemFreeAsync_ptsz`
-    MemFreeAsyncPtsz = 10,
-    /// `cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *p, unsigned long long flags)`
-    MemCreate = 11,
-    /// `cuMemRelease(CUmemGenericAllocationHandle h)`
-    MemRelease = 12,
-    // Launches: 32..=63.
-    /// `cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)`
-    LaunchKernel = 32,
-    /// `cuLaunchKernel_ptsz`
-    LaunchKernelPtsz = 33,
-    /// `cuLaunchKernelEx(const CUlaunchConfig *config, f, params, extra)`
-    LaunchKernelEx = 34,
-    /// `cuLaunchKernelEx_ptsz`
-    LaunchKernelExPtsz = 35,
-    /// `cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params)`
-    LaunchCooperativeKernel = 36,
-    /// `cuLaunchCooperativeKernel_ptsz`
-    LaunchCooperativeKernelPtsz = 37,
-    /// `cuGraphLaunch(CUgraphExec exec, CUstream stream)`
-    GraphLaunch = 38,
-    /// `cuGraphLaunch_ptsz`
-    GraphLaunchPtsz = 39,
-    // Driver init and context creation: 64..=79.
-    /// `cuInit(unsigned flags)`
-    Init = 64,
-    /// `cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)`
-    CtxCreate = 65,
-    /// `cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned flags, CUdevice dev)`
-    CtxCreateV3 = 66,
-    /// `cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned flags, CUdevice dev)`
-    CtxCreateV4 = 67,
-    /// `cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)`
-    DevicePrimaryCtxRetain = 68,
+macro_rules! gen_func {
+    (
+        cuda_hooks { $(fn $n:ident($($a:ident: $t:ty),*) -> $r:ty => $($p:ident)::+, cuda($base:ident @ $since:literal $(, $pt:ident)?) $(, trace($v:ident = $id:literal, $class:ident))?;)* }
+        cuda_older { $($older:tt)* }
+        cuda_real { $($cr:tt)* }
+        nvml_hooks { $($nh:tt)* }
+        nvml_real { $($nr:tt)* }
+    ) => {
+        /// A probed libcuda entry point: the `trace(…)` rows of
+        /// [`entry_points!`](crate::entry_points). The value is the uprobe
+        /// attach cookie and the `func` field of every record.
+        ///
+        /// Gaps are room for related entry points; retired values are never reused.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum Func {
+            $($(
+                #[doc = concat!("`", stringify!($n), "`")]
+                $v = $id,
+            )?)*
+        }
+
+        impl Func {
+            /// Every probed entry point, in list order.
+            const EVERY: &[Func] = &[$($(Func::$v,)?)*];
+
+            /// The inverse of [`Func::id`].
+            pub const fn from_id(id: u32) -> Option<Func> {
+                Some(match id {
+                    $($($id => Func::$v,)?)*
+                    _ => return None,
+                })
+            }
+
+            /// The exported libcuda symbol (probed, and named in traces).
+            pub const fn symbol(self) -> &'static str {
+                match self {
+                    $($(Func::$v => stringify!($n),)?)*
+                }
+            }
+
+            /// What the call does.
+            pub const fn class(self) -> FuncClass {
+                match self {
+                    $($(Func::$v => FuncClass::$class,)?)*
+                }
+            }
+        }
+    };
 }
+
+crate::entry_points!(gen_func);
 
 /// What a [`Func`] does, for aggregation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,136 +115,44 @@ pub enum FuncClass {
     Context,
 }
 
+/// How many of [`Func::EVERY`] are (`context`) or are not context entry points.
+const fn count_context(context: bool) -> usize {
+    let mut n = 0;
+    let mut i = 0;
+    while i < Func::EVERY.len() {
+        if matches!(Func::EVERY[i].class(), FuncClass::Context) == context {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+/// [`Func::EVERY`] filtered to the context entry points (`context`) or the others.
+const fn pick_context<const N: usize>(context: bool) -> [Func; N] {
+    let mut out = [Func::EVERY[0]; N];
+    let (mut i, mut n) = (0, 0);
+    while i < Func::EVERY.len() {
+        if matches!(Func::EVERY[i].class(), FuncClass::Context) == context {
+            out[n] = Func::EVERY[i];
+            n += 1;
+        }
+        i += 1;
+    }
+    out
+}
+
 impl Func {
-    /// Every probed entry point, in attach order.
-    pub const ALL: [Func; 20] = [
-        Func::MemAlloc,
-        Func::MemAllocPitch,
-        Func::MemAllocManaged,
-        Func::MemFree,
-        Func::MemAllocAsync,
-        Func::MemAllocAsyncPtsz,
-        Func::MemAllocFromPoolAsync,
-        Func::MemAllocFromPoolAsyncPtsz,
-        Func::MemFreeAsync,
-        Func::MemFreeAsyncPtsz,
-        Func::MemCreate,
-        Func::MemRelease,
-        Func::LaunchKernel,
-        Func::LaunchKernelPtsz,
-        Func::LaunchKernelEx,
-        Func::LaunchKernelExPtsz,
-        Func::LaunchCooperativeKernel,
-        Func::LaunchCooperativeKernelPtsz,
-        Func::GraphLaunch,
-        Func::GraphLaunchPtsz,
-    ];
+    /// Every probed allocation, free and launch entry point, in attach order.
+    pub const ALL: [Func; count_context(false)] = pick_context(false);
 
     /// Driver init and context creation entry points (the daemon probes
     /// these to learn a process at its first CUDA call; not in [`Func::ALL`]).
-    pub const CONTEXT: [Func; 5] = [
-        Func::Init,
-        Func::CtxCreate,
-        Func::CtxCreateV3,
-        Func::CtxCreateV4,
-        Func::DevicePrimaryCtxRetain,
-    ];
+    pub const CONTEXT: [Func; count_context(true)] = pick_context(true);
 
     /// The wire value (attach cookie).
     pub const fn id(self) -> u32 {
         self as u32
-    }
-
-    /// The inverse of [`Func::id`].
-    pub const fn from_id(id: u32) -> Option<Func> {
-        Some(match id {
-            1 => Func::MemAlloc,
-            2 => Func::MemAllocPitch,
-            3 => Func::MemAllocManaged,
-            4 => Func::MemFree,
-            5 => Func::MemAllocAsync,
-            6 => Func::MemAllocAsyncPtsz,
-            7 => Func::MemAllocFromPoolAsync,
-            8 => Func::MemAllocFromPoolAsyncPtsz,
-            9 => Func::MemFreeAsync,
-            10 => Func::MemFreeAsyncPtsz,
-            11 => Func::MemCreate,
-            12 => Func::MemRelease,
-            32 => Func::LaunchKernel,
-            33 => Func::LaunchKernelPtsz,
-            34 => Func::LaunchKernelEx,
-            35 => Func::LaunchKernelExPtsz,
-            36 => Func::LaunchCooperativeKernel,
-            37 => Func::LaunchCooperativeKernelPtsz,
-            38 => Func::GraphLaunch,
-            39 => Func::GraphLaunchPtsz,
-            64 => Func::Init,
-            65 => Func::CtxCreate,
-            66 => Func::CtxCreateV3,
-            67 => Func::CtxCreateV4,
-            68 => Func::DevicePrimaryCtxRetain,
-            _ => return None,
-        })
-    }
-
-    /// The exported libcuda symbol.
-    pub const fn symbol(self) -> &'static str {
-        match self {
-            Func::MemAlloc => "cuMemAlloc_v2",
-            Func::MemAllocPitch => "cuMemAllocPitch_v2",
-            Func::MemAllocManaged => "cuMemAllocManaged",
-            Func::MemFree => "cuMemFree_v2",
-            Func::MemAllocAsync => "cuMemAllocAsync",
-            Func::MemAllocAsyncPtsz => "cuMemAllocAsync_ptsz",
-            Func::MemAllocFromPoolAsync => "cuMemAllocFromPoolAsync",
-            Func::MemAllocFromPoolAsyncPtsz => "cuMemAllocFromPoolAsync_ptsz",
-            Func::MemFreeAsync => "cuMemFreeAsync",
-            Func::MemFreeAsyncPtsz => "cuMemFreeAsync_ptsz",
-            Func::MemCreate => "cuMemCreate",
-            Func::MemRelease => "cuMemRelease",
-            Func::LaunchKernel => "cuLaunchKernel",
-            Func::LaunchKernelPtsz => "cuLaunchKernel_ptsz",
-            Func::LaunchKernelEx => "cuLaunchKernelEx",
-            Func::LaunchKernelExPtsz => "cuLaunchKernelEx_ptsz",
-            Func::LaunchCooperativeKernel => "cuLaunchCooperativeKernel",
-            Func::LaunchCooperativeKernelPtsz => "cuLaunchCooperativeKernel_ptsz",
-            Func::GraphLaunch => "cuGraphLaunch",
-            Func::GraphLaunchPtsz => "cuGraphLaunch_ptsz",
-            Func::Init => "cuInit",
-            Func::CtxCreate => "cuCtxCreate_v2",
-            Func::CtxCreateV3 => "cuCtxCreate_v3",
-            Func::CtxCreateV4 => "cuCtxCreate_v4",
-            Func::DevicePrimaryCtxRetain => "cuDevicePrimaryCtxRetain",
-        }
-    }
-
-    /// What the call does.
-    pub const fn class(self) -> FuncClass {
-        match self {
-            Func::MemAlloc
-            | Func::MemAllocPitch
-            | Func::MemAllocManaged
-            | Func::MemAllocAsync
-            | Func::MemAllocAsyncPtsz
-            | Func::MemAllocFromPoolAsync
-            | Func::MemAllocFromPoolAsyncPtsz
-            | Func::MemCreate => FuncClass::Alloc,
-            Func::MemFree | Func::MemFreeAsync | Func::MemFreeAsyncPtsz | Func::MemRelease => {
-                FuncClass::Free
-            }
-            Func::LaunchKernel
-            | Func::LaunchKernelPtsz
-            | Func::LaunchKernelEx
-            | Func::LaunchKernelExPtsz
-            | Func::LaunchCooperativeKernel
-            | Func::LaunchCooperativeKernelPtsz => FuncClass::Launch,
-            Func::GraphLaunch | Func::GraphLaunchPtsz => FuncClass::GraphLaunch,
-            Func::Init
-            | Func::CtxCreate
-            | Func::CtxCreateV3
-            | Func::CtxCreateV4
-            | Func::DevicePrimaryCtxRetain => FuncClass::Context,
-        }
     }
 
     /// `cuMemCreate`/`cuMemRelease` deal in allocation handles, not device

@@ -6,6 +6,7 @@
 //! region lock).
 #![cfg_attr(not(feature = "std"), no_std)]
 
+pub mod entry;
 pub mod env;
 pub mod event;
 pub mod paths;

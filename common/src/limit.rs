@@ -1,7 +1,9 @@
 //! Parsing of `CUDA_DEVICE_MEMORY_LIMIT[_N]` and `CUDA_DEVICE_SM_LIMIT[_N]`.
 //!
-//! HAMi-core accepts anything `strtoul` half-reads (`1024mb` becomes 1024
-//! bytes, `1.5g` becomes 1 GiB, spec §1.1). A wrong limit that looks right is
+//! HAMi-core accepts anything `strtoul` half-reads and takes the suffix from
+//! the last character (`1024mb` becomes 1024 bytes, `1.5g` becomes 1 GiB;
+//! `get_limit_from_env` in its `src/multiprocess/multiprocess_memory_limit.c`,
+//! <https://github.com/Project-HAMi/HAMi-core>). A wrong limit that looks right is
 //! worse than none, so vgpu accepts exactly `<decimal digits>[k|K|m|M|g|G]`
 //! and reports everything else as an error naming the variable.
 

@@ -3,7 +3,8 @@
 //!
 //! HAMi-core guards slot registration with a `sem_t` inside the mapping; a
 //! holder killed by SIGKILL leaves it taken and the container wedges until a
-//! 10 s timeout heuristic fires (spec §2.5). The kernel drops an OFD lock the
+//! 10 s `sem_timedwait` times out and the recorded owner is found dead
+//! (`lock_shrreg`, <https://github.com/Project-HAMi/HAMi-core>). The kernel drops an OFD lock the
 //! moment its holder's file description closes, which includes death at any
 //! instant. The range is the one HAMi's `lockf` creation lock uses, and OFD
 //! and POSIX record locks conflict, so a HAMi-core process creating the same

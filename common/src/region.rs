@@ -1,10 +1,13 @@
-//! The HAMi-core v1.2 shared region (spec §2), byte for byte.
+//! The HAMi-core v1.2 shared region (`shared_region_t` of its
+//! `src/multiprocess/multiprocess_memory_limit.h`, <https://github.com/Project-HAMi/HAMi-core>),
+//! byte for byte.
 //!
 //! Every process of a container maps the same file and HAMi's monitor reads
 //! it without locks, so every field that anyone writes after creation is an
 //! atomic: the types can be used through a shared reference into a
 //! `MAP_SHARED` mapping. Offsets and sizes are asserted at compile time
-//! against the numbers of spec §2.3.
+//! against that C layout on Linux x86_64 and aarch64 (glibc `sem_t`: 32
+//! bytes, 8-aligned), the offsets HAMi's monitor reads.
 
 use core::mem::{align_of, offset_of, size_of};
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8};
@@ -26,7 +29,8 @@ pub const REGION_SIZE: usize = 2_008_952;
 /// file size, so keep the file exactly this long.
 pub const FILE_SIZE: u64 = REGION_SIZE as u64 + 1;
 
-/// Slot `status` values (spec §2.6).
+/// Slot `status` values, HAMi-core's: `SIGUSR2` suspends a process,
+/// `SIGUSR1` resumes it, exit clears its slot.
 pub mod status {
     pub const EXITED: i32 = 0;
     pub const RUNNING: i32 = 1;
@@ -243,10 +247,10 @@ impl ProcSlot {
 mod tests {
     use super::*;
 
-    /// The numbers of spec §2.3, checked at run time too so a failure names
+    /// The offsets of the C layout, checked at run time too so a failure names
     /// the field (the const asserts above only say "evaluation failed").
     #[test]
-    fn layout_matches_spec_2_3() {
+    fn layout_matches_hami_core_v1_2() {
         let cases: &[(&str, usize, usize)] = &[
             ("device_memory_t", size_of::<DeviceMemory>(), 64),
             ("device_util_t", size_of::<DeviceUtil>(), 48),

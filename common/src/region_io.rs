@@ -21,6 +21,7 @@ use std::ops::Deref;
 use std::os::unix::fs::{FileExt as _, FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
 
+use crate::identity::Identity;
 use crate::region::{ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_PROCS, REGION_SIZE};
 
 /// Why a region could not be read or written.
@@ -245,6 +246,25 @@ impl RegionIo {
         ))
     }
 
+    /// The identity slot `i` records (`pid`, `pidns`, `start`), read now.
+    pub fn slot_identity(&self, i: usize) -> Result<Identity, IoError> {
+        let i = i.min(MAX_PROCS - 1);
+        let base = slot_offset(i);
+        let mut pid = [0u8; 4];
+        self.read_exact_at(&mut pid, base)?;
+        // `pidns` and `start` are adjacent: one read.
+        const _: () = assert!(offset_of!(ProcSlot, start) == offset_of!(ProcSlot, pidns) + 8);
+        let mut id = [0u8; 16];
+        self.read_exact_at(&mut id, base + offset_of!(ProcSlot, pidns) as u64)?;
+        let (ns, start) = id.split_at(8);
+        let word = |b: &[u8]| b.try_into().map(u64::from_le_bytes).unwrap_or(0);
+        Ok(Identity {
+            pid: i32::from_le_bytes(pid),
+            pidns: word(ns),
+            start: word(start),
+        })
+    }
+
     /// The 8 bytes at `offset`, read now (not from a snapshot).
     pub fn read_u64(&self, offset: u64) -> Result<u64, IoError> {
         let mut b = [0u8; 8];
@@ -387,6 +407,17 @@ mod tests {
         assert_eq!(&b[1608..1616], &(1u64 << 30).to_le_bytes());
         assert_eq!(&b[1856 + 1960 + 4..1856 + 1960 + 8], &4242i32.to_le_bytes());
         assert_eq!(io.slot_head(1).unwrap(), (0, 4242, 0));
+        io.write_i32(slot_offset(1), 3).unwrap();
+        io.write_u64(slot_offset(1) + 1944, 0xabc).unwrap();
+        io.write_u64(slot_offset(1) + 1952, 99).unwrap();
+        assert_eq!(
+            io.slot_identity(1).unwrap(),
+            Identity {
+                pid: 3,
+                pidns: 0xabc,
+                start: 99
+            }
+        );
         assert!(matches!(
             io.write_u64(REGION_SIZE as u64 - 4, 1),
             Err(IoError::Write { .. })

@@ -5,6 +5,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray, PerCpuHashMap, RingBuf},
 };
+use aya_log_ebpf::warn;
 use vgpu_common::event::{
     sizes, AllocKey, Caller, Config, Counter, KernelOffsets, LaunchKey, Pending, PendingKey,
     ProcCounters,
@@ -59,11 +60,33 @@ pub(crate) static LAUNCHES: PerCpuHashMap<LaunchKey, u64> =
 #[map]
 pub(crate) static ALLOCS: HashMap<AllocKey, u64> = HashMap::with_max_entries(sizes::ALLOCS, 0);
 
-/// Counts something that could not be recorded.
+/// Counts something that could not be recorded. Its first occurrence on
+/// each CPU is also logged (aya-log, shown in the loader's log): only a
+/// failure path gets here, and after that first time only the counter
+/// moves, so no call pays for a log record twice per CPU.
 #[inline(always)]
 pub(crate) fn count(c: Counter) {
     if let Some(p) = COUNTERS.get_ptr_mut(c as u32) {
         // SAFETY: a per-CPU array slot of this CPU, valid for the program's run.
-        unsafe { *p += 1 };
+        let before = unsafe {
+            let n = *p;
+            *p = n + 1;
+            n
+        };
+        if before == 0 {
+            diagnose(c);
+        }
     }
+}
+
+/// Logs `c`'s first occurrence on this CPU. Out of line: one copy of the
+/// log record writer for every call site.
+#[inline(never)]
+fn diagnose(c: Counter) {
+    // aya-log ignores the context argument; records go to its ring buffer.
+    warn!(
+        &(),
+        "eBPF probes: {} (first time on this CPU; totals: vgpu_probe_lost_events_total)",
+        c.name()
+    );
 }

@@ -19,9 +19,16 @@ pub enum Visible {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub region_path: PathBuf,
-    /// Where limited containers on a GPU agree on their turns (`sm::node`,
-    /// `VGPU_SM_NODE_DIR`); `None` = the container does not take turns.
+    /// The node's shared directory of per-GPU tables (`sm::node`):
+    /// `VGPU_SM_NODE_DIR`, or HAMi's `/tmp/vgpulock` when only
+    /// `CUDA_TASK_PRIORITY` is set; `None` = the container is alone.
     pub node_dir: Option<PathBuf>,
+    /// Whether limited containers take turns there (`VGPU_SM_NODE_DIR`
+    /// set); a stated priority alone only ranks the container.
+    pub turns: bool,
+    /// `CUDA_TASK_PRIORITY` was set: the container takes part in the
+    /// node's priorities even without a limit.
+    pub priority_stated: bool,
     /// Bytes per container-visible device; 0 = no limit.
     pub mem_limit: [u64; MAX_DEVICES],
     /// Percent per device (100 = no limit).
@@ -44,6 +51,7 @@ impl Config {
         let mem = device_limits(names::MEMORY_LIMIT, 0, parse_size, &lookup);
         let sm = device_limits(names::SM_LIMIT, 100, parse_percent, &lookup);
         let mut other_errors = Vec::new();
+        let priority_stated = lookup(names::TASK_PRIORITY).is_some();
         let priority = match lookup(names::TASK_PRIORITY) {
             None => 1,
             Some(v) => v.trim().parse::<i32>().unwrap_or_else(|_| {
@@ -65,15 +73,22 @@ impl Config {
             .into();
         // Opt-in: a container that takes turns waits for its turn, up to a
         // frame, which a latency-bound service may not want.
-        let node_dir = lookup(names::SM_NODE_DIR)
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from);
+        // Set but empty: explicitly alone (no turns, no priorities).
+        let dir_var = lookup(names::SM_NODE_DIR);
+        let turns = dir_var.as_deref().is_some_and(|d| !d.is_empty());
+        let node_dir = match dir_var {
+            Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
+            None if priority_stated => Some(PathBuf::from(names::SM_NODE_DIR_HAMI)),
+            _ => None,
+        };
         let visible = lookup(names::VISIBLE_DEVICES).map(|v| parse_visible(&v));
         let mut errors = mem.errors;
         errors.extend(sm.errors);
         Self {
             region_path,
             node_dir,
+            turns,
+            priority_stated,
             mem_limit: mem.values,
             sm_limit: sm.values,
             priority,
@@ -153,6 +168,28 @@ mod tests {
             with(Some("/tmp/vgpulock")),
             Some(PathBuf::from("/tmp/vgpulock"))
         );
+    }
+
+    #[test]
+    fn a_stated_priority_joins_hamis_node_dir_without_turns() {
+        let cfg = |dir: Option<&str>, prio: Option<&str>| {
+            Config::from_lookup(|k| match k {
+                "VGPU_SM_NODE_DIR" => dir.map(str::to_owned),
+                "CUDA_TASK_PRIORITY" => prio.map(str::to_owned),
+                _ => None,
+            })
+        };
+        let c = cfg(None, Some("0"));
+        assert_eq!(c.node_dir, Some(PathBuf::from("/tmp/vgpulock")));
+        assert!(!c.turns && c.priority_stated && c.priority == 0);
+        let c = cfg(Some("/x"), Some("1"));
+        assert_eq!(c.node_dir, Some(PathBuf::from("/x")));
+        assert!(c.turns && c.priority_stated);
+        let c = cfg(Some(""), Some("0"));
+        assert_eq!(c.node_dir, None);
+        assert!(!c.turns);
+        let c = cfg(None, None);
+        assert!(c.node_dir.is_none() && !c.turns && !c.priority_stated);
     }
 
     #[test]

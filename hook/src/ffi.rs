@@ -24,9 +24,7 @@ pub type CUmemGenericAllocationHandle = u64;
 pub type CUdriverProcAddressQueryResult = c_int;
 
 pub const CUDA_SUCCESS: CUresult = 0;
-pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
@@ -131,7 +129,6 @@ pub const NVML_SUCCESS: nvmlReturn_t = 0;
 pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED` of `cuThreadExchangeStreamCaptureMode`.
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
-pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
 /// `NVML_VALUE_NOT_AVAILABLE` as an `unsigned long long`.

@@ -7,20 +7,23 @@
 #[macro_use]
 mod log;
 #[macro_use]
-#[path = "exports/list.rs"]
-mod list;
-#[macro_use]
-pub mod real;
+pub(crate) mod real;
 
-pub mod config;
-pub mod exports;
-pub mod ffi;
+pub(crate) mod config;
+pub(crate) mod exports;
+pub(crate) mod ffi;
 mod launch;
-pub mod mapguard;
+pub(crate) mod mapguard;
 mod memory;
 mod nvml;
 mod procaddr;
-pub mod region;
-pub mod sm;
-pub mod state;
+pub(crate) mod region;
+// The SM limiter is being restructured separately; what its rewrite leaves
+// unused goes with it (then this expectation fails and goes too).
+#[expect(
+    dead_code,
+    reason = "Launch::blocks, and outside tests a few control/cost estimates, are unused"
+)]
+pub(crate) mod sm;
+pub(crate) mod state;
 mod suspend;

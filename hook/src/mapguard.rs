@@ -140,11 +140,13 @@ pub fn unguard(base: *const u8) {
 }
 
 /// Whether the mapping containing `addr` was replaced after a truncation.
+#[cfg(test)]
 pub fn is_lost(addr: *const u8) -> bool {
     find(addr as usize).is_some_and(|g| g.state.load(Acquire) == LOST)
 }
 
 /// How many mappings were replaced so far.
+#[cfg(test)]
 pub fn replaced() -> usize {
     REPLACED.load(Relaxed)
 }

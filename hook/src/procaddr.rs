@@ -14,192 +14,13 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 
 use crate::ffi::*;
 
-/// One base name: `(first CUDA version, symbol)` ascending, and the
-/// per-thread-stream symbol if it has one.
-struct Entry {
-    name: &'static str,
-    versions: &'static [(c_int, &'static str)],
-    per_thread: Option<&'static str>,
-}
-
-const fn e(
-    name: &'static str,
-    versions: &'static [(c_int, &'static str)],
-    per_thread: Option<&'static str>,
-) -> Entry {
-    Entry {
-        name,
-        versions,
-        per_thread,
-    }
-}
-
-/// Facts from cudaTypedefs.h (`PFN_<name>_v<version>[_ptsz]`), for every
-/// base name whose versions include a hooked symbol.
-const TABLE: &[Entry] = &[
-    e("cuInit", &[(2000, "cuInit")], None),
-    e(
-        "cuGetProcAddress",
-        &[(11030, "cuGetProcAddress"), (12000, "cuGetProcAddress_v2")],
-        None,
-    ),
-    e(
-        "cuMemAlloc",
-        &[(2000, "cuMemAlloc"), (3020, "cuMemAlloc_v2")],
-        None,
-    ),
-    e(
-        "cuMemAllocPitch",
-        &[(2000, "cuMemAllocPitch"), (3020, "cuMemAllocPitch_v2")],
-        None,
-    ),
-    e("cuMemAllocManaged", &[(6000, "cuMemAllocManaged")], None),
-    e(
-        "cuMemFree",
-        &[(2000, "cuMemFree"), (3020, "cuMemFree_v2")],
-        None,
-    ),
-    e(
-        "cuMemGetInfo",
-        &[(2000, "cuMemGetInfo"), (3020, "cuMemGetInfo_v2")],
-        None,
-    ),
-    e(
-        "cuDeviceTotalMem",
-        &[(2000, "cuDeviceTotalMem"), (3020, "cuDeviceTotalMem_v2")],
-        None,
-    ),
-    e("cuMemCreate", &[(10020, "cuMemCreate")], None),
-    e("cuMemRelease", &[(10020, "cuMemRelease")], None),
-    e(
-        "cuMemAllocAsync",
-        &[(11020, "cuMemAllocAsync")],
-        Some("cuMemAllocAsync_ptsz"),
-    ),
-    e(
-        "cuMemAllocFromPoolAsync",
-        &[(11020, "cuMemAllocFromPoolAsync")],
-        Some("cuMemAllocFromPoolAsync_ptsz"),
-    ),
-    e(
-        "cuMemFreeAsync",
-        &[(11020, "cuMemFreeAsync")],
-        Some("cuMemFreeAsync_ptsz"),
-    ),
-    e(
-        "cuArrayCreate",
-        &[(2000, "cuArrayCreate"), (3020, "cuArrayCreate_v2")],
-        None,
-    ),
-    e(
-        "cuArray3DCreate",
-        &[(2000, "cuArray3DCreate"), (3020, "cuArray3DCreate_v2")],
-        None,
-    ),
-    e("cuArrayDestroy", &[(2000, "cuArrayDestroy")], None),
-    e(
-        "cuMipmappedArrayCreate",
-        &[(5000, "cuMipmappedArrayCreate")],
-        None,
-    ),
-    e(
-        "cuMipmappedArrayDestroy",
-        &[(5000, "cuMipmappedArrayDestroy")],
-        None,
-    ),
-    e(
-        "cuGraphAddMemAllocNode",
-        &[(11040, "cuGraphAddMemAllocNode")],
-        None,
-    ),
-    e("cuGraphDestroy", &[(10000, "cuGraphDestroy")], None),
-    e(
-        "cuIpcOpenMemHandle",
-        &[
-            (4010, "cuIpcOpenMemHandle"),
-            (11000, "cuIpcOpenMemHandle_v2"),
-        ],
-        None,
-    ),
-    e(
-        "cuIpcCloseMemHandle",
-        &[(4010, "cuIpcCloseMemHandle")],
-        None,
-    ),
-    e(
-        "cuDevicePrimaryCtxRetain",
-        &[(7000, "cuDevicePrimaryCtxRetain")],
-        None,
-    ),
-    e(
-        "cuDevicePrimaryCtxRelease",
-        &[
-            (7000, "cuDevicePrimaryCtxRelease"),
-            (11000, "cuDevicePrimaryCtxRelease_v2"),
-        ],
-        None,
-    ),
-    e(
-        "cuDevicePrimaryCtxReset",
-        &[
-            (7000, "cuDevicePrimaryCtxReset"),
-            (11000, "cuDevicePrimaryCtxReset_v2"),
-        ],
-        None,
-    ),
-    e(
-        "cuCtxCreate",
-        &[
-            (2000, "cuCtxCreate"),
-            (3020, "cuCtxCreate_v2"),
-            (11040, "cuCtxCreate_v3"),
-            (12050, "cuCtxCreate_v4"),
-        ],
-        None,
-    ),
-    e(
-        "cuCtxDestroy",
-        &[(2000, "cuCtxDestroy"), (4000, "cuCtxDestroy_v2")],
-        None,
-    ),
-    e(
-        "cuLaunchKernel",
-        &[(4000, "cuLaunchKernel")],
-        Some("cuLaunchKernel_ptsz"),
-    ),
-    e(
-        "cuLaunchKernelEx",
-        &[(11060, "cuLaunchKernelEx")],
-        Some("cuLaunchKernelEx_ptsz"),
-    ),
-    e(
-        "cuLaunchCooperativeKernel",
-        &[(9000, "cuLaunchCooperativeKernel")],
-        Some("cuLaunchCooperativeKernel_ptsz"),
-    ),
-    e(
-        "cuGraphLaunch",
-        &[(10000, "cuGraphLaunch")],
-        Some("cuGraphLaunch_ptsz"),
-    ),
-];
-
 /// The versioned symbol a request for `name` at `cuda_version` with `flags`
-/// binds to, when `name` is a base name the hook knows. `None` for a version
-/// older than the first one (the driver answers that itself).
+/// binds to, when `name` is a base name the entry-point list knows
+/// (`cuda(…)` in `vgpu_common::entry_points!`). `None` for a version older
+/// than the first one (the driver answers that itself).
 pub fn resolve(name: &str, cuda_version: c_int, flags: u64) -> Option<&'static str> {
-    let entry = TABLE.iter().find(|e| e.name == name)?;
-    let (_, sym) = entry
-        .versions
-        .iter()
-        .rev()
-        .find(|(v, _)| cuda_version >= *v)?;
-    if flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0 {
-        if let Some(pt) = entry.per_thread {
-            return Some(pt);
-        }
-    }
-    Some(sym)
+    let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
+    vgpu_common::entry::resolve(name, cuda_version, per_thread)
 }
 
 /// The hook's wrapper to hand out for a successful request, if any.
@@ -306,10 +127,12 @@ mod tests {
         }
     }
 
+    /// Every symbol a request can bind to is the hook's wrapper exactly
+    /// when the list says it is hooked; older ABI versions (v1 of `_v2`
+    /// functions) are forwarded untouched.
     #[test]
     fn every_versioned_target_is_hooked_or_deliberately_not() {
-        // Old ABI symbols (v1 of _v2 functions) are forwarded untouched.
-        let unhooked_ok = [
+        let unhooked = [
             "cuMemAlloc",
             "cuMemAllocPitch",
             "cuMemFree",
@@ -321,14 +144,28 @@ mod tests {
             "cuCtxCreate",
             "cuCtxDestroy",
         ];
-        for e in TABLE {
-            let syms = e.versions.iter().map(|(_, s)| *s).chain(e.per_thread);
-            for sym in syms {
-                assert!(
-                    crate::exports::lookup(sym.as_bytes()).is_some() || unhooked_ok.contains(&sym),
-                    "{sym}"
-                );
-            }
+        for v in vgpu_common::entry::CUDA_VERSIONS {
+            let exported = crate::exports::lookup(v.symbol.as_bytes()).is_some();
+            assert_eq!(exported, v.hooked, "{}", v.symbol);
+            assert_eq!(unhooked.contains(&v.symbol), !v.hooked, "{}", v.symbol);
+        }
+    }
+
+    /// Every hooked CUDA symbol is reachable through `cuGetProcAddress`: a
+    /// runtime that resolves it by base name gets the hook's wrapper.
+    #[test]
+    fn every_hooked_cuda_symbol_has_a_typedef() {
+        let pt = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+        for name in crate::exports::HOOKED
+            .iter()
+            .filter(|n| n.starts_with("cu"))
+        {
+            let v = vgpu_common::entry::CUDA_VERSIONS
+                .iter()
+                .find(|v| v.symbol == *name)
+                .unwrap_or_else(|| panic!("{name} has no cuda(…) facts"));
+            let flags = if v.per_thread { pt } else { 0 };
+            assert_eq!(resolve(v.base, v.since, flags), Some(*name), "{name}");
         }
     }
 }

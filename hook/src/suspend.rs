@@ -1,4 +1,4 @@
-//! Suspend / resume (HAMi's protocol, spec §2.6): `SIGUSR2` sets this
+//! Suspend / resume (HAMi-core's protocol): `SIGUSR2` sets this
 //! process's slot `status` to 2 (suspended), `SIGUSR1` back to 1 (running);
 //! allocations and launches wait while suspended ([`ensure_running`]).
 //!

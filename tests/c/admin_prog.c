@@ -9,7 +9,7 @@
  *   sigs PATH           map the region file PATH, find the slot whose pid
  *                       is getpid(), and install SIGUSR2 (status := 2) and
  *                       SIGUSR1 (status := 1) handlers on it, as HAMi-core
- *                       does (spec 2.6)                        -> "sigs SLOT"
+ *                       does                                   -> "sigs SLOT"
  *   status              -> "status S" (own slot, after sigs)
  *   nosigs              restore the default SIGUSR1/SIGUSR2 actions (which
  *                       terminate), undoing what the hook installed, as an
@@ -37,7 +37,7 @@
 
 #include "cuda_min.h"
 
-/* Offsets of the v1.2 region (spec 2.3). */
+/* Offsets of the v1.2 region (common/src/region.rs asserts the same). */
 #define REGION_SIZE 2008952
 #define PROCS_AT 1856
 #define SLOT_SIZE 1960

@@ -39,7 +39,8 @@ int main(int argc, char **argv) {
     CHECK(cuCtxSetCurrent(ctx));
     CHECK(cuModuleLoadData(&mod, PTX));
     CHECK(cuModuleGetFunction(&fn, mod, "busy_0ns"));
-    /* Warm up, then time launches with one sync at the end (gpu.md's method). */
+    /* Warm up, then time launches with one sync at the end: the per-launch
+     * cost without a sync per launch. */
     for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuCtxSynchronize());
     double t0 = now_ns();

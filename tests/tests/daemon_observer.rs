@@ -174,9 +174,23 @@ impl Fixture {
         hooked: bool,
         args: &[&str],
     ) -> ContainerProcess {
+        self.spawn_on(gpu, cg, name, name, hooked, args)
+    }
+
+    /// [`Fixture::spawn`] with region `region` (shared between containers
+    /// that name the same one).
+    fn spawn_on(
+        &self,
+        gpu: &SimGpu,
+        cg: &Cgroup,
+        name: &str,
+        region: &str,
+        hooked: bool,
+        args: &[&str],
+    ) -> ContainerProcess {
         let envs = self.envs(gpu);
         let hook = dist::hook_lib();
-        let region = self.region(name);
+        let region = self.region(region);
         let mut env: Vec<(&str, &OsStr)> = envs
             .iter()
             .map(|(k, v)| (k.as_str(), OsStr::new(v)))
@@ -577,4 +591,286 @@ fn allocations_behind_the_hook_are_findings() {
         line.contains(&rel) && line.contains(&bytes.to_string()),
         "{line}"
     );
+}
+
+/// The host PID in the live slot of namespace PID 1 that records PID
+/// namespace `pidns`.
+fn host_pid_of_ns(path: &Path, pidns: u64) -> Option<i32> {
+    let f = RegionFile::open(path, Access::ReadOnly).ok()?;
+    let r = f.region();
+    r.active_slots()
+        .iter()
+        .find(|s| {
+            s.pid.load(SeqCst) == 1
+                && s.pidns.load(SeqCst) == pidns
+                && s.status.load(SeqCst) != status::EXITED
+        })
+        .map(|s| s.hostpid.load(SeqCst))
+}
+
+/// Two PID namespaces share one region, each with a PID 1: each slot gets
+/// its own process's host PID and keeps it; a third PID 1, without the
+/// hook, naming the same region, is `no_region`, never taken for one of
+/// the hooked ones.
+#[test]
+fn pid_1_of_two_namespaces_sharing_a_region_each_get_their_own_host_pid() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::new();
+    let daemon = Daemon::start(&fx, &gpu, &["--slot-grace", "1"]);
+    let cgs: Vec<Cgroup> = (0..3)
+        .map(|i| Cgroup::unique(&format!("daemon-ns{i}")))
+        .collect();
+    let names = ["ns-a", "ns-b", "ns-bare"];
+    let mut procs: Vec<ContainerProcess> = (0..3)
+        .map(|i| fx.spawn_on(&gpu, &cgs[i], names[i], "shared", i < 2, &["64"]))
+        .collect();
+    let hooked: Vec<(u32, u64)> = procs[..2]
+        .iter()
+        .map(|p| (p.host_pid(), p.pidns_inum()))
+        .collect();
+    let bare_pid = procs[2].host_pid();
+    for p in &mut procs {
+        p.send_line("go");
+    }
+    for n in names {
+        fx.mark(n, "allocated", Duration::from_secs(10));
+    }
+    let region = fx.region("shared");
+    let right = || {
+        hooked
+            .iter()
+            .all(|&(host, ns)| host_pid_of_ns(&region, ns) == Some(host as i32))
+    };
+    let shown = || {
+        hooked
+            .iter()
+            .map(|&(host, ns)| {
+                format!(
+                    "host pid {host}: slot has {:?}",
+                    host_pid_of_ns(&region, ns)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let t = Instant::now();
+    while !right() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "host pids never right: {}\n{}",
+            shown(),
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // … and they stay right (the daemon polls every 100 ms).
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(1) {
+        assert!(right(), "a slot got another host pid: {}", shown());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Instant::now();
+    let bare = loop {
+        let f = daemon.findings();
+        let hit = f["findings"]
+            .as_array()
+            .and_then(|l| l.iter().find(|x| x["pid"] == bare_pid).cloned());
+        if let Some(h) = hit {
+            break h;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no finding for the process without the hook: {f:#}\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(bare["kind"], "no_region", "{bare:#}");
+    assert_eq!(bare["ns_pid"], 1, "{bare:#}");
+    let f = daemon.findings();
+    for &(host, _) in &hooked {
+        assert!(
+            !f["findings"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|x| x["pid"] == host)),
+            "hooked pid {host}: {f:#}"
+        );
+    }
+    for p in procs {
+        p.wait();
+    }
+}
+
+/// A slot's (pid, status, hostpid, total on device 0) by index.
+fn slot_at(path: &Path, i: usize) -> (i32, i32, i32, u64) {
+    let f = RegionFile::open(path, Access::ReadOnly).expect("open region");
+    let s = &f.region().procs[i];
+    (
+        s.pid.load(SeqCst),
+        s.status.load(SeqCst),
+        s.hostpid.load(SeqCst),
+        s.used[0].total.load(SeqCst),
+    )
+}
+
+/// Index of the live slot of namespace PID 1 recording PID namespace `pidns`.
+fn slot_index_of_ns(path: &Path, pidns: u64) -> Option<usize> {
+    let f = RegionFile::open(path, Access::ReadOnly).ok()?;
+    f.region().active_slots().iter().position(|s| {
+        s.pid.load(SeqCst) == 1
+            && s.pidns.load(SeqCst) == pidns
+            && s.status.load(SeqCst) != status::EXITED
+    })
+}
+
+/// The hook keeps a slot until its process is dead, so after a container's
+/// last process exits normally nobody in it frees the slot: the daemon
+/// does, within a few seconds. The slot of a live process (another PID
+/// namespace sharing the region, which the hook there does not judge)
+/// keeps its host PID and usage all along.
+#[test]
+fn a_dead_process_slot_is_freed_and_a_live_one_never_is() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::new();
+    let daemon = Daemon::start(&fx, &gpu, &[]);
+    let cgs: Vec<Cgroup> = (0..2)
+        .map(|i| Cgroup::unique(&format!("daemon-reclaim{i}")))
+        .collect();
+    let names = ["exits", "lives"];
+    let mut procs: Vec<ContainerProcess> = (0..2)
+        .map(|i| fx.spawn_on(&gpu, &cgs[i], names[i], "shared", true, &["64"]))
+        .collect();
+    let ids: Vec<(u32, u64)> = procs
+        .iter()
+        .map(|p| (p.host_pid(), p.pidns_inum()))
+        .collect();
+    for p in &mut procs {
+        p.send_line("go");
+    }
+    for n in names {
+        fx.mark(n, "allocated", Duration::from_secs(10));
+    }
+    let region = fx.region("shared");
+    let t = Instant::now();
+    while !ids
+        .iter()
+        .all(|&(host, ns)| host_pid_of_ns(&region, ns) == Some(host as i32))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "host pids not filled\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let dead = slot_index_of_ns(&region, ids[0].1).expect("slot of the exiting process");
+    let live = slot_index_of_ns(&region, ids[1].1).expect("slot of the live process");
+    assert!(slot_at(&region, dead).3 >= 64 * MIB);
+    let live_slot = slot_at(&region, live);
+    assert!(live_slot.3 >= 64 * MIB, "{live_slot:?}");
+
+    let st = procs.remove(0).wait();
+    assert!(st.success(), "exiting process: {st}");
+    let t = Instant::now();
+    loop {
+        let s = slot_at(&region, dead);
+        if s == (0, status::EXITED, 0, 0) {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the dead process's slot {dead} is still {s:?} after 5 s\n{}",
+            daemon.log_text()
+        );
+        assert_eq!(slot_at(&region, live), live_slot, "the live slot changed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "slot of a normal exit freed {:?} after the process was reaped",
+        t.elapsed()
+    );
+    // The live one stays as it was, scan after scan.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        assert_eq!(slot_at(&region, live), live_slot, "the live slot changed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let m = daemon.metrics();
+    assert_eq!(
+        sample(&m, "vgpu_slots_reclaimed_total", &[]),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        daemon.log_text().contains(&format!(
+            "freed slot {dead} of {}: pid 1 (host pid {}) is dead",
+            region.display(),
+            ids[0].0
+        )),
+        "{}",
+        daemon.log_text()
+    );
+    for p in procs {
+        p.wait();
+    }
+}
+
+/// The programs' rare diagnostics (aya-log) reach the daemon's log: with
+/// room for one process, a second one's calls find the per-process maps
+/// full; that is counted, and its first occurrence is logged.
+#[test]
+fn a_full_probe_map_is_logged_by_the_daemon() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::new();
+    let daemon = Daemon::start(&fx, &gpu, &["--max-procs", "1"]);
+    assert!(!daemon.log_text().contains("procs_full"));
+    let cgroups = [
+        Cgroup::unique("daemon-full-a"),
+        Cgroup::unique("daemon-full-b"),
+    ];
+    let mut procs: Vec<ContainerProcess> = (0..2)
+        .map(|i| fx.spawn(&gpu, &cgroups[i], &format!("full{i}"), false, &["8"]))
+        .collect();
+    for (i, p) in procs.iter_mut().enumerate() {
+        p.send_line("go");
+        fx.mark(&format!("full{i}"), "allocated", Duration::from_secs(30));
+    }
+    let want = "procs_full (first time on this CPU";
+    let t = Instant::now();
+    while !daemon.log_text().contains(want) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no diagnostic in the daemon's log: {}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The counter behind it is exported at the next scan.
+    let lost = || {
+        sample(
+            &daemon.metrics(),
+            "vgpu_probe_lost_events_total",
+            &[("reason", "procs_full")],
+        )
+        .unwrap_or(0.0)
+    };
+    while lost() < 1.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{}",
+            daemon.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for p in procs {
+        p.wait();
+    }
+    let log = daemon.stop();
+    let line = log.lines().find(|l| l.contains(want)).unwrap();
+    eprintln!("{line}");
+    assert!(line.contains("WARN"), "{line}");
+    // Once per CPU at most, though every call of the second process missed.
+    // SAFETY: sysconf has no memory arguments.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+    assert!(log.matches(want).count() <= cpus, "{log}");
 }

@@ -185,19 +185,52 @@ impl Node {
     /// can be made without touching the machine's), and a private /tmp
     /// that keeps only the simulated GPU's directory.
     fn run(&self, a: &Allocation, gpu: &SimGpu, exe: &Path) -> Output {
-        let scratch = self.root.join(format!("ctr-{}", self.seq));
+        // The scratch directory must not lie under /tmp, which the
+        // container replaces: a checkout (and so CARGO_TARGET_TMPDIR) may.
+        let scratch = PathBuf::from(format!(
+            "/run/vgpu-hami-node-{}-{}",
+            std::process::id(),
+            self.seq
+        ));
         std::fs::create_dir_all(&scratch).unwrap();
-        let sim_dir = gpu.dir().display().to_string();
+        // What the container still needs from the machine's /tmp: the
+        // simulated GPU, the node's files, the program and vgpu's build.
+        let mut keep: Vec<PathBuf> = vec![
+            gpu.dir().to_path_buf(),
+            self.root.clone(),
+            exe.parent().map(Path::to_path_buf).unwrap_or_default(),
+            vgpu_tests::dist::dist_dir(),
+        ];
+        keep.extend(
+            gpu.envs()
+                .into_iter()
+                .flat_map(|(_, v)| v.split(':').map(PathBuf::from).collect::<Vec<_>>())
+                .filter(|p| p.is_dir()),
+        );
+        keep.retain(|p| p.starts_with("/tmp") && p != Path::new("/tmp"));
+        keep.sort();
+        keep.dedup();
+        let mut kept: Vec<PathBuf> = Vec::new();
+        for p in keep {
+            if !kept.iter().any(|k| p.starts_with(k)) {
+                kept.push(p);
+            }
+        }
         let mut script = format!(
             "set -e\nS={s}\nmount -t tmpfs tmpfs $S\n\
              for d in /etc /usr/local; do mkdir -p $S/u$d $S/w$d; \
              mount -t overlay overlay -o lowerdir=$d,upperdir=$S/u$d,workdir=$S/w$d $d; done\n\
-             mkdir $S/oldtmp; mount --bind /tmp $S/oldtmp; mount -t tmpfs tmpfs /tmp\n\
-             mkdir -p {sim}; mount --bind $S/oldtmp/{sim_rel} {sim}\n",
+             mkdir $S/oldtmp; mount --rbind /tmp $S/oldtmp; mount -t tmpfs tmpfs /tmp\n",
             s = scratch.display(),
-            sim = sim_dir,
-            sim_rel = sim_dir.trim_start_matches("/tmp/"),
         );
+        for p in &kept {
+            let rel = p.strip_prefix("/tmp").unwrap_or(p);
+            script.push_str(&format!(
+                "mkdir -p {p}; mount --bind $S/oldtmp/{rel} {p}\n",
+                p = p.display(),
+                rel = rel.display()
+            ));
+        }
         // Parent directories first, as container runtimes order mounts;
         // the preload file last, since the runtime makes every mount before
         // the container's first exec and this script execs on the way.
@@ -223,7 +256,11 @@ impl Node {
         for (k, v) in gpu.envs().into_iter().chain(a.env.iter().cloned()) {
             cmd.env(k, v);
         }
-        cmd.output().expect("run container")
+        let out = cmd.output().expect("run container");
+        // Only the mount point is left on the machine (the mounts ended
+        // with the namespace).
+        let _ = std::fs::remove_dir(&scratch);
+        out
     }
 }
 

@@ -788,6 +788,15 @@ fn a_thousand_sparse_regions_stay_cheap() {
     assert!(worst < Duration::from_millis(100), "healthz took {worst:?}");
     assert!(cpu < 0.5 * wall, "cpu {cpu:.2} s over {wall:.1} s");
     assert!(m.len() < 1 << 20, "metrics {} bytes", m.len());
+    // 4 of the flood's 1000 files are read; the rest is counted.
+    assert!(
+        m.lines().any(|l| l == "vgpu_region_files_skipped 996"),
+        "{}",
+        m.lines()
+            .filter(|l| l.contains("skipped"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let limit_line = m
         .lines()
         .find(|l| l.starts_with("hami_vgpu_memory_limit_bytes{") && l.contains("podO"))

@@ -369,9 +369,14 @@ fn wait_dead(pid: u32, limit: Duration) -> bool {
 }
 
 fn spec_env(region: &Path, extra: &[&str]) -> Vec<String> {
+    spec_env_limited(region, "1g", extra)
+}
+
+/// [`spec_env`] with memory limit `limit`.
+fn spec_env_limited(region: &Path, limit: &str, extra: &[&str]) -> Vec<String> {
     let mut v = vec![
         "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
-        "CUDA_DEVICE_MEMORY_LIMIT=1g".to_owned(),
+        format!("CUDA_DEVICE_MEMORY_LIMIT={limit}"),
         format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}", region.display()),
     ];
     v.extend(extra.iter().map(|s| (*s).to_owned()));
@@ -514,12 +519,14 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
     let gpu = SimGpu::builder().memory("16g").build();
     let daemon = Daemon::start(&fx, &gpu, &["--on-violation", "kill", "--slot-grace", "1"]);
     let region = fx.region("b");
-    let ctr = fx.container(2, &spec_env(&region, &[]));
+    // Room for two hooked processes' contexts and allocations: the
+    // unlimited one must get as far as running, under the region's limit.
+    let ctr = fx.container(2, &spec_env_limited(&region, "4g", &[]));
     let shared = (
         "CUDA_DEVICE_MEMORY_SHARED_CACHE",
         region.display().to_string(),
     );
-    let limit = ("CUDA_DEVICE_MEMORY_LIMIT", "1g".to_owned());
+    let limit = ("CUDA_DEVICE_MEMORY_LIMIT", "4g".to_owned());
 
     let mut good = fx.spawn(
         &gpu,
@@ -558,9 +565,9 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
         false,
     );
     // No hook at all (an empty LD_PRELOAD replaces the fixture's), under
-    // a shell so that it is not PID 1 of its namespace: the others are, in
-    // theirs, and slots are found by namespace PID alone (issue 17 item 7,
-    // not this test's), so it would be taken for one of them.
+    // a shell so that it is not PID 1 of its namespace (a PID 1 without the
+    // hook beside hooked PID 1s of other namespaces is daemon_observer's
+    // two-namespace test).
     let mut bare = fx.spawn(
         &gpu,
         &ctr,

@@ -508,3 +508,108 @@ fn capture_at_10() -> Result<(), String> {
         10.0,
     )
 }
+
+/// Issue 16: a process saturating the device is killed while its queued
+/// kernels still occupy it (300 ms of them here, `SIMGPU_QUEUE_MS`), and a
+/// second process starts the same loop at once under a limit of 30. The
+/// first timing of the second process waits behind the dead one's queue;
+/// it must not become a debt: the second process gets its 30 % from 0.6 s
+/// after its start (it did no work for 16 s and more before the fix).
+#[test]
+fn sm_a_new_process_behind_a_killed_ones_queue_is_not_stalled() {
+    let _s = serial();
+    let what = "a process at 30 behind a killed one's queue";
+    retried(what, || {
+        let gpu = SimGpu::new();
+        let a = HookEnv::new("sm-stall-a", "0");
+        let b = HookEnv::new("sm-stall-b", "0");
+        let force = ("GPU_CORE_UTILIZATION_POLICY", "force");
+        let mut pa = start(
+            &a,
+            &gpu,
+            0,
+            &["kernel", "busy_2000us", "30"],
+            &[force, ("SIMGPU_QUEUE_MS", "300")],
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let queued = simgpu::timeline::busy_between(gpu.shm(), 0, now_ns(), u64::MAX / 2);
+        pa.kill9();
+        let pb = start(&b, &gpu, 30, &["kernel", "busy_2000us", "4"], &[force]);
+        let shares = process_shares(&gpu, Duration::from_millis(600), &[pb.child.id()]);
+        let s = process_shares(&gpu, Duration::from_secs(2), &[pb.child.id()]);
+        eprintln!(
+            "{what}: {:.0} ms queued at the kill; first 0.6 s {:.1}%, then {:.1}%",
+            queued as f64 / 1e6,
+            shares[0],
+            s[0]
+        );
+        if queued < 100_000_000 {
+            return Err(format!(
+                "only {:.0} ms queued when the first process was killed",
+                queued as f64 / 1e6
+            ));
+        }
+        near(what, s[0], 30.0)
+    });
+}
+
+/// Issue 16, priorities: two unlimited processes of two containers on one
+/// simulated GPU, sharing its node directory. With equal priorities the
+/// device's FIFO splits them about evenly; with `CUDA_TASK_PRIORITY` 0 and
+/// 1 the low one keeps a short queue and waits for the high one's work in
+/// flight, at most a frame at a time: it gets a little (it is not starved),
+/// the high one nearly all. Once the high one is gone, the low one has the
+/// device within a frame or two.
+#[test]
+fn sm_a_lower_priority_container_yields_to_a_higher_one() {
+    let _s = serial();
+    let what = "priority 0 beside priority 1";
+    retried(what, || {
+        let gpu = SimGpu::new();
+        let a = HookEnv::new("sm-prio-hi", "0");
+        let b = HookEnv::new("sm-prio-lo", "0");
+        let args = ["kernel", "busy_500us", "8"];
+        let mut hi = start(&a, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "0")]);
+        let lo = start(&b, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
+        std::thread::sleep(Duration::from_millis(600));
+        let ids = [hi.child.id(), lo.child.id()];
+        let s = process_shares(&gpu, Duration::from_secs(2), &ids);
+        eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
+        if !(s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0) {
+            return Err(format!(
+                "high {:.1}%, low {:.1}% (not > 85 and 0.2..10)",
+                s[0], s[1]
+            ));
+        }
+        hi.kill9();
+        // The dead one's queue (the sim's 50 ms) drains, then the low one
+        // is free within a frame.
+        std::thread::sleep(Duration::from_millis(200));
+        let after = process_shares(&gpu, Duration::from_secs(1), &[lo.child.id()]);
+        eprintln!("{what}: low alone {:.1}%", after[0]);
+        if after[0] < 90.0 {
+            return Err(format!("low alone {:.1}%, not > 90", after[0]));
+        }
+        Ok(())
+    });
+    retried("equal priorities", || {
+        let gpu = SimGpu::new();
+        let a = HookEnv::new("sm-prio-eq-a", "0");
+        let b = HookEnv::new("sm-prio-eq-b", "0");
+        let args = ["kernel", "busy_500us", "4"];
+        let pa = start(&a, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
+        let pb = start(&b, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
+        std::thread::sleep(Duration::from_millis(600));
+        let s = process_shares(
+            &gpu,
+            Duration::from_secs(2),
+            &[pa.child.id(), pb.child.id()],
+        );
+        eprintln!("equal priorities: {:.1}% / {:.1}%", s[0], s[1]);
+        near("equal priorities, the first", s[0], 50.0).and(near(
+            "equal priorities, the second",
+            s[1],
+            50.0,
+        ))
+    });
+}

@@ -1,5 +1,5 @@
-//! `cargo xtask setup`: install what the build needs, following
-//! ../shared/toolchain.md. Every step checks first, so a second run does
+//! `cargo xtask setup`: install what the build needs (the eBPF toolchain of
+//! docs/trace.md, "Building and linting"). Every step checks first, so a second run does
 //! nothing. Without root (or without a registry) it prints the exact
 //! commands to run by hand.
 

@@ -10,7 +10,11 @@
 //! the CLOCK_MONOTONIC instant it last launched, and the last instant it
 //! was using most of its share (`wants`). Only the members that want their
 //! share take turns; each process derives the same [`plan`] from the same
-//! words, with no messages and no lock.
+//! words, with no messages and no lock. Version 2 adds each member's HAMi
+//! priority (`rank`) and when its queued work drains (`inflight_until`):
+//! a container keeps its queued work short while one of higher priority
+//! is active, and queues nothing while that one has work in flight
+//! (docs/sm-limit.md, "Priority").
 //!
 //! The hook creates, joins and writes the table (`hook/src/sm/node.rs`);
 //! `vgpu turns` reads it.
@@ -27,7 +31,9 @@ pub use view::{NodeView, ReadError};
 
 /// `"vgpusn01"` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusn01");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The oldest version still read (its `rank` reads 0: no priority).
+pub const MIN_VERSION: u32 = 1;
 /// Containers one GPU's table holds.
 pub const MEMBERS: usize = 32;
 /// A member not seen for this long may be taken over by another container.
@@ -44,11 +50,16 @@ pub struct Member {
     pub seen: AtomicU64,
     /// Its SM limit on this GPU, percent.
     pub limit: AtomicU32,
-    pub reserved32: AtomicU32,
+    /// HAMi's task priority + 1 (`CUDA_TASK_PRIORITY`, the region's
+    /// `priority`: 0 high, 1 low); 0 = none stated (a version-1 file).
+    pub rank: AtomicU32,
     /// CLOCK_MONOTONIC ns when the container last used most of its share
     /// (the hook's `sm/demand.rs`); 0 = never.
     pub wants: AtomicU64,
-    pub reserved: [AtomicU64; 4],
+    /// CLOCK_MONOTONIC ns when the work the container has queued on the GPU
+    /// drains, by its learnt costs (written on each of its launches).
+    pub inflight_until: AtomicU64,
+    pub reserved: [AtomicU64; 3],
 }
 
 /// The whole file.
@@ -69,7 +80,9 @@ const _: () = {
     assert!(std::mem::size_of::<Member>() == 64);
     assert!(std::mem::offset_of!(Member, seen) == 8);
     assert!(std::mem::offset_of!(Member, limit) == 16);
+    assert!(std::mem::offset_of!(Member, rank) == 20);
     assert!(std::mem::offset_of!(Member, wants) == 24);
+    assert!(std::mem::offset_of!(Member, inflight_until) == 32);
     assert!(std::mem::offset_of!(NodeFile, members) == 64);
     assert!(SIZE == 64 + 64 * MEMBERS);
 };
@@ -110,6 +123,7 @@ impl NodeFile {
             if m.owner.compare_exchange(owner, id, AcqRel, Acquire).is_ok() {
                 // The previous owner's demand is not the new one's.
                 m.wants.store(0, Relaxed);
+                m.inflight_until.store(0, Relaxed);
                 m.seen.store(now, Release);
                 return Some(m);
             }
@@ -132,6 +146,41 @@ impl NodeFile {
     }
 }
 
+impl NodeFile {
+    /// Bit `i` set for each member `i` other than container `me` whose
+    /// priority is higher than `rank` (a smaller rank, stated) and that
+    /// launched within `active_ns` before `now`.
+    pub fn higher(&self, me: u64, rank: u32, now: u64, active_ns: u64) -> u32 {
+        if rank == 0 {
+            return 0;
+        }
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| {
+                let owner = m.owner.load(Acquire);
+                let r = m.rank.load(Relaxed);
+                owner != 0
+                    && owner != me
+                    && r != 0
+                    && r < rank
+                    && now.saturating_sub(m.seen.load(Relaxed)) <= active_ns
+            })
+            .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
+
+    /// The latest `inflight_until` among the members of `mask`.
+    pub fn inflight_until(&self, mask: u32) -> u64 {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| mask & (1 << i) != 0)
+            .map(|(_, m)| m.inflight_until.load(Relaxed))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
 impl Member {
     /// Marks the container active at `now` with `limit`: `seen` is written
     /// at each re-plan (every 10 ms), the limit only when it changed.
@@ -151,6 +200,22 @@ impl Member {
     pub fn wanted_within(&self, now: u64, ns: u64) -> bool {
         let wants = self.wants.load(Relaxed);
         wants != 0 && now.saturating_sub(wants) <= ns
+    }
+
+    /// Sets the container's priority (`None`: none stated).
+    pub fn set_priority(&self, priority: Option<i32>) {
+        let r = priority.map_or(0, |p| p.clamp(0, 1_000) as u32 + 1);
+        if self.rank.load(Relaxed) != r {
+            self.rank.store(r, Relaxed);
+        }
+    }
+
+    /// Notes `cost_ns` of work queued at `now`: it drains at
+    /// `max(inflight_until, now) + cost`.
+    pub fn queued(&self, now: u64, cost_ns: u64) {
+        let _ = self.inflight_until.fetch_update(Relaxed, Relaxed, |t| {
+            Some(t.max(now).saturating_add(cost_ns))
+        });
     }
 
     /// Whether the container has not launched for `STALE_NS`: another may
@@ -196,5 +261,34 @@ mod tests {
         assert!(std::ptr::eq(b, c), "9's member taken over");
         assert_eq!(c.wants.load(Relaxed), 0, "9's demand is not 11's");
         assert!(t.join(0, now).is_none());
+    }
+
+    #[test]
+    fn higher_priority_members_are_found_while_active() {
+        let t = NodeFile::default();
+        let now = 100 * STALE_NS;
+        let service = t.join(1, now).unwrap();
+        service.touch(now, 0);
+        service.set_priority(Some(0));
+        let trainer = t.join(2, now).unwrap();
+        trainer.touch(now, 0);
+        trainer.set_priority(Some(1));
+        let old = t.join(3, now).unwrap();
+        old.touch(now, 0);
+        let (rs, rt) = (service.rank.load(Relaxed), trainer.rank.load(Relaxed));
+        assert_eq!((rs, rt), (1, 2));
+        assert_eq!(t.higher(2, rt, now, 1_000), 0b1);
+        // Nothing is above the service; a member without a stated priority
+        // (a version-1 file) neither yields nor is yielded to.
+        assert_eq!(t.higher(1, rs, now, 1_000), 0);
+        assert_eq!(t.higher(3, 0, now, 1_000), 0);
+        // The service quiet for longer than `active_ns`: nothing to yield to.
+        assert_eq!(t.higher(2, rt, now + 1_001, 1_000), 0);
+        service.queued(now, 500);
+        service.queued(now + 100, 500);
+        assert_eq!(t.inflight_until(0b1), now + 1_000);
+        service.queued(now + 5_000, 500);
+        assert_eq!(t.inflight_until(0b1), now + 5_500);
+        assert_eq!(t.inflight_until(0), 0);
     }
 }

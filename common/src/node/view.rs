@@ -12,7 +12,7 @@ use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;
 
-use super::{NodeFile, MAGIC, SIZE, VERSION};
+use super::{NodeFile, MAGIC, MIN_VERSION, SIZE, VERSION};
 
 /// Why a node table could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +103,7 @@ impl NodeView {
             }
         }
         let (magic, version) = (table.magic.load(Acquire), table.version.load(Acquire));
-        if magic != MAGIC || version != VERSION {
+        if magic != MAGIC || !(MIN_VERSION..=VERSION).contains(&version) {
             return Err(ReadError::Foreign {
                 path: path.to_owned(),
                 magic,

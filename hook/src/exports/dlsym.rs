@@ -73,9 +73,10 @@ fn decide(handle: *mut c_void, symbol: *const c_char) -> Option<*mut c_void> {
 ///
 /// # Safety
 /// 1. Same contract as glibc's `dlsym`.
-#[cfg(target_arch = "x86_64")]
+// Not in unit tests: the test binary must not interpose its own dlsym.
+#[cfg(all(target_arch = "x86_64", not(test)))]
 #[unsafe(naked)]
-#[cfg_attr(not(test), no_mangle)]
+#[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     // Entry: rsp = 8 mod 16. Save the two arguments, reserve an 8-byte out
     // slot keeping rsp 16-aligned at the call, call `route(handle, symbol,
@@ -105,8 +106,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 ///
 /// # Safety
 /// 1. Same contract as glibc's `dlsym`.
-#[cfg(not(target_arch = "x86_64"))]
-#[cfg_attr(not(test), no_mangle)]
+#[cfg(all(not(target_arch = "x86_64"), not(test)))]
+#[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     let mut out = std::ptr::null_mut();
     let f = route(handle, symbol, &mut out);
@@ -118,4 +119,55 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         unsafe { std::mem::transmute(f) };
     // SAFETY: the caller's arguments, unchanged.
     unsafe { real(handle, symbol) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decides `name` in `handle` the way the exported `dlsym` does: `None`
+    /// when glibc answers, `Some(out)` when the hook does.
+    fn routed(handle: *mut c_void, name: Option<&CStr>) -> Option<*mut c_void> {
+        let mut out = std::ptr::dangling_mut::<c_void>();
+        let symbol = name.map_or(std::ptr::null(), CStr::as_ptr);
+        let jump = route(handle, symbol, &mut out);
+        let glibc = real::real_dlsym().map(|f| f as *const c_void);
+        if jump.is_null() {
+            Some(out)
+        } else {
+            assert_eq!(Some(jump), glibc, "route jumps only to glibc's dlsym");
+            None
+        }
+    }
+
+    #[test]
+    fn glibc_answers_everything_the_driver_does_not_define() {
+        let default = libc::RTLD_DEFAULT;
+        // Not CUDA, a NULL name, a NULL handle, RTLD_NEXT.
+        assert_eq!(routed(default, Some(c"strlen")), None);
+        assert_eq!(routed(default, None), None);
+        assert_eq!(routed(std::ptr::null_mut(), Some(c"cuMemAlloc_v2")), None);
+        assert_eq!(routed(libc::RTLD_NEXT, Some(c"cuMemAlloc_v2")), None);
+        // A hooked name the handle does not resolve (no driver in this
+        // process): the caller gets glibc's answer, not a wrapper.
+        assert!(lookup(b"cuMemAlloc_v2").is_some());
+        assert_eq!(routed(default, Some(c"cuMemAlloc_v2")), None);
+        // An unhooked CUDA name.
+        assert_eq!(routed(default, Some(c"cuStreamCreate")), None);
+    }
+
+    #[test]
+    fn a_lookup_made_from_inside_the_hook_is_never_redirected() {
+        let inside = guard::cuda(
+            "test",
+            || crate::ffi::CUDA_ERROR_UNKNOWN,
+            || {
+                assert!(guard::in_hook());
+                assert_eq!(decide(libc::RTLD_DEFAULT, c"cuMemAlloc_v2".as_ptr()), None);
+                crate::ffi::CUDA_SUCCESS
+            },
+        );
+        assert_eq!(inside, crate::ffi::CUDA_SUCCESS);
+        assert!(!guard::in_hook());
+    }
 }

@@ -1,4 +1,5 @@
-//! The exported `extern "C"` symbols, all generated from `list.rs`, and the
+//! The exported `extern "C"` symbols, all generated from the entry-point
+//! list (`vgpu_common::entry_points!`, `common/src/entry.rs`), and the
 //! name → wrapper lookup shared by `dlsym` and `cuGetProcAddress`.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -10,17 +11,17 @@ pub mod guard;
 
 macro_rules! gen_exports {
     (
-        cuda_hooks { $(fn $ch:ident($($cha:ident: $cht:ty),*) -> $chr:ty => $chp:path;)* }
+        cuda_hooks { $(fn $ch:ident($($cha:ident: $cht:ty),*) -> $chr:ty => $($chp:ident)::+, cuda($cb:ident @ $cs:literal $(, $cpt:ident)?) $(, trace($cv:ident = $cid:literal, $ccl:ident))?;)* }
+        cuda_older { $($co:tt)* }
         cuda_real { $($cr:tt)* }
-        nvml_hooks { $(fn $nh:ident($($nha:ident: $nht:ty),*) -> $nhr:ty => $nhp:path;)* }
+        nvml_hooks { $(fn $nh:ident($($nha:ident: $nht:ty),*) -> $nhr:ty => $($nhp:ident)::+;)* }
         nvml_real { $($nr:tt)* }
     ) => {
         /// The hook's CUDA wrappers.
-        #[cfg_attr(test, expect(non_snake_case, reason = "the C symbol names (no_mangle off in tests)"))]
         pub mod cuda_exports {
             use super::*;
             $(
-                /// Hooked CUDA entry point (see `exports/list.rs`).
+                /// Hooked CUDA entry point (see `vgpu_common::entry_points!`).
                 ///
                 /// # Safety
                 /// 1. The caller passes arguments valid for the C API of the
@@ -30,18 +31,17 @@ macro_rules! gen_exports {
                     guard::cuda(
                         stringify!($ch),
                         || real_cuda!($ch($($cha),*)),
-                        || $chp($($cha),*),
+                        || crate::$($chp)::+($($cha),*),
                     )
                 }
             )*
         }
 
         /// The hook's NVML wrappers.
-        #[cfg_attr(test, expect(non_snake_case, reason = "the C symbol names (no_mangle off in tests)"))]
         pub mod nvml_exports {
             use super::*;
             $(
-                /// Hooked NVML entry point (see `exports/list.rs`).
+                /// Hooked NVML entry point (see `vgpu_common::entry_points!`).
                 ///
                 /// # Safety
                 /// 1. The caller passes arguments valid for the C API of the
@@ -51,7 +51,7 @@ macro_rules! gen_exports {
                     guard::nvml(
                         stringify!($nh),
                         || real_nvml!($nh($($nha),*)),
-                        || $nhp($($nha),*),
+                        || crate::$($nhp)::+($($nha),*),
                     )
                 }
             )*
@@ -81,12 +81,13 @@ macro_rules! gen_exports {
             None
         }
 
-        /// Every hooked name, for tests and docs.
+        /// Every hooked name, for tests.
+        #[cfg(test)]
         pub const HOOKED: &[&str] = &[$(stringify!($ch),)* $(stringify!($nh),)*];
     };
 }
 
-hook_list!(gen_exports);
+vgpu_common::entry_points!(gen_exports);
 
 #[cfg(test)]
 mod tests {

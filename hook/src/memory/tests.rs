@@ -192,6 +192,11 @@ fn two_processes_share_the_limit_and_never_pass_it_together() {
     let a = Arc::new(Process::new(&c, la.pid(), 0).unwrap());
     let b = Arc::new(Process::new(&c, lb.pid(), 0).unwrap());
     assert_ne!(a.att.slot_index(), b.att.slot_index());
+    // What the "driver" handed out and nobody freed yet, across all
+    // threads: the limit holds when this never passes 64 MiB. (The region's
+    // sum can, for an instant: a reservation is added, then backed out if
+    // it does not fit.)
+    let granted = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
     // Each thread holds 3 MiB blocks until one is refused, then frees them
@@ -201,7 +206,7 @@ fn two_processes_share_the_limit_and_never_pass_it_together() {
         .into_iter()
         .enumerate()
         .map(|(t, p)| {
-            let (peak, refused) = (peak.clone(), refused.clone());
+            let (granted, peak, refused) = (granted.clone(), peak.clone(), refused.clone());
             std::thread::spawn(move || {
                 let mut next = 0u64;
                 for _ in 0..200 {
@@ -209,18 +214,22 @@ fn two_processes_share_the_limit_and_never_pass_it_together() {
                     for _ in 0..64 {
                         next += 1;
                         let key = ((t as u64) << 32) | next;
-                        if counted(&p, &p.ptrs, 0, 3 * M, Kind::Data, || (CUDA_SUCCESS, key))
-                            != CUDA_SUCCESS
-                        {
+                        let driver = || {
+                            let now = granted.fetch_add(3 * M, SeqCst) + 3 * M;
+                            peak.fetch_max(now, SeqCst);
+                            (CUDA_SUCCESS, key)
+                        };
+                        if counted(&p, &p.ptrs, 0, 3 * M, Kind::Data, driver) != CUDA_SUCCESS {
                             refused.fetch_add(1, SeqCst);
                             break;
                         }
-                        let u = usage::container_used(p.att.region(), 0);
-                        peak.fetch_max(u, SeqCst);
                         held.push(key);
                     }
                     for key in held {
-                        uncounted(&p, &p.ptrs, key, || CUDA_SUCCESS);
+                        uncounted(&p, &p.ptrs, key, || {
+                            granted.fetch_sub(3 * M, SeqCst);
+                            CUDA_SUCCESS
+                        });
                     }
                 }
             })

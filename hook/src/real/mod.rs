@@ -1,7 +1,7 @@
 //! The real libraries: `dlopen` (RTLD_NOLOAD first, to reuse the copy the
 //! process already has) and the *real* `dlsym`, which the hook's own exported
 //! `dlsym` must never be confused with. One typed `Option<fn>` per symbol,
-//! generated from the hook list (`crate::exports::list`).
+//! generated from the entry-point list (`vgpu_common::entry_points!`).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
@@ -92,13 +92,13 @@ fn sym<F: Copy>(handle: *mut c_void, name: &str) -> Option<F> {
 
 macro_rules! gen_real_tables {
     (
-        cuda_hooks { $(fn $ch:ident($($cha:ident: $cht:ty),*) -> $chr:ty => $chp:path;)* }
+        cuda_hooks { $(fn $ch:ident($($cha:ident: $cht:ty),*) -> $chr:ty => $($chp:ident)::+, cuda($cb:ident @ $cs:literal $(, $cpt:ident)?) $(, trace($cv:ident = $cid:literal, $ccl:ident))?;)* }
+        cuda_older { $($co:tt)* }
         cuda_real { $(fn $cr:ident($($cra:ident: $crt:ty),*) -> $crr:ty;)* }
-        nvml_hooks { $(fn $nh:ident($($nha:ident: $nht:ty),*) -> $nhr:ty => $nhp:path;)* }
+        nvml_hooks { $(fn $nh:ident($($nha:ident: $nht:ty),*) -> $nhr:ty => $($nhp:ident)::+;)* }
         nvml_real { $(fn $nr:ident($($nra:ident: $nrt:ty),*) -> $nrr:ty;)* }
     ) => {
         /// Real libcuda entry points, one typed `Option` per symbol.
-        #[expect(non_snake_case, reason = "fields are named exactly like the C symbols")]
         #[derive(Debug)]
         pub struct CudaFns {
             pub handle: usize,
@@ -117,7 +117,6 @@ macro_rules! gen_real_tables {
         }
 
         /// Real libnvidia-ml entry points.
-        #[expect(non_snake_case, reason = "fields are named exactly like the C symbols")]
         #[derive(Debug)]
         pub struct NvmlFns {
             pub handle: usize,
@@ -139,4 +138,4 @@ macro_rules! gen_real_tables {
 
 use crate::ffi::*;
 use std::ffi::c_uint;
-hook_list!(gen_real_tables);
+vgpu_common::entry_points!(gen_real_tables);

@@ -112,12 +112,9 @@ impl Attachment {
         self.slot
     }
 
+    #[cfg(test)]
     pub fn pid(&self) -> i32 {
         self.me.pid
-    }
-
-    pub fn path(&self) -> &std::path::Path {
-        self.file.path()
     }
 
     /// This slot's `status` word (suspend/resume).
@@ -216,7 +213,8 @@ impl Attachment {
         }
     }
 
-    /// Counts without a limit check (a size known only after the call).
+    /// Counts without a limit check.
+    #[cfg(test)]
     pub fn add_unchecked(&self, dev: usize, bytes: u64, kind: Kind) {
         if let Some(s) = self.region().procs.get(self.slot) {
             usage::add(s, dev, bytes, kind);

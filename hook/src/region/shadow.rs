@@ -47,7 +47,6 @@ impl Default for Shadow {
 fn index(kind: Kind) -> usize {
     match kind {
         Kind::Context => 0,
-        Kind::Module => 1,
         Kind::Data => 2,
     }
 }

@@ -1,7 +1,8 @@
-//! Process slots (spec §2.6), never compacted: a free slot (pid 0, status 0)
-//! is reused in place, `proc_num` is only a high-water mark, so no process's
-//! slot index ever changes (HAMi's compaction moves slots under other
-//! processes' cached pointers).
+//! Process slots, never compacted: a free slot (pid 0, status 0) is reused
+//! in place, `proc_num` is only a high-water mark, so no process's slot
+//! index ever changes. (HAMi-core's `clear_proc_slot_nolock` compacts by
+//! copying the last slot into a hole, under other processes' cached slot
+//! pointers.)
 //!
 //! Nothing in the region is trusted to find a free slot: a slot is claimed
 //! by a compare-and-swap of its `pid` from 0, over all `MAX_PROCS` slots

@@ -11,28 +11,9 @@
 //! until it is paid back. One CAS per admitted launch, no lock; processes of
 //! the container share the word through the sidecar file.
 
+pub use super::tuning::{BATCH_NS, DEPTH_NS, LEAD_NS, MAX_DEPTH_NS};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
-
-/// Wall time the bucket can hold on a host that wakes on time: bursts stay
-/// within `DEPTH × limit` of GPU time, and a sleep that overshoots by less
-/// than this (less the batch) loses nothing.
-pub const DEPTH_NS: u64 = 4_000_000;
-
-/// The deepest the bucket gets on a host that wakes late (`Depth`).
-pub const MAX_DEPTH_NS: u64 = 50_000_000;
-
-/// A launch is admitted up to this long before its turn, so the GPU has
-/// work queued when the host thread is late to wake (a loaded machine); it
-/// adds `LEAD × limit` to the burst, nothing to the rate.
-pub const LEAD_NS: u64 = 1_000_000;
-
-/// An empty bucket is waited on until it holds this much more wall time
-/// than one launch needs, so a throttled container is admitted a batch of
-/// launches per wake-up instead of one: fewer host wake-ups, and on a device
-/// time-sliced between containers, fewer context switches (each one costs
-/// the device time that no container gets). The rate is unchanged.
-pub const BATCH_NS: u64 = 2_000_000;
 
 /// Wall nanoseconds that `cost_ns` of GPU time buys at `pct` percent.
 pub fn wall_of(cost_ns: u64, pct: u32) -> u64 {
@@ -103,16 +84,19 @@ pub fn try_admit(tat: &AtomicU64, now: u64, cost_ns: u64, pct: u32, depth_ns: u6
 
 /// Charges (`delta > 0`) or refunds (`delta < 0`) GPU time after the fact
 /// (a launch that failed, or a cost learnt after a launch was charged a
-/// guess). A refund never moves `tat` below `now - depth`.
+/// guess). A charge is added to `tat` where it is, not first raised to
+/// `now - depth`: it is owed for launches already admitted, which were
+/// paid from `tat` as it stood then, so a container that was idle since
+/// owes only what it used beyond its idle time. A refund never moves `tat`
+/// below `now - depth`.
 pub fn adjust(tat: &AtomicU64, now: u64, delta_ns: i64, pct: u32, depth_ns: u64) {
     let step = wall_of(delta_ns.unsigned_abs(), pct);
     let floor = now.saturating_sub(depth_ns);
     let _ = tat.fetch_update(AcqRel, Relaxed, |old| {
-        let base = old.max(floor);
         Some(if delta_ns >= 0 {
-            base.saturating_add(step)
+            old.saturating_add(step)
         } else {
-            base.saturating_sub(step).max(floor)
+            old.max(floor).saturating_sub(step).max(floor)
         })
     });
 }
@@ -192,6 +176,15 @@ mod tests {
         assert_eq!(tat.load(Relaxed), now + 2_000_000);
         adjust(&tat, now, -100_000_000, 50, DEPTH_NS);
         assert_eq!(tat.load(Relaxed), now - DEPTH_NS);
+        // Owed for launches admitted 20 ms ago by a container idle since:
+        // charged where `tat` stood, so only what exceeds the idle time
+        // is a debt now.
+        let tat = AtomicU64::new(now - 20_000_000);
+        adjust(&tat, now, 6_000_000, 50, DEPTH_NS);
+        assert_eq!(tat.load(Relaxed), now - 8_000_000);
+        assert_eq!(try_admit(&tat, now, 1_000_000, 50, DEPTH_NS), Admit::Go);
+        adjust(&tat, now, 12_000_000, 50, DEPTH_NS);
+        assert_eq!(tat.load(Relaxed), now + 22_000_000);
     }
 
     #[test]

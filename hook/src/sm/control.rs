@@ -19,27 +19,15 @@ use super::feedback::{self, Reading};
 use super::local;
 use super::phase::{self, Gate, Phase};
 use super::policy;
+use super::prio::{self, Marks};
 use super::sidecar::DevBucket;
 use super::sys::{Poll, Sys};
-use super::{demand, turns};
-
-/// How often the region's settings are re-read on the launch path.
-pub const REFRESH_NS: u64 = 50_000_000;
-/// How often the process's share is published into its slot.
-pub const PUBLISH_NS: u64 = 1_000_000_000;
-/// Longest single sleep while throttled (settings are re-read after it).
-const MAX_SLEEP_NS: u64 = 100_000_000;
-/// Sleep step while the monitor blocks the container.
-const BLOCK_SLEEP_NS: u64 = 100_000_000;
-/// Timed launches in flight at most.
-const MAX_PENDING: usize = 32;
-/// Event pairs kept per context.
-const MAX_POOL: usize = 32;
-/// Finished timings are collected at most this often (a driver call each).
-const POLL_NS: u64 = 500_000;
-/// How often a limited process re-reads the node's table (`phase`) and
-/// marks its container active there.
-pub const REPLAN_NS: u64 = 10_000_000;
+use super::tuning::{
+    BLOCK_SLEEP_NS, EVENT_POOL as MAX_POOL, LEASE_NS, MAX_PENDING, MAX_SLEEP_NS, MEASURED_FRESH_NS,
+    POLL_NS,
+};
+pub use super::tuning::{PUBLISH_NS, REFRESH_NS, REPLAN_NS};
+use super::{demand, tuning, turns};
 
 /// What `before` hands to `after` for one launch.
 #[derive(Debug)]
@@ -54,6 +42,9 @@ pub struct Ticket {
     stream: usize,
     /// (context, start event, end event).
     sample: Option<(usize, usize, usize)>,
+    /// Held by a higher-priority container: record a marker after it
+    /// (context).
+    mark: Option<usize>,
 }
 
 /// The launch as the controller sees it.
@@ -115,12 +106,8 @@ impl Loop {
     }
 }
 
-/// A leader holds the loop this long without renewing it.
-const LEASE_NS: u64 = 4 * feedback::PERIOD_NS;
 /// Low bits of a lease that carry the leader's pid.
 const LEASE_PID_MASK: u64 = (1 << 20) - 1;
-/// While the leader measured this recently, it publishes `sm_util`.
-const MEASURED_FRESH_NS: u64 = 2 * PUBLISH_NS;
 
 #[derive(Debug, Default)]
 struct Publish {
@@ -169,6 +156,23 @@ pub struct Controller<S: Sys> {
     demand: demand::Demand,
     /// The bucket's depth, from how late this host wakes.
     depth: bucket::Depth,
+    /// Per device: the container used less than most of its share lately
+    /// (`demand`), so its bucket holds a frame.
+    light: [AtomicBool; MAX_DEVICES],
+    /// Takes part in the node's priorities without a limit
+    /// (`CUDA_TASK_PRIORITY` set, `Sys::ranked`).
+    ranked: AtomicBool,
+    /// The region's `priority` (HAMi's; 0 high).
+    priority: std::sync::atomic::AtomicI32,
+    /// Per device: this container's member of the node table, + 1.
+    member: [AtomicU32; MAX_DEVICES],
+    /// Per device: the members of higher priority active now (bit mask).
+    higher: [AtomicU32; MAX_DEVICES],
+    /// This process's launches admitted while held (`prio`).
+    marks: Mutex<Marks>,
+    /// Per device: a feedback step is due at this limit (0: none), for the
+    /// background thread (`Sys::offload`).
+    fb_due: [AtomicU32; MAX_DEVICES],
 }
 
 impl<S: Sys> Controller<S> {
@@ -198,6 +202,13 @@ impl<S: Sys> Controller<S> {
             turns: turns::Meter::default(),
             demand: demand::Demand::default(),
             depth: bucket::Depth::default(),
+            light: std::array::from_fn(|_| AtomicBool::new(false)),
+            ranked: AtomicBool::new(false),
+            priority: std::sync::atomic::AtomicI32::new(1),
+            member: std::array::from_fn(|_| AtomicU32::new(0)),
+            higher: std::array::from_fn(|_| AtomicU32::new(0)),
+            marks: Mutex::new(Marks::default()),
+            fb_due: std::array::from_fn(|_| AtomicU32::new(0)),
         }
     }
 
@@ -251,7 +262,7 @@ impl<S: Sys> Controller<S> {
             }
         };
         self.charged[dev].fetch_add(cost_ns as i64, Relaxed);
-        let (pct, slept, billed_ns) = self.admit(dev, cost_ns, now, (ctx, w.stream));
+        let (pct, slept, billed_ns, held) = self.admit(dev, cost_ns, now, (ctx, w.stream));
         if slept != found.slept {
             local::set_slept(slept);
         }
@@ -263,6 +274,7 @@ impl<S: Sys> Controller<S> {
             pct,
             stream: w.stream,
             sample: None,
+            mark: held.then_some(ctx),
         };
         if let Some((start, end)) = sample {
             if self.sys.record(start, w.stream) {
@@ -277,18 +289,45 @@ impl<S: Sys> Controller<S> {
     /// Charges `cost × gain` to the bucket of `dev` while enforced, sleeping
     /// until it is non-negative (`now`: the clock read for this launch);
     /// while the container takes turns with others on the device, admits
-    /// it in its turn instead (`phase`). Returns the percent charged at (0:
-    /// not charged), whether it slept, and the amount charged.
-    fn admit(&self, dev: usize, cost: u64, mut now: u64, at: (usize, usize)) -> (u32, bool, u64) {
+    /// it in its turn instead (`phase`). First, while a container of higher
+    /// priority is active on the device, holds the launch as `prio` says.
+    /// Returns the percent charged at (0: not charged), whether it slept,
+    /// the amount charged, and whether it was held by a higher priority.
+    fn admit(
+        &self,
+        dev: usize,
+        cost: u64,
+        mut now: u64,
+        at: (usize, usize),
+    ) -> (u32, bool, u64, bool) {
         let b = &self.sys.buckets().devs[dev];
         let mut slept = false;
+        let arrived = now;
         loop {
             let pct = self.limits[dev].load(Relaxed);
-            if pct == 0 || !self.enforce.load(Relaxed) {
-                return (0, slept, 0);
+            let enforced = pct != 0 && self.enforce.load(Relaxed);
+            if !enforced && !self.ranked.load(Relaxed) {
+                return (0, slept, 0, false);
             }
             if now >= self.plan_next[dev].load(Relaxed) {
-                self.replan(dev, now, pct);
+                self.replan(dev, now, if enforced { pct } else { 0 });
+            }
+            let higher = self.higher[dev].load(Relaxed);
+            let held = higher != 0;
+            if held {
+                if let Some(t) = self.yield_to(dev, higher, now, now - arrived, cost) {
+                    slept = true;
+                    self.sys.sleep_until(t);
+                    now = self.sys.now();
+                    if now >= self.next_refresh.load(Relaxed) {
+                        self.refresh(now);
+                    }
+                    continue;
+                }
+            }
+            if !enforced {
+                self.note_queued(dev, now, cost);
+                return (0, slept, 0, held);
             }
             let billed = scale(cost, b.gain());
             let turn = phase::decode(self.plans[dev].load(Relaxed));
@@ -303,7 +342,17 @@ impl<S: Sys> Controller<S> {
                     }
                     a
                 }
-                None => bucket::try_admit(&b.tat, now, billed, pct, self.depth.get()),
+                None => {
+                    // A container that used less than most of its share
+                    // may use the rest of a frame's share at once: a
+                    // service's request is not held for its burst.
+                    let depth = if self.light[dev].load(Relaxed) {
+                        self.depth.get().max(tuning::FRAME_NS)
+                    } else {
+                        self.depth.get()
+                    };
+                    bucket::try_admit(&b.tat, now, billed, pct, depth)
+                }
             };
             match admitted {
                 Admit::Go => {
@@ -311,6 +360,7 @@ impl<S: Sys> Controller<S> {
                     if slept {
                         b.throttled.fetch_add(1, Relaxed);
                     }
+                    self.note_queued(dev, now, cost);
                     // Unthrottled launches step the loop too: a container
                     // whose charges are too low never waits for the bucket,
                     // and only a measurement can find that out. Taking
@@ -321,9 +371,13 @@ impl<S: Sys> Controller<S> {
                     // device): the gain holds, and the loop re-baselines
                     // afterwards.
                     if turn.is_none() && now >= self.fb_next[dev].load(Relaxed) {
-                        self.feedback(dev, now, pct);
+                        if self.sys.offload() {
+                            self.fb_due[dev].store(pct, Relaxed);
+                        } else {
+                            self.feedback(dev, now, pct);
+                        }
                     }
-                    return (pct, slept, billed);
+                    return (pct, slept, billed, held);
                 }
                 Admit::WaitUntil(t) => {
                     slept = true;
@@ -339,9 +393,59 @@ impl<S: Sys> Controller<S> {
         }
     }
 
+    /// The background thread's turn (`Sys::offload`): runs the feedback
+    /// steps that launches found due, off their path.
+    pub fn background(&self) {
+        for (dev, due) in self.fb_due.iter().enumerate() {
+            let pct = due.swap(0, Relaxed);
+            if pct != 0 {
+                self.feedback(dev, self.sys.now(), pct);
+            }
+        }
+    }
+
+    /// While containers of higher priority (`higher`, members of the node
+    /// table) are active on `dev`: until when this launch of `cost` must
+    /// wait (`prio::gate`), having waited `yielded` already; `None` = go.
+    fn yield_to(&self, dev: usize, higher: u32, now: u64, yielded: u64, cost: u64) -> Option<u64> {
+        let node = self.sys.node(dev)?;
+        let high_until = node.inflight_until(higher);
+        let queued = {
+            let mut m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+            m.drain(&self.sys)
+        };
+        match prio::gate(now, high_until, yielded, queued, cost) {
+            prio::Gate::Go => None,
+            prio::Gate::WaitUntil(t) => Some(t),
+        }
+    }
+
+    /// Publishes `cost` of work queued at `now` in the container's member
+    /// of the node table, for lower-priority containers to yield to.
+    fn note_queued(&self, dev: usize, now: u64, cost: u64) {
+        let i = self.member[dev].load(Relaxed);
+        if i == 0 {
+            return;
+        }
+        if let Some(m) = self
+            .sys
+            .node(dev)
+            .and_then(|n| n.members.get(i as usize - 1))
+        {
+            // Its work starts, at the latest, once the lower-priority
+            // containers' short queues have drained and the GPU has
+            // switched contexts: in flight until then, and for its cost.
+            m.queued(now.saturating_add(tuning::HIGH_START_NS), cost);
+        }
+    }
+
     /// After the launch returned `ok` (CUDA_SUCCESS or not).
     pub fn after(&self, t: Ticket, ok: bool) {
         if ok {
+            if let Some(ctx) = t.mark {
+                let mut m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+                m.push(&self.sys, ctx, t.stream, t.cost_ns);
+            }
             if let Some((ctx, start, end)) = t.sample {
                 if self.sys.record(end, t.stream) {
                     let mut l = self.learn.lock().unwrap_or_else(|p| p.into_inner());
@@ -415,10 +519,16 @@ impl<S: Sys> Controller<S> {
         }
     }
 
-    /// Charges GPU time learnt after the fact (launches charged a guess).
+    /// Charges GPU time learnt after the fact (launches charged a guess),
+    /// at most one frame of wall time at the limit: the estimate behind it
+    /// is the minimum of agreeing samples, and what is over a frame is
+    /// forgiven rather than made a debt that no launch could pay before
+    /// the next frame (a latency-bound tenant's worst wait).
     fn settle(&self, dev: usize, owed: i64) {
-        self.charged[dev].fetch_add(owed, Relaxed);
         let pct = self.limits[dev].load(Relaxed);
+        let cap = (tuning::FRAME_NS as u128 * u128::from(pct.clamp(1, 100)) / 100) as i64;
+        let owed = owed.min(cap);
+        self.charged[dev].fetch_add(owed, Relaxed);
         if pct > 0 && self.enforce.load(Relaxed) {
             let b = &self.sys.buckets().devs[dev];
             let owed = (owed as f64 * b.gain()) as i64;
@@ -597,15 +707,41 @@ impl<S: Sys> Controller<S> {
             return;
         }
         self.plan_next[dev].store(now.saturating_add(REPLAN_NS), Relaxed);
+        let wants = pct != 0 && self.wants_share(dev, now, pct);
+        self.light[dev].store(pct != 0 && self.demand.light(dev), Relaxed);
+        let mut higher = 0;
+        let mut member = 0;
         let plan = self.sys.node(dev).and_then(|node| {
             let id = self.sys.buckets().container_id();
             let me = node.join(id, now)?;
+            member = node
+                .members
+                .iter()
+                .position(|m| std::ptr::eq(m, me))
+                .map_or(0, |i| i as u32 + 1);
             me.touch(now, pct);
-            if self.wants_share(dev, now, pct) {
+            me.set_priority(Some(self.priority.load(Relaxed)));
+            higher = node.higher(id, me.rank.load(Relaxed), now, tuning::HOLD_NS);
+            if wants {
                 me.want(now);
+            }
+            if !self.sys.turns() {
+                return None;
             }
             phase::plan(&node.wanting(now, phase::ACTIVE_NS), id)
         });
+        self.member[dev].store(member, Relaxed);
+        if self.higher[dev].swap(higher, Relaxed) != higher {
+            vlog!(
+                crate::log::INFO,
+                "sm dev {dev}: {}",
+                if higher != 0 {
+                    "a container of higher priority is active here, this one keeps its queue short"
+                } else {
+                    "no container of higher priority is active here"
+                }
+            );
+        }
         let w = phase::encode(plan);
         if plan.is_some() && crate::log::enabled(crate::log::DEBUG) {
             self.report_turns(dev, now);
@@ -696,7 +832,14 @@ impl<S: Sys> Controller<S> {
                 self.limits[d].store(*l, Relaxed);
             }
             self.enforce.store(s.enforce, Relaxed);
-            self.limited.store(s.limited_mask(), Relaxed);
+            let ranked = self.sys.ranked();
+            self.ranked.store(ranked, Relaxed);
+            self.priority.store(region.priority.load(Relaxed), Relaxed);
+            // Ranked without a limit, every device is accounted: its launches
+            // are published to (or held by) the node's other containers.
+            let all = (1u32 << MAX_DEVICES) - 1;
+            self.limited
+                .store(s.limited_mask() | if ranked { all } else { 0 }, Relaxed);
             if s.limited_mask() != 0 && !self.host_pid_noted.swap(true, Relaxed) {
                 self.sys.note_host_pid();
             }

@@ -10,29 +10,21 @@
 //! work or a GPU slowing down under its power cap (a minimum kept for ever
 //! would remember the boost clock of an idle GPU and undercharge a loaded
 //! one, by more than the headroom of a 90 % limit). Keys never timed yet cost the device's running average, and the
-//! difference is settled when their first sample lands.
+//! difference is settled once `AGREE` samples agree on a cost.
+//!
+//! No single sample raises an estimate: a launch that waited behind other
+//! contexts' work (a neighbour's queue when the stream was idle, a long
+//! kernel, a suspended neighbour resuming) reads its wait too. The first
+//! estimate is the minimum of `AGREE` samples, taken on consecutive
+//! launches, so all but the first start behind this stream's own work and
+//! not behind the neighbour's; later raises need a whole window.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
+pub use super::tuning::{AGREE, DEFAULT_COST_NS, EARLY_SAMPLES, SAMPLE_EVERY, SAMPLE_GAP_NS};
+use super::tuning::{COST_WINDOW as WINDOW, MAX_KEYS};
 use vgpu_common::region::MAX_DEVICES;
-
-/// Cost of a launch on a device nothing was learnt about yet.
-pub const DEFAULT_COST_NS: u64 = 20_000;
-/// Samples every key gets before sampling becomes occasional.
-pub const EARLY_SAMPLES: u32 = 6;
-/// After that, one launch in this many is timed...
-pub const SAMPLE_EVERY: u64 = 64;
-/// ...and at most one per key in this long: a launch-bound loop issues
-/// ~100,000 launches/s, and each timing costs two `cuEventRecord`s and a
-/// query (about 1 % of such a loop's rate at one in 64). A window of
-/// samples still spans well under the feedback period.
-pub const SAMPLE_GAP_NS: u64 = 4_000_000;
-/// Samples per re-estimation window.
-const WINDOW: u32 = 32;
-/// Keys kept before the table is cleared (a process generating unbounded
-/// distinct grids must not grow memory without bound).
-const MAX_KEYS: usize = 8192;
 
 /// What identifies "the same work": the function and its geometry, or the
 /// executable graph.
@@ -104,7 +96,7 @@ impl Hasher for KeyHasher {
 /// The estimate of one key.
 #[derive(Debug, Clone, Default)]
 pub struct Estimate {
-    /// Standalone GPU ns; `None` until the first sample.
+    /// Standalone GPU ns; `None` until `AGREE` samples.
     pub est: Option<u64>,
     pub samples: u32,
     pub launches: u64,
@@ -114,6 +106,8 @@ pub struct Estimate {
     next_sample_ns: u64,
     window_min: u64,
     window_n: u32,
+    /// The minimum of the samples before the estimate exists.
+    early_min: u64,
     /// Launches charged a guess before the first sample, and their sum.
     guessed: u64,
     guessed_ns: u64,
@@ -121,27 +115,39 @@ pub struct Estimate {
 
 impl Estimate {
     /// Adds a sample; returns the GPU ns still owed (or to refund) for
-    /// launches that were charged a guess.
+    /// launches that were charged a guess, once the estimate exists.
     pub fn add(&mut self, ns: u64) -> i64 {
         let ns = ns.max(1);
         self.samples = self.samples.saturating_add(1);
-        let mut est = self.est.map_or(ns, |e| e.min(ns));
         self.window_min = if self.window_n == 0 {
             ns
         } else {
             self.window_min.min(ns)
         };
         self.window_n += 1;
+        let Some(est) = self.est else {
+            self.early_min = if self.samples == 1 {
+                ns
+            } else {
+                self.early_min.min(ns)
+            };
+            if self.samples < AGREE {
+                return 0;
+            }
+            self.est = Some(self.early_min);
+            let owed = (self.early_min as i128 * self.guessed as i128 - self.guessed_ns as i128)
+                .clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+            self.guessed = 0;
+            self.guessed_ns = 0;
+            return owed;
+        };
+        let mut est = est.min(ns);
         if self.window_n >= WINDOW {
             est = self.window_min;
             self.window_n = 0;
         }
         self.est = Some(est);
-        let owed = (est as i128 * self.guessed as i128 - self.guessed_ns as i128)
-            .clamp(i64::MIN as i128, i64::MAX as i128) as i64;
-        self.guessed = 0;
-        self.guessed_ns = 0;
-        owed
+        0
     }
 
     /// Whether the launch about to happen (already counted) should be
@@ -249,7 +255,11 @@ impl Costs {
             return 0;
         };
         let owed = e.add(ns);
-        let est = e.est.unwrap_or(ns);
+        // Only an agreed estimate feeds the average: a lone sample may be
+        // a wait behind someone else's work.
+        let Some(est) = e.est else {
+            return owed;
+        };
         if let Some(f) = self.fallback.get_mut(dev) {
             f.avg = if f.n == 0 {
                 est
@@ -322,21 +332,47 @@ mod tests {
     }
 
     #[test]
-    fn guesses_are_settled_by_the_first_sample() {
+    fn guesses_are_settled_once_samples_agree() {
         let mut c = Costs::default();
         for _ in 0..5 {
             assert_eq!(c.charge(0, K, false, 0, 0).cost_ns, DEFAULT_COST_NS);
         }
-        // Five launches charged 20 µs each, really 1 ms each.
-        assert_eq!(c.sample(0, K, 1_000_000), 5 * (1_000_000 - 20_000));
+        // Five launches charged 20 µs each, really 1 ms each; the first
+        // timing also waited 80 ms behind another context's queue. Until
+        // `AGREE` samples are in, launches are still charged the guess and
+        // nothing is settled.
+        assert_eq!(c.sample(0, K, 81_000_000), 0);
+        assert_eq!(c.estimate(&K), None);
+        assert_eq!(c.charge(0, K, false, 0, 0).cost_ns, DEFAULT_COST_NS);
+        assert_eq!(c.sample(0, K, 1_000_000), 0);
+        // The third sample agrees on 1 ms: six guessed launches settled at
+        // their minimum, not at the 81 ms outlier.
+        assert_eq!(c.sample(0, K, 1_000_100), 6 * (1_000_000 - 20_000));
+        assert_eq!(c.estimate(&K), Some(1_000_000));
         assert_eq!(c.charge(0, K, false, 0, 0).cost_ns, 1_000_000);
         assert_eq!(c.sample(0, K, 1_000_000), 0);
-        // Unseen keys now default to the device's average.
+        // Unseen keys now default to the device's average of agreed
+        // estimates (the outlier is not in it).
         let k2 = Key::Graph { exec: 9 };
         assert_eq!(c.charge(0, k2, false, 0, 0).cost_ns, 1_000_000);
         assert_eq!(c.charge(1, k2, false, 0, 0).cost_ns, DEFAULT_COST_NS);
         let k3 = Key::Graph { exec: 10 };
         assert_eq!(c.charge(1, k3, false, 0, 0).cost_ns, DEFAULT_COST_NS);
+    }
+
+    #[test]
+    fn a_lone_outlier_never_raises_an_estimate() {
+        let mut c = Costs::default();
+        c.charge(0, K, false, 0, 0);
+        for _ in 0..AGREE {
+            c.sample(0, K, 10_000);
+        }
+        // A neighbour's long kernel, or its queue after it resumed, delays
+        // one timing in each window: the estimate stays.
+        for i in 0..3 * WINDOW {
+            c.sample(0, K, if i % WINDOW == 7 { 50_000_000 } else { 10_000 });
+        }
+        assert_eq!(c.estimate(&K), Some(10_000));
     }
 
     #[test]

@@ -20,17 +20,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
+pub use super::tuning::{DEMAND_WINDOW_NS as WINDOW_NS, WANT_FRACTION};
 use vgpu_common::region::MAX_DEVICES;
-
-/// The window the use is measured over: several turns (a 50 ms frame), so
-/// one turn's gaps do not decide it.
-pub const WINDOW_NS: u64 = 100_000_000;
-/// Using at least this fraction of its share, a container wants it: a busy
-/// container reaches more than 0.8 of its share even when the GPU
-/// time-slices it with a neighbour, while a launch-bound loop of tiny
-/// kernels or a service between requests stays far below (docs/benchmarks.md,
-/// "Sixth run", has the figures this threshold sits between).
-pub const WANT_FRACTION: f64 = 0.7;
 
 /// Per device: the start of the current window, the container's charges
 /// then, and the verdict of the last whole window.
@@ -39,6 +30,8 @@ pub struct Demand {
     since: [AtomicU64; MAX_DEVICES],
     charged: [AtomicU64; MAX_DEVICES],
     wants: [AtomicBool; MAX_DEVICES],
+    /// A whole window was measured (the verdict is not the default).
+    known: [AtomicBool; MAX_DEVICES],
 }
 
 impl Demand {
@@ -67,6 +60,7 @@ impl Demand {
         let used = charged.wrapping_sub(self.charged[dev].load(Relaxed)) as i64;
         let used = used.max(0) as f64 * per_charged;
         let wants = used >= WANT_FRACTION * share * span as f64;
+        self.known[dev].store(true, Relaxed);
         if self.wants[dev].swap(wants, Relaxed) != wants {
             vlog!(
                 crate::log::DEBUG,
@@ -83,6 +77,12 @@ impl Demand {
         }
         self.restart(dev, now, charged);
         wants
+    }
+
+    /// Whether a whole window was measured on `dev` and found the
+    /// container using less than most of its share.
+    pub fn light(&self, dev: usize) -> bool {
+        self.known[dev].load(Relaxed) && !self.wants[dev].load(Relaxed)
     }
 
     fn restart(&self, dev: usize, now: u64, charged: u64) {

@@ -13,33 +13,11 @@
 //! which almost nothing was charged says nothing, and the gain holds
 //! (anti-windup: an idle container never drives it to a bound).
 
-/// How often the loop runs (at most).
-pub const PERIOD_NS: u64 = 500_000_000;
-/// No limited launch for this long (no call in between): re-baseline, do
-/// not step.
-pub const MAX_GAP_NS: u64 = 2 * PERIOD_NS;
-/// The measurement window while another container shares the device. The
-/// split then comes from NVML's per-process samples, which the driver takes
-/// about once a second per process, each swinging ±15 points around the
-/// process's share (docs/benchmarks.md): half a second can hold a sample
-/// of one process and none of the other's, giving one all the device.
-/// Non-overlapping windows keep the loop's delay at one step, so the step
-/// stays stable; a smaller step (`K_SHARED`) averages over several.
-pub const SHARED_PERIOD_NS: u64 = 16 * PERIOD_NS;
-pub const GAIN_MIN: f64 = 0.25;
-pub const GAIN_MAX: f64 = 4.0;
-/// Fraction of the log-error corrected per period.
-const K: f64 = 0.5;
-/// The same, per window, when the reading is a split of a shared device.
-const K_SHARED: f64 = 0.3;
-/// Largest factor applied in one period.
-const MAX_STEP: f64 = 1.5;
-/// |measured / charged − 1| below this: hold (measurement noise).
-const DEAD_BAND: f64 = 0.02;
-/// Charged less than this percent of the period: too little work to learn
-/// from (an idle or nearly idle container).
-const MIN_CHARGED: f64 = 1.0;
-
+use super::tuning::{
+    DEAD_BAND, FEEDBACK_K as K, FEEDBACK_K_SHARED as K_SHARED, FEEDBACK_MAX_STEP as MAX_STEP,
+    MIN_CHARGED,
+};
+pub use super::tuning::{GAIN_MAX, GAIN_MIN, MAX_GAP_NS, PERIOD_NS, SHARED_PERIOD_NS};
 /// One period's reading of the container on a device.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reading {

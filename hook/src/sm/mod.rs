@@ -29,10 +29,12 @@ mod mapfile;
 pub mod node;
 pub mod phase;
 pub mod policy;
+mod prio;
 pub mod sidecar;
 pub mod sys;
 #[cfg(test)]
 mod tests;
+mod tuning;
 mod turns;
 
 use std::ffi::c_uint;
@@ -96,6 +98,50 @@ impl Launch {
             self.stream as usize
         };
         Work { key, stream }
+    }
+}
+
+/// Starts, once per process, the thread that runs the feedback loop's
+/// steps off the launch path (`Controller::background`); `false` when it
+/// cannot be started (the steps then run on the launch path). Called only
+/// when a step is due (every 500 ms at most); a forked child, which has no
+/// copy of its parent's thread, starts its own.
+fn background_started() -> bool {
+    use std::sync::atomic::AtomicU32;
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    use std::sync::Mutex;
+    static OWNER: AtomicU32 = AtomicU32::new(0);
+    static STARTING: Mutex<()> = Mutex::new(());
+    let pid = std::process::id();
+    if OWNER.load(Acquire) == pid {
+        return true;
+    }
+    // Another thread is starting it (or a fork caught the lock held): this
+    // step runs inline.
+    let Ok(_g) = STARTING.try_lock() else {
+        return false;
+    };
+    if OWNER.load(Acquire) == pid {
+        return true;
+    }
+    let period = std::time::Duration::from_nanos(feedback::PERIOD_NS / 10);
+    match std::thread::Builder::new()
+        .name("vgpu-sm".into())
+        .spawn(move || loop {
+            std::thread::sleep(period);
+            controller().background();
+        }) {
+        Ok(_) => {
+            OWNER.store(pid, Release);
+            true
+        }
+        Err(e) => {
+            vlog_once!(
+                crate::log::WARN,
+                "cannot start the SM feedback thread ({e}); its steps run on the launch path"
+            );
+            false
+        }
     }
 }
 

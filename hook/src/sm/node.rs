@@ -5,7 +5,9 @@
 //!
 //! The directory is `VGPU_SM_NODE_DIR`, opt-in per container: HAMi's device
 //! plugin bind-mounts `/tmp/vgpulock` (mode 0777) read-write into every
-//! container it sets up (spec §1.3), so that is the value to use there.
+//! container it sets up (its Allocate response, in HAMi's
+//! `pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go`), so that
+//! is the value to use there.
 //! The file is `<dir>/vgpu-sm-<GPU UUID>`: per physical GPU,
 //! whatever ordinal each container sees it as. It is never created without
 //! its directory: without a shared directory each container stays alone.
@@ -41,7 +43,7 @@ unsafe impl SharedFile for NodeFile {
             version: &self.version,
             size: &self.size,
         };
-        h.stamp_or_check(MAGIC, VERSION, SIZE, VERSION..=VERSION)
+        h.stamp_or_check(MAGIC, VERSION, SIZE, MIN_VERSION..=VERSION)
     }
 }
 

@@ -19,11 +19,8 @@
 //! only when the container's queued work plus its cost fits before the
 //! phase ends.
 
+pub use super::tuning::GUARD_NS;
 pub use vgpu_common::node::{plan, Phase, ACTIVE_NS, FRAME_NS};
-
-/// Admitted work must be due to finish this long before its phase ends: the
-/// launch reaches the GPU a few µs after it is admitted.
-pub const GUARD_NS: u64 = 300_000;
 
 /// The plan in one word for the launch path: 0 = none, else a flag and the
 /// phase's start and length in µs.

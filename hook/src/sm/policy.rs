@@ -1,7 +1,8 @@
 //! What the region says about compute: the per-device limit, whether to
 //! enforce it (`GPU_CORE_UTILIZATION_POLICY` and the monitor's
 //! `utilization_switch`), and the monitor's priority feedback
-//! (`recent_kernel`, spec §4.3) in the pre-2026 HAMi order: every launch
+//! (`recent_kernel`: HAMi's monitor sets it negative to block a lower
+//! priority, HAMi-core's `rate_limiter`) in the pre-2026 HAMi order: every launch
 //! marks activity and obeys blocking; the limit applies only when
 //! `0 < limit < 100` and (policy force, or policy default and switch on).
 

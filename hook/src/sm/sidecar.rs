@@ -163,13 +163,25 @@ pub fn init_or_check(s: &SmShared) -> Result<(), (u64, u32)> {
     h.stamp_or_check(MAGIC, VERSION, SIZE, MIN_VERSION..=VERSION)
 }
 
+/// The region's path, from which the sidecar's is derived: set once by
+/// `state::config` (the sidecar does not read the configuration itself, so
+/// that the memory hooks may use it without an import cycle through
+/// `state`).
+static REGION_PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Notes the region's path (the first call wins).
+pub fn set_region_path(region: &Path) {
+    let _ = REGION_PATH.set(region.to_path_buf());
+}
+
 /// The container's sidecar (buckets, gains, context sizes), mapped once
 /// per process for the limiter and the memory hooks alike; `None` when it
-/// cannot be used (logged once).
+/// cannot be used (logged once), or before the configuration was read.
 pub fn shared() -> Option<&'static SmShared> {
     static S: std::sync::OnceLock<Option<&'static SmShared>> = std::sync::OnceLock::new();
+    let region = REGION_PATH.get()?;
     *S.get_or_init(|| {
-        let path = path_for(&crate::state::config().region_path);
+        let path = path_for(region);
         open(&path)
             .map_err(|e| {
                 vlog!(

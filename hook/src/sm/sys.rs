@@ -1,7 +1,11 @@
-//! What the limiter needs from the outside world, behind one trait so the
-//! controller can be tested with a fake clock and a fake GPU: clocks and
-//! sleeping, the current context's device, timing events (always the real
-//! driver's, never the hooked exports), and the region.
+//! What the limiter needs from the outside world, behind narrow traits so
+//! the controller can be tested with a fake clock and a fake GPU, and each
+//! part asks only for what it uses: `Clock` (clocks and sleeping),
+//! `Events` (the current context's device and timing events, always the
+//! real driver's, never the hooked exports; all that `turns` and `prio`
+//! need), `Container` (the region, policy and buckets), `Nvml` (the
+//! feedback loop's measurements) and `NodeTable` (the node's table and how
+//! this process uses it). `Sys` is all of them, for the controller.
 
 use std::cell::Cell;
 use std::sync::atomic::AtomicUsize;
@@ -24,7 +28,8 @@ pub enum Poll {
     Failed,
 }
 
-pub trait Sys: Sync {
+/// Clocks and sleeping.
+pub trait Clock: Sync {
     /// CLOCK_MONOTONIC, ns.
     fn now(&self) -> u64;
     /// A cheaper clock of a few ms resolution (same epoch as `now`).
@@ -32,6 +37,14 @@ pub trait Sys: Sync {
     fn unix_secs(&self) -> u64;
     /// Sleeps until `now() >= t` (or a little past it).
     fn sleep_until(&self, t: u64);
+    /// CLOCK_REALTIME, µs (NVML's sample time base).
+    fn unix_us(&self) -> u64 {
+        self.unix_secs().saturating_mul(1_000_000)
+    }
+}
+
+/// The current context and the real driver's timing events.
+pub trait Events: Sync {
     /// The current context (as an opaque key) and its CUDA device ordinal.
     fn current(&self) -> Option<(usize, usize)>;
     /// A timing event in the current context.
@@ -51,26 +64,33 @@ pub trait Sys: Sync {
     fn record(&self, ev: usize, stream: usize) -> bool;
     fn query(&self, ev: usize) -> Poll;
     fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64>;
-    /// The region and this process's slot.
-    fn region(&self) -> Option<(&SharedRegion, usize)>;
     /// `stream` is being captured into a graph (or the driver cannot say):
     /// its launches do not run now, and an event recorded into it would
     /// become part of the graph.
     fn capturing(&self, _stream: usize) -> bool {
         false
     }
+}
+
+/// The container's shared state: its region, policy and buckets.
+pub trait Container: Sync {
+    /// The region and this process's slot.
+    fn region(&self) -> Option<(&SharedRegion, usize)>;
     /// `GPU_CORE_UTILIZATION_POLICY`.
     fn policy(&self) -> i32;
     /// The container's buckets.
     fn buckets(&self) -> &'static SmShared;
-    /// CLOCK_REALTIME, µs (NVML's sample time base).
-    fn unix_us(&self) -> u64 {
-        self.unix_secs().saturating_mul(1_000_000)
-    }
     /// This process's pid (as seen here; it only tells leaders apart).
     fn pid(&self) -> u32 {
         std::process::id()
     }
+    /// Fills this process's slot `hostpid` when its host pid is known
+    /// without a guess (it runs in the initial PID namespace).
+    fn note_host_pid(&self) {}
+}
+
+/// What NVML measures (the feedback loop).
+pub trait Nvml: Sync {
     /// NVML's per-process SM samples `(host pid, sm %)` of CUDA device
     /// `dev` since `since_us` (Unix µs; 0 = all it has); `None` when NVML
     /// cannot say (the loop then stays open).
@@ -83,15 +103,37 @@ pub trait Sys: Sync {
     fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
         None
     }
-    /// Fills this process's slot `hostpid` when its host pid is known
-    /// without a guess (it runs in the initial PID namespace).
-    fn note_host_pid(&self) {}
+}
+
+/// The node's table of containers on a GPU, and how this process uses it.
+pub trait NodeTable: Sync {
     /// The node's table of limited containers on CUDA device `dev`, shared
     /// with the other containers of the node; `None` when there is none.
     fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
         None
     }
+    /// Whether limited containers take turns in the node's table (else it
+    /// only ranks them by priority).
+    fn turns(&self) -> bool {
+        true
+    }
+    /// Whether the process takes part in the node's priorities even
+    /// without a limit (`CUDA_TASK_PRIORITY` set and a node directory).
+    fn ranked(&self) -> bool {
+        false
+    }
+    /// Whether a background thread runs the feedback steps
+    /// (`Controller::background`), so that its NVML calls (about 4 ms on an
+    /// H100) never delay a launch; else they run on the launch path.
+    fn offload(&self) -> bool {
+        false
+    }
 }
+
+/// Everything the controller needs from the outside world.
+pub trait Sys: Clock + Events + Container + Nvml + NodeTable {}
+
+impl<T: Clock + Events + Container + Nvml + NodeTable> Sys for T {}
 
 /// Runs `f` (the limiter's own event calls) in the relaxed capture mode, so
 /// that they never invalidate a graph capture another thread runs in the
@@ -174,7 +216,7 @@ impl Real {
     }
 }
 
-impl Sys for Real {
+impl Clock for Real {
     fn now(&self) -> u64 {
         clock_ns(libc::CLOCK_MONOTONIC)
     }
@@ -209,6 +251,12 @@ impl Sys for Real {
         }
     }
 
+    fn unix_us(&self) -> u64 {
+        clock_ns(libc::CLOCK_REALTIME) / 1_000
+    }
+}
+
+impl Events for Real {
     fn current(&self) -> Option<(usize, usize)> {
         let mut ctx: CUcontext = std::ptr::null_mut();
         if real_cuda!(cuCtxGetCurrent(&mut ctx)) != CUDA_SUCCESS || ctx.is_null() {
@@ -277,7 +325,9 @@ impl Sys for Real {
         // means: keep out of it.
         rc != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE
     }
+}
 
+impl Container for Real {
     fn region(&self) -> Option<(&SharedRegion, usize)> {
         let p = crate::state::process()?;
         Some((p.att.region(), p.att.slot_index()))
@@ -289,6 +339,8 @@ impl Sys for Real {
 
     fn buckets(&self) -> &'static SmShared {
         self.buckets.get_or_init(|| {
+            // The configuration names the sidecar (`sidecar::set_region_path`).
+            let _ = crate::state::config();
             sidecar::shared().unwrap_or_else(|| {
                 vlog!(
                     crate::log::ERROR,
@@ -299,10 +351,16 @@ impl Sys for Real {
         })
     }
 
-    fn unix_us(&self) -> u64 {
-        clock_ns(libc::CLOCK_REALTIME) / 1_000
+    fn note_host_pid(&self) {
+        if crate::memory::driver::in_initial_pid_ns() {
+            if let Some(p) = crate::state::process() {
+                p.att.set_host_pid(std::process::id());
+            }
+        }
     }
+}
 
+impl Nvml for Real {
     fn proc_util(&self, dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
         let h = self.nvml_handle(dev)?;
         let call = crate::real::nvml::fns()?.nvmlDeviceGetProcessUtilization?;
@@ -333,7 +391,9 @@ impl Sys for Real {
         let pids = crate::memory::driver::compute_processes(h)?;
         Some((util, pids.iter().map(|p| p.pid).collect()))
     }
+}
 
+impl NodeTable for Real {
     fn node(&self, dev: usize) -> Option<&'static NodeFile> {
         *self.nodes.get(dev)?.get_or_init(|| {
             let dir = crate::state::config().node_dir.as_ref()?;
@@ -348,7 +408,7 @@ impl Sys for Real {
                 Err(e) => {
                     vlog!(
                         crate::log::WARN,
-                        "{e}; limited containers on this GPU do not take turns"
+                        "{e}; containers on this GPU neither take turns nor rank by priority"
                     );
                     None
                 }
@@ -356,11 +416,16 @@ impl Sys for Real {
         })
     }
 
-    fn note_host_pid(&self) {
-        if crate::memory::driver::in_initial_pid_ns() {
-            if let Some(p) = crate::state::process() {
-                p.att.set_host_pid(std::process::id());
-            }
-        }
+    fn turns(&self) -> bool {
+        crate::state::config().turns
+    }
+
+    fn ranked(&self) -> bool {
+        let c = crate::state::config();
+        c.priority_stated && c.node_dir.as_ref().is_some_and(|d| d.is_dir())
+    }
+
+    fn offload(&self) -> bool {
+        super::background_started()
     }
 }

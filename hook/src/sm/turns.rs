@@ -19,18 +19,10 @@ use std::sync::Mutex;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::sys::{Poll, Sys};
-
-/// Bounds of the scale, and of a turn's measure that is believed.
-const MIN: f64 = 0.5;
-const MAX: f64 = 2.0;
-/// A burst shorter than this says too little.
-const MIN_BURST_NS: u64 = 1_000_000;
-/// A turn whose queue runs dry within its first launches is measured from
-/// the launch after the stall.
-const RESTART_WITHIN: u64 = 8;
-/// Fraction of the log-error corrected per measured turn.
-const K: f64 = 0.5;
+use super::sys::{Events as Gpu, Poll};
+use super::tuning::{
+    MIN_BURST_NS, RESTART_WITHIN, TURN_K as K, TURN_SCALE_MAX as MAX, TURN_SCALE_MIN as MIN,
+};
 
 /// One turn's launches on one stream, between two events.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +71,7 @@ impl Meter {
 
     /// A launch of `charge` was admitted in a turn; `empty`: the container's
     /// queue had drained before it. Called before the launch is forwarded.
-    pub fn admitted<S: Sys>(
+    pub fn admitted<S: Gpu>(
         &self,
         sys: &S,
         dev: usize,
@@ -147,7 +139,7 @@ impl Meter {
     }
 
     /// Records the open burst's start event again, before this launch.
-    fn restart<S: Sys>(&self, sys: &S, d: &Dev) -> bool {
+    fn restart<S: Gpu>(&self, sys: &S, d: &Dev) -> bool {
         let Ok(ev) = d.events.try_lock() else {
             return false;
         };
@@ -156,7 +148,7 @@ impl Meter {
 
     /// The container's next launch waits for its next turn: the open burst
     /// ends after the launches already forwarded.
-    pub fn turn_ended<S: Sys>(&self, sys: &S, dev: usize) {
+    pub fn turn_ended<S: Gpu>(&self, sys: &S, dev: usize) {
         let Some(d) = self.devs.get(dev) else { return };
         if d.stream.load(Acquire) == 0 {
             return;
@@ -175,7 +167,7 @@ impl Meter {
     }
 
     /// Reads a finished burst, if any, into the scale.
-    fn collect<S: Sys>(&self, sys: &S, d: &Dev, ev: &mut Events) {
+    fn collect<S: Gpu>(&self, sys: &S, d: &Dev, ev: &mut Events) {
         let Some((b, charged, launches)) = ev.done else {
             return;
         };

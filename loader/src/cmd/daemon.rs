@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
+use vgpu_common::event::sizes;
 use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
 
 use crate::daemon::check::{Thresholds, MIB};
@@ -34,7 +35,11 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 /// For each CUDA process it writes the host PID into the process's slot of
 /// its shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE in /proc/<pid>/environ,
 /// resolved under /proc/<pid>/root), which the hook cannot learn inside a
-/// PID namespace and without which per-container utilization reads 0.
+/// PID namespace and without which per-container utilization reads 0. The
+/// slot is the one recording the process's namespace PID, PID namespace and
+/// start time. Slots whose process is then proven dead (its host PID gone or
+/// another process) are freed, as `vgpu cleanup` would, so that a
+/// container's last exit does not leave its usage counted.
 ///
 /// It compares what the kernel saw each process allocate, what its slot
 /// tracks and what NVML says it uses. A persistent difference (default
@@ -121,6 +126,12 @@ pub struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 3.0)]
     slot_grace: f64,
 
+    /// Processes the probes track at once (their per-process maps). A process
+    /// beyond it is counted in vgpu_probe_lost_events{reason="procs_full"},
+    /// and the first such miss on each CPU is logged.
+    #[arg(long, value_name = "N", default_value_t = sizes::PROCS, value_parser = clap::value_parser!(u32).range(1..))]
+    max_procs: u32,
+
     /// Do not use NVML (no per-process used memory, no host GPU metrics).
     #[arg(long)]
     no_nvml: bool,
@@ -172,6 +183,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
         emit_events: false,
         aggregate: true,
         offsets,
+        max_procs: Some(args.max_procs),
     })
     .map_err(sentence)?;
     let nvml = if args.no_nvml {

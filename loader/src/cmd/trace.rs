@@ -146,6 +146,7 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
         emit_events: per_call,
         aggregate: true,
         offsets,
+        max_procs: None,
     })
     .map_err(sentence)?;
     let funcs: Vec<Func> = Func::ALL
@@ -259,6 +260,7 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
                 () = sleep_until(deadline) => true,
                 _ = tick.tick() => false,
             };
+            probes.flush_diagnostics();
             let snap = view::Snapshot::read(&probes, &filter, &mut cgroups).map_err(sentence)?;
             if !table.render(&snap, started.elapsed(), last) {
                 break;
@@ -272,6 +274,7 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    probes.flush_diagnostics();
     report_lost(&probes)?;
     drop(probes); // detaches every probe
     Ok(ExitCode::SUCCESS)

@@ -1,5 +1,5 @@
 //! Host-PID fill: the hook registers its slot under its namespace PID and
-//! cannot know its host PID (spec §2.8); the daemon sees both in libcuda and
+//! cannot know its host PID inside a PID namespace; the daemon sees both in libcuda and
 //! writes `hostpid` into the slot, so NVML's per-process samples (keyed by
 //! host PID) can be attributed to it.
 
@@ -12,7 +12,7 @@ use vgpu_common::env::{SHARED_CACHE, SHARED_CACHE_DEFAULT};
 use vgpu_common::region::{status, ProcSlot};
 use vgpu_common::region_io::{slot_offset, RegionIo};
 
-use super::procfs::Procfs;
+use super::procfs::{ProcIdentity, Procfs};
 use super::regions::{RegionCache, RegionKey};
 use crate::regions::open::{open_in_process, Access, OpenError};
 
@@ -20,7 +20,7 @@ use crate::regions::open::{open_in_process, Access, OpenError};
 const FRESH: Duration = Duration::from_millis(50);
 
 /// Where a process's slot is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SlotRef {
     pub region: RegionKey,
     pub slot: usize,
@@ -63,14 +63,14 @@ pub fn region_path_of(procfs: &Procfs, host_pid: u32) -> Result<PathBuf, Miss> {
     ))
 }
 
-/// Finds the slot of (`host_pid`, `ns_pid`) and writes its host PID. The
-/// path the process names is resolved inside its own root (never through a
-/// symlink, never to a non-regular file).
+/// Finds the slot of process `me` (host PID `host_pid`) and writes its host
+/// PID. The path the process names is resolved inside its own root (never
+/// through a symlink, never to a non-regular file).
 pub fn fill(
     procfs: &Procfs,
     cache: &mut RegionCache,
     host_pid: u32,
-    ns_pid: u32,
+    me: &ProcIdentity,
     cgroup_id: u64,
 ) -> Result<Filled, Miss> {
     let shown = region_path_of(procfs, host_pid)?;
@@ -88,51 +88,77 @@ pub fn fill(
         open.cgroup_id = Some(cgroup_id);
     }
     let region = open.snapshot(FRESH).map_err(|e| bad(e.to_string()))?;
-    let slot = find_slot(region, ns_pid).ok_or(Miss::NoSlot {
+    let slot = find_slot(region, me).ok_or(Miss::NoSlot {
         path: shown.clone(),
-        ns_pid,
+        ns_pid: u32::try_from(me.pid).unwrap_or(0),
     })?;
-    let wrote = write_hostpid(&open.file, slot, ns_pid, host_pid);
+    let wrote = write_hostpid(&open.file, slot, me, host_pid);
     Ok(Filled {
         at: SlotRef { region: key, slot },
         wrote,
     })
 }
 
-/// Re-checks a filled slot: `Some(wrote)` while it still belongs to
-/// `ns_pid` (rewriting `hostpid` if something reset it, e.g. the hook's
-/// registration racing the first fill), `None` when the slot moved or the
-/// region is gone. Reads only the slot's identity words.
-pub fn refresh(cache: &RegionCache, at: SlotRef, ns_pid: u32, host_pid: u32) -> Option<bool> {
+/// Re-checks a filled slot: `Some(wrote)` while it still belongs to `me`
+/// (rewriting `hostpid` if something reset it, e.g. the hook's registration
+/// racing the first fill), `None` when the slot was freed or taken by
+/// another process, or the region is gone. Reads only the slot's identity
+/// words.
+pub fn refresh(cache: &RegionCache, at: SlotRef, me: &ProcIdentity, host_pid: u32) -> Option<bool> {
     let file = &cache.get(&at.region)?.file;
-    let (pid, _, st) = file.slot_head(at.slot).ok()?;
-    if i32::try_from(ns_pid).ok()? != pid || st == status::EXITED {
+    let (_, now_host, st) = file.slot_head(at.slot).ok()?;
+    if st == status::EXITED || !is_slot_of(&file.slot_identity(at.slot).ok()?, me) {
         return None;
     }
-    Some(write_hostpid(file, at.slot, ns_pid, host_pid))
+    let host = i32::try_from(host_pid).ok()?;
+    Some(now_host != host && store_hostpid(file, at.slot, host))
 }
 
-/// The live slot (status not exited) whose `pid` is `ns_pid`.
-pub fn find_slot(region: &vgpu_common::region::SharedRegion, ns_pid: u32) -> Option<usize> {
-    let pid = i32::try_from(ns_pid).ok()?;
-    region
-        .active_slots()
-        .iter()
-        .position(|s| s.pid.load(SeqCst) == pid && s.status.load(SeqCst) != status::EXITED)
+/// Whether a slot recording `rec` can be process `me`: the same namespace
+/// PID, and the same PID namespace and start time where the slot records
+/// them (a HAMi-core hook records neither: PID alone, as HAMi matches).
+fn is_slot_of(rec: &ProcIdentity, me: &ProcIdentity) -> bool {
+    me.pid > 0 && rec.pid == me.pid && me.matches(rec.pidns, rec.start)
 }
 
-/// Stores `host_pid` (one `pwrite`) if the slot still carries `ns_pid` and
-/// holds another value; returns whether it wrote.
-fn write_hostpid(file: &RegionIo, slot: usize, ns_pid: u32, host_pid: u32) -> bool {
-    let (Ok(pid), Ok(host)) = (i32::try_from(ns_pid), i32::try_from(host_pid)) else {
-        return false;
-    };
-    let Ok((now_pid, now_host, _)) = file.slot_head(slot) else {
-        return false;
-    };
-    if now_pid != pid || now_host == host {
-        return false;
+/// The live slot (status not exited) of process `me`. Namespace PIDs repeat
+/// across PID namespaces (two containers sharing a region both have a PID
+/// 1), so a slot that records an identity must record `me`'s; one that
+/// records none is taken only when no slot records `me` exactly.
+pub fn find_slot(region: &vgpu_common::region::SharedRegion, me: &ProcIdentity) -> Option<usize> {
+    let mut unrecorded = None;
+    for (i, s) in region.active_slots().iter().enumerate() {
+        let rec = ProcIdentity {
+            pid: s.pid.load(SeqCst),
+            pidns: s.pidns.load(SeqCst),
+            start: s.start.load(SeqCst),
+        };
+        if s.status.load(SeqCst) == status::EXITED || !is_slot_of(&rec, me) {
+            continue;
+        }
+        if rec.pidns == 0 && rec.start == 0 {
+            unrecorded.get_or_insert(i);
+        } else {
+            return Some(i);
+        }
     }
+    unrecorded
+}
+
+/// Stores `host_pid` (one `pwrite`) if the slot still belongs to `me` and
+/// holds another value; returns whether it wrote.
+fn write_hostpid(file: &RegionIo, slot: usize, me: &ProcIdentity, host_pid: u32) -> bool {
+    let Ok(host) = i32::try_from(host_pid) else {
+        return false;
+    };
+    let (Ok((_, now_host, _)), Ok(rec)) = (file.slot_head(slot), file.slot_identity(slot)) else {
+        return false;
+    };
+    is_slot_of(&rec, me) && now_host != host && store_hostpid(file, slot, host)
+}
+
+/// One `pwrite` of slot `slot`'s `hostpid`; returns whether it was written.
+fn store_hostpid(file: &RegionIo, slot: usize, host: i32) -> bool {
     let at = slot_offset(slot) + offset_of!(ProcSlot, hostpid) as u64;
     match file.write_i32(at, host) {
         Ok(()) => true,
@@ -186,20 +212,100 @@ mod tests {
         let procfs = Procfs::at(dir.path().join("proc"));
         let mut cache = RegionCache::default();
 
-        let got = fill(&procfs, &mut cache, 1021, 1, 77).unwrap();
+        let got = fill(&procfs, &mut cache, 1021, &procfs.identity(1021, 1), 77).unwrap();
         assert_eq!(got.at.slot, 1);
         assert!(got.wrote);
         assert_eq!(r.procs[1].hostpid.load(Relaxed), 1021);
         assert_eq!(r.procs[0].hostpid.load(Relaxed), 0);
         // Again: nothing to write.
-        assert!(!fill(&procfs, &mut cache, 1021, 1, 77).unwrap().wrote);
+        assert!(
+            !fill(&procfs, &mut cache, 1021, &procfs.identity(1021, 1), 77)
+                .unwrap()
+                .wrote
+        );
         // Something reset it: refresh rewrites.
         r.procs[1].hostpid.store(0, Relaxed);
-        assert_eq!(refresh(&cache, got.at, 1, 1021), Some(true));
+        assert_eq!(
+            refresh(&cache, got.at, &procfs.identity(1021, 1), 1021),
+            Some(true)
+        );
         assert_eq!(r.procs[1].hostpid.load(Relaxed), 1021);
         // The slot was freed: refresh says so.
         r.procs[1].status.store(0, Relaxed);
-        assert_eq!(refresh(&cache, got.at, 1, 1021), None);
+        assert_eq!(
+            refresh(&cache, got.at, &procfs.identity(1021, 1), 1021),
+            None
+        );
+    }
+
+    /// Gives fake process `pid` a PID namespace (a file whose inode stands
+    /// for it) and a start time; returns the namespace inode.
+    fn fake_identity(dir: &Path, pid: u32, start: u64) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        let p = dir.join("proc").join(pid.to_string());
+        std::fs::create_dir_all(p.join("ns")).unwrap();
+        std::fs::write(p.join("ns/pid"), "").unwrap();
+        let zeros = "0 ".repeat(18);
+        std::fs::write(p.join("stat"), format!("{pid} (prog) S {zeros}{start} 0")).unwrap();
+        std::fs::metadata(p.join("ns/pid")).unwrap().ino()
+    }
+
+    /// Two PID namespaces share a region, each with a PID 1: each process
+    /// gets its own slot's host PID, and a third PID 1 (a process without
+    /// the hook) gets none.
+    #[test]
+    fn pid_1_of_two_namespaces_each_fill_their_own_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let env = "CUDA_DEVICE_MEMORY_SHARED_CACHE=/r/a.cache\0";
+        let mut ids = Vec::new();
+        for (host, start) in [(2001, 500), (2002, 600), (2003, 700)] {
+            fake_proc(dir.path(), host, env);
+            ids.push((host, fake_identity(dir.path(), host, start), start));
+        }
+        let f = region_at(&dir.path().join("ctr/r/a.cache"));
+        let r = f.region();
+        r.proc_num.store(2, Relaxed);
+        // Slot 0 is 2002's, slot 1 is 2001's: the first PID 1 is not theirs.
+        for (slot, (_, ns, start)) in [(1, ids[0]), (0, ids[1])] {
+            r.procs[slot].pid.store(1, Relaxed);
+            r.procs[slot].status.store(1, Relaxed);
+            r.procs[slot].pidns.store(ns, Relaxed);
+            r.procs[slot].start.store(start, Relaxed);
+        }
+        let procfs = Procfs::at(dir.path().join("proc"));
+        let mut cache = RegionCache::default();
+        for _ in 0..2 {
+            for (host, slot) in [(2001, 1), (2002, 0)] {
+                let me = procfs.identity(host, 1);
+                let got = fill(&procfs, &mut cache, host, &me, 0).unwrap();
+                assert_eq!(got.at.slot, slot, "host pid {host}");
+                assert_eq!(refresh(&cache, got.at, &me, host), Some(false));
+            }
+        }
+        assert_eq!(r.procs[1].hostpid.load(Relaxed), 2001);
+        assert_eq!(r.procs[0].hostpid.load(Relaxed), 2002);
+        let third = procfs.identity(2003, 1);
+        assert!(matches!(
+            fill(&procfs, &mut cache, 2003, &third, 0),
+            Err(Miss::NoSlot { ns_pid: 1, .. })
+        ));
+        // A slot taken over by another namespace's PID 1 is no longer ours.
+        let at = SlotRef {
+            region: cache.iter().next().map(|(k, _)| *k).unwrap(),
+            slot: 1,
+        };
+        r.procs[1].pidns.store(ids[2].1, Relaxed);
+        assert_eq!(refresh(&cache, at, &procfs.identity(2001, 1), 2001), None);
+        // A slot that records no identity (a HAMi-core hook) is matched by
+        // its PID, as before.
+        r.procs[1].pidns.store(0, Relaxed);
+        r.procs[1].start.store(0, Relaxed);
+        r.procs[1].hostpid.store(0, Relaxed);
+        cache.refresh();
+        let got = fill(&procfs, &mut cache, 2003, &third, 0).unwrap();
+        assert_eq!((got.at.slot, got.wrote), (1, true));
+        assert_eq!(r.procs[1].hostpid.load(Relaxed), 2003);
+        assert_eq!(r.procs[0].hostpid.load(Relaxed), 2002, "untouched");
     }
 
     #[test]
@@ -230,7 +336,7 @@ mod tests {
                 pid,
                 &format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={name}\0"),
             );
-            let got = fill(&procfs, &mut cache, pid, 1, 0);
+            let got = fill(&procfs, &mut cache, pid, &procfs.identity(pid, 1), 0);
             assert!(
                 matches!(&got, Err(Miss::BadRegion { .. }) | Err(Miss::NoRegion(_))),
                 "{name}: {got:?}"
@@ -248,14 +354,17 @@ mod tests {
         let mut cache = RegionCache::default();
         // No variable: HAMi's default path, absent here.
         assert_eq!(
-            fill(&procfs, &mut cache, 7, 7, 0),
+            fill(&procfs, &mut cache, 7, &procfs.identity(7, 7), 0),
             Err(Miss::NoRegion(PathBuf::from("/tmp/cudevshr.cache")))
         );
-        assert_eq!(fill(&procfs, &mut cache, 8, 8, 0), Err(Miss::Environ(8)));
+        assert_eq!(
+            fill(&procfs, &mut cache, 8, &procfs.identity(8, 8), 0),
+            Err(Miss::Environ(8))
+        );
         fake_proc(dir.path(), 9, "CUDA_DEVICE_MEMORY_SHARED_CACHE=/b.cache\0");
         let _f = region_at(&dir.path().join("ctr/b.cache"));
         assert!(matches!(
-            fill(&procfs, &mut cache, 9, 3, 0),
+            fill(&procfs, &mut cache, 9, &procfs.identity(9, 3), 0),
             Err(Miss::NoSlot { ns_pid: 3, .. })
         ));
     }

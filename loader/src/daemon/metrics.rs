@@ -1,4 +1,5 @@
-//! Prometheus text: HAMi monitor's metric names (spec §8) fed from the
+//! Prometheus text: the metric names of HAMi's vGPU monitor
+//! (`cmd/vGPUmonitor/metrics.go`, <https://github.com/Project-HAMi/HAMi>) fed from the
 //! regions and NVML, plus vgpu's own. A fresh registry is built for every
 //! scan and rendered once, so a scrape never sees a half-updated set and
 //! series of gone containers disappear; counters live across scans.
@@ -58,6 +59,8 @@ pub struct Snapshot<'a> {
     pub probes: Vec<(String, String)>,
     /// Processes the probes know.
     pub processes: usize,
+    /// Region files under the regions root the scan bounds left out.
+    pub region_files_skipped: usize,
     pub now_unix: u64,
     /// This node's name for HAMi's `node` label of host series (empty: left out).
     pub node: &'a str,
@@ -72,6 +75,8 @@ pub struct Counters {
     /// first found it (the hook learnt it itself, e.g. outside a PID
     /// namespace or from NVML during its context measurement).
     pub hostpid_verified: Counter,
+    /// Slots of dead processes the daemon freed.
+    pub slots_reclaimed: Counter,
     /// Calls seen by the probes, by kind (`alloc`, `alloc_failure`, `free`, `launch`, `graph_launch`).
     pub probe_events: Family<Labels, Counter>,
     /// Calls the probes could not record, by reason.
@@ -264,6 +269,13 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let procs = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
     procs.set(s.processes as i64);
     reg.register("vgpu_processes", "CUDA processes the probes know", procs);
+    let skipped = GaugeU::default();
+    skipped.set(s.region_files_skipped as u64);
+    reg.register(
+        "vgpu_region_files_skipped",
+        "Region files under the regions root left out of the last scan by its bounds",
+        skipped,
+    );
     reg.register(
         "vgpu_hostpid_fills",
         "Host PIDs written into region slots",
@@ -273,6 +285,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "vgpu_hostpid_verified",
         "Processes whose slot already held the right host PID when first found",
         c.hostpid_verified.clone(),
+    );
+    reg.register(
+        "vgpu_slots_reclaimed",
+        "Region slots of dead processes the daemon freed",
+        c.slots_reclaimed.clone(),
     );
     reg.register(
         "vgpu_probe_events",
@@ -320,8 +337,10 @@ mod tests {
                 dead_slots: 2,
             }],
             now_unix: 100,
+            region_files_skipped: 996,
             ..Snapshot::default()
         };
+        c.slots_reclaimed.inc_by(2);
         let text = render(&s, &c);
         for line in [
             r#"hami_vgpu_memory_used_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 600"#,
@@ -331,6 +350,8 @@ mod tests {
             r#"vgpu_sm_limit_percent{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 30"#,
             r#"vgpu_dead_slots{zone="vGPU",pod_uid="p",container="c"} 2"#,
             "vgpu_hostpid_fills_total 3",
+            "vgpu_region_files_skipped 996",
+            "vgpu_slots_reclaimed_total 2",
             r#"vgpu_findings{kind="untracked_allocation"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");

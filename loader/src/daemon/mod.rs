@@ -3,6 +3,7 @@
 //! - [`libs`] finds the libcuda files to probe (host and containers);
 //! - [`hostpid`] writes host PIDs into the hook's slots ([`regions`] keeps
 //!   the region files open, [`procfs`] reads what `/proc` says);
+//! - [`reclaim`] frees the slots of processes proven dead;
 //! - [`check`] decides when usage escaped the hook, [`findings`] records it;
 //! - [`integrity`] knows each container's limits and reports and acts on
 //!   tampering;
@@ -25,5 +26,6 @@ pub mod nvml;
 pub mod observer;
 pub mod pods;
 pub mod procfs;
+pub mod reclaim;
 pub mod regions;
 pub mod utilization;

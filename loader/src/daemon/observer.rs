@@ -2,7 +2,7 @@
 //! learn processes from the probes, fill host PIDs, forget the dead) and
 //! [`Observer::scan`] (the cross-check, findings and metrics).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
@@ -19,7 +19,8 @@ use super::libs::LibWatch;
 use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
 use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
-use super::procfs::Procfs;
+use super::procfs::{ProcIdentity, Procfs};
+use super::reclaim::Reclaimer;
 use super::regions::RegionCache;
 use super::utilization::{self, daemon_publishes, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
@@ -75,6 +76,8 @@ struct Proc {
     nvml_only: bool,
     slot: Option<SlotRef>,
     miss: Option<Miss>,
+    /// What its slot must record (read from `/proc` once).
+    me: Option<ProcIdentity>,
 }
 
 /// What one scan publishes.
@@ -106,6 +109,7 @@ pub struct Observer {
     integrity: Option<Integrity>,
     /// Region files left out by [`SCAN_BOUNDS`] at the last scan.
     skipped: usize,
+    reclaimer: Reclaimer,
 }
 
 impl Observer {
@@ -136,6 +140,7 @@ impl Observer {
             attached: Vec::new(),
             integrity,
             skipped: 0,
+            reclaimer: Reclaimer::default(),
         }
     }
 
@@ -186,6 +191,7 @@ impl Observer {
     /// Fast job: new processes from the probe maps, host-PID fills and
     /// re-checks, forgetting the dead.
     pub fn poll(&mut self) -> Result<(), ProbeError> {
+        self.probes.flush_diagnostics();
         for (caller, counts) in self.probes.procs()? {
             let tgid = caller.host_tgid;
             let p = self.procs.entry(tgid).or_insert_with(|| Proc {
@@ -196,6 +202,7 @@ impl Observer {
                 nvml_only: false,
                 slot: None,
                 miss: None,
+                me: None,
             });
             if p.nvml_only {
                 p.nvml_only = false;
@@ -218,12 +225,16 @@ impl Observer {
                     p.caller.cgroup_id,
                 ));
             }
-            let ns_pid = match p.caller.ns_tgid {
-                0 => self.procfs.ns_pid(tgid).unwrap_or(tgid),
-                n => n,
-            };
+            let procfs = &self.procfs;
+            let me = *p.me.get_or_insert_with(|| {
+                let ns_pid = match p.caller.ns_tgid {
+                    0 => procfs.ns_pid(tgid).unwrap_or(tgid),
+                    n => n,
+                };
+                procfs.identity(tgid, ns_pid)
+            });
             if let Some(at) = p.slot {
-                match hostpid::refresh(&self.cache, at, ns_pid, tgid) {
+                match hostpid::refresh(&self.cache, at, &me, tgid) {
                     Some(true) => {
                         self.counters.hostpid_fills.inc();
                     }
@@ -234,13 +245,7 @@ impl Observer {
                     continue;
                 }
             }
-            match hostpid::fill(
-                &self.procfs,
-                &mut self.cache,
-                tgid,
-                ns_pid,
-                p.caller.cgroup_id,
-            ) {
+            match hostpid::fill(&self.procfs, &mut self.cache, tgid, &me, p.caller.cgroup_id) {
                 Ok(f) => {
                     if f.wrote {
                         self.counters.hostpid_fills.inc();
@@ -248,7 +253,8 @@ impl Observer {
                         self.counters.hostpid_verified.inc();
                     }
                     tracing::debug!(
-                        "host pid {tgid} (pid {ns_pid}) in slot {} after {:?}",
+                        "host pid {tgid} (pid {}) in slot {} after {:?}",
+                        me.pid,
                         f.at.slot,
                         p.first_seen.elapsed()
                     );
@@ -274,6 +280,7 @@ impl Observer {
     pub fn scan(&mut self) -> ScanOutput {
         self.open_root_regions();
         self.cache.refresh();
+        self.reclaim_dead_slots();
         let nv = self.nvml.as_mut().map(NvmlView::sample);
         self.adopt_nvml_processes(nv.as_ref());
         self.count_lost();
@@ -346,6 +353,7 @@ impl Observer {
             untracked,
             probes: self.attached.clone(),
             processes: self.procs.len(),
+            region_files_skipped: self.skipped,
             now_unix: now_ms / 1000,
             node: &self.settings.node,
         };
@@ -360,6 +368,14 @@ impl Observer {
             })
             .unwrap_or_default(),
         }
+    }
+
+    /// Frees slots whose processes are proven dead (see [`Reclaimer`]);
+    /// slots of processes the daemon tracks are left alone.
+    fn reclaim_dead_slots(&mut self) {
+        let tracked: HashSet<SlotRef> = self.procs.values().filter_map(|p| p.slot).collect();
+        let n = self.reclaimer.run(&mut self.cache, &self.procfs, &tracked);
+        self.counters.slots_reclaimed.inc_by(n as u64);
     }
 
     /// The integrity checks over every known process.
@@ -421,6 +437,7 @@ impl Observer {
                     nvml_only: true,
                     slot: None,
                     miss: None,
+                    me: None,
                 },
             );
         }

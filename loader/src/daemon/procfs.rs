@@ -1,8 +1,11 @@
 //! What the daemon reads from `/proc/<pid>`: a process's environment, its
-//! PID in its own namespace, and whether it still exists.
+//! PID in its own namespace, its identity (PID namespace, start time), and
+//! whether it still exists.
 
 use std::io;
 use std::path::PathBuf;
+
+pub use vgpu_common::identity::Identity as ProcIdentity;
 
 /// `/proc` (a parameter so tests can point at a fake tree).
 #[derive(Clone, Debug)]
@@ -50,6 +53,44 @@ impl Procfs {
     pub fn ns_pid(&self, pid: u32) -> Option<u32> {
         let status = std::fs::read_to_string(self.dir(pid).join("status")).ok()?;
         ns_pid_of(&status)
+    }
+
+    /// Who process `pid` is, as a slot records it: `ns_pid` (its PID in
+    /// its own namespace), the inode of its PID namespace and its start
+    /// time (0 for what cannot be read).
+    /// A process in another time namespace reads its start time shifted by
+    /// that namespace's boot-time offset, so there it is left unknown.
+    pub fn identity(&self, pid: u32, ns_pid: u32) -> ProcIdentity {
+        let dir = self.dir(pid);
+        let mut id = ProcIdentity::read_dir(&dir, i32::try_from(ns_pid).unwrap_or(0));
+        if !self.same_time_ns(&dir) {
+            id.start = 0;
+        }
+        id
+    }
+
+    /// Whether the process of `dir` shares this process's time namespace
+    /// (kernels without time namespaces: yes; unreadable: no).
+    fn same_time_ns(&self, dir: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let ino = |d: &std::path::Path| match std::fs::metadata(d.join("ns/time")) {
+            Ok(m) => Some(Some(m.ino())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Some(None),
+            Err(_) => None,
+        };
+        match (ino(dir), ino(&self.root.join("self"))) {
+            (Some(a), Some(b)) => a == b || a.is_none() || b.is_none(),
+            _ => false,
+        }
+    }
+
+    /// Whether no process `pid` exists (`/proc/<pid>` is gone; a zombie
+    /// still exists).
+    pub fn gone(&self, pid: u32) -> bool {
+        matches!(
+            std::fs::symlink_metadata(self.dir(pid)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound
+        )
     }
 
     /// Host PIDs of every process (`/proc/[0-9]*`).

@@ -130,6 +130,11 @@ impl RegionCache {
         self.open.get(key)
     }
 
+    /// An open region, to read anew.
+    pub fn get_mut(&mut self, key: &RegionKey) -> Option<&mut OpenRegion> {
+        self.open.get_mut(key)
+    }
+
     /// Marks `key` as still in use.
     pub fn touch(&mut self, key: &RegionKey) {
         if let Some(r) = self.open.get_mut(key) {

@@ -1,7 +1,9 @@
 //! Installing the hook on a node (`vgpu install-hook`).
 //!
 //! HAMi's device plugin bind-mounts `<host-dir>/libvgpu.so` and
-//! `<host-dir>/ld.so.preload` into every GPU container (spec §1.4). Installing
+//! `<host-dir>/ld.so.preload` into every GPU container (its
+//! `pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go`,
+//! <https://github.com/Project-HAMi/HAMi>). Installing
 //! vgpu there makes it the hook of every new container, with no change to
 //! HAMi. Running containers keep the library they mapped: the new file is
 //! written under a temporary name and renamed over the old one, so no

@@ -11,6 +11,7 @@ mod error;
 pub mod libcuda;
 
 use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use aya::{
     maps::{HashMap as AyaHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf},
@@ -20,10 +21,11 @@ use aya::{
     },
     Ebpf, EbpfLoader,
 };
+use aya_log::EbpfLogger;
 pub use error::ProbeError;
 use libcuda::Libcuda;
 use vgpu_common::event::{
-    names, AllocKey, Caller, Config, Counter, Func, FuncClass, KernelOffsets, LaunchKey,
+    names, sizes, AllocKey, Caller, Config, Counter, Func, FuncClass, KernelOffsets, LaunchKey,
     ProcCounters,
 };
 
@@ -39,6 +41,9 @@ pub struct Options {
     pub aggregate: bool,
     /// Kernel offsets for namespace pids; `None` leaves them 0.
     pub offsets: Option<KernelOffsets>,
+    /// Processes tracked at once (`PROCS`, `PROC_COUNTS`); `None`:
+    /// [`sizes::PROCS`]. Beyond it a process is counted as `procs_full`.
+    pub max_procs: Option<u32>,
 }
 
 /// What [`ProbeSet::attach`] did for one libcuda.
@@ -59,6 +64,8 @@ pub struct ProbeSet {
     ebpf: Ebpf,
     opts: Options,
     inodes: HashSet<(u64, u64)>,
+    /// The programs' rare diagnostics (aya-log), `None` if unavailable.
+    diagnostics: Option<EbpfLogger<&'static dyn log::Log>>,
 }
 
 impl ProbeSet {
@@ -73,8 +80,11 @@ impl ProbeSet {
             emit_events: u32::from(opts.emit_events),
             aggregate: u32::from(opts.aggregate),
         };
+        let max_procs = opts.max_procs.unwrap_or(sizes::PROCS).max(1);
         let mut ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, &config, true)
+            .map_max_entries(names::PROCS, max_procs)
+            .map_max_entries(names::PROC_COUNTS, max_procs)
             .load(EBPF_ELF)
             .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
         for name in [names::PROG_ENTRY, names::PROG_RETURN] {
@@ -86,11 +96,34 @@ impl ProbeSet {
             prog.load()
                 .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
         }
+        let diagnostics = match EbpfLogger::init(&mut ebpf) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!("the eBPF programs' diagnostics will not be shown: {e}");
+                None
+            }
+        };
         Ok(ProbeSet {
             ebpf,
             opts,
             inodes: HashSet::new(),
+            diagnostics,
         })
+    }
+
+    /// Writes the programs' pending diagnostics (a full map, a failed user
+    /// read: each logged at its first occurrence per CPU) to the log, as
+    /// warnings. Call it periodically.
+    pub fn flush_diagnostics(&mut self) {
+        let Some(logger) = self.diagnostics.as_mut() else {
+            return;
+        };
+        // aya-log panics on a record it cannot parse; losing the diagnostics
+        // must not take the caller down.
+        if catch_unwind(AssertUnwindSafe(|| logger.flush())).is_err() {
+            tracing::warn!("an eBPF diagnostic record could not be read; no more are shown");
+            self.diagnostics = None;
+        }
     }
 
     /// Attaches the entry probe (and the return probe where the result

@@ -283,6 +283,21 @@ fn zero_slot(file: &RegionIo, i: usize) -> Result<(), IoError> {
     file.write_i32(at(offset_of!(ProcSlot, status)), status::EXITED)
 }
 
+/// Frees slot `i` of dead namespace PID `pid`, under the region lock (the
+/// caller holds it): counters, identity and status zeroed, then `pid`.
+/// Returns false, `pid` left, if the slot no longer carries `pid`.
+pub fn free_slot(file: &RegionIo, i: usize, pid: i32) -> Result<bool, IoError> {
+    zero_slot(file, i)?;
+    // Only if nobody re-claimed it meanwhile (a hook going on without the
+    // lock). A read then a write, not a compare-and-swap: the window is the
+    // two syscalls, under the region lock.
+    if file.slot_head(i)?.0 != pid {
+        return Ok(false);
+    }
+    file.write_i32(slot_offset(i), 0)?;
+    Ok(true)
+}
+
 /// Frees the slots of dead processes under the region lock, zeroes
 /// leftovers in free slots, and lowers `proc_num` over trailing free slots.
 /// Live slots, and slots whose liveness cannot be decided, are untouched.
@@ -326,12 +341,7 @@ pub fn cleanup(file: &RegionIo) -> Result<CleanupReport, AdminError> {
         let total = (0..MAX_DEVICES)
             .map(|d| slot.used_total(d))
             .fold(0, u64::saturating_add);
-        zero_slot(file, i)?;
-        // Only if nobody re-claimed it meanwhile (a hook going on without
-        // the lock). A read then a write, not a compare-and-swap: the
-        // window is the two syscalls, under the region lock.
-        if file.slot_head(i)?.0 == pid {
-            file.write_i32(slot_offset(i), 0)?;
+        if free_slot(file, i, pid)? {
             clean[i] = true;
             report.reclaimed.push(Reclaimed {
                 slot: i,

@@ -1,0 +1,197 @@
+//! The SM limiter's tuned constants, each with the reason for its value.
+
+/// The turns' frame, and the longest debt a single settlement may create:
+/// what a latency-bound tenant may wait at worst for a wrongly learnt cost.
+pub const FRAME_NS: u64 = vgpu_common::node::FRAME_NS;
+
+/// A lower-priority container's queued GPU work while a higher one is
+/// active: what a request of the higher one may find ahead of it on a
+/// time-sliced GPU. Two or three 4096² bf16 matmuls on an H100; short
+/// enough for a service's p99 to stay within 1.5× of its time alone, long
+/// enough that the held container's host, woken each time, keeps the GPU
+/// busy.
+pub const LOW_QUEUE_NS: u64 = 500_000;
+
+/// The longest a lower-priority launch waits for a higher one's work in
+/// flight, before it goes with its short queue anyway: a high-priority
+/// container that keeps the GPU busy must not starve the low one.
+pub const YIELD_MAX_NS: u64 = FRAME_NS;
+
+/// A higher-priority container holds the lower ones while it launched
+/// within this long: less than a frame (the re-plan period added), so a
+/// service that stops gives the GPU back within a frame, and more than its
+/// gaps between requests (20 ms for a 50-request/s service).
+pub const HOLD_NS: u64 = FRAME_NS - REPLAN_NS;
+
+/// What a GPU's switch between two contexts' work may take, at most,
+/// beyond the work itself (an allowance: Hopper time-slices contexts with
+/// its compute preemption; tens of µs are typical).
+pub const CONTEXT_SWITCH_NS: u64 = 300_000;
+
+/// A higher-priority container's launch is in flight from its launch until
+/// at least this long after it (plus its learnt cost): its work starts at
+/// the latest once the lower ones' queues (`LOW_QUEUE_NS`) have drained
+/// and the GPU has switched contexts. Its costs alone would release the
+/// lower ones before that, and a context that keeps getting work keeps the
+/// GPU until its time slice ends.
+pub const HIGH_START_NS: u64 = LOW_QUEUE_NS + CONTEXT_SWITCH_NS;
+
+// `bucket.rs`
+/// Wall time the bucket can hold on a host that wakes on time: bursts stay
+/// within `DEPTH × limit` of GPU time, and a sleep that overshoots by less
+/// than this (less the batch) loses nothing.
+pub const DEPTH_NS: u64 = 4_000_000;
+
+/// The deepest the bucket gets on a host that wakes late (`Depth`).
+pub const MAX_DEPTH_NS: u64 = 50_000_000;
+
+/// A launch is admitted up to this long before its turn, so the GPU has
+/// work queued when the host thread is late to wake (a loaded machine); it
+/// adds `LEAD × limit` to the burst, nothing to the rate.
+pub const LEAD_NS: u64 = 1_000_000;
+
+/// An empty bucket is waited on until it holds this much more wall time
+/// than one launch needs, so a throttled container is admitted a batch of
+/// launches per wake-up instead of one: fewer host wake-ups, and on a device
+/// time-sliced between containers, fewer context switches (each one costs
+/// the device time that no container gets). The rate is unchanged.
+pub const BATCH_NS: u64 = 2_000_000;
+
+// `control.rs`
+/// How often the region's settings are re-read on the launch path.
+pub const REFRESH_NS: u64 = 50_000_000;
+
+/// How often the process's share is published into its slot.
+pub const PUBLISH_NS: u64 = 1_000_000_000;
+
+/// Longest single sleep while throttled (settings are re-read after it).
+pub const MAX_SLEEP_NS: u64 = 100_000_000;
+
+/// Sleep step while the monitor blocks the container.
+pub const BLOCK_SLEEP_NS: u64 = 100_000_000;
+
+/// Timed launches in flight at most.
+pub const MAX_PENDING: usize = 32;
+
+/// Event pairs kept per context.
+pub const EVENT_POOL: usize = 32;
+
+/// Finished timings are collected at most this often (a driver call each).
+pub const POLL_NS: u64 = 500_000;
+
+/// How often a limited process re-reads the node's table (`phase`) and
+/// marks its container active there.
+pub const REPLAN_NS: u64 = 10_000_000;
+
+/// A leader holds the loop this long without renewing it.
+pub const LEASE_NS: u64 = 4 * PERIOD_NS;
+
+/// While the leader measured this recently, it publishes `sm_util`.
+pub const MEASURED_FRESH_NS: u64 = 2 * PUBLISH_NS;
+
+// `cost.rs`
+/// Cost of a launch on a device nothing was learnt about yet.
+pub const DEFAULT_COST_NS: u64 = 20_000;
+
+/// Samples every key gets before sampling becomes occasional.
+pub const EARLY_SAMPLES: u32 = 6;
+
+/// Samples whose minimum first replaces the guess. The first launch of a
+/// key finds its stream idle, so its start event completes at once and
+/// its timing holds whatever other contexts had queued on the device
+/// (a killed saturating process left 50 ms and more); the next launches
+/// are queued behind it in the stream and are timed from its end.
+pub const AGREE: u32 = 3;
+
+/// After that, one launch in this many is timed...
+pub const SAMPLE_EVERY: u64 = 64;
+
+/// ...and at most one per key in this long: a launch-bound loop issues
+/// ~100,000 launches/s, and each timing costs two `cuEventRecord`s and a
+/// query (about 1 % of such a loop's rate at one in 64). A window of
+/// samples still spans well under the feedback period.
+pub const SAMPLE_GAP_NS: u64 = 4_000_000;
+
+/// Samples per re-estimation window.
+pub const COST_WINDOW: u32 = 32;
+
+/// Keys kept before the table is cleared (a process generating unbounded
+/// distinct grids must not grow memory without bound).
+pub const MAX_KEYS: usize = 8192;
+
+// `demand.rs`
+/// The window the use is measured over: several turns (a 50 ms frame), so
+/// one turn's gaps do not decide it.
+pub const DEMAND_WINDOW_NS: u64 = 100_000_000;
+
+/// Using at least this fraction of its share, a container wants it: a busy
+/// container reaches more than 0.8 of its share even when the GPU
+/// time-slices it with a neighbour, while a launch-bound loop of tiny
+/// kernels or a service between requests stays far below (docs/benchmarks.md,
+/// "Sixth run", has the figures this threshold sits between).
+pub const WANT_FRACTION: f64 = 0.7;
+
+// `feedback.rs`
+/// How often the loop runs (at most).
+pub const PERIOD_NS: u64 = 500_000_000;
+
+/// No limited launch for this long (no call in between): re-baseline, do
+/// not step.
+pub const MAX_GAP_NS: u64 = 2 * PERIOD_NS;
+
+/// The measurement window while another container shares the device. The
+/// split then comes from NVML's per-process samples, which the driver takes
+/// about once a second per process, each swinging ±15 points around the
+/// process's share (docs/benchmarks.md): half a second can hold a sample
+/// of one process and none of the other's, giving one all the device.
+/// Non-overlapping windows keep the loop's delay at one step, so the step
+/// stays stable; a smaller step (`K_SHARED`) averages over several.
+pub const SHARED_PERIOD_NS: u64 = 16 * PERIOD_NS;
+
+pub const GAIN_MIN: f64 = 0.25;
+
+pub const GAIN_MAX: f64 = 4.0;
+
+/// Fraction of the log-error corrected per period.
+pub const FEEDBACK_K: f64 = 0.5;
+
+/// The same, per window, when the reading is a split of a shared device.
+pub const FEEDBACK_K_SHARED: f64 = 0.3;
+
+/// Largest factor applied in one period.
+pub const FEEDBACK_MAX_STEP: f64 = 1.5;
+
+/// |measured / charged − 1| below this: hold (measurement noise).
+pub const DEAD_BAND: f64 = 0.02;
+
+/// Charged less than this percent of the period: too little work to learn
+/// from (an idle or nearly idle container).
+pub const MIN_CHARGED: f64 = 1.0;
+
+// `turns.rs`
+/// Bounds of the scale, and of a turn's measure that is believed.
+pub const TURN_SCALE_MIN: f64 = 0.5;
+
+pub const TURN_SCALE_MAX: f64 = 2.0;
+
+/// A burst shorter than this says too little.
+pub const MIN_BURST_NS: u64 = 1_000_000;
+
+/// A turn whose queue runs dry within its first launches is measured from
+/// the launch after the stall.
+pub const RESTART_WITHIN: u64 = 8;
+
+/// Fraction of the log-error corrected per measured turn.
+pub const TURN_K: f64 = 0.5;
+
+// `phase.rs`
+/// Admitted work must be due to finish this long before its phase ends: the
+/// launch reaches the GPU a few µs after it is admitted.
+pub const GUARD_NS: u64 = 300_000;
+
+// `prio.rs`
+/// Shortest wait for the own queue to drain: about a host wake-up.
+pub const MIN_WAIT_NS: u64 = 20_000;
+
+/// Marker events kept for reuse.
+pub const MARK_POOL: usize = 64;

@@ -1,0 +1,372 @@
+//! Freeing the slots of dead processes. The hook keeps its slot until its
+//! process is dead (the driver holds the memory until then), so once a
+//! container's last process exits nobody in it frees the slot, and its
+//! usage would count against the limit until `vgpu cleanup` or a new
+//! registration. The daemon, which sees host PIDs, frees it as `vgpu
+//! cleanup` does.
+//!
+//! Only a death proven from the kernel's view counts: the slot records an
+//! identity (`pidns`, `start`: vgpu's hook) and a host PID, and
+//! `/proc/<hostpid>` is gone or is another process (another start time or
+//! PID namespace). Never judged: a slot the daemon matched to a process it
+//! tracks (alive), one without an identity (HAMi-core's hook, whose PID
+//! cannot be told from another namespace's), one without a host PID, one
+//! whose process is a zombie. `hostpid` is the tenant's to write: a forged
+//! one frees a slot of the tenant's own region, which it can zero anyway
+//! (its usage still shows as `over_limit` by the kernel's count).
+//!
+//! Work is bounded: at most [`MAX_CHECKS`] slots are judged and
+//! [`MAX_FREES`] freed per scan, each scan going on where the last one
+//! stopped. The region lock is tried, never waited for: a tenant can hold
+//! it forever, and the region is tried again at the next scan.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use vgpu_common::lock;
+use vgpu_common::region::MAX_DEVICES;
+use vgpu_common::region_io::RegionIo;
+
+use super::hostpid::SlotRef;
+use super::procfs::{ProcIdentity, Procfs};
+use super::regions::{RegionCache, RegionKey};
+use crate::regions::admin::free_slot;
+
+/// Slots judged (a `/proc` look-up each) per scan.
+pub const MAX_CHECKS: usize = 256;
+/// Slots freed per scan.
+pub const MAX_FREES: usize = 32;
+
+/// A slot to free: its index and what it recorded when judged.
+#[derive(Debug, Clone, Copy)]
+struct Dead {
+    slot: usize,
+    rec: ProcIdentity,
+    hostpid: i32,
+    /// Bytes the slot counted when judged (for the log).
+    bytes: u64,
+}
+
+/// Where the next scan starts, across scans.
+#[derive(Debug, Default)]
+pub struct Reclaimer {
+    cursor: Option<(RegionKey, usize)>,
+}
+
+impl Reclaimer {
+    /// One scan's share: judges and frees slots of the regions in `cache`,
+    /// skipping those in `tracked` (slots of live processes the daemon
+    /// knows). Returns how many were freed; their regions are read anew.
+    pub fn run(
+        &mut self,
+        cache: &mut RegionCache,
+        procfs: &Procfs,
+        tracked: &HashSet<SlotRef>,
+    ) -> usize {
+        let mut keys: Vec<RegionKey> = cache.iter().map(|(k, _)| *k).collect();
+        keys.sort_unstable();
+        let (first, mut from) = match self.cursor.take() {
+            Some((key, slot)) => match keys.binary_search(&key) {
+                Ok(i) => (i, slot),
+                Err(i) => (i % keys.len().max(1), 0),
+            },
+            None => (0, 0),
+        };
+        let (mut checks, mut freed) = (0, 0);
+        let order: Vec<RegionKey> = keys[first..]
+            .iter()
+            .chain(&keys[..first])
+            .copied()
+            .collect();
+        for key in order {
+            let Some(open) = cache.get(&key) else {
+                continue;
+            };
+            let Some(snap) = open.last_snapshot() else {
+                from = 0;
+                continue;
+            };
+            let slots = snap.active_slots();
+            let mut dead = Vec::new();
+            let mut next = None;
+            for (i, s) in slots.iter().enumerate().skip(from) {
+                if checks >= MAX_CHECKS || freed + dead.len() >= MAX_FREES {
+                    next = Some(i);
+                    break;
+                }
+                let rec = ProcIdentity {
+                    pid: s.pid.load(SeqCst),
+                    pidns: s.pidns.load(SeqCst),
+                    start: s.start.load(SeqCst),
+                };
+                let hostpid = s.hostpid.load(SeqCst);
+                if !judgeable(&rec, hostpid)
+                    || tracked.contains(&SlotRef {
+                        region: key,
+                        slot: i,
+                    })
+                {
+                    continue;
+                }
+                checks += 1;
+                if proven_dead(procfs, &rec, hostpid) {
+                    dead.push(Dead {
+                        slot: i,
+                        rec,
+                        hostpid,
+                        bytes: (0..MAX_DEVICES)
+                            .map(|dev| s.used_total(dev))
+                            .fold(0, u64::saturating_add),
+                    });
+                }
+            }
+            from = 0;
+            if !dead.is_empty() {
+                let n = free_dead(&open.file, procfs, &dead);
+                if n > 0 {
+                    freed += n;
+                    if let Some(open) = cache.get_mut(&key) {
+                        if let Err(e) = open.snapshot(Duration::ZERO) {
+                            tracing::debug!("{e}");
+                        }
+                    }
+                }
+            }
+            if let Some(i) = next {
+                self.cursor = Some((key, i));
+                return freed;
+            }
+        }
+        freed
+    }
+}
+
+/// Whether a slot can be judged at all: in use, with an identity and a
+/// host PID.
+fn judgeable(rec: &ProcIdentity, hostpid: i32) -> bool {
+    rec.pid > 0 && rec.pidns != 0 && rec.start != 0 && hostpid > 0
+}
+
+/// Whether the process a slot records (`rec`, at host PID `hostpid`) is
+/// provably dead: no `/proc/<hostpid>`, or one whose PID namespace or start
+/// time is not the recorded one. Anything unreadable is not a proof; a
+/// zombie still has its identity, so it is not dead yet.
+fn proven_dead(procfs: &Procfs, rec: &ProcIdentity, hostpid: i32) -> bool {
+    let Ok(host) = u32::try_from(hostpid) else {
+        return false;
+    };
+    if procfs.gone(host) {
+        return true;
+    }
+    let now = procfs.identity(host, u32::try_from(rec.pid).unwrap_or(0));
+    (now.pidns != 0 && now.pidns != rec.pidns) || (now.start != 0 && now.start != rec.start)
+}
+
+/// Frees the `dead` slots of one region under its lock (tried once), each
+/// only if it still records what was judged and is still proven dead.
+fn free_dead(file: &RegionIo, procfs: &Procfs, dead: &[Dead]) -> usize {
+    let guard = match lock::try_lock(file.file()) {
+        Ok(Some(g)) => g,
+        Ok(None) => {
+            tracing::debug!(
+                "{}: region lock held; dead slots are freed at a later scan",
+                file.path().display()
+            );
+            return 0;
+        }
+        Err(e) => {
+            tracing::debug!("{}: region lock: {e}", file.path().display());
+            return 0;
+        }
+    };
+    let mut n = 0;
+    for d in dead {
+        let same = match (file.slot_identity(d.slot), file.slot_head(d.slot)) {
+            (Ok(rec), Ok((_, hostpid, _))) => rec == d.rec && hostpid == d.hostpid,
+            _ => false,
+        };
+        if !same || !proven_dead(procfs, &d.rec, d.hostpid) {
+            continue;
+        }
+        match free_slot(file, d.slot, d.rec.pid) {
+            Ok(true) => {
+                n += 1;
+                tracing::info!(
+                    "freed slot {} of {}: pid {} (host pid {}) is dead; {} bytes no longer counted",
+                    d.slot,
+                    file.path().display(),
+                    d.rec.pid,
+                    d.hostpid,
+                    d.bytes
+                );
+            }
+            Ok(false) => {}
+            Err(e) => tracing::debug!("{e}"),
+        }
+    }
+    drop(guard);
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+    use std::sync::atomic::Ordering::Relaxed;
+    use vgpu_common::region::{status, MAGIC, MAJOR_VERSION};
+    use vgpu_common::view::RegionFile;
+
+    /// A fake `/proc/<pid>` with a PID namespace (a file's inode stands for
+    /// it) and a start time; returns the namespace inode.
+    fn fake_proc(dir: &Path, pid: u32, start: u64) -> u64 {
+        let p = dir.join("proc").join(pid.to_string());
+        std::fs::create_dir_all(p.join("ns")).unwrap();
+        std::fs::write(p.join("ns/pid"), "").unwrap();
+        let zeros = "0 ".repeat(18);
+        std::fs::write(p.join("stat"), format!("{pid} (p) S {zeros}{start} 0")).unwrap();
+        std::fs::metadata(p.join("ns/pid")).unwrap().ino()
+    }
+
+    struct Fx {
+        dir: tempfile::TempDir,
+        file: RegionFile,
+        cache: RegionCache,
+        key: RegionKey,
+    }
+
+    fn fixture() -> Fx {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.cache");
+        let file = RegionFile::create_or_open(&path).unwrap();
+        let r = file.region();
+        r.major_version.store(MAJOR_VERSION, Relaxed);
+        r.initialized_flag.store(MAGIC, Relaxed);
+        let io = RegionIo::new(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap(),
+            &path,
+            true,
+        )
+        .unwrap();
+        let mut cache = RegionCache::default();
+        let key = cache.insert(io, &path).unwrap().0;
+        Fx {
+            dir,
+            file,
+            cache,
+            key,
+        }
+    }
+
+    impl Fx {
+        /// Slot `i` of namespace PID 1 with identity (`ns`, `start`) at
+        /// host PID `host`, counting 1 MiB.
+        fn slot(&self, i: usize, ns: u64, start: u64, host: i32) {
+            let r = self.file.region();
+            let s = &r.procs[i];
+            s.pid.store(1, Relaxed);
+            s.status.store(status::RUNNING, Relaxed);
+            s.pidns.store(ns, Relaxed);
+            s.start.store(start, Relaxed);
+            s.hostpid.store(host, Relaxed);
+            s.used[0].total.store(1 << 20, Relaxed);
+            r.proc_num.fetch_max(i as i32 + 1, Relaxed);
+        }
+
+        fn run(&mut self, r: &mut Reclaimer, tracked: &HashSet<SlotRef>) -> usize {
+            self.cache.refresh();
+            let procfs = Procfs::at(self.dir.path().join("proc"));
+            r.run(&mut self.cache, &procfs, tracked)
+        }
+
+        fn pids(&self) -> Vec<i32> {
+            let r = self.file.region();
+            (0..r.proc_num.load(Relaxed) as usize)
+                .map(|i| r.procs[i].pid.load(Relaxed))
+                .collect()
+        }
+    }
+
+    #[test]
+    fn only_proven_deaths_are_freed() {
+        let mut fx = fixture();
+        let live_ns = fake_proc(fx.dir.path(), 100, 5000);
+        let other_ns = fake_proc(fx.dir.path(), 101, 6000);
+        fx.slot(0, live_ns, 5000, 100); // alive, same identity
+        fx.slot(1, live_ns, 4000, 200); // no /proc/200: dead
+        fx.slot(2, live_ns, 4000, 100); // 100 started later: dead
+        fx.slot(3, other_ns + 1, 6000, 101); // 101 is in another namespace: dead
+        fx.slot(4, 0, 0, 200); // no identity (HAMi-core): never judged
+        fx.slot(5, live_ns, 4000, 0); // no host PID: never judged
+        fx.slot(6, live_ns, 4000, 200); // dead, but a tracked process's
+        let tracked = HashSet::from([SlotRef {
+            region: fx.key,
+            slot: 6,
+        }]);
+        let mut r = Reclaimer::default();
+        assert_eq!(fx.run(&mut r, &tracked), 3);
+        assert_eq!(fx.pids(), vec![1, 0, 0, 0, 1, 1, 1]);
+        let reg = fx.file.region();
+        for i in 1..=3 {
+            let s = &reg.procs[i];
+            assert_eq!(s.status.load(Relaxed), status::EXITED, "slot {i}");
+            assert_eq!(s.used[0].total.load(Relaxed), 0, "slot {i}");
+            assert_eq!((s.pidns.load(Relaxed), s.hostpid.load(Relaxed)), (0, 0));
+        }
+        assert_eq!(reg.procs[0].used[0].total.load(Relaxed), 1 << 20);
+        // The cache was read anew: the freed slots no longer count.
+        let snap = fx.cache.get(&fx.key).unwrap().last_snapshot().unwrap();
+        assert_eq!(snap.procs[1].pid.load(Relaxed), 0);
+        assert_eq!(fx.run(&mut r, &tracked), 0);
+    }
+
+    #[test]
+    fn a_held_lock_is_not_waited_for() {
+        let mut fx = fixture();
+        let ns = fake_proc(fx.dir.path(), 100, 5000);
+        fx.slot(0, ns, 4000, 200);
+        let other = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(fx.file.path())
+            .unwrap();
+        let held = lock::try_lock(&other).unwrap().expect("lock");
+        let mut r = Reclaimer::default();
+        let t = std::time::Instant::now();
+        assert_eq!(fx.run(&mut r, &HashSet::new()), 0);
+        assert!(t.elapsed() < Duration::from_millis(500));
+        assert_eq!(fx.pids(), vec![1]);
+        drop(held);
+        assert_eq!(fx.run(&mut r, &HashSet::new()), 1);
+        assert_eq!(fx.pids(), vec![0]);
+    }
+
+    #[test]
+    fn work_per_scan_is_bounded_and_resumes() {
+        let mut fx = fixture();
+        let ns = fake_proc(fx.dir.path(), 100, 5000);
+        for i in 0..MAX_FREES + 8 {
+            fx.slot(i, ns, 4000, 200);
+        }
+        let mut r = Reclaimer::default();
+        assert_eq!(fx.run(&mut r, &HashSet::new()), MAX_FREES);
+        assert_eq!(fx.run(&mut r, &HashSet::new()), 8);
+        assert!(fx.pids().iter().all(|&p| p == 0));
+        // Live slots cost a check each: at most MAX_CHECKS per scan, and
+        // a dead slot behind them is reached at a later scan.
+        let n = 1024.min(MAX_CHECKS + 10);
+        for i in 0..n {
+            fx.slot(i, ns, 5000, 100);
+        }
+        fx.slot(n, ns, 4000, 200);
+        assert_eq!(fx.run(&mut r, &HashSet::new()), 0);
+        assert_eq!(fx.run(&mut r, &HashSet::new()), 1);
+        assert_eq!(fx.pids()[n], 0);
+        assert!(fx.pids()[..n].iter().all(|&p| p == 1));
+    }
+}
