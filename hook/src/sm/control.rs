@@ -595,6 +595,21 @@ impl<S: Sys> Controller<S> {
         let device = self.sys.device_busy(dev, prev.at_us);
         let nvml_us = self.sys.now().saturating_sub(asked) / 1_000;
         b.measured_at.store(now, Relaxed);
+        if namespace_view(device.as_ref(), &pids, self.sys.pid()) {
+            // NVML run inside a PID namespace lists and samples only the
+            // namespace's own processes, under their namespace PIDs (driver
+            // R580): it cannot tell a device this container shares from one
+            // it has alone, so it cannot correct the charges. The loop stays
+            // open; the container's own samples still give its `sm_util`.
+            vlog_once!(
+                crate::log::INFO,
+                "sm feedback: NVML shows this PID namespace only, open loop"
+            );
+            self.publish_namespace_util(dev, &samples);
+            b.gain.store(0, Relaxed);
+            st.forget();
+            return;
+        }
         if let Some((region, _)) = self.sys.region() {
             for s in region.procs.iter().take(region.proc_count()) {
                 let h = s.hostpid.load(Relaxed);
@@ -670,6 +685,24 @@ impl<S: Sys> Controller<S> {
             v.push(h as u32);
         }
         (!v.is_empty()).then_some(v)
+    }
+
+    /// Each slot of this process's PID namespace gets its own samples as its
+    /// `sm_util` (NVML names them by namespace PID there).
+    fn publish_namespace_util(&self, dev: usize, samples: &[(u32, u32)]) {
+        let Some((region, own)) = self.sys.region() else {
+            return;
+        };
+        let Some(ns) = region.procs.get(own).map(|s| s.pidns.load(Relaxed)) else {
+            return;
+        };
+        for s in region.procs.iter().take(region.proc_count()) {
+            let pid = s.pid.load(Relaxed);
+            if pid > 0 && s.pidns.load(Relaxed) == ns {
+                let u = feedback::container_share(samples, &[pid as u32]);
+                s.device_util[dev].sm_util.store(u.round() as u64, Relaxed);
+            }
+        }
     }
 
     /// The gain published for `dev` (1 in open loop).
@@ -952,6 +985,15 @@ fn measure(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[u32
 
 /// `pids`' part of the device's utilization (see [`measure`]); what the
 /// leader publishes as each process's `sm_util`.
+/// Whether NVML's process list is the caller's PID namespace's view: it
+/// shows this process under its own (namespace) PID `me`, and none of the
+/// container's host PIDs `pids`, which differ from it.
+fn namespace_view(device: Option<&(f64, Vec<u32>)>, pids: &[u32], me: u32) -> bool {
+    device.is_some_and(|(_, listed)| {
+        !pids.contains(&me) && listed.contains(&me) && !pids.iter().any(|p| listed.contains(p))
+    })
+}
+
 fn attributed(device: Option<&(f64, Vec<u32>)>, samples: &[(u32, u32)], pids: &[u32]) -> f64 {
     device
         .and_then(|(util, _)| feedback::attributed_share(samples, pids, *util))

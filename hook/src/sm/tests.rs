@@ -83,6 +83,8 @@ struct Fake {
     ranked: std::sync::atomic::AtomicBool,
     /// Feedback steps are left to `Controller::background`.
     offload: std::sync::atomic::AtomicBool,
+    /// This process's pid as it sees it (0: the test process's own).
+    own_pid: AtomicU32,
 }
 
 /// `Fake::unix_us` at fake time 0.
@@ -123,6 +125,7 @@ impl Fake {
             foreign_until: AtomicU64::new(0),
             ranked: std::sync::atomic::AtomicBool::new(false),
             offload: std::sync::atomic::AtomicBool::new(false),
+            own_pid: AtomicU32::new(0),
         }
     }
 
@@ -210,6 +213,13 @@ impl Container for Fake {
 
     fn buckets(&self) -> &'static SmShared {
         self.buckets
+    }
+
+    fn pid(&self) -> u32 {
+        match self.own_pid.load(Relaxed) {
+            0 => std::process::id(),
+            p => p,
+        }
     }
 }
 
@@ -1356,4 +1366,30 @@ fn the_bucket_resumes_without_old_debt_when_the_turns_end() {
     });
     assert!(c.turn(0).is_none(), "the turns ended");
     assert!((s - 30.0).abs() < 3.0, "share after the turns: {s:.1}%");
+}
+
+/// Inside a PID namespace NVML lists and samples the container's processes
+/// under their namespace PIDs and hides everyone else's (driver R580): the
+/// host PID the daemon filled in is never in its answers. The loop must not
+/// read that as "this container used nothing" and lower its gain (the
+/// container would run past its limit): it stays open, and the process's
+/// own samples still give its `sm_util`.
+#[test]
+fn feedback_stays_open_when_nvml_shows_only_the_namespace() {
+    // The slot: namespace pid NVML_PID (as NVML names it in here), host pid
+    // 5555 (as the daemon filled it in).
+    let c = closed_loop(30, 91, 5555);
+    c.sys.file.region().procs[0]
+        .pid
+        .store(NVML_PID as i32, Relaxed);
+    c.sys.own_pid.store(NVML_PID, Relaxed);
+    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
+    let s = run(&c, kernel(1), 2_000_000, 40 * SEC, 10 * SEC);
+    assert_eq!(c.gain(0), 1.0);
+    // Open loop with costs learnt 9 % short: about 33 %, not more.
+    assert!((31.0..35.0).contains(&s), "{s:.1}%");
+    let u = c.sys.file.region().procs[0].device_util[0]
+        .sm_util
+        .load(Relaxed);
+    assert!((25..=40).contains(&u), "published sm_util {u}");
 }
