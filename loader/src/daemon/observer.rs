@@ -721,6 +721,7 @@ pub fn region_devices(region: &vgpu_common::region::SharedRegion) -> Vec<RegionD
             dev.sm_util = dev
                 .sm_util
                 .saturating_add(s.device_util[d].sm_util.load(SeqCst));
+            dev.launches = dev.launches.saturating_add(m.launches.load(SeqCst));
         }
     }
     devs.retain(|d| d.index < device_num || d.total != 0 || d.limit != 0);
