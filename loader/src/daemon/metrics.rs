@@ -31,7 +31,8 @@ pub struct RegionDevice {
     pub module: u64,
     pub data: u64,
     pub sm_util: u64,
-    /// Kernel and graph launches the slots' processes counted.
+    /// Kernel and graph launches the container's processes counted
+    /// (monotonic: `launches::Ledger`).
     pub launches: u64,
     /// The region's `sm_limit` (0 or 100: none).
     pub sm_limit: u64,
@@ -135,7 +136,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let vmod = Family::<Labels, GaugeU>::default();
     let vbuf = Family::<Labels, GaugeU>::default();
     let smlimit = Family::<Labels, Gauge>::default();
-    let launches = Family::<Labels, GaugeU>::default();
+    let launches = Family::<Labels, Counter>::default();
     let dead = Family::<Labels, Gauge>::default();
     for r in &s.regions {
         dead.get_or_create(&r.labels).set(r.dead_slots as i64);
@@ -155,7 +156,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
             vbuf.get_or_create(&l).set(d.data);
             cutil.get_or_create(&l).set(d.sm_util as f64);
             smlimit.get_or_create(&l).set(sm_limit_percent(d.sm_limit));
-            launches.get_or_create(&l).set(d.launches);
+            launches.get_or_create(&l).inc_by(d.launches);
             if r.last_kernel_time > 0 {
                 let ago = s.now_unix.saturating_sub(r.last_kernel_time);
                 clast.get_or_create(&l).set(ago as f64);
@@ -210,8 +211,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
 
     hami.register(
         "vgpu_container_launches",
-        "Successful kernel and graph launches counted by the container's live slots \
-         (falls when a slot is freed: take deriv, not rate)",
+        "Successful kernel and graph launches of the container's processes, counted by the hook",
         launches,
     );
 
