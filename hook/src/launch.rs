@@ -18,9 +18,11 @@ fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     let ticket = before_launch(&launch);
     let rc = call();
     after_launch(ticket, rc);
-    count_launch(rc, crate::state::attached().and_then(|p| p.att.slot()), || {
-        crate::sm::sys::current_context_device().map(|(_, dev)| dev)
-    });
+    count_launch(
+        rc,
+        crate::state::attached().and_then(|p| p.att.slot()),
+        || crate::sm::sys::current_context_device().map(|(_, dev)| dev),
+    );
     rc
 }
 

@@ -722,7 +722,10 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         let n: f64 = r.line("launches ")["launches ".len()..].parse().unwrap();
         let secs: f64 = r.line("seconds ")["seconds ".len()..].parse().unwrap();
         let own = n / secs;
-        eprintln!("{}: vgpu top {top_rate:.0} launches/s, the program {own:.0}/s", p.name);
+        eprintln!(
+            "{}: vgpu top {top_rate:.0} launches/s, the program {own:.0}/s",
+            p.name
+        );
         assert!(
             (top_rate - own).abs() <= 0.2 * own,
             "{}: vgpu top {top_rate} launches/s, the program {own}",

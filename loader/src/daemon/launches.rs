@@ -104,7 +104,11 @@ impl Ledger {
             let pid = s.pid.load(SeqCst);
             (pid != 0).then(|| {
                 let id = (pid, s.pidns.load(SeqCst), s.start.load(SeqCst));
-                (i, id, std::array::from_fn(|d| s.used[d].launches.load(SeqCst)))
+                (
+                    i,
+                    id,
+                    std::array::from_fn(|d| s.used[d].launches.load(SeqCst)),
+                )
             })
         });
         r.observe(slots)

@@ -191,7 +191,8 @@ impl Row {
 /// process in a reused slot). A process that exited in between is missing
 /// from both sums, so its last launches are not counted.
 pub fn rates(rows: &mut [Row], prev: &[Row], secs: f64) {
-    if !(secs > 0.0) {
+    // Also refuses NaN.
+    if secs.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return;
     }
     let before: HashMap<(&str, usize, i32, i32), u64> = prev
