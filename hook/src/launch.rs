@@ -2,10 +2,14 @@
 //! (`suspend::ensure_running`), asks the SM limiter (`sm::before_launch`,
 //! which may sleep), forwards, and reports the result
 //! (`sm::after_launch`, which closes a timing sample). A successful launch
-//! is counted in the process's slot on the current context's device
-//! (`vgpu top`'s launches/s): one relaxed increment, nothing without a slot.
+//! is counted in the process's slot on its device (`vgpu top`'s
+//! launches/s): one relaxed increment, nothing without a slot; the device
+//! is 0 without asking the driver when the process sees one device, else
+//! the current context's.
 
 use std::ffi::{c_uint, c_void};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::region::ProcSlot;
 
@@ -21,9 +25,29 @@ fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     count_launch(
         rc,
         crate::state::attached().and_then(|p| p.att.slot()),
-        || crate::sm::sys::current_context_device().map(|(_, dev)| dev),
+        launch_device,
     );
     rc
+}
+
+/// The process's CUDA device count (`cuDeviceGetCount` at `cuInit`); 0 =
+/// not known yet.
+static DEVICES: AtomicUsize = AtomicUsize::new(0);
+
+/// Records the process's device count (at `cuInit`).
+pub fn see_device_count(n: usize) {
+    DEVICES.store(n, Relaxed);
+}
+
+/// The device a launch runs on: 0 when the process sees one device (a
+/// container is most often given one GPU: no driver query), else the
+/// current context's.
+#[inline]
+fn launch_device() -> Option<usize> {
+    if DEVICES.load(Relaxed) == 1 {
+        return Some(0);
+    }
+    crate::sm::sys::current_context_device().map(|(_, dev)| dev)
 }
 
 /// Counts a successful launch in `slot` (this process's, if it has one) on
