@@ -51,7 +51,7 @@ fn launch_device() -> Option<usize> {
 }
 
 /// Counts a successful launch in `slot` (this process's, if it has one) on
-/// the device `device` names (the current context's).
+/// the device `device` names (`launch_device`; a test's own).
 #[inline]
 fn count_launch(rc: CUresult, slot: Option<&ProcSlot>, device: impl FnOnce() -> Option<usize>) {
     if rc != CUDA_SUCCESS {
