@@ -129,6 +129,7 @@ pub fn render() -> String {
             data_size,
             offset,
             total,
+            launches,
             unused
         }
     );

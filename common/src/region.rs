@@ -56,7 +56,12 @@ pub struct DeviceMemory {
     pub data_size: AtomicU64,
     pub offset: AtomicU64,
     pub total: AtomicU64,
-    pub unused: [AtomicU64; 3],
+    /// vgpu's count of the process's successful kernel and graph launches on
+    /// this device, in HAMi's `unused[0]` (neither HAMi-core nor HAMi's
+    /// monitor reads or writes it). Only the slot's own process adds to it
+    /// (one relaxed increment per launch); zeroed with the slot.
+    pub launches: AtomicU64,
+    pub unused: [AtomicU64; 2],
 }
 
 /// `device_util_t`: NVML utilization samples of one process on one device.
@@ -142,7 +147,8 @@ const _: () = {
     assert!(offset_of!(DeviceMemory, data_size) == 16);
     assert!(offset_of!(DeviceMemory, offset) == 24);
     assert!(offset_of!(DeviceMemory, total) == 32);
-    assert!(offset_of!(DeviceMemory, unused) == 40);
+    assert!(offset_of!(DeviceMemory, launches) == 40);
+    assert!(offset_of!(DeviceMemory, unused) == 48);
 
     assert!(size_of::<DeviceUtil>() == 48);
     assert!(offset_of!(DeviceUtil, dec_util) == 0);

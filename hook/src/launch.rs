@@ -1,9 +1,17 @@
 //! Launch entry points: each waits while the process is suspended
 //! (`suspend::ensure_running`), asks the SM limiter (`sm::before_launch`,
 //! which may sleep), forwards, and reports the result
-//! (`sm::after_launch`, which closes a timing sample).
+//! (`sm::after_launch`, which closes a timing sample). A successful launch
+//! is counted in the process's slot on its device (`vgpu top`'s
+//! launches/s): one relaxed increment, nothing without a slot; the device
+//! is 0 without asking the driver when the process sees one device, else
+//! the current context's.
 
 use std::ffi::{c_uint, c_void};
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+
+use vgpu_common::region::ProcSlot;
 
 use crate::ffi::*;
 use crate::sm::{after_launch, before_launch, Launch, LaunchKind};
@@ -14,7 +22,44 @@ fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     let ticket = before_launch(&launch);
     let rc = call();
     after_launch(ticket, rc);
+    count_launch(
+        rc,
+        crate::state::attached().and_then(|p| p.att.slot()),
+        launch_device,
+    );
     rc
+}
+
+/// The process's CUDA device count (`cuDeviceGetCount` at `cuInit`); 0 =
+/// not known yet.
+static DEVICES: AtomicUsize = AtomicUsize::new(0);
+
+/// Records the process's device count (at `cuInit`).
+pub fn see_device_count(n: usize) {
+    DEVICES.store(n, Relaxed);
+}
+
+/// The device a launch runs on: 0 when the process sees one device (a
+/// container is most often given one GPU: no driver query), else the
+/// current context's.
+#[inline]
+fn launch_device() -> Option<usize> {
+    if DEVICES.load(Relaxed) == 1 {
+        return Some(0);
+    }
+    crate::sm::sys::current_context_device().map(|(_, dev)| dev)
+}
+
+/// Counts a successful launch in `slot` (this process's, if it has one) on
+/// the device `device` names (`launch_device`; a test's own).
+#[inline]
+fn count_launch(rc: CUresult, slot: Option<&ProcSlot>, device: impl FnOnce() -> Option<usize>) {
+    if rc != CUDA_SUCCESS {
+        return;
+    }
+    if let (Some(slot), Some(dev)) = (slot, device()) {
+        crate::region::usage::count_launch(slot, dev);
+    }
 }
 
 fn kernel(
@@ -125,4 +170,36 @@ pub fn graph_launch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
     limited(graph(exec, stream, true), || {
         real_cuda!(cuGraphLaunch_ptsz(exec, stream))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::SeqCst;
+
+    use vgpu_common::view::RegionFile;
+
+    use super::*;
+
+    #[test]
+    fn successful_launches_count_per_device_failed_ones_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = RegionFile::create_or_open(&dir.path().join("r.cache")).unwrap();
+        let slot = &f.region().procs[3];
+        let launches = |dev: usize| slot.used[dev].launches.load(SeqCst);
+        for _ in 0..5 {
+            count_launch(CUDA_SUCCESS, Some(slot), || Some(1));
+        }
+        count_launch(CUDA_SUCCESS, Some(slot), || Some(0));
+        // A failed launch, or one with no current device, counts nothing.
+        count_launch(1, Some(slot), || Some(0));
+        count_launch(CUDA_SUCCESS, Some(slot), || None);
+        assert_eq!((launches(0), launches(1), launches(2)), (1, 5, 0));
+        // An out-of-range device, or no slot, neither counts nor panics.
+        count_launch(CUDA_SUCCESS, Some(slot), || Some(usize::MAX));
+        count_launch(CUDA_SUCCESS, None, || Some(0));
+        assert_eq!(launches(0), 1);
+        // Other slots and the usage counters stay untouched.
+        assert_eq!(f.region().procs[2].used[1].launches.load(SeqCst), 0);
+        assert_eq!(slot.used[1].total.load(SeqCst), 0);
+    }
 }

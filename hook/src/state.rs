@@ -101,6 +101,21 @@ pub fn process() -> Option<&'static Process> {
     attach_slow(gen)
 }
 
+/// This process's state if it is already attached, never attaching (the
+/// launch path counts launches only in a slot it already has).
+#[inline]
+pub fn attached() -> Option<&'static Process> {
+    let gen = FORK_GEN.load(Acquire);
+    let p = CURRENT.load(Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `CURRENT` only ever holds pointers from `Box::leak`, never
+    // freed, so the reference is valid for the rest of the process.
+    let pr: &'static Process = unsafe { &*p };
+    (pr.gen == gen).then_some(pr)
+}
+
 fn attach_slow(gen: u64) -> Option<&'static Process> {
     if FAILED_GEN.load(Relaxed) == gen {
         return None;

@@ -476,6 +476,7 @@ fn check_dashboard(metrics: &str) {
         "vgpu_untracked_bytes",
         "vgpu_findings",
         "vgpu_dead_slots",
+        "vgpu_container_launches_total",
         "hami_host_gpu_memory_used_bytes",
         "hami_host_gpu_utilization_ratio",
     ] {
@@ -542,7 +543,7 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         c.arg(&ld)
             .args(["unshare", "--pid", "--fork", "--mount-proc"])
             .arg(&sm_loop)
-            .args(["kernel", "busy_1000us", "12"])
+            .args(["kernel", "busy_1000us", "16"])
             .env("LD_PRELOAD", dist::hook_lib())
             .env(
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
@@ -661,9 +662,10 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
     assert!(slot_util > 0, "the unlimited container's slot sm_util is 0");
 
     // vgpu top --json: both containers, their processes (namespace PID 1,
-    // host PID known), both utilizations, and the daemon's state read.
+    // host PID known), both utilizations, their launches over a 1 s window,
+    // and the daemon's state read.
     let out = Command::new(dist::vgpu_bin())
-        .args(["top", "--json", "--root"])
+        .args(["top", "--json", "--json-window", "1", "--root"])
         .arg(&root)
         .arg("--state-dir")
         .arg(&state)
@@ -675,6 +677,7 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
     assert_eq!(top["daemon_utilization"], true, "{top:#}");
     let rows = top["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{top:#}");
+    let mut top_rates = Vec::new();
     for (p, host) in PODS.iter().zip(&host_pids) {
         let row = rows
             .iter()
@@ -694,6 +697,8 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         assert_eq!(procs.len(), 1, "{row:#}");
         assert_eq!(procs[0]["pid"], 1, "{row:#}");
         assert_eq!(procs[0]["hostpid"], *host, "{row:#}");
+        assert!(row["launches_total"].as_u64().unwrap() > 0, "{row:#}");
+        top_rates.push(row["launches_per_sec"].as_f64().unwrap());
     }
     assert_eq!(
         rows[0]["sm_limit_percent"].as_u64().unwrap()
@@ -705,11 +710,29 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
     // The dashboard, against this /metrics (findings included).
     let (_, body) = get(d.port, "/metrics").unwrap();
     assert!(body.contains("vgpu_untracked_bytes{"), "{body}");
+    for p in PODS {
+        let n = value_of(&body, "vgpu_container_launches_total", p.name).unwrap_or(0.0);
+        assert!(n > 0.0, "no launches counted for {}:\n{body}", p.name);
+    }
     check_dashboard(&body);
 
-    d.stop();
-    for r in running {
+    // Each program's own launch rate (its launches over its run) against
+    // what vgpu top measured over its window.
+    for ((mut r, p), top_rate) in running.into_iter().zip(PODS).zip(top_rates) {
+        let n: f64 = r.line("launches ")["launches ".len()..].parse().unwrap();
+        let secs: f64 = r.line("seconds ")["seconds ".len()..].parse().unwrap();
+        let own = n / secs;
+        eprintln!(
+            "{}: vgpu top {top_rate:.0} launches/s, the program {own:.0}/s",
+            p.name
+        );
+        assert!(
+            (top_rate - own).abs() <= 0.2 * own,
+            "{}: vgpu top {top_rate} launches/s, the program {own}",
+            p.name
+        );
         r.kill();
     }
+    d.stop();
     bare.kill();
 }

@@ -613,3 +613,39 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
         ))
     });
 }
+
+/// Every launch entry point (`cuLaunchKernel`, `cuGraphLaunch`,
+/// `cuLaunchCooperativeKernel`, `cuLaunchKernelEx_ptsz`) counts each
+/// successful launch once in the process's slot (`used[0].launches`, what
+/// `vgpu top` shows per second), limited or not.
+#[test]
+fn sm_every_launch_entry_point_is_counted_once_in_the_slot() {
+    let _s = serial();
+    for mode in ["kernel", "graph", "coop", "ex"] {
+        for limit in [0, 50] {
+            let gpu = SimGpu::new();
+            let env = HookEnv::new(&format!("sm-count-{mode}-{limit}"), "0");
+            let mut p = start(&env, &gpu, limit, &[mode, "busy_10us", "0.3"], &[]);
+            let l = p.wait_for("launches ");
+            let n = vgpu_tests::hook::field(&l, "launches").expect("launches N");
+            let _ = p.child.wait();
+            let f = env.region();
+            let counted: u64 = f
+                .region()
+                .procs
+                .iter()
+                .map(|s| s.used[0].launches.load(Relaxed))
+                .sum();
+            let others: u64 = f
+                .region()
+                .procs
+                .iter()
+                .map(|s| s.used[1].launches.load(Relaxed))
+                .sum();
+            eprintln!("{mode} at limit {limit}: {n} launches, {counted} counted");
+            assert!(n > 0, "{mode}: nothing launched");
+            assert_eq!(counted, n, "{mode} at limit {limit}");
+            assert_eq!(others, 0, "{mode}: counted on another device");
+        }
+    }
+}

@@ -246,6 +246,7 @@ pub fn fill_device_info(p: &Process) {
     if real_cuda!(cuDeviceGetCount(&mut count)) != CUDA_SUCCESS || count <= 0 {
         return;
     }
+    crate::launch::see_device_count(count as usize);
     let n = (count as usize).min(MAX_DEVICES);
     let r = p.att.region();
     for dev in 0..n {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use vgpu_common::identity::Identity;
 use vgpu_common::lock;
 use vgpu_common::region::{
-    SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
+    ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
 };
 use vgpu_common::view::{RegionError, RegionFile};
 
@@ -115,6 +115,12 @@ impl Attachment {
     #[cfg(test)]
     pub fn pid(&self) -> i32 {
         self.me.pid
+    }
+
+    /// This process's own slot.
+    #[inline]
+    pub fn slot(&self) -> Option<&ProcSlot> {
+        self.region().procs.get(self.slot)
     }
 
     /// This slot's `status` word (suspend/resume).

@@ -28,7 +28,7 @@ pub enum SlotError {
     Full,
 }
 
-/// Zeroes a slot's counters (usage, NVML samples) and its seqlock.
+/// Zeroes a slot's counters (usage, launches, NVML samples) and its seqlock.
 fn zero_counters(slot: &ProcSlot) {
     for dev in 0..MAX_DEVICES {
         let m = &slot.used[dev];
@@ -36,6 +36,7 @@ fn zero_counters(slot: &ProcSlot) {
         m.module_size.store(0, SeqCst);
         m.data_size.store(0, SeqCst);
         m.total.store(0, SeqCst);
+        m.launches.store(0, SeqCst);
         slot.monitorused[dev].store(0, SeqCst);
         slot.device_util[dev].sm_util.store(0, SeqCst);
     }

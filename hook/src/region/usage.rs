@@ -47,6 +47,16 @@ fn field(slot: &ProcSlot, dev: usize, kind: Kind) -> Option<(&AtomicU64, &Atomic
     Some((f, &m.total))
 }
 
+/// Counts one successful launch of the slot's process on `dev`: one
+/// relaxed increment (only this process writes its slot's counter, readers
+/// want a rate, not an order).
+#[inline]
+pub fn count_launch(slot: &ProcSlot, dev: usize) {
+    if let Some(m) = slot.used.get(dev) {
+        m.launches.fetch_add(1, Relaxed);
+    }
+}
+
 /// Adds `bytes` to the slot (seqlock odd during the update, for HAMi's
 /// readers).
 pub fn add(slot: &ProcSlot, dev: usize, bytes: u64, kind: Kind) {

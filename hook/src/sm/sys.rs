@@ -256,23 +256,30 @@ impl Clock for Real {
     }
 }
 
+/// The calling thread's current context and its device (the device cached
+/// per thread while the context stays the same: one driver query, no
+/// syscall, in the common case).
+pub fn current_context_device() -> Option<(usize, usize)> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if real_cuda!(cuCtxGetCurrent(&mut ctx)) != CUDA_SUCCESS || ctx.is_null() {
+        return None;
+    }
+    let key = ctx as usize;
+    let (c, d) = CTX_DEV.try_with(Cell::get).unwrap_or((0, 0));
+    if c == key {
+        return Some((c, d));
+    }
+    let mut dev: CUdevice = -1;
+    if real_cuda!(cuCtxGetDevice(&mut dev)) != CUDA_SUCCESS || dev < 0 {
+        return None;
+    }
+    let _ = CTX_DEV.try_with(|x| x.set((key, dev as usize)));
+    Some((key, dev as usize))
+}
+
 impl Events for Real {
     fn current(&self) -> Option<(usize, usize)> {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        if real_cuda!(cuCtxGetCurrent(&mut ctx)) != CUDA_SUCCESS || ctx.is_null() {
-            return None;
-        }
-        let key = ctx as usize;
-        let (c, d) = CTX_DEV.try_with(Cell::get).unwrap_or((0, 0));
-        if c == key {
-            return Some((c, d));
-        }
-        let mut dev: CUdevice = -1;
-        if real_cuda!(cuCtxGetDevice(&mut dev)) != CUDA_SUCCESS || dev < 0 {
-            return None;
-        }
-        let _ = CTX_DEV.try_with(|x| x.set((key, dev as usize)));
-        Some((key, dev as usize))
+        current_context_device()
     }
 
     fn create_event(&self) -> Option<usize> {

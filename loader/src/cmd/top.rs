@@ -4,14 +4,14 @@ use std::io::{IsTerminal as _, Write as _};
 use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
 use crate::daemon::findings::read_state_file;
 use crate::daemon::utilization::{State, FILE_NAME as UTILIZATION};
 use crate::regions::discover::{discover, ContainerRef, Found, DEFAULT_ROOT};
-use crate::regions::top::{rows, sort, table, Input, Row, SortKey};
+use crate::regions::top::{rates, rows, sort, table, Input, Row, SortKey};
 
 /// The daemon's measurements are used while at most this old.
 const FRESH_MS: u64 = 5_000;
@@ -21,7 +21,9 @@ const FRESH_MS: u64 = 5_000;
 /// Each row shows memory used / limit, SM utilization / SM limit (percent:
 /// `vgpu daemon`'s per-container NVML measurement from its state directory
 /// when fresh, else the slots' `sm_util`), the processes
-/// using the device and findings (the region's own, as `vgpu inspect`, and
+/// using the device, launches per second (counted by each process's hook in
+/// its slot; "-" on the first frame, which has no earlier sample) and
+/// findings (the region's own, as `vgpu inspect`, and
 /// `vgpu daemon`'s about the container when its state directory is there).
 /// Reads the region files and the daemon's findings file only; attaches
 /// nothing. Refreshes every --interval seconds until interrupted, plain
@@ -45,6 +47,12 @@ pub struct Args {
     /// Print one snapshot as JSON and exit.
     #[arg(long)]
     json: bool,
+
+    /// With --json: sample twice this many seconds apart and report each
+    /// row's launches_per_sec over that window (0: one sample, cumulative
+    /// launches_total only).
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS", requires = "json")]
+    json_window: f64,
 
     /// Sort rows by this key.
     #[arg(long, value_enum, default_value_t = SortKey::Mem)]
@@ -120,8 +128,7 @@ fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
         }
     }
     let daemon = crate::daemon::findings::read_state(&args.state_dir);
-    let mut rs = rows(&inputs, daemon.as_ref());
-    sort(&mut rs, args.sort);
+    let rs = rows(&inputs, daemon.as_ref());
     Ok(Snapshot {
         updated_unix_ms: now,
         rows: rs,
@@ -167,7 +174,14 @@ fn width() -> usize {
 /// Runs `vgpu top`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if args.json {
-        let s = snapshot(&args)?;
+        let mut s = snapshot(&args)?;
+        if args.json_window > 0.0 {
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(args.json_window));
+            let first = std::mem::replace(&mut s, snapshot(&args)?);
+            rates(&mut s.rows, &first.rows, t0.elapsed().as_secs_f64());
+        }
+        sort(&mut s.rows, args.sort);
         let mut w = std::io::stdout().lock();
         serde_json::to_writer_pretty(&mut w, &s).context("writing JSON")?;
         writeln!(w)?;
@@ -176,8 +190,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let tty = std::io::stdout().is_terminal();
     let every = Duration::from_secs_f64(args.interval.max(0.1));
     let mut n = 0u64;
+    let mut prev: Option<(Vec<Row>, Instant)> = None;
     loop {
-        let s = snapshot(&args)?;
+        let mut s = snapshot(&args)?;
+        let taken = Instant::now();
+        if let Some((p, at)) = &prev {
+            rates(&mut s.rows, p, taken.duration_since(*at).as_secs_f64());
+        }
+        sort(&mut s.rows, args.sort);
         let mut w = std::io::stdout().lock();
         if tty {
             // Cursor home and clear: redraw in place, no alternate screen.
@@ -188,6 +208,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         write!(w, "{}", frame(&s, width(), args.sort))?;
         w.flush()?;
         drop(w);
+        prev = Some((s.rows, taken));
         n += 1;
         if args.count != 0 && n >= args.count {
             return Ok(ExitCode::SUCCESS);

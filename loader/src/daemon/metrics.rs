@@ -31,6 +31,9 @@ pub struct RegionDevice {
     pub module: u64,
     pub data: u64,
     pub sm_util: u64,
+    /// Kernel and graph launches the container's processes counted
+    /// (monotonic: `launches::Ledger`).
+    pub launches: u64,
     /// The region's `sm_limit` (0 or 100: none).
     pub sm_limit: u64,
 }
@@ -133,6 +136,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let vmod = Family::<Labels, GaugeU>::default();
     let vbuf = Family::<Labels, GaugeU>::default();
     let smlimit = Family::<Labels, Gauge>::default();
+    let launches = Family::<Labels, Counter>::default();
     let dead = Family::<Labels, Gauge>::default();
     for r in &s.regions {
         dead.get_or_create(&r.labels).set(r.dead_slots as i64);
@@ -152,6 +156,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
             vbuf.get_or_create(&l).set(d.data);
             cutil.get_or_create(&l).set(d.sm_util as f64);
             smlimit.get_or_create(&l).set(sm_limit_percent(d.sm_limit));
+            launches.get_or_create(&l).inc_by(d.launches);
             if r.last_kernel_time > 0 {
                 let ago = s.now_unix.saturating_sub(r.last_kernel_time);
                 clast.get_or_create(&l).set(ago as f64);
@@ -202,6 +207,12 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "vgpu_sm_limit_percent",
         "SM (compute) limit of the container, percent of the GPU's time (100 = none)",
         smlimit,
+    );
+
+    hami.register(
+        "vgpu_container_launches",
+        "Successful kernel and graph launches of the container's processes, counted by the hook",
+        launches,
     );
 
     hami.register(

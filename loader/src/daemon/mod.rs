@@ -10,6 +10,7 @@
 //! - [`nvml`] samples the driver's own view, [`utilization`] turns its
 //!   per-process samples into each container's utilization;
 //! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
+//! - [`launches`] keeps each container's launch counter monotonic;
 //! - [`metrics`] renders Prometheus text ([`pods`] names the pods), [`http`] serves it.
 //!
 //! See docs/daemon.md.
@@ -20,6 +21,7 @@ pub mod hostpid;
 pub mod http;
 pub mod identity;
 pub mod integrity;
+pub mod launches;
 pub mod libs;
 pub mod metrics;
 pub mod nvml;

@@ -15,6 +15,7 @@ use super::findings::{self, Finding, Kind};
 use super::hostpid::{self, Miss, SlotRef};
 use super::identity::{Identities, Identity};
 use super::integrity::{self, Integrity, ProcInput};
+use super::launches::Ledger;
 use super::libs::LibWatch;
 use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
 use super::nvml::{DeviceSample, NvmlView, Sample};
@@ -110,6 +111,7 @@ pub struct Observer {
     /// Region files left out by [`SCAN_BOUNDS`] at the last scan.
     skipped: usize,
     reclaimer: Reclaimer,
+    launches: Ledger,
 }
 
 impl Observer {
@@ -141,6 +143,7 @@ impl Observer {
             integrity,
             skipped: 0,
             reclaimer: Reclaimer::default(),
+            launches: Ledger::default(),
         }
     }
 
@@ -599,6 +602,7 @@ impl Observer {
         );
         let mut views = Vec::new();
         let mut measured = Vec::new();
+        self.launches.begin_scan();
         for (key, r) in self.cache.iter() {
             let Some(region) = r.last_snapshot() else {
                 continue;
@@ -641,6 +645,7 @@ impl Observer {
                 ("region".to_owned(), r.shown_path.display().to_string()),
             ];
             let mut devices = region_devices(region);
+            let launches = self.launches.observe(*key, region);
             let mut m = utilization::Measured {
                 dev: key.0,
                 ino: key.1,
@@ -648,6 +653,7 @@ impl Observer {
                 devices: Vec::new(),
             };
             for d in &mut devices {
+                d.launches = launches.get(d.index).copied().unwrap_or(0);
                 if let Some(u) = util.container(key, &d.uuid, d.index) {
                     d.sm_util = u;
                     m.devices.push((d.index, u));
@@ -670,6 +676,7 @@ impl Observer {
                 last_kernel_time: region.last_kernel_time.load(SeqCst),
             });
         }
+        self.launches.end_scan();
         views.sort_by(|a, b| a.labels.cmp(&b.labels));
         measured.sort_by(|a, b| a.region.cmp(&b.region));
         (views, measured)

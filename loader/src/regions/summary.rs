@@ -99,6 +99,8 @@ pub struct SlotUsage {
     /// NVML-measured, written by whoever samples NVML.
     pub monitor_used_bytes: u64,
     pub sm_util: u64,
+    /// Successful kernel and graph launches the process counted.
+    pub launches: u64,
 }
 
 /// How serious a finding is.
@@ -159,6 +161,7 @@ fn usage_of(slot: &ProcSlot, dev: usize) -> SlotUsage {
         total_bytes: m.total.load(SeqCst),
         monitor_used_bytes: slot.monitorused[dev].load(SeqCst),
         sm_util: slot.device_util[dev].sm_util.load(SeqCst),
+        launches: m.launches.load(SeqCst),
     }
 }
 
@@ -170,6 +173,7 @@ impl SlotUsage {
             && self.total_bytes == 0
             && self.monitor_used_bytes == 0
             && self.sm_util == 0
+            && self.launches == 0
     }
 }
 

@@ -3,6 +3,7 @@
 //! file. Pure: no I/O here.
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
 
 use super::summary::{bytes, RegionSummary};
 
@@ -15,6 +16,8 @@ pub struct RowProcess {
     pub hostpid: i32,
     pub used_bytes: u64,
     pub sm_util_percent: u64,
+    /// Successful kernel and graph launches the process counted (its hook).
+    pub launches: u64,
 }
 
 /// One container on one device.
@@ -37,6 +40,12 @@ pub struct Row {
     /// 100: no limit.
     pub sm_limit_percent: u64,
     pub processes: Vec<RowProcess>,
+    /// Launches counted by the live processes (a process that exits takes
+    /// its count with it).
+    pub launches_total: u64,
+    /// Launches per second between two samples (absent on the first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launches_per_sec: Option<f64>,
     /// Finding kinds: the region's own (as `vgpu inspect`) and the daemon's
     /// about this container.
     pub findings: Vec<String>,
@@ -51,6 +60,8 @@ pub enum SortKey {
     Sm,
     /// Number of processes, most first.
     Procs,
+    /// Launches per second (else launches counted), most first.
+    Launches,
     /// Findings, most first.
     Findings,
     /// Container name.
@@ -109,6 +120,7 @@ pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
                     hostpid: slot.hostpid,
                     used_bytes: u.total_bytes,
                     sm_util_percent: u.sm_util.min(100),
+                    launches: u.launches,
                 });
             }
             let mut findings: Vec<String> = s
@@ -144,6 +156,10 @@ pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
                     "slots"
                 },
                 sm_limit_percent: sm_limit(d.sm_limit_percent),
+                launches_total: processes
+                    .iter()
+                    .fold(0u64, |a, p| a.saturating_add(p.launches)),
+                launches_per_sec: None,
                 processes,
                 findings,
             });
@@ -169,6 +185,38 @@ impl Row {
     }
 }
 
+/// Fills each row's `launches_per_sec` from `prev`, the rows of a sample
+/// taken `secs` earlier: per process, the launches it counted since (all of
+/// them for a process new since then, or whose count went down: another
+/// process in a reused slot). A process that exited in between is missing
+/// from both sums, so its last launches are not counted.
+pub fn rates(rows: &mut [Row], prev: &[Row], secs: f64) {
+    // Also refuses NaN.
+    if secs.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
+        return;
+    }
+    let before: HashMap<(&str, usize, i32, i32), u64> = prev
+        .iter()
+        .flat_map(|r| {
+            r.processes
+                .iter()
+                .map(move |p| ((r.region.as_str(), r.device, p.pid, p.hostpid), p.launches))
+        })
+        .collect();
+    for r in rows.iter_mut() {
+        let mut n = 0u64;
+        for p in &r.processes {
+            let key = (r.region.as_str(), r.device, p.pid, p.hostpid);
+            let d = match before.get(&key) {
+                Some(&b) if b <= p.launches => p.launches - b,
+                _ => p.launches,
+            };
+            n = n.saturating_add(d);
+        }
+        r.launches_per_sec = Some(n as f64 / secs);
+    }
+}
+
 /// Sorts in place (ties: name, then device).
 pub fn sort(rows: &mut [Row], key: SortKey) {
     rows.sort_by_key(|r| (r.name(), r.device));
@@ -176,6 +224,11 @@ pub fn sort(rows: &mut [Row], key: SortKey) {
         SortKey::Mem => rows.sort_by_key(|r| Reverse(r.memory_used_bytes)),
         SortKey::Sm => rows.sort_by_key(|r| Reverse(r.sm_util_percent)),
         SortKey::Procs => rows.sort_by_key(|r| Reverse(r.processes.len())),
+        SortKey::Launches => rows.sort_by(|a, b| {
+            let key = |r: &Row| (r.launches_per_sec.unwrap_or(0.0), r.launches_total);
+            let (ka, kb) = (key(a), key(b));
+            kb.0.total_cmp(&ka.0).then(kb.1.cmp(&ka.1))
+        }),
         SortKey::Findings => rows.sort_by_key(|r| Reverse(r.findings.len())),
         SortKey::Name => {}
     }
@@ -184,11 +237,11 @@ pub fn sort(rows: &mut [Row], key: SortKey) {
 /// Plain text lines (no escape codes), widest name first trimmed to fit
 /// `width` columns.
 pub fn table(rows: &[Row], width: usize) -> Vec<String> {
-    const FIXED: usize = 4 + 24 + 12 + 6 + 2;
+    const FIXED: usize = 4 + 24 + 12 + 6 + 10 + 2;
     let name_w = width.saturating_sub(FIXED + 16).clamp(12, 60);
     let mut out = vec![format!(
-        "{:<name_w$} {:>3} {:>23} {:>11} {:>5}  FINDINGS",
-        "CONTAINER", "DEV", "MEMORY USED / LIMIT", "SM % / LIM", "PROCS"
+        "{:<name_w$} {:>3} {:>23} {:>11} {:>5} {:>9}  FINDINGS",
+        "CONTAINER", "DEV", "MEMORY USED / LIMIT", "SM % / LIM", "PROCS", "LAUNCH/S"
     )];
     for r in rows {
         let mut name = r.name();
@@ -211,8 +264,13 @@ pub fn table(rows: &[Row], width: usize) -> Vec<String> {
         } else {
             r.findings.join(",")
         };
+        let launches = match r.launches_per_sec {
+            None => "-".to_owned(),
+            Some(v) if v < 100.0 => format!("{v:.1}"),
+            Some(v) => format!("{v:.0}"),
+        };
         out.push(format!(
-            "{name:<name_w$} {:>3} {:>23} {:>11} {:>5}  {findings}",
+            "{name:<name_w$} {:>3} {:>23} {:>11} {:>5} {launches:>9}  {findings}",
             r.device,
             format!("{} / {limit}", bytes(r.memory_used_bytes)),
             format!("{} / {sm_limit}", r.sm_util_percent),
@@ -244,8 +302,11 @@ mod tests {
                     hostpid: 0,
                     used_bytes: 0,
                     sm_util_percent: 0,
+                    launches: 0,
                 })
                 .collect(),
+            launches_total: 0,
+            launches_per_sec: None,
             findings: Vec::new(),
         }
     }
@@ -293,6 +354,7 @@ mod tests {
                     total_bytes: 100,
                     monitor_used_bytes: 0,
                     sm_util: slot_util,
+                    launches: 40,
                 }],
             }],
             free_slots: 0,
@@ -315,6 +377,7 @@ mod tests {
         assert_eq!((r.sm_limit_percent, r.memory_used_bytes), (30, 100));
         assert_eq!(r.findings, ["no_region"]);
         assert_eq!(r.processes[0].hostpid, 4711);
+        assert_eq!((r.launches_total, r.launches_per_sec), (40, None));
         let slots = Input {
             summary: summary(12),
             measured: Vec::new(),
@@ -359,8 +422,43 @@ mod tests {
         assert!(t[1].contains("512 MiB / 1 GiB"), "{t:?}");
         assert!(t[1].contains("42 / 30"), "{t:?}");
         assert!(t[1].ends_with("dead_slot"), "{t:?}");
+        assert!(t[0].contains("LAUNCH/S"), "{t:?}");
+        assert!(t[1].contains(" -  dead_slot"), "{t:?}");
         assert!(t[2].contains("0 B / none"), "{t:?}");
         assert!(t[2].contains("0 / none"), "{t:?}");
         assert!(t.iter().all(|l| !l.contains('\x1b')));
+    }
+
+    #[test]
+    fn launch_rates_count_what_each_process_launched_since_the_last_sample() {
+        let mut prev = row("pod", 0, 0, 3);
+        for (p, n) in prev.processes.iter_mut().zip([100, 50, 70]) {
+            p.launches = n;
+        }
+        let mut now = prev.clone();
+        // Process 1 launched 300 more; process 2 is gone (exited); process
+        // 3's count fell (another process in its slot: all 20 are new); a
+        // new process 4 launched 80.
+        now.processes[0].launches = 400;
+        now.processes.remove(1);
+        now.processes[1].launches = 20;
+        now.processes.push(RowProcess {
+            pid: 4,
+            hostpid: 0,
+            used_bytes: 0,
+            sm_util_percent: 0,
+            launches: 80,
+        });
+        let mut other = row("other", 0, 0, 1);
+        other.processes[0].launches = 10;
+        let mut rows = vec![now, other.clone()];
+        rates(&mut rows, &[prev, other], 2.0);
+        assert_eq!(rows[0].launches_per_sec, Some((300.0 + 20.0 + 80.0) / 2.0));
+        assert_eq!(rows[1].launches_per_sec, Some(0.0));
+        let t = table(&rows, 100);
+        assert!(t[1].contains("  200  "), "{t:?}");
+        assert!(t[2].contains("  0.0  "), "{t:?}");
+        sort(&mut rows, SortKey::Launches);
+        assert_eq!(rows[0].pod_uid.as_deref(), Some("pod"));
     }
 }
