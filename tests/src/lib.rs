@@ -9,4 +9,5 @@ pub mod container;
 pub mod dist;
 pub mod hook;
 pub mod host;
+pub mod http;
 pub mod sim;

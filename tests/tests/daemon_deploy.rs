@@ -3,14 +3,13 @@
 //! named from a `/var/log/pods`-style fixture, and logs a collector can
 //! read (no escape codes when stderr is a file, JSON on request).
 
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::dist;
+use vgpu_tests::http::{free_port, get};
 use vgpu_tests::sim::SimGpu;
 
 struct Daemon {
@@ -21,11 +20,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(dir: &Path, gpu: &SimGpu, extra: &[&str]) -> Daemon {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let log = dir.join(format!("daemon-{port}.log"));
         let child = Command::new(dist::vgpu_bin())
             .arg("-v")
@@ -69,23 +64,6 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    Some((
-        head.split_whitespace().nth(1)?.parse().ok()?,
-        body.to_owned(),
-    ))
 }
 
 /// A sample line's name and labels.

@@ -17,6 +17,7 @@ use vgpu_common::region::{status, MAGIC, MAJOR_VERSION};
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
 use vgpu_tests::dist;
+use vgpu_tests::http::{free_port, get, get_on, loopback};
 use vgpu_tests::sim::SimGpu;
 
 /// A running `vgpu daemon` probing this fixture's own libcuda copy.
@@ -193,35 +194,11 @@ impl Fixture {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A minimal HTTP/1.1 GET from `from` (a loopback source address): (status,
 /// body).
 fn get_from(from: [u8; 4], port: u16, path: &str) -> Option<(u16, String)> {
     let sock = socket_from(from)?;
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut s = connect(sock, addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_owned()))
-}
-
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    get_from([127, 0, 0, 1], port, path)
+    get_on(connect(sock, loopback(port))?, path)
 }
 
 /// A TCP socket bound to `from` (so a probe can come from another

@@ -12,18 +12,17 @@
 )]
 
 use std::ffi::OsStr;
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::SeqCst;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
 use vgpu_tests::dist;
+use vgpu_tests::http::{free_port, get, now_ns};
 use vgpu_tests::sim::SimGpu;
 
 const G: u64 = 1 << 30;
@@ -31,13 +30,6 @@ const G: u64 = 1 << 30;
 const LIMIT0_OFFSET: u64 = 1600;
 const SM_LIMIT0_OFFSET: u64 = 1728;
 const WITHIN: Duration = Duration::from_secs(2);
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_nanos() as u64
-}
 
 /// A fresh 64-hex container id.
 fn container_id(salt: u64) -> String {
@@ -200,10 +192,7 @@ struct Daemon {
 
 impl Daemon {
     fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("port")
-            .port();
+        let port = free_port();
         let log = fx.dir.path().join("daemon.log");
         let child = Command::new(dist::vgpu_bin())
             .arg("-v")
@@ -281,23 +270,6 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    Some((
-        head.split_whitespace().nth(1)?.parse().ok()?,
-        body.to_owned(),
-    ))
 }
 
 fn limit0(path: &Path) -> u64 {
