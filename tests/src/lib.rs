@@ -6,6 +6,7 @@
 
 pub mod admin_prog;
 pub mod container;
+pub mod daemon;
 pub mod dist;
 pub mod hook;
 pub mod host;

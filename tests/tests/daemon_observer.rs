@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use serde_json::Value;
 use vgpu_common::region::status;
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::{free_port, get, now_ns};
 use vgpu_tests::sim::SimGpu;
@@ -22,10 +23,21 @@ const MIB: u64 = 1 << 20;
 
 /// A running daemon with its own libcuda copy, state dir and port.
 struct Daemon {
-    child: Child,
-    port: u16,
-    log: PathBuf,
+    run: Running,
     state: PathBuf,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = Running;
+    fn deref(&self) -> &Running {
+        &self.run
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Running {
+        &mut self.run
+    }
 }
 
 impl Daemon {
@@ -45,39 +57,11 @@ impl Daemon {
             .arg("--regions-root")
             .arg(fx.dir.path().join("no-hami-dir"))
             .args(extra)
-            .envs(fx.envs(gpu))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"));
-        let child = cmd.spawn().expect("spawn vgpu daemon");
-        let mut d = Daemon {
-            child,
-            port,
-            log,
+            .envs(fx.envs(gpu));
+        Daemon {
+            run: Running::start(cmd, port, log),
             state,
-        };
-        let t = Instant::now();
-        while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
-            if let Ok(Some(st)) = d.child.try_wait() {
-                panic!("daemon exited {st}: {}", d.log_text());
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "daemon not ready: {}",
-                d.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
         }
-        d
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn metrics(&self) -> String {
-        let (code, body) = get(self.port, "/metrics").expect("scrape");
-        assert_eq!(code, 200);
-        body
     }
 
     fn findings(&self) -> Value {
@@ -98,70 +82,19 @@ impl Daemon {
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The test's working directory (`vgpu_tests::daemon::Workdir`).
+struct Fixture(Workdir);
 
-/// Temp dir with a copy of the simulated libcuda and the test program.
-struct Fixture {
-    dir: tempfile::TempDir,
-    prog: PathBuf,
+impl std::ops::Deref for Fixture {
+    type Target = Workdir;
+    fn deref(&self) -> &Workdir {
+        &self.0
+    }
 }
 
 impl Fixture {
     fn new() -> Fixture {
-        let dir = tempfile::Builder::new()
-            .prefix("vgpu-daemon-")
-            .tempdir()
-            .expect("tempdir");
-        let lib = dir.path().join("lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        std::fs::copy(
-            dist::sim_dir().join("libcuda.so.1"),
-            lib.join("libcuda.so.1"),
-        )
-        .unwrap();
-        let prog = dist::compile_c("daemon_prog", dir.path(), false);
-        for d in ["regions", "out"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        Fixture { dir, prog }
-    }
-
-    fn libcuda(&self) -> PathBuf {
-        self.dir.path().join("lib/libcuda.so.1")
-    }
-
-    /// The simulator's environment, with this fixture's libcuda first.
-    fn envs(&self, gpu: &SimGpu) -> Vec<(String, String)> {
-        let mut v: Vec<_> = gpu
-            .envs()
-            .into_iter()
-            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
-            .collect();
-        v.push((
-            "LD_LIBRARY_PATH".into(),
-            format!(
-                "{}:{}",
-                self.dir.path().join("lib").display(),
-                gpu.lib_dir().display()
-            ),
-        ));
-        v
-    }
-
-    fn region(&self, name: &str) -> PathBuf {
-        self.dir
-            .path()
-            .join("regions")
-            .join(format!("{name}.cache"))
-    }
-
-    fn out(&self, name: &str) -> PathBuf {
-        self.dir.path().join("out").join(name)
+        Fixture(Workdir::new("vgpu-daemon-", &["regions", "out"]))
     }
 
     /// Starts `daemon_prog` in a new container; it waits for "go".

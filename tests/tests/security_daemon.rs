@@ -16,23 +16,35 @@ use std::time::{Duration, Instant};
 use vgpu_common::region::{status, MAGIC, MAJOR_VERSION};
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::{free_port, get, get_on, loopback};
 use vgpu_tests::sim::SimGpu;
 
 /// A running `vgpu daemon` probing this fixture's own libcuda copy.
 struct Daemon {
-    child: Child,
-    port: u16,
-    log: PathBuf,
+    run: Running,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = Running;
+    fn deref(&self) -> &Running {
+        &self.run
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Running {
+        &mut self.run
+    }
 }
 
 impl Daemon {
     fn start(fx: &Fixture, gpu: &SimGpu, root: &Path) -> Daemon {
         let port = free_port();
         let log = fx.dir.path().join("daemon.log");
-        let child = Command::new(dist::vgpu_bin())
-            .arg("-v")
+        let mut cmd = Command::new(dist::vgpu_bin());
+        cmd.arg("-v")
             .arg("daemon")
             .arg("--libcuda")
             .arg(fx.libcuda())
@@ -43,32 +55,9 @@ impl Daemon {
             .arg("--regions-root")
             .arg(root)
             .arg("--no-nvml")
-            .envs(fx.envs(gpu))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn vgpu daemon");
-        let mut d = Daemon { child, port, log };
-        let t = Instant::now();
-        while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
-            d.assert_alive();
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "not ready: {}",
-                d.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        d
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn assert_alive(&mut self) {
-        if let Ok(Some(st)) = self.child.try_wait() {
-            panic!("daemon exited {st}: {}", self.log_text());
+            .envs(fx.envs(gpu));
+        Daemon {
+            run: Running::start(cmd, port, log),
         }
     }
 
@@ -86,69 +75,24 @@ impl Daemon {
         panic!("daemon alive but not serving: {}", self.log_text());
     }
 
-    fn metrics(&self) -> String {
-        let (code, body) = get(self.port, "/metrics").expect("scrape");
-        assert_eq!(code, 200);
-        body
-    }
-
     fn pid(&self) -> u32 {
         self.child.id()
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+/// The test's working directory (`vgpu_tests::daemon::Workdir`).
+struct Fixture(Workdir);
 
-/// Temp dir with a copy of the simulated libcuda and `daemon_prog`.
-struct Fixture {
-    dir: tempfile::TempDir,
-    prog: PathBuf,
+impl std::ops::Deref for Fixture {
+    type Target = Workdir;
+    fn deref(&self) -> &Workdir {
+        &self.0
+    }
 }
 
 impl Fixture {
     fn new() -> Fixture {
-        let dir = tempfile::Builder::new()
-            .prefix("vgpu-secd-")
-            .tempdir()
-            .expect("tempdir");
-        let lib = dir.path().join("lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        std::fs::copy(
-            dist::sim_dir().join("libcuda.so.1"),
-            lib.join("libcuda.so.1"),
-        )
-        .unwrap();
-        let prog = dist::compile_c("daemon_prog", dir.path(), false);
-        for d in ["regions", "out", "root"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        Fixture { dir, prog }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn libcuda(&self) -> PathBuf {
-        self.path("lib/libcuda.so.1")
-    }
-
-    fn envs(&self, gpu: &SimGpu) -> Vec<(String, String)> {
-        let mut v: Vec<_> = gpu
-            .envs()
-            .into_iter()
-            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
-            .collect();
-        v.push((
-            "LD_LIBRARY_PATH".into(),
-            format!("{}:{}", self.path("lib").display(), gpu.lib_dir().display()),
-        ));
-        v
+        Fixture(Workdir::new("vgpu-secd-", &["regions", "out", "root"]))
     }
 
     /// Starts `daemon_prog` in a new container naming `region`, and lets it

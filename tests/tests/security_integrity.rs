@@ -14,13 +14,14 @@
 use std::ffi::OsStr;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::{free_port, get, now_ns};
 use vgpu_tests::sim::SimGpu;
@@ -43,11 +44,14 @@ fn container_id(salt: u64) -> String {
     )
 }
 
-/// Temp dir with a libcuda copy, the test program, regions and a
-/// containerd-like runtime state directory.
-struct Fixture {
-    dir: tempfile::TempDir,
-    prog: PathBuf,
+/// The test's working directory (`vgpu_tests::daemon::Workdir`).
+struct Fixture(Workdir);
+
+impl std::ops::Deref for Fixture {
+    type Target = Workdir;
+    fn deref(&self) -> &Workdir {
+        &self.0
+    }
 }
 
 /// One test container: its cgroup (kubepods layout) and id.
@@ -58,54 +62,10 @@ struct Ctr {
 
 impl Fixture {
     fn new() -> Fixture {
-        let dir = tempfile::Builder::new()
-            .prefix("vgpu-integrity-")
-            .tempdir()
-            .expect("tempdir");
-        let lib = dir.path().join("lib");
-        std::fs::create_dir_all(&lib).expect("mkdir");
-        std::fs::copy(
-            dist::sim_dir().join("libcuda.so.1"),
-            lib.join("libcuda.so.1"),
-        )
-        .expect("copy libcuda");
-        let prog = dist::compile_c("daemon_prog", dir.path(), false);
-        for d in ["regions", "out", "runtime/k8s.io"] {
-            std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
-        }
-        Fixture { dir, prog }
-    }
-
-    fn libcuda(&self) -> PathBuf {
-        self.dir.path().join("lib/libcuda.so.1")
-    }
-
-    fn envs(&self, gpu: &SimGpu) -> Vec<(String, String)> {
-        let mut v: Vec<_> = gpu
-            .envs()
-            .into_iter()
-            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
-            .collect();
-        v.push((
-            "LD_LIBRARY_PATH".into(),
-            format!(
-                "{}:{}",
-                self.dir.path().join("lib").display(),
-                gpu.lib_dir().display()
-            ),
-        ));
-        v
-    }
-
-    fn region(&self, name: &str) -> PathBuf {
-        self.dir
-            .path()
-            .join("regions")
-            .join(format!("{name}.cache"))
-    }
-
-    fn out(&self, name: &str) -> PathBuf {
-        self.dir.path().join("out").join(name)
+        Fixture(Workdir::new(
+            "vgpu-integrity-",
+            &["regions", "out", "runtime/k8s.io"],
+        ))
     }
 
     fn state(&self) -> PathBuf {
@@ -185,17 +145,28 @@ impl Fixture {
 
 /// A daemon probing the fixture's libcuda, reading its runtime specs.
 struct Daemon {
-    child: Child,
-    port: u16,
-    log: PathBuf,
+    run: Running,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = Running;
+    fn deref(&self) -> &Running {
+        &self.run
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut Running {
+        &mut self.run
+    }
 }
 
 impl Daemon {
     fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
         let port = free_port();
         let log = fx.dir.path().join("daemon.log");
-        let child = Command::new(dist::vgpu_bin())
-            .arg("-v")
+        let mut cmd = Command::new(dist::vgpu_bin());
+        cmd.arg("-v")
             .arg("daemon")
             .arg("--libcuda")
             .arg(fx.libcuda())
@@ -211,29 +182,10 @@ impl Daemon {
                 fx.dir.path().display()
             ))
             .args(extra)
-            .envs(fx.envs(gpu))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn vgpu daemon");
-        let mut d = Daemon { child, port, log };
-        let t = Instant::now();
-        while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
-            if let Ok(Some(st)) = d.child.try_wait() {
-                panic!("daemon exited {st}: {}", d.log_text());
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "not ready: {}",
-                d.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
+            .envs(fx.envs(gpu));
+        Daemon {
+            run: Running::start(cmd, port, log),
         }
-        d
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn findings(&self) -> Vec<Value> {
@@ -258,17 +210,6 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-
-    fn metrics(&self) -> String {
-        get(self.port, "/metrics").expect("metrics").1
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

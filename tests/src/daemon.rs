@@ -1,0 +1,149 @@
+//! What a `vgpu daemon` test stands on: a working directory with its own
+//! copy of the simulated libcuda (so the daemon, given `--libcuda`, probes
+//! only this test's processes), the compiled test program and
+//! subdirectories; and the running daemon, killed when the test ends.
+#![expect(
+    clippy::expect_used,
+    reason = "test helpers panic with a message when the test machine cannot set up"
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::dist;
+use crate::http::get;
+use crate::sim::SimGpu;
+
+/// A temp dir with `lib/libcuda.so.1` and the `daemon_prog` test program.
+pub struct Workdir {
+    pub dir: tempfile::TempDir,
+    pub prog: PathBuf,
+}
+
+impl Workdir {
+    /// A new one named `<prefix>…`, with `subdirs` created in it.
+    pub fn new(prefix: &str, subdirs: &[&str]) -> Workdir {
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .expect("tempdir");
+        let lib = dir.path().join("lib");
+        std::fs::create_dir_all(&lib).expect("mkdir lib");
+        std::fs::copy(
+            dist::sim_dir().join("libcuda.so.1"),
+            lib.join("libcuda.so.1"),
+        )
+        .expect("copy the simulated libcuda");
+        let prog = dist::compile_c("daemon_prog", dir.path(), false);
+        for d in subdirs {
+            std::fs::create_dir_all(dir.path().join(d)).expect("mkdir");
+        }
+        Workdir { dir, prog }
+    }
+
+    /// `rel` inside the directory.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// This test's own libcuda, the one to give the daemon as `--libcuda`.
+    pub fn libcuda(&self) -> PathBuf {
+        self.dir.path().join("lib/libcuda.so.1")
+    }
+
+    /// The simulator's environment, with this test's libcuda first.
+    pub fn envs(&self, gpu: &SimGpu) -> Vec<(String, String)> {
+        let mut v: Vec<_> = gpu
+            .envs()
+            .into_iter()
+            .filter(|(k, _)| k != "LD_LIBRARY_PATH")
+            .collect();
+        v.push((
+            "LD_LIBRARY_PATH".into(),
+            format!(
+                "{}:{}",
+                self.dir.path().join("lib").display(),
+                gpu.lib_dir().display()
+            ),
+        ));
+        v
+    }
+
+    /// `regions/<name>.cache`.
+    pub fn region(&self, name: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join("regions")
+            .join(format!("{name}.cache"))
+    }
+
+    /// `out/<name>`, where the test program writes its marks.
+    pub fn out(&self, name: &str) -> PathBuf {
+        self.dir.path().join("out").join(name)
+    }
+
+    /// The directory itself.
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// A `vgpu daemon` a test started: stderr in `log`, serving on `port`,
+/// killed when dropped.
+pub struct Running {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Running {
+    /// Spawns `cmd` (its stderr goes to `log`) and waits up to 30 s for
+    /// `/readyz`; panics with the log if the daemon exits or never gets
+    /// ready.
+    pub fn start(mut cmd: Command, port: u16, log: PathBuf) -> Running {
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn vgpu daemon");
+        let mut d = Running { child, port, log };
+        let t = Instant::now();
+        while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
+            d.assert_alive();
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "daemon not ready: {}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+
+    /// What the daemon logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Panics with the exit status and the log if the daemon has exited.
+    pub fn assert_alive(&mut self) {
+        if let Ok(Some(st)) = self.child.try_wait() {
+            panic!("daemon exited {st}: {}", self.log_text());
+        }
+    }
+
+    /// `/metrics`, which must answer 200.
+    pub fn metrics(&self) -> String {
+        let (code, body) = get(self.port, "/metrics").expect("scrape");
+        assert_eq!(code, 200);
+        body
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
