@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::regions::discover::{discover, ContainerRef, Found, DEFAULT_ROOT};
+use crate::regions::discover::{named_or_under, Found, DEFAULT_ROOT};
 use crate::regions::liveness::{Alive, AliveBy, Mappers};
 use crate::regions::open::{open_region, open_under, Access};
 use crate::regions::summary::{bytes, RegionSummary};
@@ -78,24 +78,7 @@ pub(super) fn summarize(found: &Found, root: Option<&Path>) -> Result<RegionSumm
 
 /// Runs `vgpu inspect`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    // `symlink_metadata`: a symlink named as PATH is a file (refused when
-    // opened), never a directory to scan.
-    let single = args
-        .path
-        .as_deref()
-        .filter(|p| !std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()));
-    let root = match single {
-        Some(_) => None,
-        None => Some(args.path.as_deref().unwrap_or(&args.root)),
-    };
-    let found = match (single, root) {
-        (Some(p), _) => vec![Found {
-            path: p.to_owned(),
-            owner: ContainerRef::of_file(p),
-        }],
-        (None, Some(root)) => discover(root).map_err(|e| anyhow::anyhow!("{e}"))?,
-        (None, None) => Vec::new(),
-    };
+    let (found, root) = named_or_under(args.path.as_deref(), &args.root)?;
     let mut out = Output {
         regions: Vec::new(),
         errors: Vec::new(),
@@ -105,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         match summarize(f, root) {
             Ok(s) => out.regions.push(s),
             // One file: its error is the command's error.
-            Err(e) if single.is_some() => anyhow::bail!("{e}"),
+            Err(e) if root.is_none() => anyhow::bail!("{e}"),
             Err(error) => out.errors.push(ReadError {
                 path: f.path.clone(),
                 error,

@@ -10,7 +10,7 @@ use anyhow::Context as _;
 
 use crate::daemon::findings::read_state_file;
 use crate::daemon::utilization::{State, FILE_NAME as UTILIZATION};
-use crate::regions::discover::{discover, ContainerRef, Found, DEFAULT_ROOT};
+use crate::regions::discover::{named_or_under, DEFAULT_ROOT};
 use crate::regions::top::{rates, rows, sort, table, Input, Row, SortKey};
 
 /// The daemon's measurements are used while at most this old.
@@ -80,25 +80,9 @@ struct Snapshot {
 }
 
 fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
-    // As `vgpu inspect`: a symlink named as PATH is a file (refused when
-    // opened), never a directory to scan; files under a root are opened
-    // below it, read with pread, never mapped.
-    let single = args
-        .path
-        .as_deref()
-        .filter(|p| !std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()));
-    let root = match single {
-        Some(_) => None,
-        None => Some(args.path.as_deref().unwrap_or(&args.root)),
-    };
-    let found = match (single, root) {
-        (Some(p), _) => vec![Found {
-            path: p.to_owned(),
-            owner: ContainerRef::of_file(p),
-        }],
-        (None, Some(root)) => discover(root).map_err(|e| anyhow::anyhow!("{e}"))?,
-        (None, None) => Vec::new(),
-    };
+    // As `vgpu inspect`: files under a root are opened below it, read
+    // with pread, never mapped.
+    let (found, root) = named_or_under(args.path.as_deref(), &args.root)?;
     let now = crate::daemon::findings::now_ms();
     let util: Option<State> = read_state_file(&args.state_dir, UTILIZATION)
         .filter(|s: &State| now.saturating_sub(s.updated_unix_ms) <= FRESH_MS);

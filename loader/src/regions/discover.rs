@@ -107,6 +107,29 @@ pub fn discover(root: &Path) -> Result<Vec<Found>, DiscoverError> {
     discover_bounded(root, Bounds::NONE).map(|d| d.regions)
 }
 
+/// What an operator named: the region file `path`, or every region under
+/// the directory `path` (`root` when none is named). A symlink named as
+/// `path` is a file (refused when it is opened), never a directory to scan.
+/// The second value is the root the regions were found under, if any.
+pub fn named_or_under<'a>(
+    path: Option<&'a Path>,
+    root: &'a Path,
+) -> Result<(Vec<Found>, Option<&'a Path>), DiscoverError> {
+    match path.filter(|p| !std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())) {
+        Some(p) => Ok((
+            vec![Found {
+                path: p.to_owned(),
+                owner: ContainerRef::of_file(p),
+            }],
+            None,
+        )),
+        None => {
+            let root = path.unwrap_or(root);
+            Ok((discover(root)?, Some(root)))
+        }
+    }
+}
+
 /// [`discover`], taking at most `bounds.per_dir` files of each directory
 /// and `bounds.total` in all.
 pub fn discover_bounded(root: &Path, bounds: Bounds) -> Result<Discovered, DiscoverError> {
