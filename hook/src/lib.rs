@@ -18,6 +18,7 @@ mod memory;
 mod nvml;
 mod procaddr;
 pub(crate) mod region;
+mod signal;
 // The SM limiter is being restructured separately; what its rewrite leaves
 // unused goes with it (then this expectation fails and goes too).
 #[expect(

@@ -25,8 +25,10 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
 use std::sync::Once;
+
+use crate::signal::Previous;
 
 /// Refills a replaced mapping (zeroed, `len` bytes at `base`) from what the
 /// process knows; `ctx` is the word given to [`guard`].
@@ -104,8 +106,7 @@ static USED: AtomicUsize = AtomicUsize::new(0);
 /// Mappings replaced so far (for the log, read outside the handler).
 static REPLACED: AtomicUsize = AtomicUsize::new(0);
 
-static PREV_HANDLER: AtomicUsize = AtomicUsize::new(libc::SIG_DFL);
-static PREV_FLAGS: AtomicI32 = AtomicI32::new(0);
+static PREV: Previous = Previous::new();
 static INSTALL: Once = Once::new();
 
 /// Registers `len` bytes mapped at `base` (page aligned) and installs the
@@ -192,7 +193,7 @@ fn install() {
             );
             return;
         }
-        remember(&old);
+        PREV.remember(&old);
         let mut new: libc::sigaction = std::mem::zeroed();
         new.sa_sigaction = on_sigbus as *const () as usize;
         libc::sigemptyset(&mut new.sa_mask);
@@ -207,17 +208,10 @@ fn install() {
             return;
         }
         if raced.sa_sigaction != old.sa_sigaction {
-            remember(&raced);
+            PREV.remember(&raced);
         }
     }
 }
-
-fn remember(old: &libc::sigaction) {
-    PREV_FLAGS.store(old.sa_flags, Relaxed);
-    PREV_HANDLER.store(old.sa_sigaction, Release);
-}
-
-type Handler = extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void);
 
 extern "C" fn on_sigbus(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     // Only a fault carries an address (`si_code > 0`); a SIGBUS sent with
@@ -290,29 +284,19 @@ fn replace(addr: usize) -> bool {
 }
 
 fn chain(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    let h = PREV_HANDLER.load(Acquire);
-    if h == libc::SIG_DFL || h == libc::SIG_IGN || h == libc::SIG_ERR {
-        // The default action: restore it and re-raise; the signal is
-        // delivered as this handler returns (a fault would also recur).
-        // SAFETY: plain system calls on a zeroed, then filled, sigaction.
-        unsafe {
-            let mut dfl: libc::sigaction = std::mem::zeroed();
-            dfl.sa_sigaction = libc::SIG_DFL;
-            libc::sigemptyset(&mut dfl.sa_mask);
-            libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            libc::raise(sig);
-        }
+    if PREV.call(sig, info, ctx) {
         return;
     }
-    if PREV_FLAGS.load(Relaxed) & libc::SA_SIGINFO != 0 {
-        // SAFETY: installed with SA_SIGINFO: a three-argument handler.
-        let f: Handler = unsafe { std::mem::transmute::<usize, Handler>(h) };
-        f(sig, info, ctx);
-    } else {
-        // SAFETY: installed without SA_SIGINFO: a one-argument handler.
-        let f: extern "C" fn(c_int) =
-            unsafe { std::mem::transmute::<usize, extern "C" fn(c_int)>(h) };
-        f(sig);
+    // The default action (or SIG_IGN, which a fault would loop on): restore
+    // it and re-raise; the signal is delivered as this handler returns (a
+    // fault would also recur).
+    // SAFETY: plain system calls on a zeroed, then filled, sigaction.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut dfl.sa_mask);
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        libc::raise(sig);
     }
 }
 
@@ -374,7 +358,7 @@ mod tests {
             if pid == 0 {
                 // The test harness (Rust's std) has a SIGBUS handler of its
                 // own; an application in C has none.
-                PREV_HANDLER.store(libc::SIG_DFL, SeqCst);
+                PREV.forget();
                 // SAFETY: reading a truncated mapping (the point), or raise.
                 unsafe {
                     if fault {

@@ -19,11 +19,13 @@
 
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr};
 use std::sync::Once;
 use std::time::Duration;
 
 use vgpu_common::region::status;
+
+use crate::signal::{is_function, Handler, Previous};
 
 /// Set by SIGUSR2, cleared by SIGUSR1: the one load of the hot path.
 static SUSPENDED: AtomicBool = AtomicBool::new(false);
@@ -31,20 +33,9 @@ static SUSPENDED: AtomicBool = AtomicBool::new(false);
 /// child until it registers its own slot).
 static STATUS: AtomicPtr<AtomicI32> = AtomicPtr::new(std::ptr::null_mut());
 
-/// The application's previous action for one signal.
-struct Previous {
-    handler: AtomicUsize,
-    flags: AtomicI32,
-}
-
-static PREV_USR1: Previous = Previous {
-    handler: AtomicUsize::new(libc::SIG_DFL),
-    flags: AtomicI32::new(0),
-};
-static PREV_USR2: Previous = Previous {
-    handler: AtomicUsize::new(libc::SIG_DFL),
-    flags: AtomicI32::new(0),
-};
+/// The application's previous actions for the two signals.
+static PREV_USR1: Previous = Previous::new();
+static PREV_USR2: Previous = Previous::new();
 static INSTALL: Once = Once::new();
 
 /// Waits while this process is suspended. One relaxed load when it is not.
@@ -88,8 +79,6 @@ pub fn on_fork_child() {
     SUSPENDED.store(false, SeqCst);
 }
 
-type Handler = extern "C" fn(c_int, *mut libc::siginfo_t, *mut c_void);
-
 fn install(sig: c_int, prev: &'static Previous, handler: Handler) {
     // SAFETY: `sigaction` structs are plain C data, zero is a valid
     // starting value; the calls only read/write these locals.
@@ -102,7 +91,7 @@ fn install(sig: c_int, prev: &'static Previous, handler: Handler) {
             );
             return;
         }
-        remember(prev, &old);
+        prev.remember(&old);
         let mut new: libc::sigaction = std::mem::zeroed();
         new.sa_sigaction = handler as *const () as usize;
         let keep = libc::SA_RESTART | libc::SA_ONSTACK | libc::SA_NODEFER;
@@ -123,18 +112,9 @@ fn install(sig: c_int, prev: &'static Previous, handler: Handler) {
         }
         // Another thread may have installed a handler in between.
         if raced.sa_sigaction != old.sa_sigaction {
-            remember(prev, &raced);
+            prev.remember(&raced);
         }
     }
-}
-
-fn is_function(h: libc::sighandler_t) -> bool {
-    h != libc::SIG_DFL && h != libc::SIG_IGN && h != libc::SIG_ERR
-}
-
-fn remember(prev: &Previous, old: &libc::sigaction) {
-    prev.flags.store(old.sa_flags, Relaxed);
-    prev.handler.store(old.sa_sigaction, Release);
 }
 
 fn set_status(v: i32) {
@@ -146,39 +126,22 @@ fn set_status(v: i32) {
     }
 }
 
-fn chain(prev: &Previous, sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
-    let h = prev.handler.load(Acquire);
-    if !is_function(h) {
-        return;
-    }
-    if prev.flags.load(Relaxed) & libc::SA_SIGINFO != 0 {
-        // SAFETY: the application installed `h` with SA_SIGINFO, so it is
-        // a three-argument signal handler.
-        let f: Handler = unsafe { std::mem::transmute::<usize, Handler>(h) };
-        f(sig, info, ctx);
-    } else {
-        // SAFETY: installed without SA_SIGINFO: a one-argument handler.
-        let f: extern "C" fn(c_int) =
-            unsafe { std::mem::transmute::<usize, extern "C" fn(c_int)>(h) };
-        f(sig);
-    }
-}
-
 extern "C" fn on_sigusr1(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     SUSPENDED.store(false, SeqCst);
     set_status(status::RUNNING);
-    chain(&PREV_USR1, sig, info, ctx);
+    PREV_USR1.call(sig, info, ctx);
 }
 
 extern "C" fn on_sigusr2(sig: c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     SUSPENDED.store(true, SeqCst);
     set_status(status::SUSPENDED);
-    chain(&PREV_USR2, sig, info, ctx);
+    PREV_USR2.call(sig, info, ctx);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
 
     static APP_CALLS: AtomicUsize = AtomicUsize::new(0);
 
