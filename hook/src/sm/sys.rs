@@ -123,8 +123,8 @@ pub trait NodeTable: Sync {
         false
     }
     /// Whether a background thread runs the feedback steps
-    /// (`Controller::background`), so that its NVML calls (about 4 ms on an
-    /// H100) never delay a launch; else they run on the launch path.
+    /// (`Controller::background`), so that its NVML calls (milliseconds
+    /// each) never delay a launch; else they run on the launch path.
     fn offload(&self) -> bool {
         false
     }

@@ -1328,8 +1328,8 @@ fn a_light_service_is_not_held_for_its_bursts() {
 }
 
 /// With a background thread (`Sys::offload`), no launch runs a feedback
-/// step (its NVML calls took 4 ms on an H100, every 500 ms: a light
-/// service's p99); the thread's calls to `background` do, and correct the
+/// step (its NVML calls take milliseconds, every 500 ms: enough to set a
+/// light service's p99); the thread's calls to `background` do, and correct the
 /// same 10 % under-estimate as the inline loop.
 #[test]
 fn feedback_steps_run_off_the_launch_path() {

@@ -6,10 +6,10 @@ pub const FRAME_NS: u64 = vgpu_common::node::FRAME_NS;
 
 /// A lower-priority container's queued GPU work while a higher one is
 /// active: what a request of the higher one may find ahead of it on a
-/// time-sliced GPU. Two or three 4096² bf16 matmuls on an H100; short
-/// enough for a service's p99 to stay within 1.5× of its time alone, long
-/// enough that the held container's host, woken each time, keeps the GPU
-/// busy.
+/// time-sliced GPU: a few large matmuls' worth (docs/benchmarks.md,
+/// "Eighth run", has the figures). Short enough for a service's p99 to stay
+/// within 1.5× of its time alone, long enough that the held container's
+/// host, woken each time, keeps the GPU busy.
 pub const LOW_QUEUE_NS: u64 = 500_000;
 
 /// The longest a lower-priority launch waits for a higher one's work in

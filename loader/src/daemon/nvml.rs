@@ -113,8 +113,9 @@ impl NvmlView {
 }
 
 /// Per-process samples cover at least this span: NVML samples a few times a
-/// second, and on an H100 a 0.5 s span of two time-sliced processes swung
-/// between 0 and 50 % for a 30 % one.
+/// second, so a shorter span of two time-sliced processes can hold one
+/// process's sample and not the other's, and swing between 0 and half the
+/// device (docs/benchmarks.md, "Observability").
 const MIN_SPAN_US: u64 = 1_000_000;
 
 fn unix_us() -> u64 {
