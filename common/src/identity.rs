@@ -54,6 +54,18 @@ pub fn pidns_inode(proc_pid_dir: &Path) -> Option<u64> {
         .map(|m| m.ino())
 }
 
+/// The state letter (field 3) of a `/proc/<pid>/stat` line, read after the
+/// last `)` since the command name may hold parentheses.
+pub fn state(stat: &str) -> Option<char> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// Whether a `/proc/<pid>/stat` line is a zombie's or a dead process's.
+pub fn is_dead_state(stat: &str) -> bool {
+    matches!(state(stat), Some('Z' | 'X' | 'x'))
+}
+
 /// Field 22 (`starttime`) of a `/proc/<pid>/stat` line. The command name
 /// (field 2) may hold spaces and parentheses, so fields are counted after
 /// the last `)`.
@@ -66,6 +78,16 @@ pub fn start_time(stat: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_state_is_read_after_the_comm() {
+        assert_eq!(state("12 (a) b) Z 1 2"), Some('Z'));
+        assert_eq!(state("12 (sleep) S 1"), Some('S'));
+        assert_eq!(state("garbage"), None);
+        assert!(is_dead_state("12 (a) b) Z 1 2"));
+        assert!(is_dead_state("12 (x) X 1"));
+        assert!(!is_dead_state("12 (sleep) S 1"));
+    }
 
     #[test]
     fn start_time_is_field_22_whatever_the_name() {

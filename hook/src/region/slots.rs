@@ -16,7 +16,7 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::identity::Identity;
+use vgpu_common::identity::{is_dead_state, Identity};
 use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS};
 
 use super::usage;
@@ -121,12 +121,7 @@ pub fn pid_alive(pid: i32) -> bool {
         return false;
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // State is the first field after the parenthesised command name.
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z') | Some('X') | Some('x')
-        ),
+        Ok(stat) => !is_dead_state(&stat),
         // No /proc entry (or no /proc): trust kill().
         Err(_) => rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM),
     }

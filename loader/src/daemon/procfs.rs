@@ -5,6 +5,8 @@
 use std::io;
 use std::path::PathBuf;
 
+use vgpu_common::identity::is_dead_state;
+
 pub use vgpu_common::identity::Identity as ProcIdentity;
 
 /// `/proc` (a parameter so tests can point at a fake tree).
@@ -36,7 +38,7 @@ impl Procfs {
     /// Whether process `pid` exists and is not a zombie.
     pub fn alive(&self, pid: u32) -> bool {
         match std::fs::read_to_string(self.dir(pid).join("stat")) {
-            Ok(stat) => !matches!(state_of(&stat), Some('Z' | 'X' | 'x')),
+            Ok(stat) => !is_dead_state(&stat),
             Err(_) => false,
         }
     }
@@ -104,12 +106,6 @@ impl Procfs {
     }
 }
 
-/// The state letter of a `/proc/<pid>/stat` line (after the `(comm)`).
-fn state_of(stat: &str) -> Option<char> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.trim_start().chars().next()
-}
-
 /// Looks `name` up in NUL-separated `KEY=value` records.
 pub fn env_lookup(raw: &[u8], name: &str) -> Option<String> {
     raw.split(|&b| b == 0).find_map(|rec| {
@@ -151,11 +147,5 @@ mod tests {
         assert_eq!(ns_pid_of(status), Some(1));
         assert_eq!(ns_pid_of("NSpid:\t42\n"), Some(42));
         assert_eq!(ns_pid_of("Name:\tx\n"), None);
-    }
-
-    #[test]
-    fn zombie_state_is_read_after_the_comm() {
-        assert_eq!(state_of("12 (a) b) Z 1 2"), Some('Z'));
-        assert_eq!(state_of("12 (sleep) S 1"), Some('S'));
     }
 }

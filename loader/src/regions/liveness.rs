@@ -22,7 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::identity::Identity;
+use vgpu_common::identity::{is_dead_state, state, Identity};
 use vgpu_common::region::ProcSlot;
 
 /// How a liveness answer was reached.
@@ -61,12 +61,8 @@ pub fn proc_alive(pid: i64) -> bool {
         return false;
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state is the first field after the parenthesised command.
-        Ok(stat) => !matches!(
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.trim_start().chars().next()),
-            Some('Z' | 'X' | 'x') | None
-        ),
+        // A line with no state is no live process either.
+        Ok(stat) => state(&stat).is_some() && !is_dead_state(&stat),
         Err(_) => false,
     }
 }
