@@ -4,8 +4,8 @@
 //! (`sm::after_launch`, which closes a timing sample). A successful launch
 //! is counted in the process's slot on its device (`vgpu top`'s
 //! launches/s): one relaxed increment, nothing without a slot; the device
-//! is 0 without asking the driver when the process sees one device, else
-//! the current context's.
+//! is the one the limiter found, or 0 without asking the driver when the
+//! process sees one device, else the current context's.
 
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::AtomicUsize;
@@ -21,11 +21,11 @@ fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     crate::suspend::ensure_running();
     let ticket = before_launch(&launch);
     let rc = call();
-    after_launch(ticket, rc);
+    let limited_on = after_launch(ticket, rc);
     count_launch(
         rc,
         crate::state::attached().and_then(|p| p.att.slot()),
-        launch_device,
+        || limited_on.or_else(launch_device),
     );
     rc
 }

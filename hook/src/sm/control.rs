@@ -47,6 +47,13 @@ pub struct Ticket {
     mark: Option<usize>,
 }
 
+impl Ticket {
+    /// The device the launch was admitted on.
+    pub fn dev(&self) -> usize {
+        self.dev
+    }
+}
+
 /// The launch as the controller sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Work {

@@ -157,10 +157,13 @@ pub fn before_launch(launch: &Launch) -> Option<Ticket> {
     controller().before(&launch.work())
 }
 
-/// Called after every launch with the driver's result.
+/// Called after every launch with the driver's result. Returns the device
+/// the limiter found the launch on, if it looked (so the caller need not
+/// ask the driver again).
 #[inline]
-pub fn after_launch(ticket: Option<Ticket>, rc: CUresult) {
-    if let Some(t) = ticket {
-        controller().after(t, rc == CUDA_SUCCESS);
-    }
+pub fn after_launch(ticket: Option<Ticket>, rc: CUresult) -> Option<usize> {
+    let t = ticket?;
+    let dev = t.dev();
+    controller().after(t, rc == CUDA_SUCCESS);
+    Some(dev)
 }
