@@ -16,8 +16,9 @@ pub const UTILIZATION_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 pub const TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 /// 0 errors … 4 debug.
 pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
-/// Container-visible device list.
-pub const VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
+/// The container runtime's device list; HAMi's device plugin sets it to the
+/// UUIDs of the devices it allocated, in the order of the `_<N>` limits.
+pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// A directory shared by every container of the node, where limited
 /// containers on one GPU agree on their turns (vgpu's own; unset or empty:
 /// the container does not take turns). HAMi's device plugin bind-mounts

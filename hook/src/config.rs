@@ -8,14 +8,6 @@ use vgpu_common::env as names;
 use vgpu_common::limit::{device_limits, parse_percent, parse_size, LimitError};
 use vgpu_common::region::{policy, MAX_DEVICES};
 
-/// One entry of `CUDA_VISIBLE_DEVICES`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Visible {
-    Index(u32),
-    /// A UUID or UUID prefix (`GPU-…`, `MIG-…`).
-    Uuid(String),
-}
-
 #[derive(Debug, Clone)]
 pub struct Config {
     pub region_path: PathBuf,
@@ -35,8 +27,9 @@ pub struct Config {
     pub sm_limit: [u64; MAX_DEVICES],
     pub priority: i32,
     pub policy: i32,
-    /// `None` when `CUDA_VISIBLE_DEVICES` is unset (identity mapping).
-    pub visible: Option<Vec<Visible>>,
+    /// `NVIDIA_VISIBLE_DEVICES`: the container's devices in index order when
+    /// it lists UUIDs (`crate::devices`).
+    pub nvidia_visible: Option<String>,
     /// Problems found while reading the environment, reported once at init.
     pub errors: Vec<LimitError>,
     pub other_errors: Vec<String>,
@@ -81,7 +74,7 @@ impl Config {
             None if priority_stated => Some(PathBuf::from(names::SM_NODE_DIR_HAMI)),
             _ => None,
         };
-        let visible = lookup(names::VISIBLE_DEVICES).map(|v| parse_visible(&v));
+        let nvidia_visible = lookup(names::NVIDIA_VISIBLE_DEVICES);
         let mut errors = mem.errors;
         errors.extend(sm.errors);
         Self {
@@ -93,7 +86,7 @@ impl Config {
             sm_limit: sm.values,
             priority,
             policy,
-            visible,
+            nvidia_visible,
             errors,
             other_errors,
         }
@@ -111,26 +104,6 @@ impl Config {
             vlog!(crate::log::ERROR, "{e}");
         }
     }
-}
-
-/// Parses `CUDA_VISIBLE_DEVICES` the way the driver does: a comma list of
-/// ordinals or UUIDs, stopping at the first invalid entry.
-pub fn parse_visible(v: &str) -> Vec<Visible> {
-    let mut out = Vec::new();
-    for item in v.split(',') {
-        let item = item.trim();
-        if item.is_empty() {
-            break;
-        }
-        if let Ok(n) = item.parse::<u32>() {
-            out.push(Visible::Index(n));
-        } else if item.starts_with("GPU-") || item.starts_with("MIG-") {
-            out.push(Visible::Uuid(item.to_owned()));
-        } else {
-            break;
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -190,17 +163,5 @@ mod tests {
         assert!(!c.turns);
         let c = cfg(None, None);
         assert!(c.node_dir.is_none() && !c.turns && !c.priority_stated);
-    }
-
-    #[test]
-    fn visible_devices() {
-        assert_eq!(
-            parse_visible("2,0"),
-            vec![Visible::Index(2), Visible::Index(0)]
-        );
-        assert_eq!(
-            parse_visible("GPU-abc,1,x,3"),
-            vec![Visible::Uuid("GPU-abc".into()), Visible::Index(1)]
-        );
     }
 }

@@ -4,8 +4,8 @@
 //! (`sm::after_launch`, which closes a timing sample). A successful launch
 //! is counted in the process's slot on its device (`vgpu top`'s
 //! launches/s): one relaxed increment, nothing without a slot; the device
-//! is the one the limiter found, or 0 without asking the driver when the
-//! process sees one device, else the current context's.
+//! is the one the limiter found, or without asking the driver the only one
+//! when the process sees one device, else the current context's.
 
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::AtomicUsize;
@@ -30,22 +30,22 @@ fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     rc
 }
 
-/// The process's CUDA device count (`cuDeviceGetCount` at `cuInit`); 0 =
-/// not known yet.
-static DEVICES: AtomicUsize = AtomicUsize::new(0);
+/// 1 + the container index of the process's only CUDA device (read at
+/// `cuInit`); 0 = several devices, or not known yet.
+static SINGLE: AtomicUsize = AtomicUsize::new(0);
 
-/// Records the process's device count (at `cuInit`).
-pub fn see_device_count(n: usize) {
-    DEVICES.store(n, Relaxed);
+/// Records the container index of the process's only device (at `cuInit`).
+pub fn see_single_device(index: Option<usize>) {
+    SINGLE.store(index.map_or(0, |i| i + 1), Relaxed);
 }
 
-/// The device a launch runs on: 0 when the process sees one device (a
+/// The device a launch runs on: the only one when the process sees one (a
 /// container is most often given one GPU: no driver query), else the
 /// current context's.
 #[inline]
 fn launch_device() -> Option<usize> {
-    if DEVICES.load(Relaxed) == 1 {
-        return Some(0);
+    if let Some(i) = SINGLE.load(Relaxed).checked_sub(1) {
+        return Some(i);
     }
     crate::sm::sys::current_context_device().map(|(_, dev)| dev)
 }

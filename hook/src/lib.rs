@@ -10,6 +10,7 @@ mod log;
 pub(crate) mod real;
 
 pub(crate) mod config;
+mod devices;
 pub(crate) mod exports;
 pub(crate) mod ffi;
 mod launch;

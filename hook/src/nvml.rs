@@ -3,16 +3,15 @@
 //! `nvmlDeviceGetMemoryInfo(_v2)` show the limit as total and the
 //! container's usage as used.
 
-use std::ffi::{c_char, c_uint, CStr};
+use std::ffi::c_uint;
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::region::{SharedRegion, MAX_DEVICES, UUID_LEN};
+use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
-use crate::config::Visible;
 use crate::ffi::*;
 use crate::memory::info::virtual_info;
 use crate::region::usage;
-use crate::state::{config, process};
+use crate::state::process;
 
 fn after_init(rc: nvmlReturn_t) -> nvmlReturn_t {
     if rc == NVML_SUCCESS {
@@ -38,47 +37,11 @@ pub fn init_with_flags(flags: c_uint) -> nvmlReturn_t {
     after_init(real_nvml!(nvmlInitWithFlags(flags)))
 }
 
-fn uuid_of(dev: nvmlDevice_t) -> Option<String> {
-    let mut buf = [0 as c_char; UUID_LEN];
-    if real_nvml!(nvmlDeviceGetUUID(dev, buf.as_mut_ptr(), UUID_LEN as c_uint)) != NVML_SUCCESS {
-        return None;
-    }
-    buf[UUID_LEN - 1] = 0;
-    // SAFETY: `buf` is NUL-terminated (forced above) and lives for the call.
-    let s = unsafe { CStr::from_ptr(buf.as_ptr()) };
-    s.to_str().ok().map(str::to_owned)
-}
-
-fn handle_by_index(i: u32) -> Option<nvmlDevice_t> {
-    let mut h: nvmlDevice_t = std::ptr::null_mut();
-    (real_nvml!(nvmlDeviceGetHandleByIndex_v2(i, &mut h)) == NVML_SUCCESS).then_some(h)
-}
-
-/// The NVML UUIDs in CUDA ordinal order (`CUDA_VISIBLE_DEVICES` applied).
-fn visible_uuids() -> Vec<String> {
-    let mut count: c_uint = 0;
-    if real_nvml!(nvmlDeviceGetCount_v2(&mut count)) != NVML_SUCCESS {
-        return Vec::new();
-    }
-    let all: Vec<String> = (0..count)
-        .filter_map(|i| handle_by_index(i).and_then(uuid_of))
-        .collect();
-    match &config().visible {
-        None => all,
-        Some(list) => list
-            .iter()
-            .filter_map(|v| match v {
-                Visible::Index(i) => all.get(*i as usize).cloned(),
-                Visible::Uuid(prefix) => {
-                    all.iter().find(|u| u.starts_with(prefix.as_str())).cloned()
-                }
-            })
-            .collect(),
-    }
-}
-
 fn fill_from_nvml(r: &SharedRegion) {
-    let uuids = visible_uuids();
+    let uuids = crate::devices::container_order(
+        crate::state::config().nvidia_visible.as_deref(),
+        &crate::devices::nvml_uuids(),
+    );
     let n = uuids.len().min(MAX_DEVICES);
     for (i, u) in uuids.iter().take(n).enumerate() {
         r.set_uuid(i, u.as_bytes());
@@ -88,11 +51,11 @@ fn fill_from_nvml(r: &SharedRegion) {
     }
 }
 
-/// The CUDA ordinal (region index) of an NVML device: its UUID's position
-/// in the region, else its position under `CUDA_VISIBLE_DEVICES`.
-fn cuda_ordinal(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
-    let uuid = uuid_of(dev);
-    if let Some(u) = &uuid {
+/// The container index (`crate::devices`) of an NVML device: its UUID's
+/// position in the region, else its NVML index (NVML lists the container's
+/// devices in the container's order).
+fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
+    if let Some(u) = crate::devices::nvml_uuid(dev) {
         let n = (r.device_num.load(SeqCst) as usize).min(MAX_DEVICES);
         for i in 0..n {
             let (bytes, len) = r.uuid(i);
@@ -105,16 +68,7 @@ fn cuda_ordinal(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
     if real_nvml!(nvmlDeviceGetIndex(dev, &mut index)) != NVML_SUCCESS {
         return None;
     }
-    match &config().visible {
-        None => Some(index as usize),
-        Some(list) => list.iter().position(|v| match v {
-            Visible::Index(i) => *i == index,
-            Visible::Uuid(prefix) => uuid
-                .as_deref()
-                .is_some_and(|u| u.starts_with(prefix.as_str())),
-        }),
-    }
-    .filter(|i| *i < MAX_DEVICES)
+    Some(index as usize).filter(|i| *i < MAX_DEVICES)
 }
 
 /// `(total, free, used)` to report for `dev`, or `None` to leave the
@@ -122,7 +76,7 @@ fn cuda_ordinal(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
 fn virtualise(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64, u64, u64)> {
     let p = process()?;
     let r = p.att.region();
-    let i = cuda_ordinal(r, dev)?;
+    let i = container_index(r, dev)?;
     let limit = usage::limit(r, i);
     if limit == 0 {
         return None;

@@ -4,6 +4,9 @@
  * -lcuda -ldl). Functions a driver may lack are resolved with dlsym, so the
  * program always links; a missing one reports rc 500 (CUDA_ERROR_NOT_FOUND).
  *
+ * Every subcommand may be preceded by `-d <ordinal>`: the CUDA device it works
+ * on (default 0).
+ *
  *   hook_mem limit <alloc|pitch|managed|create|async|pool|array|mipmap|graph|ipc> [ipc-handle-hex]
  *       exact-limit scenario: with F free after the context, fill F-S, the
  *       entry point with S bytes must succeed; with one byte more in use it
@@ -133,11 +136,12 @@ typedef CUresult (*ctx_destroy_t)(CUcontext);
 typedef CUresult (*ctx_current_t)(CUcontext *);
 
 static CUdevice dev;
+static int ordinal = 0;
 
 static int context(void) {
     CUcontext ctx;
     CUresult r;
-    if ((r = cuInit(0)) || (r = cuDeviceGet(&dev, 0)) ||
+    if ((r = cuInit(0)) || (r = cuDeviceGet(&dev, ordinal)) ||
         (r = cuDevicePrimaryCtxRetain(&ctx, dev)) || (r = cuCtxSetCurrent(ctx))) {
         printf("context failed: %d\n", (int)r);
         return 1;
@@ -378,6 +382,11 @@ static int ctxdestroy(void) {
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 3 && !strcmp(argv[1], "-d")) {
+        ordinal = atoi(argv[2]);
+        argv += 2;
+        argc -= 2;
+    }
     if (argc >= 3 && !strcmp(argv[1], "limit")) {
         if (!strcmp(argv[2], "ipc") && (argc < 4 || hex_handle(argv[3]))) return 2;
         return limit(argv[2]);
@@ -414,7 +423,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "ctxdestroy")) return ctxdestroy();
     if (argc >= 2 && !strcmp(argv[1], "info")) {
         size_t f = 0, t = 0, tm = 0;
-        if (cuInit(0) || cuDeviceGet(&dev, 0)) return 1;
+        if (cuInit(0) || cuDeviceGet(&dev, ordinal)) return 1;
         CUresult r1 = cuDeviceTotalMem_v2(&tm, dev);
         if (context()) return 1;
         CUresult r2 = cuMemGetInfo_v2(&f, &t);

@@ -1,7 +1,9 @@
 /* NVML as nvidia-smi reaches it: dlopen("libnvidia-ml.so.1") + dlsym, no
  * link-time dependency. Needs no CUDA headers.
- *   hook_nvml info          print total/used/free of device 0 (v1 and v2 structs)
- *   hook_nvml watch <ms>    sample device 0's used memory for <ms>, print the maximum */
+ *   hook_nvml [-i <index>] info          print total/used/free of device 0 (or <index>)
+ *                                        (v1 and v2 structs)
+ *   hook_nvml [-i <index>] watch <ms>    sample the device's used memory for <ms>, print
+ *                                        the maximum */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -25,6 +27,12 @@ typedef nvmlReturn_t (*mem_t)(nvmlDevice_t, nvmlMemory_t *);
 typedef nvmlReturn_t (*mem2_t)(nvmlDevice_t, nvmlMemory_v2_t *);
 
 int main(int argc, char **argv) {
+    unsigned int index = 0;
+    if (argc >= 3 && !strcmp(argv[1], "-i")) {
+        index = (unsigned int)atoi(argv[2]);
+        argv += 2;
+        argc -= 2;
+    }
     void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
     if (!h) {
         printf("FAIL dlopen: %s\n", dlerror());
@@ -35,7 +43,7 @@ int main(int argc, char **argv) {
     mem_t mem = (mem_t)dlsym(h, "nvmlDeviceGetMemoryInfo");
     mem2_t mem2 = (mem2_t)dlsym(h, "nvmlDeviceGetMemoryInfo_v2");
     nvmlDevice_t d;
-    if (!init || !by_index || !mem || init() != 0 || by_index(0, &d) != 0) {
+    if (!init || !by_index || !mem || init() != 0 || by_index(index, &d) != 0) {
         printf("FAIL nvml init\n");
         return 1;
     }

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::driver::{cuda_uuid, Driver, Real};
+use super::driver::{Driver, Real};
 use super::track::Entry;
 use super::uncounted;
 use crate::ffi::*;
@@ -240,25 +240,35 @@ pub fn init(flags: std::ffi::c_uint) -> CUresult {
     rc
 }
 
-/// Writes `device_num` and `uuids[]` (CUDA ordinal order) into the region.
+/// Writes `device_num` and `uuids[]` (the container's devices, in its
+/// index order: `crate::devices`) into the region.
 pub fn fill_device_info(p: &Process) {
     let mut count: std::ffi::c_int = 0;
     if real_cuda!(cuDeviceGetCount(&mut count)) != CUDA_SUCCESS || count <= 0 {
         return;
     }
-    crate::launch::see_device_count(count as usize);
-    let n = (count as usize).min(MAX_DEVICES);
+    let single = if count == 1 {
+        crate::devices::index_of(0)
+    } else {
+        None
+    };
+    crate::launch::see_single_device(single);
+    let Some(devices) = crate::devices::get() else {
+        return;
+    };
+    let uuids = devices.container();
+    let n = uuids.len().min(MAX_DEVICES);
     let r = p.att.region();
-    for dev in 0..n {
-        if let Some(u) = cuda_uuid(dev) {
-            r.set_uuid(dev, u.as_bytes());
-        }
+    for (dev, u) in uuids.iter().take(n).enumerate() {
+        r.set_uuid(dev, u.as_bytes());
     }
-    r.device_num.store(n as u64, SeqCst);
+    if n > 0 {
+        r.device_num.store(n as u64, SeqCst);
+    }
 }
 
 fn dev_index(dev: CUdevice) -> Option<usize> {
-    usize::try_from(dev).ok().filter(|d| *d < MAX_DEVICES)
+    crate::devices::index_of(dev)
 }
 
 pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use crate::ffi::*;
 
 pub trait Driver {
-    /// The CUDA ordinal of the current context's device.
+    /// The container index (`crate::devices`) of the current context's
+    /// device.
     fn current_device(&self) -> Option<usize>;
     /// The size of the allocation that contains `ptr`.
     fn allocation_size(&self, ptr: CUdeviceptr) -> Option<u64>;
@@ -61,8 +62,10 @@ pub fn current_context() -> u64 {
 impl Driver for Real {
     fn current_device(&self) -> Option<usize> {
         let mut dev: CUdevice = -1;
-        let rc = real_cuda!(cuCtxGetDevice(&mut dev));
-        (rc == CUDA_SUCCESS && dev >= 0).then_some(dev as usize)
+        if real_cuda!(cuCtxGetDevice(&mut dev)) != CUDA_SUCCESS {
+            return None;
+        }
+        crate::devices::index_of(dev)
     }
 
     fn allocation_size(&self, ptr: CUdeviceptr) -> Option<u64> {
@@ -73,14 +76,14 @@ impl Driver for Real {
     }
 
     fn device_used(&self, dev: usize) -> Option<u64> {
-        let handle = nvml_handle_for_cuda(dev)?;
+        let handle = crate::devices::nvml_handle(dev)?;
         let mut m = nvmlMemory_t::default();
         let rc = real_nvml!(nvmlDeviceGetMemoryInfo(handle, &mut m));
         (rc == NVML_SUCCESS).then_some(m.used)
     }
 
     fn processes(&self, dev: usize) -> Option<Vec<(u32, u64)>> {
-        running_processes(nvml_handle_for_cuda(dev)?)
+        running_processes(crate::devices::nvml_handle(dev)?)
     }
 
     fn own_host_pid(&self) -> Option<u32> {
@@ -222,42 +225,9 @@ impl Drop for NodeLock {
     }
 }
 
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, NVML's UUID spelling.
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
-/// The UUID of CUDA device ordinal `dev`.
-pub fn cuda_uuid(dev: usize) -> Option<String> {
-    let mut d: CUdevice = 0;
-    if real_cuda!(cuDeviceGet(&mut d, dev as std::ffi::c_int)) != CUDA_SUCCESS {
-        return None;
-    }
-    let mut u = CUuuid::default();
-    (real_cuda!(cuDeviceGetUuid_v2(&mut u, d)) == CUDA_SUCCESS).then(|| format_uuid(&u.bytes))
-}
-
 /// Initialises the real NVML once for the hook's own use (never shut down,
 /// so the application's own init/shutdown pairs are unaffected).
 pub fn nvml_ready() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| real_nvml!(nvmlInit_v2()) == NVML_SUCCESS)
-}
-
-/// The NVML handle of CUDA ordinal `dev`, matched by UUID.
-pub fn nvml_handle_for_cuda(dev: usize) -> Option<nvmlDevice_t> {
-    if !nvml_ready() {
-        return None;
-    }
-    let uuid = std::ffi::CString::new(cuda_uuid(dev)?).ok()?;
-    let mut h: nvmlDevice_t = std::ptr::null_mut();
-    (real_nvml!(nvmlDeviceGetHandleByUUID(uuid.as_ptr(), &mut h)) == NVML_SUCCESS).then_some(h)
 }

@@ -30,7 +30,7 @@ pub fn add_mem_alloc_node(
         )
     };
     let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
-        Some(loc.id as usize)
+        crate::devices::index_of(loc.id)
     } else {
         Real.current_device()
     };

@@ -44,7 +44,7 @@ pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
     if rc != CUDA_SUCCESS || bytes.is_null() {
         return rc;
     }
-    let (Some(p), Ok(d)) = (process(), usize::try_from(dev)) else {
+    let (Some(p), Some(d)) = (process(), crate::devices::index_of(dev)) else {
         return rc;
     };
     let lim = usage::limit(p.att.region(), d);

@@ -1,6 +1,7 @@
 //! `cuMemCreate` / `cuMemRelease`: physical allocations of the virtual
 //! memory API, counted when their location is a device, keyed by handle.
-//! The device is `prop->location.id` (the ordinal the allocation lives on).
+//! The device is `prop->location.id` (the CUDA ordinal the allocation lives
+//! on, translated to the container's index).
 
 use super::{counted, uncounted};
 use crate::ffi::*;
@@ -23,8 +24,7 @@ pub fn mem_create(
     if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 {
         return forward();
     }
-    let dev = loc.id as usize;
-    let Some(p) = process().filter(|_| dev < vgpu_common::region::MAX_DEVICES) else {
+    let (Some(p), Some(dev)) = (process(), crate::devices::index_of(loc.id)) else {
         return forward();
     };
     counted(p, &p.handles, dev, size as u64, Kind::Data, || {

@@ -45,7 +45,8 @@ pub trait Clock: Sync {
 
 /// The current context and the real driver's timing events.
 pub trait Events: Sync {
-    /// The current context (as an opaque key) and its CUDA device ordinal.
+    /// The current context (as an opaque key) and its device's container
+    /// index (`crate::devices`).
     fn current(&self) -> Option<(usize, usize)>;
     /// A timing event in the current context.
     fn create_event(&self) -> Option<usize>;
@@ -197,9 +198,9 @@ thread_local! {
 #[derive(Debug, Default)]
 pub struct Real {
     buckets: OnceLock<&'static SmShared>,
-    /// NVML handles by CUDA ordinal (0: not looked up yet).
+    /// NVML handles by container device index (0: not looked up yet).
     nvml: [AtomicUsize; MAX_DEVICES],
-    /// The node's tables by CUDA ordinal, opened once.
+    /// The node's tables by container device index, opened once.
     nodes: [OnceLock<Option<&'static NodeFile>>; MAX_DEVICES],
 }
 
@@ -209,7 +210,7 @@ impl Real {
         let slot = self.nvml.get(dev)?;
         let mut h = slot.load(Relaxed) as nvmlDevice_t;
         if h.is_null() {
-            h = crate::memory::driver::nvml_handle_for_cuda(dev)?;
+            h = crate::devices::nvml_handle(dev)?;
             slot.store(h as usize, Relaxed);
         }
         Some(h)
@@ -270,11 +271,12 @@ pub fn current_context_device() -> Option<(usize, usize)> {
         return Some((c, d));
     }
     let mut dev: CUdevice = -1;
-    if real_cuda!(cuCtxGetDevice(&mut dev)) != CUDA_SUCCESS || dev < 0 {
+    if real_cuda!(cuCtxGetDevice(&mut dev)) != CUDA_SUCCESS {
         return None;
     }
-    let _ = CTX_DEV.try_with(|x| x.set((key, dev as usize)));
-    Some((key, dev as usize))
+    let dev = crate::devices::index_of(dev)?;
+    let _ = CTX_DEV.try_with(|x| x.set((key, dev)));
+    Some((key, dev))
 }
 
 impl Events for Real {
@@ -409,7 +411,7 @@ impl NodeTable for Real {
             if !dir.is_dir() {
                 return None;
             }
-            let path = node::path_for(dir, &crate::memory::driver::cuda_uuid(dev)?);
+            let path = node::path_for(dir, &crate::devices::uuid(dev)?);
             match node::open(&path) {
                 Ok(n) => Some(n),
                 Err(e) => {

@@ -11,8 +11,7 @@ use vgpu_common::region::MAX_DEVICES;
 /// HAMi's per-container opt-in to having processes over their limit killed
 /// (its library reads it and never acts on it).
 pub const ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
-/// The device plugin's list of the container's GPUs.
-pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+pub use vgpu_common::env::NVIDIA_VISIBLE_DEVICES;
 
 /// No SM limit, as the hook stores it.
 pub const SM_NONE: u64 = 100;

@@ -269,8 +269,11 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut Handle) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     guard(|| {
-        let (_, dev) = with(|d| d.current_ctx())?;
-        put!(device, dev as CUdevice);
+        let ordinal = with(|d| {
+            let (_, dev) = d.current_ctx()?;
+            d.ordinal(dev)
+        })?;
+        put!(device, ordinal as CUdevice);
         Ok(())
     })
 }

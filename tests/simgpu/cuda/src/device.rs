@@ -38,8 +38,8 @@ pub unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
     guard(|| {
-        let d = with(|d| d.dev(ordinal))?;
-        put!(device, d as CUdevice);
+        with(|d| d.dev(ordinal))?;
+        put!(device, ordinal as CUdevice);
         Ok(())
     })
 }
@@ -48,7 +48,7 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> C
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     guard(|| {
-        let n = with(|d| Ok(d.cfg.devices))?;
+        let n = with(|d| Ok(d.visible.len()))?;
         put!(count, n as c_int);
         Ok(())
     })
@@ -101,12 +101,14 @@ pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
 ) -> CUresult {
     guard(|| {
         let want = cstr!(bus_id).to_ascii_lowercase();
-        let n = with(|d| Ok(d.cfg.devices))?;
-        let found = (0..n).find(|&i| {
-            let id = simgpu::model::pci_bus_id(i).to_ascii_lowercase();
-            id == want || id.strip_prefix("0000:") == Some(want.as_str())
-        });
-        put!(dev, found.ok_or(CuErr::InvalidValue)? as CUdevice);
+        let ordinal = with(|d| {
+            let found = d.visible.iter().position(|&i| {
+                let id = simgpu::model::pci_bus_id(i).to_ascii_lowercase();
+                id == want || id.strip_prefix("0000:") == Some(want.as_str())
+            });
+            found.ok_or(CuErr::InvalidValue)
+        })?;
+        put!(dev, ordinal as CUdevice);
         Ok(())
     })
 }

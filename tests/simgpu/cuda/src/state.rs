@@ -75,6 +75,8 @@ pub(crate) struct Driver {
     pub slot: u32,
     pub cfg: DeviceConfig,
     pub pcfg: ProcessConfig,
+    /// The physical device of each CUDA ordinal (`CUDA_VISIBLE_DEVICES`).
+    pub visible: Vec<u32>,
     next_handle: usize,
     next_addr: u64,
     pub ctxs: HashMap<Handle, Ctx>,
@@ -158,6 +160,10 @@ pub(crate) fn init() -> Result<(), CuErr> {
         slot,
         cfg,
         primary: vec![Primary::default(); cfg.devices as usize],
+        visible: visible_devices(
+            std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            cfg.devices,
+        ),
         pcfg,
         next_handle: 0,
         next_addr: 0x3000_0000_0000,
@@ -178,6 +184,30 @@ pub(crate) fn init() -> Result<(), CuErr> {
         captures: HashMap::new(),
     });
     Ok(())
+}
+
+/// The physical devices `CUDA_VISIBLE_DEVICES` names, in its order, as the
+/// driver reads it: ordinals or UUID prefixes, up to the first entry that
+/// names no device; all devices when unset.
+fn visible_devices(var: Option<&str>, devices: u32) -> Vec<u32> {
+    let Some(var) = var else {
+        return (0..devices).collect();
+    };
+    let mut out = Vec::new();
+    for item in var.split(',').map(str::trim) {
+        let found = match item.parse::<u32>() {
+            Ok(i) => (i < devices).then_some(i),
+            Err(_) if item.starts_with("GPU-") => {
+                (0..devices).find(|&d| simgpu::model::device_uuid_string(d).starts_with(item))
+            }
+            Err(_) => None,
+        };
+        match found {
+            Some(d) if !out.contains(&d) => out.push(d),
+            _ => break,
+        }
+    }
+    out
 }
 
 extern "C" fn fork_prepare() {
@@ -268,13 +298,21 @@ impl Driver {
         base
     }
 
-    /// Validates a device ordinal.
+    /// The physical device of a CUDA ordinal.
     pub fn dev(&self, dev: i32) -> Result<u32, CuErr> {
-        if dev >= 0 && (dev as u32) < self.cfg.devices {
-            Ok(dev as u32)
-        } else {
-            Err(CuErr::InvalidDevice)
-        }
+        usize::try_from(dev)
+            .ok()
+            .and_then(|i| self.visible.get(i).copied())
+            .ok_or(CuErr::InvalidDevice)
+    }
+
+    /// The CUDA ordinal of a physical device this process sees.
+    pub fn ordinal(&self, phys: u32) -> Result<i32, CuErr> {
+        self.visible
+            .iter()
+            .position(|&p| p == phys)
+            .map(|i| i as i32)
+            .ok_or(CuErr::InvalidDevice)
     }
 
     /// The current context of the calling thread and its device.
@@ -356,4 +394,19 @@ pub(crate) fn unmap_host(p: usize, len: usize) {
     // SAFETY: `p`/`len` describe a mapping made by map_host that the
     // caller has just removed from its tables, so nothing refers to it.
     unsafe { libc::munmap(p as *mut libc::c_void, len.max(1)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible_devices;
+
+    #[test]
+    fn visible_devices_reads_ordinals_and_uuids_up_to_the_first_bad_entry() {
+        assert_eq!(visible_devices(None, 3), vec![0, 1, 2]);
+        assert_eq!(visible_devices(Some("2,0"), 3), vec![2, 0]);
+        let u1 = simgpu::model::device_uuid_string(1);
+        assert_eq!(visible_devices(Some(&format!("{u1},0")), 3), vec![1, 0]);
+        assert_eq!(visible_devices(Some("1,7,0"), 3), vec![1]);
+        assert_eq!(visible_devices(Some(""), 3), Vec::<u32>::new());
+    }
 }

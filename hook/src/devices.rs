@@ -1,0 +1,256 @@
+//! The container's devices, and which of them each CUDA ordinal of this
+//! process is.
+//!
+//! Every per-device word of the shared files (the region's limits, usage
+//! and UUIDs, the sidecar's buckets) is indexed by the **container's device
+//! index**: the index HAMi's device plugin gives
+//! `CUDA_DEVICE_MEMORY_LIMIT_<i>` (the i-th device it allocated, the i-th
+//! UUID of the `NVIDIA_VISIBLE_DEVICES` it sets), which HAMi's monitor
+//! reports as `vdevice_index`. When `NVIDIA_VISIBLE_DEVICES` lists no UUIDs
+//! (outside Kubernetes, `all`, ordinals) the order is NVML's, which is the
+//! container's device order and ignores `CUDA_VISIBLE_DEVICES`.
+//!
+//! A process's CUDA ordinals follow that order only without
+//! `CUDA_VISIBLE_DEVICES`, and two processes of one container may set it
+//! differently (one process per GPU). So each device the driver names (a
+//! context's device, a VMM location, a `CUdevice` argument) is translated
+//! here, by UUID, before it indexes anything shared.
+
+use std::sync::OnceLock;
+
+use vgpu_common::region::MAX_DEVICES;
+
+use crate::ffi::*;
+
+/// The container's devices (UUIDs in container index order): the UUIDs of
+/// `nvidia_visible` when it lists UUIDs, else `nvml` (NVML's order).
+pub fn container_order(nvidia_visible: Option<&str>, nvml: &[String]) -> Vec<String> {
+    let listed: Vec<String> = nvidia_visible
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let all_uuids = !listed.is_empty()
+        && listed
+            .iter()
+            .all(|s| s.starts_with("GPU-") || s.starts_with("MIG-"));
+    if !all_uuids {
+        return nvml.to_vec();
+    }
+    // A listed prefix names the device NVML spells in full.
+    listed
+        .into_iter()
+        .map(|l| {
+            nvml.iter()
+                .find(|u| u.starts_with(l.as_str()))
+                .cloned()
+                .unwrap_or(l)
+        })
+        .collect()
+}
+
+/// The container index of each CUDA ordinal (`None`: a device the container
+/// order does not list, or whose UUID is unknown).
+pub fn ordinal_map(cuda: &[Option<String>], container: &[String]) -> Vec<Option<usize>> {
+    cuda.iter()
+        .map(|u| {
+            let u = u.as_deref()?;
+            container
+                .iter()
+                .position(|c| c == u)
+                .filter(|i| *i < MAX_DEVICES)
+        })
+        .collect()
+}
+
+/// This process's devices: the container's in index order, and the
+/// container index of each CUDA ordinal.
+#[derive(Debug)]
+pub struct Devices {
+    container: Vec<String>,
+    index_of: Vec<Option<usize>>,
+}
+
+/// Known once the driver is initialised (`cuInit`).
+static DEVICES: OnceLock<Devices> = OnceLock::new();
+
+impl Devices {
+    /// Reads the devices from the driver and NVML; `None` before `cuInit`.
+    fn load() -> Option<Self> {
+        let mut count: std::ffi::c_int = 0;
+        if real_cuda!(cuDeviceGetCount(&mut count)) != CUDA_SUCCESS {
+            return None;
+        }
+        let cuda: Vec<Option<String>> = (0..count.max(0) as usize).map(cuda_uuid).collect();
+        let mut container = container_order(
+            crate::state::config().nvidia_visible.as_deref(),
+            &nvml_uuids(),
+        );
+        if container.is_empty() {
+            // No NVML: CUDA's own order is all there is.
+            container = cuda.iter().flatten().cloned().collect();
+        }
+        let index_of = ordinal_map(&cuda, &container);
+        let identity = index_of.iter().enumerate().all(|(i, d)| *d == Some(i));
+        if !identity {
+            vlog!(
+                crate::log::INFO,
+                "CUDA devices are the container's devices {index_of:?} (container order {container:?})"
+            );
+        }
+        Some(Self {
+            container,
+            index_of,
+        })
+    }
+
+    /// The container's device UUIDs, in index order.
+    pub fn container(&self) -> &[String] {
+        &self.container
+    }
+}
+
+/// The devices, loaded on the first call after `cuInit`.
+pub fn get() -> Option<&'static Devices> {
+    if let Some(d) = DEVICES.get() {
+        return Some(d);
+    }
+    let d = Devices::load()?;
+    Some(DEVICES.get_or_init(|| d))
+}
+
+/// The container index of CUDA ordinal `ordinal` (a `CUdevice`). Before
+/// `cuInit` (no device can be named then) the ordinal itself.
+pub fn index_of(ordinal: CUdevice) -> Option<usize> {
+    let o = usize::try_from(ordinal).ok()?;
+    match get() {
+        Some(d) => d.index_of.get(o).copied().flatten(),
+        None => Some(o).filter(|o| *o < MAX_DEVICES),
+    }
+}
+
+/// The UUID of the container's device `index`.
+pub fn uuid(index: usize) -> Option<String> {
+    match get() {
+        Some(d) => d.container.get(index).cloned(),
+        None => cuda_uuid(index),
+    }
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, NVML's UUID spelling.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The UUID of CUDA ordinal `ordinal`.
+fn cuda_uuid(ordinal: usize) -> Option<String> {
+    let mut d: CUdevice = 0;
+    if real_cuda!(cuDeviceGet(&mut d, ordinal as std::ffi::c_int)) != CUDA_SUCCESS {
+        return None;
+    }
+    let mut u = CUuuid::default();
+    (real_cuda!(cuDeviceGetUuid_v2(&mut u, d)) == CUDA_SUCCESS).then(|| format_uuid(&u.bytes))
+}
+
+/// The UUIDs NVML lists, in its index order (empty without NVML).
+pub fn nvml_uuids() -> Vec<String> {
+    if !crate::memory::driver::nvml_ready() {
+        return Vec::new();
+    }
+    let mut count: std::ffi::c_uint = 0;
+    if real_nvml!(nvmlDeviceGetCount_v2(&mut count)) != NVML_SUCCESS {
+        return Vec::new();
+    }
+    (0..count)
+        .filter_map(|i| {
+            let mut h: nvmlDevice_t = std::ptr::null_mut();
+            if real_nvml!(nvmlDeviceGetHandleByIndex_v2(i, &mut h)) != NVML_SUCCESS {
+                return None;
+            }
+            nvml_uuid(h)
+        })
+        .collect()
+}
+
+/// The UUID of an NVML device.
+pub fn nvml_uuid(dev: nvmlDevice_t) -> Option<String> {
+    const LEN: usize = vgpu_common::region::UUID_LEN;
+    let mut buf = [0 as std::ffi::c_char; LEN];
+    if real_nvml!(nvmlDeviceGetUUID(
+        dev,
+        buf.as_mut_ptr(),
+        LEN as std::ffi::c_uint
+    )) != NVML_SUCCESS
+    {
+        return None;
+    }
+    buf[LEN - 1] = 0;
+    // SAFETY: `buf` is NUL-terminated (forced above) and lives for the call.
+    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    s.to_str().ok().map(str::to_owned)
+}
+
+/// The NVML handle of the container's device `index`, by UUID.
+pub fn nvml_handle(index: usize) -> Option<nvmlDevice_t> {
+    if !crate::memory::driver::nvml_ready() {
+        return None;
+    }
+    let uuid = std::ffi::CString::new(uuid(index)?).ok()?;
+    let mut h: nvmlDevice_t = std::ptr::null_mut();
+    (real_nvml!(nvmlDeviceGetHandleByUUID(uuid.as_ptr(), &mut h)) == NVML_SUCCESS).then_some(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn the_container_order_is_the_device_plugins_uuid_list_else_nvmls() {
+        let nvml = s(&["GPU-aaaa-1", "GPU-bbbb-2"]);
+        assert_eq!(container_order(None, &nvml), nvml);
+        assert_eq!(container_order(Some("all"), &nvml), nvml);
+        assert_eq!(container_order(Some("1,0"), &nvml), nvml);
+        assert_eq!(
+            container_order(Some("GPU-bbbb-2,GPU-aaaa-1"), &nvml),
+            s(&["GPU-bbbb-2", "GPU-aaaa-1"])
+        );
+        assert_eq!(
+            container_order(Some("GPU-bbbb"), &nvml),
+            s(&["GPU-bbbb-2"]),
+            "a prefix names NVML's device"
+        );
+    }
+
+    #[test]
+    fn each_ordinal_maps_to_its_devices_container_index() {
+        let container = s(&["GPU-a", "GPU-b", "GPU-c"]);
+        let cuda = |v: &[&str]| v.iter().map(|x| Some(x.to_string())).collect::<Vec<_>>();
+        assert_eq!(
+            ordinal_map(&cuda(&["GPU-a", "GPU-b", "GPU-c"]), &container),
+            vec![Some(0), Some(1), Some(2)]
+        );
+        // CUDA_VISIBLE_DEVICES=2,0
+        assert_eq!(
+            ordinal_map(&cuda(&["GPU-c", "GPU-a"]), &container),
+            vec![Some(2), Some(0)]
+        );
+        assert_eq!(
+            ordinal_map(&[None, Some("GPU-x".into())], &container),
+            vec![None, None]
+        );
+    }
+}
