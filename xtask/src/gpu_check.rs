@@ -21,6 +21,7 @@ pub fn run(args: &Args) -> Result<()> {
     let dist = build::run(&build::Args::default())?;
     let stage = util::root().join(".device/dist");
     let _ = std::fs::remove_dir_all(&stage);
+    std::fs::create_dir_all(util::root().join(".device")).context("create .device")?;
     util::run(Command::new("cp").arg("-a").arg(&dist).arg(&stage))
         .context("stage target/dist into .device/dist")?;
     let script = util::root().join("scripts/gpu-check.sh");
