@@ -22,7 +22,9 @@
 #                                        (paired: host drift cancels); VARIANTS as above
 #   bash scripts/gpu-check.sh prio       a latency-bound service beside a trainer (issue 16): service
 #                                        p50/p99 and trainer throughput alone, unlimited, at 30/70 and
-#                                        with priorities 0/1 (VARIANTS: other builds at 30/70 too)
+#                                        with priorities 0/1 (VARIANTS: other builds at 30/70 too;
+#                                        PRIO_EXTRA=1: also with HAMi's monitor's feedback loop
+#                                        emulated, and with `vgpu daemon` running)
 #
 # Every figure printed is measured in this run.
 set -uo pipefail
@@ -459,17 +461,31 @@ phase_pyab() {
 
 # svc_run LABEL SERVICE_ENV TRAINER_ENV: the two processes side by side
 # (either env "-": that process does not run), each its own region.
+# MONITOR=1: HAMi's monitor's feedback loop (scripts/gpu/hami_monitor.py) watches both.
 svc_run() {
-    local label=$1 senv=$2 tenv=$3 secs=${PRIO_SECONDS:-12} s="" t=""
+    local label=$1 senv=$2 tenv=$3 secs=${PRIO_SECONDS:-12} s="" t="" mp=""
+    local sdir tdir pids=()
+    sdir=$(mktemp -d "$W/svc.XXXX") tdir=$(mktemp -d "$W/svc.XXXX")
+    if [ -n "${MONITOR:-}" ]; then
+        python3 "$ROOT/scripts/gpu/hami_monitor.py" "$sdir/s.cache" "$tdir/t.cache" >"$W/monitor.log" 2>&1 &
+        mp=$!
+    fi
     if [ "$senv" != - ]; then
-        env $senv CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/svc.XXXX")/s.cache" \
+        env $senv CUDA_DEVICE_MEMORY_SHARED_CACHE="$sdir/s.cache" \
             python3 "$ROOT/scripts/gpu/svc_bench.py" service --seconds "$secs" >"$W/svc-s.txt" 2>"$W/svc-s.log" &
+        pids+=($!)
     fi
     if [ "$tenv" != - ]; then
-        env $tenv CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/svc.XXXX")/t.cache" \
+        env $tenv CUDA_DEVICE_MEMORY_SHARED_CACHE="$tdir/t.cache" \
             python3 "$ROOT/scripts/gpu/svc_bench.py" trainer --seconds "$secs" >"$W/svc-t.txt" 2>"$W/svc-t.log" &
+        pids+=($!)
     fi
-    wait
+    wait "${pids[@]}"
+    if [ -n "$mp" ]; then
+        kill "$mp"
+        wait "$mp" 2>/dev/null
+        sed 's/^/    /' "$W/monitor.log" | head -n 6
+    fi
     [ "$senv" != - ] && s=$(cat "$W/svc-s.txt")
     [ "$tenv" != - ] && t=$(awk '{print $2}' "$W/svc-t.txt")
     local share=""
@@ -501,6 +517,24 @@ phase_prio() {
     svc_run "priority 0 / 1, 30 / 70" "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=30" \
         "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=70"
     svc_run "service stops: trainer priority 1 alone" - "$hook CUDA_TASK_PRIORITY=1"
+    if [ -n "${PRIO_EXTRA:-}" ]; then
+        MONITOR=1 svc_run "HAMi monitor: 30 / 70, equal priority" "$hook CUDA_DEVICE_SM_LIMIT=30" \
+            "$hook CUDA_DEVICE_SM_LIMIT=70"
+        MONITOR=1 svc_run "HAMi monitor: priority 0 / 1, no limits" "$hook CUDA_TASK_PRIORITY=0" \
+            "$hook CUDA_TASK_PRIORITY=1"
+        MONITOR=1 svc_run "HAMi monitor: priority 0 / 1, 30 / 70" "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=30" \
+            "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=70"
+        "$DIST/vgpu" daemon --libcuda "$LIBCUDA" --state-dir "$W/state" --listen 127.0.0.1:9396 \
+            >"$W/daemon.log" 2>&1 &
+        local dp=$! t
+        for ((t = 0; t < 300; t++)); do curl -sf localhost:9396/readyz >/dev/null && break; sleep 0.1; done
+        svc_run "vgpu daemon: 30 / 70, equal priority" "$hook CUDA_DEVICE_SM_LIMIT=30" "$hook CUDA_DEVICE_SM_LIMIT=70"
+        svc_run "vgpu daemon: priority 0 / 1, no limits" "$hook CUDA_TASK_PRIORITY=0" "$hook CUDA_TASK_PRIORITY=1"
+        svc_run "vgpu daemon: priority 0 / 1, 30 / 70" "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=30" \
+            "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=70"
+        kill -INT $dp
+        wait $dp 2>/dev/null
+    fi
     rm -rf /tmp/vgpulock
 }
 
