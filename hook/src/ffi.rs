@@ -233,3 +233,34 @@ pub(crate) fn write<T>(p: *mut T, v: T) -> bool {
     unsafe { p.write_unaligned(v) };
     true
 }
+
+/// `prop->location` of the application's `CUmemAllocationProp`, if `prop`
+/// is non-NULL.
+pub(crate) fn alloc_prop_location(prop: *const CUmemAllocationProp) -> Option<CUmemLocation> {
+    if prop.is_null() {
+        return None;
+    }
+    // SAFETY: a non-NULL `prop` handed to `cuMemCreate` points to a
+    // `CUmemAllocationProp` (the API's contract); only its leading
+    // `location` field is read, unaligned-tolerant.
+    Some(unsafe { std::ptr::addr_of!((*prop).location).read_unaligned() })
+}
+
+/// `(bytesize, pool_props.location)` of the application's
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`, if `params` is non-NULL.
+pub(crate) fn alloc_node_request(
+    params: *const CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> Option<(usize, CUmemLocation)> {
+    if params.is_null() {
+        return None;
+    }
+    // SAFETY: a non-NULL `params` handed to `cuGraphAddMemAllocNode` points
+    // to the node parameters (the API's contract); two plain fields are
+    // read, unaligned-tolerant.
+    Some(unsafe {
+        (
+            std::ptr::addr_of!((*params).bytesize).read_unaligned(),
+            std::ptr::addr_of!((*params).pool_props.location).read_unaligned(),
+        )
+    })
+}

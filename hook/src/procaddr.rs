@@ -64,7 +64,7 @@ pub fn get_proc_address_v1(
     cuda_version: c_int,
     flags: u64,
 ) -> CUresult {
-    let rc = real_cuda!(cuGetProcAddress(symbol, pfn, cuda_version, flags));
+    let rc = crate::real::cuda::procaddr::get_v1(symbol, pfn, cuda_version, flags);
     finish(rc, symbol, pfn, cuda_version, flags)
 }
 
@@ -75,13 +75,7 @@ pub fn get_proc_address_v2(
     flags: u64,
     status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
-    let rc = real_cuda!(cuGetProcAddress_v2(
-        symbol,
-        pfn,
-        cuda_version,
-        flags,
-        status
-    ));
+    let rc = crate::real::cuda::procaddr::get_v2(symbol, pfn, cuda_version, flags, status);
     finish(rc, symbol, pfn, cuda_version, flags)
 }
 
