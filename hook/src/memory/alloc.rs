@@ -1,6 +1,7 @@
 //! `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`, `cuMemFree_v2`.
 
 use super::driver::Real;
+use super::limit;
 use super::{counted, target, uncounted};
 use crate::ffi::*;
 use crate::real::cuda::{mem, status};
@@ -68,7 +69,7 @@ pub fn mem_alloc_pitch(
     let actual = (read(pitch).unwrap_or(0) as u64).saturating_mul(height as u64);
     if actual < bound {
         p.att.release(dev, bound - actual, Kind::Data);
-    } else if actual > bound && !p.att.reserve(dev, actual - bound, Kind::Data) {
+    } else if actual > bound && !limit::reserve(&p.att, dev, actual - bound, Kind::Data) {
         let _ = uncounted(p, &p.ptrs, ptr, || status(mem::free(ptr)));
         return CUDA_ERROR_OUT_OF_MEMORY;
     }

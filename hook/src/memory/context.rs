@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use vgpu_common::region::MAX_DEVICES;
 
 use super::driver::{Driver, Real};
+use super::limit;
 use super::track::Entry;
 use super::uncounted;
 use crate::ffi::*;
@@ -145,7 +146,7 @@ fn reserve_then_create(
     size: u64,
     create: impl FnOnce() -> CUresult,
 ) -> (CUresult, u64) {
-    if !p.att.reserve(dev, size, Kind::Context) {
+    if !limit::reserve(&p.att, dev, size, Kind::Context) {
         return (CUDA_ERROR_OUT_OF_MEMORY, 0);
     }
     let rc = create();
@@ -224,7 +225,7 @@ pub fn counted_context(
         crate::log::INFO,
         "device {dev}: CUDA context uses {size} bytes ({m:?})"
     );
-    if !p.att.reserve(dev, size, Kind::Context) {
+    if !limit::reserve(&p.att, dev, size, Kind::Context) {
         destroy();
         return (CUDA_ERROR_OUT_OF_MEMORY, 0);
     }

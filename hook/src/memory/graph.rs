@@ -5,6 +5,7 @@
 //! else the current context's.
 
 use super::driver::{Driver, Real};
+use super::limit;
 use super::track::Entry;
 use crate::ffi::*;
 use crate::real::cuda::{graph, status};
@@ -34,7 +35,7 @@ pub fn add_mem_alloc_node(
         return call();
     };
     let bytes = bytes as u64;
-    if !p.att.reserve(dev, bytes, Kind::Data) {
+    if !limit::reserve(&p.att, dev, bytes, Kind::Data) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let rc = call();

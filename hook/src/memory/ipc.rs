@@ -3,6 +3,7 @@
 //! mapping is closed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 
 use super::driver::{Driver, Real};
+use super::limit;
 use super::target;
 use super::track::Entry;
 use super::uncounted;
@@ -25,7 +26,7 @@ pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_u
         vlog_once!(crate::log::WARN, "cannot size an IPC import; not counted");
         return rc;
     };
-    if !p.att.reserve(dev, bytes, Kind::Data) {
+    if !limit::reserve(&p.att, dev, bytes, Kind::Data) {
         let _ = mem::ipc_close(ptr);
         write(dptr, 0);
         return CUDA_ERROR_OUT_OF_MEMORY;
