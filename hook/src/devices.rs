@@ -16,6 +16,8 @@
 //! context's device, a VMM location, a `CUdevice` argument) is translated
 //! here, by UUID, before it indexes anything shared.
 
+#![forbid(unsafe_code)]
+
 use std::sync::OnceLock;
 
 use vgpu_common::region::MAX_DEVICES;

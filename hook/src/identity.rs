@@ -2,6 +2,8 @@
 //! caller's namespace sees, so the hook must know whether its own PID is
 //! the host's.
 
+#![forbid(unsafe_code)]
+
 use std::sync::OnceLock;
 
 /// `PROC_PID_INIT_INO`: the inode of the initial PID namespace.

@@ -7,6 +7,8 @@
 //! is the one the limiter found, or without asking the driver the only one
 //! when the process sees one device, else the current context's.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;

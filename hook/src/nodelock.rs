@@ -1,6 +1,8 @@
 //! The node-wide lock that serialises context measurement across the
 //! containers of a node.
 
+#![forbid(unsafe_code)]
+
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant};

@@ -3,6 +3,8 @@
 //! `nvmlDeviceGetMemoryInfo(_v2)` show the limit as total and the
 //! container's usage as used.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::c_uint;
 use std::sync::atomic::Ordering::SeqCst;
 

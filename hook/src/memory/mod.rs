@@ -4,6 +4,8 @@
 //! free releases what was counted (`uncounted`); frees of objects the hook
 //! never saw are forwarded unchanged.
 
+#![forbid(unsafe_code)]
+
 pub mod alloc;
 pub mod array;
 pub mod async_pool;
