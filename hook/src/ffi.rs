@@ -264,3 +264,15 @@ pub(crate) fn alloc_node_request(
         )
     })
 }
+
+/// Runs `f` on the application's C string `p`, if `p` is non-NULL; the
+/// borrow ends with `f`.
+pub(crate) fn with_c_str<R>(p: *const c_char, f: impl FnOnce(&std::ffi::CStr) -> R) -> Option<R> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-NULL string argument of a C API is NUL-terminated and
+    // stays valid for the call that passed it (the API's contract); the
+    // borrow does not outlive `f`, which runs within that call.
+    Some(f(unsafe { std::ffi::CStr::from_ptr(p) }))
+}

@@ -24,6 +24,7 @@ const POLICY: &[&str] = &[
     "launch.rs",
     "nodelock.rs",
     "nvml.rs",
+    "procaddr.rs",
 ];
 
 /// Tokens that are, or expand to, an `unsafe` block.
