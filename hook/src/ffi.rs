@@ -276,3 +276,45 @@ pub(crate) fn with_c_str<R>(p: *const c_char, f: impl FnOnce(&std::ffi::CStr) ->
     // borrow does not outlive `f`, which runs within that call.
     Some(f(unsafe { std::ffi::CStr::from_ptr(p) }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn application_structs_are_read_at_their_fields_and_null_is_none() {
+        let prop = CUmemAllocationProp {
+            type_: 1,
+            requested_handle_types: 0,
+            location: CUmemLocation { type_: 1, id: 3 },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        };
+        let loc = alloc_prop_location(&prop).unwrap();
+        assert_eq!((loc.type_, loc.id), (CU_MEM_LOCATION_TYPE_DEVICE, 3));
+        assert!(alloc_prop_location(std::ptr::null()).is_none());
+
+        let params = CUDA_MEM_ALLOC_NODE_PARAMS {
+            pool_props: CUmemPoolProps {
+                alloc_type: 1,
+                handle_types: 0,
+                location: CUmemLocation { type_: 1, id: 2 },
+                win32_security_attributes: std::ptr::null_mut(),
+                reserved: [0; 64],
+            },
+            access_descs: std::ptr::null(),
+            access_desc_count: 0,
+            bytesize: 12345,
+            dptr: 0,
+        };
+        let (bytes, loc) = alloc_node_request(&params).unwrap();
+        assert_eq!((bytes, loc.type_, loc.id), (12345, 1, 2));
+        assert!(alloc_node_request(std::ptr::null()).is_none());
+
+        assert_eq!(
+            with_c_str(c"cuMemAlloc".as_ptr(), |s| s.to_bytes().len()),
+            Some(10)
+        );
+        assert_eq!(with_c_str(std::ptr::null(), |_| ()), None);
+    }
+}
