@@ -16,11 +16,14 @@
 //! context's device, a VMM location, a `CUdevice` argument) is translated
 //! here, by UUID, before it indexes anything shared.
 
+#![forbid(unsafe_code)]
+
 use std::sync::OnceLock;
 
 use vgpu_common::region::MAX_DEVICES;
 
 use crate::ffi::*;
+use crate::real::{cuda, nvml};
 
 /// The container's devices (UUIDs in container index order): the UUIDs of
 /// `nvidia_visible` when it lists UUIDs, else `nvml` (NVML's order).
@@ -79,10 +82,7 @@ static DEVICES: OnceLock<Devices> = OnceLock::new();
 impl Devices {
     /// Reads the devices from the driver and NVML; `None` before `cuInit`.
     fn load() -> Option<Self> {
-        let mut count: std::ffi::c_int = 0;
-        if real_cuda!(cuDeviceGetCount(&mut count)) != CUDA_SUCCESS {
-            return None;
-        }
+        let count = cuda::device::count().ok()?;
         let cuda: Vec<Option<String>> = (0..count.max(0) as usize).map(cuda_uuid).collect();
         let mut container = container_order(
             crate::state::config().nvidia_visible.as_deref(),
@@ -154,60 +154,35 @@ pub fn format_uuid(b: &[u8; 16]) -> String {
 
 /// The UUID of CUDA ordinal `ordinal`.
 fn cuda_uuid(ordinal: usize) -> Option<String> {
-    let mut d: CUdevice = 0;
-    if real_cuda!(cuDeviceGet(&mut d, ordinal as std::ffi::c_int)) != CUDA_SUCCESS {
-        return None;
-    }
-    let mut u = CUuuid::default();
-    (real_cuda!(cuDeviceGetUuid_v2(&mut u, d)) == CUDA_SUCCESS).then(|| format_uuid(&u.bytes))
+    let d = cuda::device::get(std::ffi::c_int::try_from(ordinal).ok()?).ok()?;
+    cuda::device::uuid(d).ok().map(|u| format_uuid(&u))
 }
 
 /// The UUIDs NVML lists, in its index order (empty without NVML).
 pub fn nvml_uuids() -> Vec<String> {
-    if !crate::memory::driver::nvml_ready() {
+    if !nvml::ready() {
         return Vec::new();
     }
-    let mut count: std::ffi::c_uint = 0;
-    if real_nvml!(nvmlDeviceGetCount_v2(&mut count)) != NVML_SUCCESS {
+    let Ok(count) = nvml::device::count() else {
         return Vec::new();
-    }
+    };
     (0..count)
-        .filter_map(|i| {
-            let mut h: nvmlDevice_t = std::ptr::null_mut();
-            if real_nvml!(nvmlDeviceGetHandleByIndex_v2(i, &mut h)) != NVML_SUCCESS {
-                return None;
-            }
-            nvml_uuid(h)
-        })
+        .filter_map(|i| nvml_uuid(nvml::device::by_index(i).ok()?))
         .collect()
 }
 
 /// The UUID of an NVML device.
 pub fn nvml_uuid(dev: nvmlDevice_t) -> Option<String> {
-    const LEN: usize = vgpu_common::region::UUID_LEN;
-    let mut buf = [0 as std::ffi::c_char; LEN];
-    if real_nvml!(nvmlDeviceGetUUID(
-        dev,
-        buf.as_mut_ptr(),
-        LEN as std::ffi::c_uint
-    )) != NVML_SUCCESS
-    {
-        return None;
-    }
-    buf[LEN - 1] = 0;
-    // SAFETY: `buf` is NUL-terminated (forced above) and lives for the call.
-    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
-    s.to_str().ok().map(str::to_owned)
+    nvml::device::uuid(dev).ok()
 }
 
 /// The NVML handle of the container's device `index`, by UUID.
 pub fn nvml_handle(index: usize) -> Option<nvmlDevice_t> {
-    if !crate::memory::driver::nvml_ready() {
+    if !nvml::ready() {
         return None;
     }
     let uuid = std::ffi::CString::new(uuid(index)?).ok()?;
-    let mut h: nvmlDevice_t = std::ptr::null_mut();
-    (real_nvml!(nvmlDeviceGetHandleByUUID(uuid.as_ptr(), &mut h)) == NVML_SUCCESS).then_some(h)
+    nvml::device::by_uuid(&uuid).ok()
 }
 
 #[cfg(test)]

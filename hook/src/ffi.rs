@@ -233,3 +233,88 @@ pub(crate) fn write<T>(p: *mut T, v: T) -> bool {
     unsafe { p.write_unaligned(v) };
     true
 }
+
+/// `prop->location` of the application's `CUmemAllocationProp`, if `prop`
+/// is non-NULL.
+pub(crate) fn alloc_prop_location(prop: *const CUmemAllocationProp) -> Option<CUmemLocation> {
+    if prop.is_null() {
+        return None;
+    }
+    // SAFETY: a non-NULL `prop` handed to `cuMemCreate` points to a
+    // `CUmemAllocationProp` (the API's contract); only its leading
+    // `location` field is read, unaligned-tolerant.
+    Some(unsafe { std::ptr::addr_of!((*prop).location).read_unaligned() })
+}
+
+/// `(bytesize, pool_props.location)` of the application's
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`, if `params` is non-NULL.
+pub(crate) fn alloc_node_request(
+    params: *const CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> Option<(usize, CUmemLocation)> {
+    if params.is_null() {
+        return None;
+    }
+    // SAFETY: a non-NULL `params` handed to `cuGraphAddMemAllocNode` points
+    // to the node parameters (the API's contract); two plain fields are
+    // read, unaligned-tolerant.
+    Some(unsafe {
+        (
+            std::ptr::addr_of!((*params).bytesize).read_unaligned(),
+            std::ptr::addr_of!((*params).pool_props.location).read_unaligned(),
+        )
+    })
+}
+
+/// Runs `f` on the application's C string `p`, if `p` is non-NULL; the
+/// borrow ends with `f`.
+pub(crate) fn with_c_str<R>(p: *const c_char, f: impl FnOnce(&std::ffi::CStr) -> R) -> Option<R> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-NULL string argument of a C API is NUL-terminated and
+    // stays valid for the call that passed it (the API's contract); the
+    // borrow does not outlive `f`, which runs within that call.
+    Some(f(unsafe { std::ffi::CStr::from_ptr(p) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn application_structs_are_read_at_their_fields_and_null_is_none() {
+        let prop = CUmemAllocationProp {
+            type_: 1,
+            requested_handle_types: 0,
+            location: CUmemLocation { type_: 1, id: 3 },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            alloc_flags: [0; 8],
+        };
+        let loc = alloc_prop_location(&prop).unwrap();
+        assert_eq!((loc.type_, loc.id), (CU_MEM_LOCATION_TYPE_DEVICE, 3));
+        assert!(alloc_prop_location(std::ptr::null()).is_none());
+
+        let params = CUDA_MEM_ALLOC_NODE_PARAMS {
+            pool_props: CUmemPoolProps {
+                alloc_type: 1,
+                handle_types: 0,
+                location: CUmemLocation { type_: 1, id: 2 },
+                win32_security_attributes: std::ptr::null_mut(),
+                reserved: [0; 64],
+            },
+            access_descs: std::ptr::null(),
+            access_desc_count: 0,
+            bytesize: 12345,
+            dptr: 0,
+        };
+        let (bytes, loc) = alloc_node_request(&params).unwrap();
+        assert_eq!((bytes, loc.type_, loc.id), (12345, 1, 2));
+        assert!(alloc_node_request(std::ptr::null()).is_none());
+
+        assert_eq!(
+            with_c_str(c"cuMemAlloc".as_ptr(), |s| s.to_bytes().len()),
+            Some(10)
+        );
+        assert_eq!(with_c_str(std::ptr::null(), |_| ()), None);
+    }
+}

@@ -7,6 +7,8 @@
 //! is the one the limiter found, or without asking the driver the only one
 //! when the process sees one device, else the current context's.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -14,6 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use vgpu_common::region::ProcSlot;
 
 use crate::ffi::*;
+use crate::real::cuda::{launch as real, status};
 use crate::sm::{after_launch, before_launch, Launch, LaunchKind};
 
 /// Runs `call` between the limiter's two hook points.
@@ -119,17 +122,17 @@ macro_rules! grid_launch {
         ) -> CUresult {
             let l = kernel($kind, f, [gx, gy, gz], [bx, by, bz], stream, $per_thread);
             limited(l, || {
-                real_cuda!($real(f, gx, gy, gz, bx, by, bz, shmem, stream, params $(, $extra)?))
+                real::$real(f, [gx, gy, gz], [bx, by, bz], shmem, stream, params $(, $extra)?)
             })
         }
     };
 }
 
-grid_launch!(launch_kernel => cuLaunchKernel, LaunchKind::Kernel, false, extra);
-grid_launch!(launch_kernel_ptsz => cuLaunchKernel_ptsz, LaunchKind::Kernel, true, extra);
-grid_launch!(launch_cooperative => cuLaunchCooperativeKernel, LaunchKind::Cooperative, false);
+grid_launch!(launch_kernel => kernel, LaunchKind::Kernel, false, extra);
+grid_launch!(launch_kernel_ptsz => kernel_ptsz, LaunchKind::Kernel, true, extra);
+grid_launch!(launch_cooperative => cooperative, LaunchKind::Cooperative, false);
 grid_launch!(
-    launch_cooperative_ptsz => cuLaunchCooperativeKernel_ptsz,
+    launch_cooperative_ptsz => cooperative_ptsz,
     LaunchKind::Cooperative,
     true
 );
@@ -141,7 +144,7 @@ pub fn launch_kernel_ex(
     extra: *mut *mut c_void,
 ) -> CUresult {
     limited(ex(config, f, false), || {
-        real_cuda!(cuLaunchKernelEx(config, f, params, extra))
+        real::kernel_ex(config, f, params, extra)
     })
 }
 
@@ -152,7 +155,7 @@ pub fn launch_kernel_ex_ptsz(
     extra: *mut *mut c_void,
 ) -> CUresult {
     limited(ex(config, f, true), || {
-        real_cuda!(cuLaunchKernelEx_ptsz(config, f, params, extra))
+        real::kernel_ex_ptsz(config, f, params, extra)
     })
 }
 
@@ -162,13 +165,13 @@ fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
 
 pub fn graph_launch(exec: CUgraphExec, stream: CUstream) -> CUresult {
     limited(graph(exec, stream, false), || {
-        real_cuda!(cuGraphLaunch(exec, stream))
+        status(real::graph(exec, stream))
     })
 }
 
 pub fn graph_launch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
     limited(graph(exec, stream, true), || {
-        real_cuda!(cuGraphLaunch_ptsz(exec, stream))
+        status(real::graph_ptsz(exec, stream))
     })
 }
 

@@ -1,8 +1,11 @@
 //! libvgpu.so: the CUDA/NVML interposer (see docs/hook.md).
 //!
-//! Layers: `ffi` (C types) → `real` (the real libraries, typed pointers) →
-//! `exports` (the generated `extern "C"` symbols, `dlsym`) → policy
-//! (`memory`, `nvml`, `procaddr`, `launch`, `sm`) over `region` and `state`.
+//! Layers: `ffi` (C types, safe readers of application structs) → `real`
+//! (the real libraries, typed pointers, and the safe wrappers that return
+//! `Result<_, CuError>` / `Result<_, NvmlError>`) → `exports` (the generated
+//! `extern "C"` symbols, `dlsym`) → policy (`memory`, `nvml`, `procaddr`,
+//! `launch`, `devices`, `sm`) over `region` and `state`. Every policy module
+//! except `sm` is `#![forbid(unsafe_code)]`.
 
 #[macro_use]
 mod log;
@@ -13,9 +16,11 @@ pub(crate) mod config;
 mod devices;
 pub(crate) mod exports;
 pub(crate) mod ffi;
+mod identity;
 mod launch;
 pub(crate) mod mapguard;
 mod memory;
+mod nodelock;
 mod nvml;
 mod procaddr;
 pub(crate) mod region;

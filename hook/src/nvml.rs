@@ -3,6 +3,8 @@
 //! `nvmlDeviceGetMemoryInfo(_v2)` show the limit as total and the
 //! container's usage as used.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::c_uint;
 use std::sync::atomic::Ordering::SeqCst;
 
@@ -10,6 +12,7 @@ use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use crate::ffi::*;
 use crate::memory::info::virtual_info;
+use crate::real::nvml::{self as real, status};
 use crate::region::usage;
 use crate::state::process;
 
@@ -26,15 +29,15 @@ fn after_init(rc: nvmlReturn_t) -> nvmlReturn_t {
 }
 
 pub fn init_v1() -> nvmlReturn_t {
-    after_init(real_nvml!(nvmlInit()))
+    after_init(status(real::init_v1()))
 }
 
 pub fn init_v2() -> nvmlReturn_t {
-    after_init(real_nvml!(nvmlInit_v2()))
+    after_init(status(real::init()))
 }
 
 pub fn init_with_flags(flags: c_uint) -> nvmlReturn_t {
-    after_init(real_nvml!(nvmlInitWithFlags(flags)))
+    after_init(status(real::init_with_flags(flags)))
 }
 
 fn fill_from_nvml(r: &SharedRegion) {
@@ -64,10 +67,7 @@ fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
             }
         }
     }
-    let mut index: c_uint = 0;
-    if real_nvml!(nvmlDeviceGetIndex(dev, &mut index)) != NVML_SUCCESS {
-        return None;
-    }
+    let index = real::device::index(dev).ok()?;
     Some(index as usize).filter(|i| *i < MAX_DEVICES)
 }
 
@@ -89,7 +89,7 @@ fn virtualise(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64
 }
 
 pub fn memory_info(dev: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
-    let rc = real_nvml!(nvmlDeviceGetMemoryInfo(dev, memory));
+    let rc = real::device::memory_info(dev, memory);
     let Some(m) = read(memory).filter(|_| rc == NVML_SUCCESS) else {
         return rc;
     };
@@ -100,7 +100,7 @@ pub fn memory_info(dev: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t
 }
 
 pub fn memory_info_v2(dev: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
-    let rc = real_nvml!(nvmlDeviceGetMemoryInfo_v2(dev, memory));
+    let rc = real::device::memory_info_v2(dev, memory);
     let Some(m) = read(memory).filter(|_| rc == NVML_SUCCESS) else {
         return rc;
     };

@@ -10,7 +10,9 @@
 //! `cuGetProcAddress` is always called first, so its status output and
 //! errors are the driver's.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+#![forbid(unsafe_code)]
+
+use std::ffi::{c_char, c_int, c_void};
 
 use crate::ffi::*;
 
@@ -25,18 +27,17 @@ pub fn resolve(name: &str, cuda_version: c_int, flags: u64) -> Option<&'static s
 
 /// The hook's wrapper to hand out for a successful request, if any.
 fn substitute(symbol: *const c_char, cuda_version: c_int, flags: u64) -> Option<*mut c_void> {
-    if symbol.is_null() {
-        return None;
-    }
-    // SAFETY: non-NULL C string from the caller (API contract).
-    let name = unsafe { CStr::from_ptr(symbol) }.to_str().ok()?;
-    let target = resolve(name, cuda_version, flags).unwrap_or(name);
-    let (_, ours) = crate::exports::lookup(target.as_bytes())?;
-    vlog!(
-        crate::log::DEBUG,
-        "cuGetProcAddress({name}, {cuda_version}, {flags:#x}) -> hook {target}"
-    );
-    Some(ours)
+    crate::ffi::with_c_str(symbol, |name| {
+        let name = name.to_str().ok()?;
+        let target = resolve(name, cuda_version, flags).unwrap_or(name);
+        let (_, ours) = crate::exports::lookup(target.as_bytes())?;
+        vlog!(
+            crate::log::DEBUG,
+            "cuGetProcAddress({name}, {cuda_version}, {flags:#x}) -> hook {target}"
+        );
+        Some(ours)
+    })
+    .flatten()
 }
 
 fn finish(
@@ -64,7 +65,7 @@ pub fn get_proc_address_v1(
     cuda_version: c_int,
     flags: u64,
 ) -> CUresult {
-    let rc = real_cuda!(cuGetProcAddress(symbol, pfn, cuda_version, flags));
+    let rc = crate::real::cuda::procaddr::get_v1(symbol, pfn, cuda_version, flags);
     finish(rc, symbol, pfn, cuda_version, flags)
 }
 
@@ -75,13 +76,7 @@ pub fn get_proc_address_v2(
     flags: u64,
     status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
-    let rc = real_cuda!(cuGetProcAddress_v2(
-        symbol,
-        pfn,
-        cuda_version,
-        flags,
-        status
-    ));
+    let rc = crate::real::cuda::procaddr::get_v2(symbol, pfn, cuda_version, flags, status);
     finish(rc, symbol, pfn, cuda_version, flags)
 }
 

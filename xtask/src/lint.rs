@@ -5,18 +5,20 @@
 //! - every workspace member opts into the workspace's `[lints]`;
 //! - `cargo deny` (offline: licenses, bans, sources; `deny.toml`);
 //! - `typos` over code and docs (`_typos.toml`);
-//! - the ABI snapshots of every cross-process layout (`cargo xtask abi`).
+//! - the ABI snapshots of every cross-process layout (`cargo xtask abi`);
+//! - no `unsafe` in the hook's policy code (`unsafe_free`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::{abi, setup, util};
+use crate::{abi, setup, unsafe_free, util};
 
 pub fn run() -> Result<()> {
     util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
     lints_opt_in()?;
+    unsafe_free::run()?;
     util::run(
         Command::new("cargo")
             .current_dir(util::root())

@@ -9,6 +9,7 @@ mod image;
 mod lint;
 mod setup;
 mod test;
+mod unsafe_free;
 mod util;
 
 use clap::{Parser, Subcommand};
@@ -31,7 +32,8 @@ enum Task {
     /// Run every test, the root and eBPF ones included (needs root).
     Test(test::Args),
     /// Every static gate: rustfmt, clippy -D warnings (host and eBPF crates),
-    /// [lints] opt-in, cargo deny, typos, the ABI snapshots.
+    /// [lints] opt-in, cargo deny, typos, the ABI snapshots, no unsafe in the
+    /// hook's policy code.
     Lint,
     /// Check the ABI snapshots of every cross-process layout, or rewrite them.
     Abi(abi::Args),

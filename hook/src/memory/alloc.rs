@@ -1,17 +1,19 @@
 //! `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`, `cuMemFree_v2`.
 
 use super::driver::Real;
+use super::limit;
 use super::{counted, target, uncounted};
 use crate::ffi::*;
+use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
 pub fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
-        return real_cuda!(cuMemAlloc_v2(dptr, bytesize));
+        return mem::alloc(dptr, bytesize);
     };
     counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
-        let rc = real_cuda!(cuMemAlloc_v2(dptr, bytesize));
+        let rc = mem::alloc(dptr, bytesize);
         (rc, read(dptr).unwrap_or(0))
     })
 }
@@ -22,10 +24,10 @@ pub fn mem_alloc_managed(
     flags: std::ffi::c_uint,
 ) -> CUresult {
     let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
-        return real_cuda!(cuMemAllocManaged(dptr, bytesize, flags));
+        return mem::alloc_managed(dptr, bytesize, flags);
     };
     counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
-        let rc = real_cuda!(cuMemAllocManaged(dptr, bytesize, flags));
+        let rc = mem::alloc_managed(dptr, bytesize, flags);
         (rc, read(dptr).unwrap_or(0))
     })
 }
@@ -48,7 +50,7 @@ pub fn mem_alloc_pitch(
     height: usize,
     elem: std::ffi::c_uint,
 ) -> CUresult {
-    let forward = || real_cuda!(cuMemAllocPitch_v2(dptr, pitch, width, height, elem));
+    let forward = || mem::alloc_pitch(dptr, pitch, width, height, elem);
     let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null() && !pitch.is_null()) else {
         return forward();
     };
@@ -67,8 +69,8 @@ pub fn mem_alloc_pitch(
     let actual = (read(pitch).unwrap_or(0) as u64).saturating_mul(height as u64);
     if actual < bound {
         p.att.release(dev, bound - actual, Kind::Data);
-    } else if actual > bound && !p.att.reserve(dev, actual - bound, Kind::Data) {
-        let _ = uncounted(p, &p.ptrs, ptr, || real_cuda!(cuMemFree_v2(ptr)));
+    } else if actual > bound && !limit::reserve(&p.att, dev, actual - bound, Kind::Data) {
+        let _ = uncounted(p, &p.ptrs, ptr, || status(mem::free(ptr)));
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     p.ptrs
@@ -78,7 +80,7 @@ pub fn mem_alloc_pitch(
 
 pub fn mem_free(dptr: CUdeviceptr) -> CUresult {
     let Some(p) = process().filter(|_| dptr != 0) else {
-        return real_cuda!(cuMemFree_v2(dptr));
+        return status(mem::free(dptr));
     };
-    uncounted(p, &p.ptrs, dptr, || real_cuda!(cuMemFree_v2(dptr)))
+    uncounted(p, &p.ptrs, dptr, || status(mem::free(dptr)))
 }

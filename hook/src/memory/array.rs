@@ -9,6 +9,7 @@
 use super::driver::Real;
 use super::{counted, target, uncounted};
 use crate::ffi::*;
+use crate::real::cuda::{array, status};
 use crate::region::Kind;
 use crate::state::process;
 
@@ -97,7 +98,7 @@ fn create(
 }
 
 pub fn array_create(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
-    let call = || real_cuda!(cuArrayCreate_v2(handle, desc));
+    let call = || array::create(handle, desc);
     let Some(d) = read(desc).filter(|_| !handle.is_null()) else {
         return call();
     };
@@ -112,7 +113,7 @@ pub fn array_create(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) ->
 }
 
 pub fn array3d_create(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
-    let call = || real_cuda!(cuArray3DCreate_v2(handle, desc));
+    let call = || array::create_3d(handle, desc);
     let Some(d) = read(desc).filter(|_| !handle.is_null()) else {
         return call();
     };
@@ -129,7 +130,7 @@ pub fn mipmapped_create(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
     levels: std::ffi::c_uint,
 ) -> CUresult {
-    let call = || real_cuda!(cuMipmappedArrayCreate(handle, desc, levels));
+    let call = || array::create_mipmapped(handle, desc, levels);
     let Some(d) = read(desc).filter(|_| !handle.is_null()) else {
         return call();
     };
@@ -141,21 +142,19 @@ pub fn mipmapped_create(
     )
 }
 
-pub fn array_destroy(array: CUarray) -> CUresult {
+pub fn array_destroy(a: CUarray) -> CUresult {
     match process() {
-        Some(p) => uncounted(p, &p.arrays, array as u64, || {
-            real_cuda!(cuArrayDestroy(array))
-        }),
-        None => real_cuda!(cuArrayDestroy(array)),
+        Some(p) => uncounted(p, &p.arrays, a as u64, || status(array::destroy(a))),
+        None => status(array::destroy(a)),
     }
 }
 
-pub fn mipmapped_destroy(array: CUmipmappedArray) -> CUresult {
+pub fn mipmapped_destroy(a: CUmipmappedArray) -> CUresult {
     match process() {
-        Some(p) => uncounted(p, &p.arrays, array as u64, || {
-            real_cuda!(cuMipmappedArrayDestroy(array))
+        Some(p) => uncounted(p, &p.arrays, a as u64, || {
+            status(array::destroy_mipmapped(a))
         }),
-        None => real_cuda!(cuMipmappedArrayDestroy(array)),
+        None => status(array::destroy_mipmapped(a)),
     }
 }
 

@@ -8,6 +8,7 @@ use super::driver::Real;
 use super::track::Entry;
 use super::{counted_as, target, uncounted};
 use crate::ffi::*;
+use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
@@ -31,13 +32,11 @@ fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
 }
 
 pub fn alloc_async(dptr: *mut CUdeviceptr, bytes: usize, s: CUstream) -> CUresult {
-    alloc(dptr, bytes, || real_cuda!(cuMemAllocAsync(dptr, bytes, s)))
+    alloc(dptr, bytes, || mem::alloc_async(dptr, bytes, s))
 }
 
 pub fn alloc_async_ptsz(dptr: *mut CUdeviceptr, bytes: usize, s: CUstream) -> CUresult {
-    alloc(dptr, bytes, || {
-        real_cuda!(cuMemAllocAsync_ptsz(dptr, bytes, s))
-    })
+    alloc(dptr, bytes, || mem::alloc_async_ptsz(dptr, bytes, s))
 }
 
 pub fn alloc_from_pool(
@@ -46,9 +45,7 @@ pub fn alloc_from_pool(
     pool: CUmemoryPool,
     s: CUstream,
 ) -> CUresult {
-    alloc(dptr, bytes, || {
-        real_cuda!(cuMemAllocFromPoolAsync(dptr, bytes, pool, s))
-    })
+    alloc(dptr, bytes, || mem::alloc_from_pool(dptr, bytes, pool, s))
 }
 
 pub fn alloc_from_pool_ptsz(
@@ -58,14 +55,14 @@ pub fn alloc_from_pool_ptsz(
     s: CUstream,
 ) -> CUresult {
     alloc(dptr, bytes, || {
-        real_cuda!(cuMemAllocFromPoolAsync_ptsz(dptr, bytes, pool, s))
+        mem::alloc_from_pool_ptsz(dptr, bytes, pool, s)
     })
 }
 
 pub fn free_async(dptr: CUdeviceptr, s: CUstream) -> CUresult {
-    free(dptr, || real_cuda!(cuMemFreeAsync(dptr, s)))
+    free(dptr, || status(mem::free_async(dptr, s)))
 }
 
 pub fn free_async_ptsz(dptr: CUdeviceptr, s: CUstream) -> CUresult {
-    free(dptr, || real_cuda!(cuMemFreeAsync_ptsz(dptr, s)))
+    free(dptr, || status(mem::free_async_ptsz(dptr, s)))
 }

@@ -18,9 +18,11 @@ use std::sync::atomic::Ordering::SeqCst;
 use vgpu_common::region::MAX_DEVICES;
 
 use super::driver::{Driver, Real};
+use super::limit;
 use super::track::Entry;
 use super::uncounted;
 use crate::ffi::*;
+use crate::real::cuda::{ctx as cu_ctx, device, status};
 use crate::region::Kind;
 use crate::state::{process, Process, UNKNOWN};
 
@@ -144,7 +146,7 @@ fn reserve_then_create(
     size: u64,
     create: impl FnOnce() -> CUresult,
 ) -> (CUresult, u64) {
-    if !p.att.reserve(dev, size, Kind::Context) {
+    if !limit::reserve(&p.att, dev, size, Kind::Context) {
         return (CUDA_ERROR_OUT_OF_MEMORY, 0);
     }
     let rc = create();
@@ -223,7 +225,7 @@ pub fn counted_context(
         crate::log::INFO,
         "device {dev}: CUDA context uses {size} bytes ({m:?})"
     );
-    if !p.att.reserve(dev, size, Kind::Context) {
+    if !limit::reserve(&p.att, dev, size, Kind::Context) {
         destroy();
         return (CUDA_ERROR_OUT_OF_MEMORY, 0);
     }
@@ -231,7 +233,7 @@ pub fn counted_context(
 }
 
 pub fn init(flags: std::ffi::c_uint) -> CUresult {
-    let rc = real_cuda!(cuInit(flags));
+    let rc = status(cu_ctx::init(flags));
     if rc == CUDA_SUCCESS {
         if let Some(p) = process() {
             fill_device_info(p);
@@ -243,10 +245,9 @@ pub fn init(flags: std::ffi::c_uint) -> CUresult {
 /// Writes `device_num` and `uuids[]` (the container's devices, in its
 /// index order: `crate::devices`) into the region.
 pub fn fill_device_info(p: &Process) {
-    let mut count: std::ffi::c_int = 0;
-    if real_cuda!(cuDeviceGetCount(&mut count)) != CUDA_SUCCESS || count <= 0 {
+    let Some(count) = device::count().ok().filter(|n| *n > 0) else {
         return;
-    }
+    };
     let single = if count == 1 {
         crate::devices::index_of(0)
     } else {
@@ -272,7 +273,7 @@ fn dev_index(dev: CUdevice) -> Option<usize> {
 }
 
 pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    let call = || real_cuda!(cuDevicePrimaryCtxRetain(ctx, dev));
+    let call = || cu_ctx::primary_retain(ctx, dev);
     let (Some(p), Some(d)) = (process(), dev_index(dev)) else {
         return call();
     };
@@ -285,7 +286,7 @@ pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
         return rc;
     }
     let (rc, _) = counted_context(p, &Real, d, call, || {
-        let _ = real_cuda!(cuDevicePrimaryCtxRelease_v2(dev));
+        let _ = cu_ctx::primary_release(dev);
     });
     if rc == CUDA_SUCCESS {
         counts[d] = 1;
@@ -384,19 +385,19 @@ fn release_all(p: &Process, freed: &[Entry]) -> u64 {
 }
 
 pub fn primary_reset_v1(dev: CUdevice) -> CUresult {
-    primary_reset(dev, || real_cuda!(cuDevicePrimaryCtxReset(dev)))
+    primary_reset(dev, || status(cu_ctx::primary_reset_v1(dev)))
 }
 
 pub fn primary_reset_v2(dev: CUdevice) -> CUresult {
-    primary_reset(dev, || real_cuda!(cuDevicePrimaryCtxReset_v2(dev)))
+    primary_reset(dev, || status(cu_ctx::primary_reset(dev)))
 }
 
 pub fn primary_release_v1(dev: CUdevice) -> CUresult {
-    primary_release(dev, || real_cuda!(cuDevicePrimaryCtxRelease(dev)))
+    primary_release(dev, || status(cu_ctx::primary_release_v1(dev)))
 }
 
 pub fn primary_release_v2(dev: CUdevice) -> CUresult {
-    primary_release(dev, || real_cuda!(cuDevicePrimaryCtxRelease_v2(dev)))
+    primary_release(dev, || status(cu_ctx::primary_release(dev)))
 }
 
 fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -408,7 +409,7 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
     }
     let (rc, bytes) = counted_context(p, &Real, d, call, || {
         if let Some(c) = read(ctx) {
-            let _ = real_cuda!(cuCtxDestroy_v2(c));
+            let _ = cu_ctx::destroy(c);
         }
     });
     if rc == CUDA_SUCCESS {
@@ -421,7 +422,7 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
 }
 
 pub fn ctx_create_v2(ctx: *mut CUcontext, flags: std::ffi::c_uint, dev: CUdevice) -> CUresult {
-    ctx_create(ctx, dev, || real_cuda!(cuCtxCreate_v2(ctx, flags, dev)))
+    ctx_create(ctx, dev, || cu_ctx::create_v2(ctx, flags, dev))
 }
 
 pub fn ctx_create_v3(
@@ -432,7 +433,7 @@ pub fn ctx_create_v3(
     dev: CUdevice,
 ) -> CUresult {
     ctx_create(ctx, dev, || {
-        real_cuda!(cuCtxCreate_v3(ctx, params, nparams, flags, dev))
+        cu_ctx::create_v3(ctx, params, nparams, flags, dev)
     })
 }
 
@@ -442,20 +443,16 @@ pub fn ctx_create_v4(
     flags: std::ffi::c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    ctx_create(ctx, dev, || {
-        real_cuda!(cuCtxCreate_v4(ctx, params, flags, dev))
-    })
+    ctx_create(ctx, dev, || cu_ctx::create_v4(ctx, params, flags, dev))
 }
 
 /// `cuCtxDestroy(_v2)` frees every allocation made in the context: on
 /// success their accounting goes with the context's own size.
 pub fn ctx_destroy(ctx: CUcontext) -> CUresult {
     let Some(p) = process() else {
-        return real_cuda!(cuCtxDestroy_v2(ctx));
+        return status(cu_ctx::destroy(ctx));
     };
-    let rc = uncounted(p, &p.contexts, ctx as u64, || {
-        real_cuda!(cuCtxDestroy_v2(ctx))
-    });
+    let rc = uncounted(p, &p.contexts, ctx as u64, || status(cu_ctx::destroy(ctx)));
     if rc == CUDA_SUCCESS {
         released_by_destroy(p, ctx as u64);
     }

@@ -5,30 +5,27 @@
 //! else the current context's.
 
 use super::driver::{Driver, Real};
+use super::limit;
 use super::track::Entry;
 use crate::ffi::*;
+use crate::real::cuda::{graph, status};
 use crate::region::Kind;
 use crate::state::process;
 
 pub fn add_mem_alloc_node(
     node: *mut CUgraphNode,
-    graph: CUgraph,
+    g: CUgraph,
     deps: *const CUgraphNode,
     ndeps: usize,
     params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
 ) -> CUresult {
-    let call = || real_cuda!(cuGraphAddMemAllocNode(node, graph, deps, ndeps, params));
-    let Some(p) = process().filter(|_| !params.is_null() && !graph.is_null()) else {
+    let call = || graph::add_mem_alloc_node(node, g, deps, ndeps, params);
+    let (Some(p), Some((bytes, loc))) = (process(), alloc_node_request(params)) else {
         return call();
     };
-    // SAFETY: `params` is non-NULL and points to the node parameters (API
-    // contract); two plain fields are read, unaligned-tolerant.
-    let (bytes, loc) = unsafe {
-        (
-            std::ptr::addr_of!((*params).bytesize).read_unaligned(),
-            std::ptr::addr_of!((*params).pool_props.location).read_unaligned(),
-        )
-    };
+    if g.is_null() {
+        return call();
+    }
     let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
         crate::devices::index_of(loc.id)
     } else {
@@ -38,7 +35,7 @@ pub fn add_mem_alloc_node(
         return call();
     };
     let bytes = bytes as u64;
-    if !p.att.reserve(dev, bytes, Kind::Data) {
+    if !limit::reserve(&p.att, dev, bytes, Kind::Data) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let rc = call();
@@ -49,14 +46,14 @@ pub fn add_mem_alloc_node(
     p.graphs
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .entry(graph as usize)
+        .entry(g as usize)
         .or_default()
         .push(Entry::unbound(dev, bytes, Kind::Data));
     rc
 }
 
-pub fn graph_destroy(graph: CUgraph) -> CUresult {
-    let rc = real_cuda!(cuGraphDestroy(graph));
+pub fn graph_destroy(g: CUgraph) -> CUresult {
+    let rc = status(graph::destroy(g));
     if rc != CUDA_SUCCESS {
         return rc;
     }
@@ -65,7 +62,7 @@ pub fn graph_destroy(graph: CUgraph) -> CUresult {
             .graphs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&(graph as usize));
+            .remove(&(g as usize));
         for e in entries.into_iter().flatten() {
             p.att.release(e.dev, e.bytes, e.kind);
         }

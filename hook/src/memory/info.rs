@@ -5,6 +5,7 @@
 
 use super::driver::{Driver, Real};
 use crate::ffi::*;
+use crate::real::cuda::{device, mem};
 use crate::region::usage;
 use crate::state::process;
 
@@ -18,7 +19,7 @@ pub fn virtual_info(limit: u64, used: u64, phys_free: u64, phys_total: u64) -> (
 }
 
 pub fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
-    let rc = real_cuda!(cuMemGetInfo_v2(free, total));
+    let rc = mem::get_info(free, total);
     if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return rc;
     }
@@ -40,7 +41,7 @@ pub fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
 }
 
 pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let rc = real_cuda!(cuDeviceTotalMem_v2(bytes, dev));
+    let rc = device::total_mem(bytes, dev);
     if rc != CUDA_SUCCESS || bytes.is_null() {
         return rc;
     }

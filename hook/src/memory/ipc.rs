@@ -3,15 +3,17 @@
 //! mapping is closed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 
 use super::driver::{Driver, Real};
+use super::limit;
 use super::target;
 use super::track::Entry;
 use super::uncounted;
 use crate::ffi::*;
+use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
 pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_uint) -> CUresult {
-    let call = || real_cuda!(cuIpcOpenMemHandle_v2(dptr, handle, flags));
+    let call = || mem::ipc_open(dptr, handle, flags);
     let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
         return call();
     };
@@ -24,8 +26,8 @@ pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_u
         vlog_once!(crate::log::WARN, "cannot size an IPC import; not counted");
         return rc;
     };
-    if !p.att.reserve(dev, bytes, Kind::Data) {
-        let _ = real_cuda!(cuIpcCloseMemHandle(ptr));
+    if !limit::reserve(&p.att, dev, bytes, Kind::Data) {
+        let _ = mem::ipc_close(ptr);
         write(dptr, 0);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -37,7 +39,7 @@ pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_u
 
 pub fn close(dptr: CUdeviceptr) -> CUresult {
     match process() {
-        Some(p) => uncounted(p, &p.ptrs, dptr, || real_cuda!(cuIpcCloseMemHandle(dptr))),
-        None => real_cuda!(cuIpcCloseMemHandle(dptr)),
+        Some(p) => uncounted(p, &p.ptrs, dptr, || status(mem::ipc_close(dptr))),
+        None => status(mem::ipc_close(dptr)),
     }
 }

@@ -1,7 +1,10 @@
 //! Memory accounting: every entry point that takes device memory reserves
-//! before the driver call and releases on failure (`counted`), and every
+//! before the driver call and releases on failure (`counted`; the limit
+//! check that refuses an allocation is [`limit::reserve`]), and every
 //! free releases what was counted (`uncounted`); frees of objects the hook
 //! never saw are forwarded unchanged.
+
+#![forbid(unsafe_code)]
 
 pub mod alloc;
 pub mod array;
@@ -11,6 +14,7 @@ pub mod driver;
 pub mod graph;
 pub mod info;
 pub mod ipc;
+pub mod limit;
 pub mod track;
 pub mod vmm;
 
@@ -63,7 +67,7 @@ pub fn counted_as(
     e: Entry,
     call: impl FnOnce() -> (CUresult, u64),
 ) -> CUresult {
-    if !p.att.reserve(e.dev, e.bytes, e.kind) {
+    if !limit::reserve(&p.att, e.dev, e.bytes, e.kind) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     let (rc, key) = call();

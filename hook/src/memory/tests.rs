@@ -480,7 +480,7 @@ fn a_primary_reset_releases_the_device_s_allocations() {
     let dir = tempfile::tempdir().unwrap();
     let p = Process::new(&cfg(dir.path(), "1g"), 8004, 0).unwrap();
     p.ctx_size[0].store(10 * M, SeqCst);
-    assert!(p.att.reserve(0, 10 * M, Kind::Context));
+    assert!(super::limit::reserve(&p.att, 0, 10 * M, Kind::Context));
     let mut retained = 1;
     for (i, t) in [&p.ptrs, &p.handles, &p.arrays].into_iter().enumerate() {
         let rc = counted(&p, t, 0, 20 * M, Kind::Data, || {
@@ -510,7 +510,7 @@ fn a_context_destroy_releases_only_that_context_s_allocations() {
     let (a, b) = (0xa000, 0xb000);
     let mut key = 0x100;
     let mut add = |t: &super::track::Tracker, ctx: u64, bytes: u64| {
-        assert!(p.att.reserve(0, bytes, Kind::Data));
+        assert!(super::limit::reserve(&p.att, 0, bytes, Kind::Data));
         key += 1;
         t.insert(
             key,

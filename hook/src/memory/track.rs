@@ -30,7 +30,7 @@ impl Entry {
             dev,
             bytes,
             kind,
-            ctx: super::driver::current_context(),
+            ctx: crate::real::cuda::ctx::current().map_or(0, |c| c as u64),
         }
     }
 

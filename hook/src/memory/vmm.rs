@@ -5,6 +5,7 @@
 
 use super::{counted, uncounted};
 use crate::ffi::*;
+use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
@@ -14,13 +15,10 @@ pub fn mem_create(
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
-    let forward = || real_cuda!(cuMemCreate(handle, size, prop, flags));
-    if handle.is_null() || prop.is_null() {
+    let forward = || mem::create(handle, size, prop, flags);
+    let Some(loc) = alloc_prop_location(prop).filter(|_| !handle.is_null()) else {
         return forward();
-    }
-    // SAFETY: `prop` is non-NULL and points to a CUmemAllocationProp (API
-    // contract); only the `location` field is read, unaligned-tolerant.
-    let loc = unsafe { std::ptr::addr_of!((*prop).location).read_unaligned() };
+    };
     if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 {
         return forward();
     }
@@ -35,7 +33,7 @@ pub fn mem_create(
 
 pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
     let Some(p) = process() else {
-        return real_cuda!(cuMemRelease(handle));
+        return status(mem::release(handle));
     };
-    uncounted(p, &p.handles, handle, || real_cuda!(cuMemRelease(handle)))
+    uncounted(p, &p.handles, handle, || status(mem::release(handle)))
 }

@@ -24,8 +24,6 @@ use crate::config::Config;
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 /// Least interval between two reclaims on behalf of a query.
 const RECLAIM_EVERY: Duration = Duration::from_secs(1);
-/// Optimistic reservation attempts before an allocation is refused.
-const RESERVE_ATTEMPTS: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
@@ -179,39 +177,19 @@ impl Attachment {
         }
     }
 
-    /// Counts `bytes` of `kind` on `dev` if the container stays within the
-    /// limit. Retries a few times (another process may have been
-    /// mid-reservation) and reclaims dead processes' slots once before
-    /// refusing.
-    pub fn reserve(&self, dev: usize, bytes: u64, kind: Kind) -> bool {
-        crate::suspend::ensure_running();
-        let region = self.region();
-        let mut reclaimed = false;
-        self.shadow.see_limit(dev, usage::limit(region, dev));
-        for attempt in 0..RESERVE_ATTEMPTS {
-            if usage::try_reserve(region, self.slot, dev, bytes, kind) {
-                self.shadow.add(dev, bytes, kind);
-                return true;
-            }
-            if !reclaimed {
-                reclaimed = true;
-                let n = self.reclaim();
-                if n > 0 {
-                    continue;
-                }
-            }
-            std::thread::sleep(Duration::from_micros(50 << attempt));
-        }
-        refused_log(
-            dev,
-            bytes,
-            usage::container_used(region, dev),
-            usage::limit(region, dev),
-        );
-        false
+    /// Refreshes the shadow's copy of `dev`'s limit (what a truncated
+    /// region is refilled with).
+    pub fn see_limit(&self, dev: usize) {
+        self.shadow.see_limit(dev, usage::limit(self.region(), dev));
     }
 
-    /// Takes back `bytes` counted by [`Self::reserve`].
+    /// Mirrors in the shadow what `crate::memory::limit` just counted in
+    /// this process's slot.
+    pub fn note_reserved(&self, dev: usize, bytes: u64, kind: Kind) {
+        self.shadow.add(dev, bytes, kind);
+    }
+
+    /// Takes back `bytes` counted by `crate::memory::limit::reserve`.
     pub fn release(&self, dev: usize, bytes: u64, kind: Kind) {
         if let Some(s) = self.region().procs.get(self.slot) {
             usage::sub(s, dev, bytes, kind);
@@ -258,26 +236,8 @@ impl Drop for Attachment {
     }
 }
 
-/// Refusals are frequent where frameworks probe for memory: the first one
-/// per device is a warning, later ones are debug lines, and their count is
-/// summarised as a warning at most once per [`REFUSAL_SUMMARY`].
-const REFUSAL_SUMMARY: Duration = Duration::from_secs(10);
-
-struct Refusals {
-    /// Refusals not yet summarised (the first one is never counted here).
-    pending: AtomicU64,
-    /// Monotonic ms of the last summary (or of the first refusal); 0 = none yet.
-    last_ms: AtomicU64,
-}
-
-static REFUSALS: [Refusals; MAX_DEVICES] = [const {
-    Refusals {
-        pending: AtomicU64::new(0),
-        last_ms: AtomicU64::new(0),
-    }
-}; MAX_DEVICES];
-
-fn monotonic_ms() -> u64 {
+/// Milliseconds since the first call, plus one (0 means "never").
+pub(crate) fn monotonic_ms() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     // +1 so that 0 keeps meaning "never".
     START
@@ -285,51 +245,6 @@ fn monotonic_ms() -> u64 {
         .elapsed()
         .as_millis() as u64
         + 1
-}
-
-/// What to log for a refusal at `now_ms`: `Some(n)` = a warning (`n`
-/// refusals summarised; 0 for the first), `None` = a debug line.
-fn refusal_action(r: &Refusals, now_ms: u64) -> Option<u64> {
-    let last = r.last_ms.load(Relaxed);
-    if last == 0
-        && r.last_ms
-            .compare_exchange(0, now_ms, Relaxed, Relaxed)
-            .is_ok()
-    {
-        return Some(0);
-    }
-    r.pending.fetch_add(1, Relaxed);
-    let last = r.last_ms.load(Relaxed);
-    if now_ms.saturating_sub(last) >= REFUSAL_SUMMARY.as_millis() as u64
-        && r.last_ms
-            .compare_exchange(last, now_ms, Relaxed, Relaxed)
-            .is_ok()
-    {
-        return Some(r.pending.swap(0, Relaxed));
-    }
-    None
-}
-
-fn refused_log(dev: usize, bytes: u64, used: u64, limit: u64) {
-    let Some(r) = REFUSALS.get(dev) else {
-        return;
-    };
-    match refusal_action(r, monotonic_ms()) {
-        Some(0) => vlog!(
-            crate::log::WARN,
-            "device {dev}: {bytes} bytes refused, container uses {used} of limit {limit} \
-             (further refusals are logged at debug level, counted every {REFUSAL_SUMMARY:?})"
-        ),
-        Some(n) => vlog!(
-            crate::log::WARN,
-            "device {dev}: {n} allocations refused since the last report; latest {bytes} bytes, \
-             container uses {used} of limit {limit}"
-        ),
-        None => vlog!(
-            crate::log::DEBUG,
-            "device {dev}: {bytes} bytes refused, container uses {used} of limit {limit}"
-        ),
-    }
 }
 
 fn initialise(r: &SharedRegion, cfg: &Config) {
@@ -384,26 +299,5 @@ fn check_existing(r: &SharedRegion, cfg: &Config) {
             "the region's memory limits win over this process's: {}",
             differs.join(", ")
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn refusals_warn_once_then_summarise_every_ten_seconds() {
-        let r = Refusals {
-            pending: AtomicU64::new(0),
-            last_ms: AtomicU64::new(0),
-        };
-        assert_eq!(refusal_action(&r, 1), Some(0));
-        for t in 2..1000 {
-            assert_eq!(refusal_action(&r, t), None);
-        }
-        assert_eq!(refusal_action(&r, 10_001), Some(999));
-        assert_eq!(refusal_action(&r, 10_002), None);
-        assert_eq!(refusal_action(&r, 20_000), None);
-        assert_eq!(refusal_action(&r, 20_001), Some(3));
     }
 }

@@ -1,6 +1,7 @@
 //! The HAMi v1.2 shared region as the hook uses it: attach/create and
 //! initialise (`attach`), slot registration and reclaim (`slots`), and the
-//! lock-free usage counters and limit check (`usage`).
+//! lock-free usage counters and limits (`usage`; the limit check that
+//! refuses allocations is `crate::memory::limit`).
 
 pub mod attach;
 pub mod shadow;

@@ -158,7 +158,7 @@ mod tests {
             _ => None,
         });
         let att = Attachment::open(&cfg, std::process::id() as i32).unwrap();
-        assert!(att.reserve(0, 600 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve(&att, 0, 600 * M, Kind::Data));
         att.add_unchecked(0, 64 * M, Kind::Context);
         att.release(0, 100 * M, Kind::Data);
         std::fs::OpenOptions::new()
@@ -177,7 +177,10 @@ mod tests {
         assert_eq!(s.used[0].data_size.load(SeqCst), 500 * M);
         assert_eq!(s.used[0].context_size.load(SeqCst), 64 * M);
         assert_eq!(s.used[0].total.load(SeqCst), 564 * M);
-        assert!(!att.reserve(0, 500 * M, Kind::Data), "past the limit");
-        assert!(att.reserve(0, 400 * M, Kind::Data));
+        assert!(
+            !crate::memory::limit::reserve(&att, 0, 500 * M, Kind::Data),
+            "past the limit"
+        );
+        assert!(crate::memory::limit::reserve(&att, 0, 400 * M, Kind::Data));
     }
 }

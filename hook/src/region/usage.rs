@@ -1,12 +1,6 @@
-//! Usage counters and the container-wide limit check, lock-free.
-//!
-//! Reservation is optimistic (Dekker style, every access `SeqCst`): a
-//! process first *adds* the request to its own slot, then sums `total` over
-//! every live slot. If the sum passes the limit it takes the request back
-//! and fails. Of two processes reserving at once, at least one sees the
-//! other's addition (both add before they read, in one total order), so two
-//! can both fail spuriously (the caller retries a few times) but can never
-//! both pass the limit. No lock, no syscall.
+//! The region's usage counters and limits, lock-free: the words the limit
+//! check reads and writes. The check itself, where an allocation is
+//! refused, is `crate::memory::limit`.
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
@@ -108,25 +102,4 @@ pub fn container_used(region: &SharedRegion, dev: usize) -> u64 {
 /// The limit of `dev` in bytes, 0 = none.
 pub fn limit(region: &SharedRegion, dev: usize) -> u64 {
     region.limit.get(dev).map_or(0, |l| l.load(SeqCst))
-}
-
-/// One optimistic attempt: true when `bytes` are now counted in `slot` and
-/// the container stays within the limit; false (nothing counted) otherwise.
-pub fn try_reserve(region: &SharedRegion, slot: usize, dev: usize, bytes: u64, kind: Kind) -> bool {
-    let Some(s) = region.procs.get(slot) else {
-        return false;
-    };
-    if dev >= MAX_DEVICES {
-        return false;
-    }
-    let lim = limit(region, dev);
-    if lim != 0 && bytes > lim {
-        return false;
-    }
-    add(s, dev, bytes, kind);
-    if lim == 0 || container_used(region, dev) <= lim {
-        return true;
-    }
-    sub(s, dev, bytes, kind);
-    false
 }

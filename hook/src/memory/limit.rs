@@ -1,0 +1,164 @@
+//! Where an allocation is refused: the container-wide memory limit.
+//!
+//! Every entry point that takes device memory calls [`reserve`] before the
+//! driver (or, for a size known only afterwards, right after it); `false`
+//! becomes `CUDA_ERROR_OUT_OF_MEMORY`. The shared words themselves (slot
+//! counters, limits) are `crate::region::usage`'s.
+//!
+//! Reservation is optimistic (Dekker style, every access `SeqCst`): a
+//! process first *adds* the request to its own slot, then sums `total` over
+//! every live slot. If the sum passes the limit it takes the request back
+//! and fails. Of two processes reserving at once, at least one sees the
+//! other's addition (both add before they read, in one total order), so two
+//! can both fail spuriously ([`reserve`] retries a few times) but can never
+//! both pass the limit. No lock, no syscall.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use vgpu_common::region::{SharedRegion, MAX_DEVICES};
+
+use crate::region::attach::monotonic_ms;
+use crate::region::usage::{self, Kind};
+use crate::region::Attachment;
+
+/// Optimistic reservation attempts before an allocation is refused.
+const RESERVE_ATTEMPTS: u32 = 4;
+
+/// Counts `bytes` of `kind` on `dev` if the container stays within the
+/// limit; `false` (nothing counted) refuses the allocation. Retries a few
+/// times (another process may have been mid-reservation) and reclaims dead
+/// processes' slots once before refusing.
+pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> bool {
+    crate::suspend::ensure_running();
+    let region = att.region();
+    let mut reclaimed = false;
+    att.see_limit(dev);
+    for attempt in 0..RESERVE_ATTEMPTS {
+        if try_reserve(region, att.slot_index(), dev, bytes, kind) {
+            att.note_reserved(dev, bytes, kind);
+            return true;
+        }
+        if !reclaimed {
+            reclaimed = true;
+            if att.reclaim() > 0 {
+                continue;
+            }
+        }
+        std::thread::sleep(Duration::from_micros(50 << attempt));
+    }
+    refused_log(
+        dev,
+        bytes,
+        usage::container_used(region, dev),
+        usage::limit(region, dev),
+    );
+    false
+}
+
+/// One optimistic attempt: true when `bytes` are now counted in `slot` and
+/// the container stays within the limit; false (nothing counted) otherwise.
+pub fn try_reserve(region: &SharedRegion, slot: usize, dev: usize, bytes: u64, kind: Kind) -> bool {
+    let Some(s) = region.procs.get(slot) else {
+        return false;
+    };
+    if dev >= MAX_DEVICES {
+        return false;
+    }
+    let lim = usage::limit(region, dev);
+    if lim != 0 && bytes > lim {
+        return false;
+    }
+    usage::add(s, dev, bytes, kind);
+    if lim == 0 || usage::container_used(region, dev) <= lim {
+        return true;
+    }
+    usage::sub(s, dev, bytes, kind);
+    false
+}
+
+/// Refusals are frequent where frameworks probe for memory: the first one
+/// per device is a warning, later ones are debug lines, and their count is
+/// summarised as a warning at most once per [`REFUSAL_SUMMARY`].
+const REFUSAL_SUMMARY: Duration = Duration::from_secs(10);
+
+struct Refusals {
+    /// Refusals not yet summarised (the first one is never counted here).
+    pending: AtomicU64,
+    /// Monotonic ms of the last summary (or of the first refusal); 0 = none yet.
+    last_ms: AtomicU64,
+}
+
+static REFUSALS: [Refusals; MAX_DEVICES] = [const {
+    Refusals {
+        pending: AtomicU64::new(0),
+        last_ms: AtomicU64::new(0),
+    }
+}; MAX_DEVICES];
+
+/// What to log for a refusal at `now_ms`: `Some(n)` = a warning (`n`
+/// refusals summarised; 0 for the first), `None` = a debug line.
+fn refusal_action(r: &Refusals, now_ms: u64) -> Option<u64> {
+    let last = r.last_ms.load(Relaxed);
+    if last == 0
+        && r.last_ms
+            .compare_exchange(0, now_ms, Relaxed, Relaxed)
+            .is_ok()
+    {
+        return Some(0);
+    }
+    r.pending.fetch_add(1, Relaxed);
+    let last = r.last_ms.load(Relaxed);
+    if now_ms.saturating_sub(last) >= REFUSAL_SUMMARY.as_millis() as u64
+        && r.last_ms
+            .compare_exchange(last, now_ms, Relaxed, Relaxed)
+            .is_ok()
+    {
+        return Some(r.pending.swap(0, Relaxed));
+    }
+    None
+}
+
+fn refused_log(dev: usize, bytes: u64, used: u64, limit: u64) {
+    let Some(r) = REFUSALS.get(dev) else {
+        return;
+    };
+    match refusal_action(r, monotonic_ms()) {
+        Some(0) => vlog!(
+            crate::log::WARN,
+            "device {dev}: {bytes} bytes refused, container uses {used} of limit {limit} \
+             (further refusals are logged at debug level, counted every {REFUSAL_SUMMARY:?})"
+        ),
+        Some(n) => vlog!(
+            crate::log::WARN,
+            "device {dev}: {n} allocations refused since the last report; latest {bytes} bytes, \
+             container uses {used} of limit {limit}"
+        ),
+        None => vlog!(
+            crate::log::DEBUG,
+            "device {dev}: {bytes} bytes refused, container uses {used} of limit {limit}"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_warn_once_then_summarise_every_ten_seconds() {
+        let r = Refusals {
+            pending: AtomicU64::new(0),
+            last_ms: AtomicU64::new(0),
+        };
+        assert_eq!(refusal_action(&r, 1), Some(0));
+        for t in 2..1000 {
+            assert_eq!(refusal_action(&r, t), None);
+        }
+        assert_eq!(refusal_action(&r, 10_001), Some(999));
+        assert_eq!(refusal_action(&r, 10_002), None);
+        assert_eq!(refusal_action(&r, 20_000), None);
+        assert_eq!(refusal_action(&r, 20_001), Some(3));
+    }
+}

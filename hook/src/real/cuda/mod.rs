@@ -1,0 +1,64 @@
+//! The real libcuda.so.1, loaded on first use, and the safe layer over it.
+//!
+//! Each wrapper holds the one `unsafe` call with the contract it relies on.
+//! What the hook asks on its own behalf returns `Result<_, CuError>`. A call
+//! the hook forwards with the application's own pointers (out-parameters,
+//! descriptors) takes them raw and returns the driver's `CUresult`: the hook
+//! never dereferences them there, the driver checks them as for any caller.
+
+use std::sync::OnceLock;
+
+use super::{open_library, CudaFns};
+use crate::ffi::CUDA_ERROR_NOT_FOUND;
+
+pub mod array;
+pub mod ctx;
+pub mod device;
+pub mod error;
+pub mod graph;
+pub mod launch;
+pub mod mem;
+pub mod procaddr;
+
+pub use error::{status, CuError};
+
+/// The real driver's functions; `None` when libcuda.so.1 cannot be loaded.
+pub fn fns() -> Option<&'static CudaFns> {
+    static FNS: OnceLock<Option<CudaFns>> = OnceLock::new();
+    FNS.get_or_init(|| {
+        let h = open_library(c"libcuda.so.1");
+        if h.is_null() {
+            vlog!(
+                crate::log::ERROR,
+                "cannot load libcuda.so.1; CUDA calls fail"
+            );
+            return None;
+        }
+        Some(CudaFns::load(h))
+    })
+    .as_ref()
+}
+
+/// The real function `pick` selects.
+///
+/// # Errors
+/// `CUDA_ERROR_NOT_FOUND` when the driver (or the symbol) is missing.
+fn sym<F>(pick: impl FnOnce(&CudaFns) -> Option<F>) -> Result<F, CuError> {
+    fns().and_then(pick).ok_or(CuError(CUDA_ERROR_NOT_FOUND))
+}
+
+/// Calls the real CUDA function `name` with the given arguments, or returns
+/// `CUDA_ERROR_NOT_FOUND` when the driver lacks it. For the generated
+/// pass-through exports only (and the SM limiter until its rebuild): policy
+/// code calls the wrappers of this module.
+macro_rules! real_cuda {
+    ($name:ident($($a:expr),* $(,)?)) => {
+        match $crate::real::cuda::fns().and_then(|t| t.$name) {
+            // SAFETY: the real function has the C signature of the hook
+            // list; the arguments are either the application's own, passed
+            // through unchanged, or pointers to live locals of the hook.
+            Some(f) => unsafe { f($($a),*) },
+            None => $crate::ffi::CUDA_ERROR_NOT_FOUND,
+        }
+    };
+}

@@ -1,0 +1,115 @@
+//! Devices: count, handles, UUIDs, indices, memory.
+
+use std::ffi::{c_char, c_uint, CStr};
+
+use super::{sym, NvmlError};
+use crate::ffi::*;
+
+/// The number of devices NVML lists.
+///
+/// # Errors
+/// NVML's code.
+#[doc(alias = "nvmlDeviceGetCount_v2")]
+pub fn count() -> Result<c_uint, NvmlError> {
+    let f = sym(|t| t.nvmlDeviceGetCount_v2)?;
+    let mut n: c_uint = 0;
+    // SAFETY: `n` is a live local NVML writes one unsigned int to.
+    NvmlError::result(unsafe { f(&mut n) })?;
+    Ok(n)
+}
+
+/// The handle of NVML's device `index`.
+///
+/// # Errors
+/// NVML's code.
+#[doc(alias = "nvmlDeviceGetHandleByIndex_v2")]
+pub fn by_index(index: c_uint) -> Result<nvmlDevice_t, NvmlError> {
+    let f = sym(|t| t.nvmlDeviceGetHandleByIndex_v2)?;
+    let mut h: nvmlDevice_t = std::ptr::null_mut();
+    // SAFETY: `h` is a live local NVML writes one handle to.
+    NvmlError::result(unsafe { f(index, &mut h) })?;
+    Ok(h)
+}
+
+/// The handle of the device with this UUID.
+///
+/// # Errors
+/// NVML's code (`NVML_ERROR_NOT_FOUND` for a UUID it does not list).
+#[doc(alias = "nvmlDeviceGetHandleByUUID")]
+pub fn by_uuid(uuid: &CStr) -> Result<nvmlDevice_t, NvmlError> {
+    let f = sym(|t| t.nvmlDeviceGetHandleByUUID)?;
+    let mut h: nvmlDevice_t = std::ptr::null_mut();
+    // SAFETY: `uuid` is NUL-terminated and outlives the call; `h` is a live
+    // local NVML writes one handle to.
+    NvmlError::result(unsafe { f(uuid.as_ptr(), &mut h) })?;
+    Ok(h)
+}
+
+/// The UUID of `dev` as NVML spells it (`GPU-…`, `MIG-…`).
+///
+/// # Errors
+/// NVML's code; `NVML_ERROR_UNKNOWN` for a UUID that is not UTF-8.
+#[doc(alias = "nvmlDeviceGetUUID")]
+pub fn uuid(dev: nvmlDevice_t) -> Result<String, NvmlError> {
+    const LEN: usize = vgpu_common::region::UUID_LEN;
+    let f = sym(|t| t.nvmlDeviceGetUUID)?;
+    let mut buf = [0u8; LEN];
+    // SAFETY: `buf` is a live local of `LEN` bytes, the length passed;
+    // NVML writes at most that many (NUL included).
+    NvmlError::result(unsafe { f(dev, buf.as_mut_ptr().cast::<c_char>(), LEN as c_uint) })?;
+    // NVML NUL-terminates; the last byte stays 0 whatever it wrote.
+    buf[LEN - 1] = 0;
+    CStr::from_bytes_until_nul(&buf)
+        .ok()
+        .and_then(|s| s.to_str().ok())
+        .map(str::to_owned)
+        .ok_or(NvmlError(NVML_ERROR_UNKNOWN))
+}
+
+/// NVML's index of `dev`.
+///
+/// # Errors
+/// NVML's code.
+#[doc(alias = "nvmlDeviceGetIndex")]
+pub fn index(dev: nvmlDevice_t) -> Result<c_uint, NvmlError> {
+    let f = sym(|t| t.nvmlDeviceGetIndex)?;
+    let mut i: c_uint = 0;
+    // SAFETY: `i` is a live local NVML writes one unsigned int to.
+    NvmlError::result(unsafe { f(dev, &mut i) })?;
+    Ok(i)
+}
+
+/// The device's memory (total, free, used) as NVML reports it.
+///
+/// # Errors
+/// NVML's code.
+#[doc(alias = "nvmlDeviceGetMemoryInfo")]
+pub fn memory(dev: nvmlDevice_t) -> Result<nvmlMemory_t, NvmlError> {
+    let mut m = nvmlMemory_t::default();
+    NvmlError::result(memory_info(dev, &mut m))?;
+    Ok(m)
+}
+
+/// `nvmlDeviceGetMemoryInfo`, forwarded with the application's out-pointer
+/// (or [`memory`]'s local).
+#[doc(alias = "nvmlDeviceGetMemoryInfo")]
+pub fn memory_info(dev: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
+    let Ok(f) = sym(|t| t.nvmlDeviceGetMemoryInfo) else {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    };
+    // SAFETY: `memory` is the application's out-pointer of this very call
+    // (or a live local of `memory`), passed unchanged; NVML checks NULL.
+    unsafe { f(dev, memory) }
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`, forwarded with the application's
+/// out-pointer.
+#[doc(alias = "nvmlDeviceGetMemoryInfo_v2")]
+pub fn memory_info_v2(dev: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+    let Ok(f) = sym(|t| t.nvmlDeviceGetMemoryInfo_v2) else {
+        return NVML_ERROR_FUNCTION_NOT_FOUND;
+    };
+    // SAFETY: `memory` is the application's out-pointer of this very call,
+    // passed unchanged (its `version` field set by the application).
+    unsafe { f(dev, memory) }
+}
