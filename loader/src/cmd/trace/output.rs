@@ -200,3 +200,54 @@ pub fn cu_result_name(r: u32) -> String {
     };
     s.to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use vgpu_common::{devices::OrdinalDevice, event::DEVICE_UNKNOWN};
+
+    use super::*;
+
+    fn context(func: Func, handle: u64) -> CallEvent {
+        CallEvent {
+            func: func.id(),
+            handle,
+            ..CallEvent::default()
+        }
+    }
+
+    #[test]
+    fn a_context_call_names_its_device_as_far_as_known() {
+        let ev = context(Func::CtxCreateV4, 0xffff_ffff);
+        assert_eq!(device_ordinal(&ev), Some(-1));
+        let ev = context(Func::CtxCreate, 1);
+        assert_eq!(device_ordinal(&ev), Some(1));
+        let known = Label {
+            ordinal: 1,
+            device: Some(OrdinalDevice {
+                uuid: "GPU-b".into(),
+                index: 0,
+            }),
+        };
+        assert_eq!(
+            args_json(&ev, Some(&known)),
+            json!({"device": 1, "device_uuid": "GPU-b", "device_index": 0})
+        );
+        let line = to_text(&ev, Some(&known));
+        assert!(
+            line.contains(" device=1 device_index=0 device_uuid=GPU-b -> 0 (CUDA_SUCCESS)"),
+            "{line}"
+        );
+        let ordinal_only = Label {
+            ordinal: 1,
+            device: None,
+        };
+        assert_eq!(args_json(&ev, Some(&ordinal_only)), json!({"device": 1}));
+        // Unread by the probe; no device argument at all.
+        assert_eq!(
+            device_ordinal(&context(Func::CtxCreate, DEVICE_UNKNOWN)),
+            None
+        );
+        assert_eq!(device_ordinal(&context(Func::Init, 0)), None);
+        assert_eq!(args_json(&context(Func::Init, 0), None), json!({}));
+    }
+}
