@@ -289,6 +289,7 @@ pub fn render() -> String {
             frees,
             bytes_allocated,
             bytes_freed,
+            devices,
         }
     );
     render_wire_ids(&mut s);
@@ -296,7 +297,8 @@ pub fn render() -> String {
 }
 
 /// The wire values the eBPF programs and the loader agree on: every
-/// [`Func`](crate::event::Func) id with its symbol and class, every
+/// [`Func`](crate::event::Func) id with its symbol, class and device
+/// argument, every
 /// [`Counter`](crate::event::Counter) index with its name.
 fn render_wire_ids(s: &mut String) {
     use crate::event::{Counter, Func};
@@ -305,9 +307,12 @@ fn render_wire_ids(s: &mut String) {
     funcs.sort_by_key(|f| f.id());
     for f in funcs {
         let back = Func::from_id(f.id()).map_or("none", Func::symbol);
+        let device = f
+            .device_arg()
+            .map_or_else(String::new, |n| format!(" device_arg={n}"));
         let _ = writeln!(
             s,
-            "Func::{f:?} = {} symbol={} class={:?} from_id={back}",
+            "Func::{f:?} = {} symbol={} class={:?} from_id={back}{device}",
             f.id(),
             f.symbol(),
             f.class()

@@ -9,7 +9,8 @@
 //!   (`_ptsz`) variant ([`CUDA_VERSIONS`]);
 //! - the eBPF observer: the [`Func`](crate::event::Func) id (the uprobe
 //!   cookie and the `func` field of every record), the symbol probed and
-//!   named in traces, and the class the programs and the loader aggregate by.
+//!   named in traces, the class the programs and the loader aggregate by,
+//!   and which argument is the call's device (its `CUdevice` argument).
 //!
 //! Adding an entry point is one row (plus, for a hook, its policy function).
 
@@ -22,7 +23,9 @@
 ///   names the `cudaTypedefs.h` typedef `PFN_<base>_v<version>[_ptsz]` that
 ///   binds to the symbol. `trace(…)` makes it an eBPF-probed [`Func`]; ids
 ///   are the kernel/user wire contract: never change or reuse one
-///   (allocation and free 1..=31, launches 32..=63, context 64..=79).
+///   (allocation and free 1..=31, launches 32..=63, context 64..=79). The
+///   first argument typed `CUdevice` of a traced row is the device its
+///   probe records ([`Func::device_arg`](crate::event::Func::device_arg)).
 /// - `cuda_older`: `<symbol> @ <version>;` older ABI versions of hooked base
 ///   names (`cuMemAlloc` before `cuMemAlloc_v2`). Never hooked: such a call
 ///   is forwarded untouched. Listed so `cuGetProcAddress` resolves exactly

@@ -19,6 +19,9 @@ pub const LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 /// The container runtime's device list; HAMi's device plugin sets it to the
 /// UUIDs of the devices it allocated, in the order of the `_<N>` limits.
 pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// The CUDA driver's own device selection, per process (`vgpu trace`
+/// reads it to name a context's device).
+pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
 /// A directory shared by every container of the node, where limited
 /// containers on one GPU agree on their turns (vgpu's own; unset or empty:
 /// the container does not take turns). HAMi's device plugin bind-mounts

@@ -93,8 +93,46 @@ macro_rules! gen_func {
                     $($(Func::$v => FuncClass::$class,)?)*
                 }
             }
+
+            /// Which argument (from 0) is the device the call acts on: the
+            /// first one its row of [`entry_points!`](crate::entry_points)
+            /// types `CUdevice` (a CUDA ordinal of the calling process).
+            pub const fn device_arg(self) -> Option<usize> {
+                $(device_arm!(self, [$($v)?], [$(stringify!($t)),*]);)*
+                None
+            }
         }
     };
+}
+
+/// One row's part of [`Func::device_arg`]: nothing for a row that is not
+/// traced; else its answer, computed at compile time.
+macro_rules! device_arm {
+    ($f:expr, [], [$($t:expr),*]) => {};
+    ($f:expr, [$v:ident], [$($t:expr),*]) => {
+        if $f as u32 == Func::$v as u32 {
+            return const { position_of(&[$($t),*], "CUdevice") };
+        }
+    };
+}
+
+/// The position of `want` in `items` (const: string equality by bytes).
+const fn position_of(items: &[&str], want: &str) -> Option<usize> {
+    let mut i = 0;
+    while i < items.len() {
+        let (a, b) = (items[i].as_bytes(), want.as_bytes());
+        let mut same = a.len() == b.len();
+        let mut k = 0;
+        while same && k < a.len() {
+            same = a[k] == b[k];
+            k += 1;
+        }
+        if same {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
 }
 
 crate::entry_points!(gen_func);
@@ -179,7 +217,8 @@ pub enum Counter {
     LaunchesFull = 4,
     /// `ALLOCS` was full: an allocation's size will not be subtracted at free.
     AllocsFull = 5,
-    /// Reading the caller's memory (out-param, launch config) failed.
+    /// Reading the caller's memory (out-param, launch config) or a context
+    /// call's device argument failed.
     UserReadFailed = 6,
     /// Reading the kernel's task/pid structures failed (namespace pids are 0).
     TaskReadFailed = 7,
@@ -217,6 +256,10 @@ impl Counter {
 
 /// `result` of a record whose return was not observed (no uretprobe).
 pub const RESULT_NONE: u32 = u32::MAX;
+
+/// `handle` of a context record whose device argument could not be read
+/// (never a zero-extended 32-bit ordinal).
+pub const DEVICE_UNKNOWN: u64 = u64::MAX;
 
 /// Kernel structure offsets (bytes), read by the loader from the running
 /// kernel's BTF and handed to the programs as part of [`Config`]; aya's Rust
@@ -286,6 +329,10 @@ pub struct Caller {
 ///   allocation was seen (else 0).
 /// - Launch: `handle` = `CUfunction`; `grid`, `block`, `shmem`, `stream`.
 /// - GraphLaunch: `handle` = `CUgraphExec`; `stream`.
+/// - Context: `handle` = the `CUdevice` argument (a CUDA ordinal of the
+///   caller, zero-extended from 32 bits) of the entry points that take one
+///   ([`Func::device_arg`]; [`DEVICE_UNKNOWN`] if it could not be read),
+///   else 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CallEvent {
@@ -388,10 +435,14 @@ pub struct ProcCounters {
     pub bytes_allocated: u64,
     /// Bytes released by successful frees of allocations that were seen.
     pub bytes_freed: u64,
+    /// Bit `i` set: a context was made on CUDA ordinal `i` (successful
+    /// context calls with a device argument; ordinals from 64 on are not
+    /// recorded). The CPUs' values are OR-ed.
+    pub devices: u64,
 }
 
 impl ProcCounters {
-    /// Field-wise sum (for adding up the CPUs).
+    /// Field-wise sum, `devices` OR-ed (for adding up the CPUs).
     pub const fn add(&self, o: &ProcCounters) -> ProcCounters {
         ProcCounters {
             launches: self.launches.wrapping_add(o.launches),
@@ -401,6 +452,7 @@ impl ProcCounters {
             frees: self.frees.wrapping_add(o.frees),
             bytes_allocated: self.bytes_allocated.wrapping_add(o.bytes_allocated),
             bytes_freed: self.bytes_freed.wrapping_add(o.bytes_freed),
+            devices: self.devices | o.devices,
         }
     }
 }
@@ -416,8 +468,26 @@ const _: () = {
     assert!(size_of::<Pending>() == 144);
     assert!(size_of::<LaunchKey>() == 40 && align_of::<LaunchKey>() == 8);
     assert!(size_of::<AllocKey>() == 16);
-    assert!(size_of::<ProcCounters>() == 56 && align_of::<ProcCounters>() == 8);
+    assert!(size_of::<ProcCounters>() == 64 && align_of::<ProcCounters>() == 8);
+    assert!(core::mem::offset_of!(ProcCounters, devices) == 56);
 };
 
 #[cfg(feature = "user")]
 mod user;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_calls_name_their_device_argument() {
+        assert_eq!(Func::DevicePrimaryCtxRetain.device_arg(), Some(1));
+        assert_eq!(Func::CtxCreate.device_arg(), Some(2));
+        assert_eq!(Func::CtxCreateV3.device_arg(), Some(4));
+        assert_eq!(Func::CtxCreateV4.device_arg(), Some(3));
+        assert_eq!(Func::Init.device_arg(), None);
+        for f in Func::ALL {
+            assert_eq!(f.device_arg(), None, "{f:?}");
+        }
+    }
+}

@@ -18,6 +18,8 @@ pub mod abi;
 #[cfg(feature = "std")]
 pub mod clock;
 #[cfg(feature = "std")]
+pub mod devices;
+#[cfg(feature = "std")]
 pub mod identity;
 #[cfg(feature = "std")]
 pub mod limit;

@@ -1,7 +1,10 @@
 //! Reading function arguments at a uprobe, including those passed on the
 //! stack (cuLaunchKernel has 11).
 
-use aya_ebpf::{helpers::bpf_probe_read_user, programs::ProbeContext};
+use aya_ebpf::{
+    helpers::{bpf_probe_read_kernel, bpf_probe_read_user},
+    programs::ProbeContext,
+};
 
 /// Argument `n` (from 0) as a 64-bit integer; 0 if it cannot be read.
 #[inline(always)]
@@ -10,6 +13,58 @@ pub(crate) fn arg(ctx: &ProbeContext, n: usize) -> u64 {
         return v;
     }
     stack_arg(ctx, n).unwrap_or(0)
+}
+
+/// Argument `n` (from 0) when `n` is known only at run time; `None` if it
+/// cannot be read. The compiler turns a per-path choice of register into
+/// one load from the context at an offset that differs by path, which the
+/// verifier refuses; a register is therefore read with a helper here.
+#[inline(always)]
+pub(crate) fn arg_at(ctx: &ProbeContext, n: usize) -> Option<u64> {
+    match reg_addr(ctx, n) {
+        // SAFETY: `p` points into this probe hit's pt_regs; the helper checks the read.
+        Some(p) => unsafe { bpf_probe_read_kernel(p) }.ok(),
+        None => stack_arg(ctx, n),
+    }
+}
+
+/// The address of register argument `n` in `pt_regs` (x86-64 SysV order).
+#[cfg(bpf_target_arch = "x86_64")]
+#[inline(always)]
+fn reg_addr(ctx: &ProbeContext, n: usize) -> Option<*const u64> {
+    let r = ctx.regs;
+    // SAFETY: only field addresses are formed from the kernel-provided
+    // pt_regs pointer; nothing is dereferenced.
+    unsafe {
+        Some(match n {
+            0 => core::ptr::addr_of!((*r).rdi),
+            1 => core::ptr::addr_of!((*r).rsi),
+            2 => core::ptr::addr_of!((*r).rdx),
+            3 => core::ptr::addr_of!((*r).rcx),
+            4 => core::ptr::addr_of!((*r).r8),
+            5 => core::ptr::addr_of!((*r).r9),
+            _ => return None,
+        })
+    }
+}
+
+/// The address of register argument `n` in `user_pt_regs` (x0..x7).
+#[cfg(bpf_target_arch = "aarch64")]
+#[inline(always)]
+fn reg_addr(ctx: &ProbeContext, n: usize) -> Option<*const u64> {
+    if n >= 8 {
+        return None;
+    }
+    // SAFETY: only a field address is formed from the kernel-provided
+    // pt_regs pointer (n < 8 < 31); nothing is dereferenced.
+    Some(unsafe { core::ptr::addr_of!((*ctx.regs).regs[n]) })
+}
+
+/// Other architectures: no register is decoded.
+#[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
+#[inline(always)]
+fn reg_addr(_ctx: &ProbeContext, _n: usize) -> Option<*const u64> {
+    None
 }
 
 /// x86-64 SysV: six register arguments, then the stack; at the first

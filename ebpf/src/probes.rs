@@ -8,11 +8,11 @@ use aya_ebpf::{
 };
 use vgpu_common::event::{
     AllocKey, CallEvent, Counter, Func, FuncClass, LaunchKey, Pending, PendingKey, ProcCounters,
-    RESULT_NONE,
+    DEVICE_UNKNOWN, RESULT_NONE,
 };
 
 use crate::{
-    args::{arg, read_user},
+    args::{arg, arg_at, read_user},
     caller,
     maps::{config, count, ALLOCS, EVENTS, LAUNCHES, PENDING, PROCS, PROC_COUNTS},
 };
@@ -128,9 +128,22 @@ fn try_entry(ctx: &ProbeContext) -> Result<(), Error> {
                 ev.stream = arg(ctx, 1);
             }
         }
-        // Known from its first call on: the daemon fills host pids from PROCS.
-        FuncClass::Context if cfg.aggregate != 0 => bump(&p.event, |_| {}),
-        FuncClass::Context => {}
+        FuncClass::Context => {
+            if let Some(n) = func.device_arg() {
+                // A CUdevice is a C int: the register's upper half is not part of it.
+                ev.handle = match arg_at(ctx, n) {
+                    Some(dev) => u64::from(dev as u32),
+                    None => {
+                        count(Counter::UserReadFailed);
+                        DEVICE_UNKNOWN
+                    }
+                };
+            }
+            // Known from its first call on: the daemon fills host pids from PROCS.
+            if cfg.aggregate != 0 {
+                bump(&p.event, |_| {});
+            }
+        }
     }
 
     let launchy = matches!(class, FuncClass::Launch | FuncClass::GraphLaunch);
@@ -228,7 +241,13 @@ fn try_return(ctx: &RetProbeContext) -> Result<(), Error> {
                 });
             }
         }
-        FuncClass::Launch | FuncClass::GraphLaunch | FuncClass::Context => {}
+        FuncClass::Context => {
+            if ok && cfg.aggregate != 0 && func.device_arg().is_some() && ev.handle < 64 {
+                let bit = 1u64 << ev.handle;
+                bump(&ev, |c| c.devices |= bit);
+            }
+        }
+        FuncClass::Launch | FuncClass::GraphLaunch => {}
     }
     if cfg.emit_events != 0 {
         emit(&ev);

@@ -1,5 +1,6 @@
 //! `vgpu trace`: live audit of CUDA allocations, frees and kernel launches.
 
+mod devices;
 mod filter;
 mod output;
 mod view;
@@ -27,13 +28,20 @@ use crate::{
 ///
 /// Puts uprobes on every launch entry point of libcuda (cuLaunchKernel,
 /// cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch and their _ptsz
-/// forms) and on every allocation and free entry point, for all processes
-/// using that libcuda file, in any container.
+/// forms), on every allocation and free entry point, and on cuInit and the
+/// context calls (cuDevicePrimaryCtxRetain, cuCtxCreate_v2/_v3/_v4), for all
+/// processes using that libcuda file, in any container.
 ///
 /// Default view: a table refreshed every --interval of launches/s, graph
-/// launches/s, allocations and bytes held per process, with its top kernels
-/// (function handle, grid, block). It is counted in kernel maps: no per-launch
-/// record leaves the kernel. --events / --json print one record per call instead.
+/// launches/s, allocations, bytes held and devices per process, with its top
+/// kernels (function handle, grid, block). It is counted in kernel maps: no
+/// per-launch record leaves the kernel. --events / --json print one record per
+/// call instead.
+///
+/// DEVICES: a context call's device is named by the caller's CUDA ordinal, the
+/// device's UUID and its index in the caller's container, found from NVML and
+/// the process's NVIDIA_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES (read from
+/// /proc/<pid>/environ). Without NVML only the ordinal is shown.
 ///
 /// OVERHEAD: a uprobe is a trap taken on every probed call, by every process
 /// using the library, while vgpu trace runs. Measured on an H200 (driver
@@ -91,7 +99,7 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 5)]
     top: usize,
 
-    /// Do not probe launch entry points (allocations and frees only).
+    /// Do not probe launch entry points (allocations, frees and contexts only).
     #[arg(long)]
     no_launches: bool,
 
@@ -152,6 +160,7 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
     let funcs: Vec<Func> = Func::ALL
         .into_iter()
         .filter(|f| !args.no_launches || matches!(f.class(), FuncClass::Alloc | FuncClass::Free))
+        .chain(Func::CONTEXT)
         .collect();
     for lib in &libs {
         let rep = probes.attach(lib, &funcs).map_err(sentence)?;

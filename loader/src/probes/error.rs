@@ -61,6 +61,8 @@ impl ProbeError {
     where
         E: std::error::Error + Send + Sync + 'static,
     {
+        // The verifier's own words, which the classes below may not keep.
+        tracing::debug!("{action}: {e}");
         match errno_in_chain(&e) {
             Some(libc::EPERM) => ProbeError::Permission {
                 action,

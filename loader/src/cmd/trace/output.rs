@@ -5,12 +5,14 @@ use std::io::{BufWriter, Stdout, Write as _};
 use serde_json::{json, Value};
 use vgpu_common::event::{CallEvent, Func, FuncClass, RESULT_NONE};
 
+use super::devices::{DeviceNames, Label};
 use crate::cgroup::{CgroupIndex, ContainerInfo};
 
 /// Writes per-call records to stdout.
 pub struct EventWriter {
     json: bool,
     out: BufWriter<Stdout>,
+    devices: DeviceNames,
 }
 
 impl EventWriter {
@@ -19,15 +21,17 @@ impl EventWriter {
         EventWriter {
             json,
             out: BufWriter::new(std::io::stdout()),
+            devices: DeviceNames::new(),
         }
     }
 
     /// Writes one record; false when stdout is gone.
     pub fn write(&mut self, ev: &CallEvent, cgroups: &mut CgroupIndex) -> bool {
+        let label = device_ordinal(ev).map(|o| self.devices.label(ev.caller.host_tgid, o));
         let line = if self.json {
-            to_json(ev, cgroups).to_string()
+            to_json(ev, label.as_ref(), cgroups).to_string()
         } else {
-            to_text(ev)
+            to_text(ev, label.as_ref())
         };
         writeln!(self.out, "{line}").is_ok()
     }
@@ -48,8 +52,17 @@ fn func_name(ev: &CallEvent) -> String {
         .map_or_else(|| format!("func#{}", ev.func), |f| f.symbol().to_owned())
 }
 
-/// The call's arguments and outputs as a JSON object (see docs/trace.md).
-pub fn args_json(ev: &CallEvent) -> Value {
+/// The CUDA ordinal a context call names, if it takes a device and the
+/// probe could read it.
+pub fn device_ordinal(ev: &CallEvent) -> Option<i32> {
+    ev.func()?.device_arg()?;
+    // The probe keeps the low 32 bits, a C int (DEVICE_UNKNOWN is above them).
+    u32::try_from(ev.handle).ok().map(|d| d as i32)
+}
+
+/// The call's arguments and outputs as a JSON object (see docs/trace.md);
+/// `device` names the device of a context call.
+pub fn args_json(ev: &CallEvent, device: Option<&Label>) -> Value {
     let Some(f) = ev.func() else {
         return json!({});
     };
@@ -86,7 +99,17 @@ pub fn args_json(ev: &CallEvent) -> Value {
             "handle": hex(ev.handle),
             "size": ev.size,
         }),
-        FuncClass::Context => json!({}),
+        FuncClass::Context => {
+            let mut v = json!({});
+            if let Some(l) = device {
+                v["device"] = json!(l.ordinal);
+                if let Some(d) = &l.device {
+                    v["device_uuid"] = json!(d.uuid);
+                    v["device_index"] = json!(d.index);
+                }
+            }
+            v
+        }
         FuncClass::Free => {
             let mut v = json!({ "dptr": hex(ev.handle), "bytes": ev.size });
             if matches!(f, Func::MemFreeAsync | Func::MemFreeAsyncPtsz) {
@@ -98,7 +121,7 @@ pub fn args_json(ev: &CallEvent) -> Value {
 }
 
 /// One JSON object with every field of the record.
-pub fn to_json(ev: &CallEvent, cgroups: &mut CgroupIndex) -> Value {
+pub fn to_json(ev: &CallEvent, device: Option<&Label>, cgroups: &mut CgroupIndex) -> Value {
     let c = &ev.caller;
     let path = cgroups.path(c.cgroup_id).map(str::to_owned);
     let info = path
@@ -118,7 +141,7 @@ pub fn to_json(ev: &CallEvent, cgroups: &mut CgroupIndex) -> Value {
         "container_id": info.container_id,
         "comm": c.comm_str(),
         "func": func_name(ev),
-        "args": args_json(ev),
+        "args": args_json(ev, device),
         "result": (ev.result != RESULT_NONE).then_some(ev.result),
         "result_name": (ev.result != RESULT_NONE).then(|| cu_result_name(ev.result)),
         "duration_ns": ev.duration_ns,
@@ -126,9 +149,9 @@ pub fn to_json(ev: &CallEvent, cgroups: &mut CgroupIndex) -> Value {
 }
 
 /// One human-readable line.
-pub fn to_text(ev: &CallEvent) -> String {
+pub fn to_text(ev: &CallEvent, device: Option<&Label>) -> String {
     let c = &ev.caller;
-    let args = match args_json(ev) {
+    let args = match args_json(ev, device) {
         Value::Object(m) => m
             .iter()
             .map(|(k, v)| format!("{k}={}", v.to_string().trim_matches('"')))
@@ -176,4 +199,55 @@ pub fn cu_result_name(r: u32) -> String {
         _ => return format!("CUDA_ERROR_{r}"),
     };
     s.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use vgpu_common::{devices::OrdinalDevice, event::DEVICE_UNKNOWN};
+
+    use super::*;
+
+    fn context(func: Func, handle: u64) -> CallEvent {
+        CallEvent {
+            func: func.id(),
+            handle,
+            ..CallEvent::default()
+        }
+    }
+
+    #[test]
+    fn a_context_call_names_its_device_as_far_as_known() {
+        let ev = context(Func::CtxCreateV4, 0xffff_ffff);
+        assert_eq!(device_ordinal(&ev), Some(-1));
+        let ev = context(Func::CtxCreate, 1);
+        assert_eq!(device_ordinal(&ev), Some(1));
+        let known = Label {
+            ordinal: 1,
+            device: Some(OrdinalDevice {
+                uuid: "GPU-b".into(),
+                index: 0,
+            }),
+        };
+        assert_eq!(
+            args_json(&ev, Some(&known)),
+            json!({"device": 1, "device_uuid": "GPU-b", "device_index": 0})
+        );
+        let line = to_text(&ev, Some(&known));
+        assert!(
+            line.contains(" device=1 device_index=0 device_uuid=GPU-b -> 0 (CUDA_SUCCESS)"),
+            "{line}"
+        );
+        let ordinal_only = Label {
+            ordinal: 1,
+            device: None,
+        };
+        assert_eq!(args_json(&ev, Some(&ordinal_only)), json!({"device": 1}));
+        // Unread by the probe; no device argument at all.
+        assert_eq!(
+            device_ordinal(&context(Func::CtxCreate, DEVICE_UNKNOWN)),
+            None
+        );
+        assert_eq!(device_ordinal(&context(Func::Init, 0)), None);
+        assert_eq!(args_json(&context(Func::Init, 0), None), json!({}));
+    }
 }

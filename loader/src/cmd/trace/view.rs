@@ -9,7 +9,7 @@ use std::{
 
 use vgpu_common::event::{Caller, Func, LaunchKey, ProcCounters};
 
-use super::filter::Filter;
+use super::{devices::DeviceNames, filter::Filter};
 use crate::{
     cgroup::{CgroupIndex, ContainerInfo},
     probes::{ProbeError, ProbeSet},
@@ -76,6 +76,7 @@ pub struct Table {
     tty: bool,
     prev: HashMap<u32, (ProcCounters, Duration)>,
     exited: HashMap<u32, Instant>,
+    devices: DeviceNames,
 }
 
 impl Table {
@@ -86,6 +87,7 @@ impl Table {
             tty,
             prev: HashMap::new(),
             exited: HashMap::new(),
+            devices: DeviceNames::new(),
         }
     }
 
@@ -105,6 +107,7 @@ impl Table {
                 out.push(tgid);
                 self.exited.remove(&tgid);
                 self.prev.remove(&tgid);
+                self.devices.forget(tgid);
             }
         }
         out
@@ -124,7 +127,7 @@ impl Table {
             snap.lost
         ));
         s.push_str(&format!(
-            "{:>8} {:>6} {:>10} {:<22} {:<15} {:>10} {:>9} {:>10} {:>8} {:>7} {:>7} {:>14}\n",
+            "{:>8} {:>6} {:>10} {:<22} {:<15} {:>10} {:>9} {:>10} {:>8} {:>7} {:>7} {:>14} {}\n",
             "PID",
             "NSPID",
             "CGROUP",
@@ -136,7 +139,8 @@ impl Table {
             "GRAPHS",
             "ALLOCS",
             "FREES",
-            "HELD_BYTES"
+            "HELD_BYTES",
+            "DEVICES"
         ));
         for r in &snap.rows {
             let c = &r.counts;
@@ -155,8 +159,9 @@ impl Table {
             };
             self.prev.insert(r.caller.host_tgid, (*c, at));
             let held = c.bytes_allocated.saturating_sub(c.bytes_freed);
+            let devices = self.devices_column(r.caller.host_tgid, c.devices);
             s.push_str(&format!(
-                "{:>8} {:>6} {:>10} {:<22} {:<15} {:>10.1} {:>9.1} {:>10} {:>8} {:>7} {:>7} {:>14}\n",
+                "{:>8} {:>6} {:>10} {:<22} {:<15} {:>10.1} {:>9.1} {:>10} {:>8} {:>7} {:>7} {:>14} {}\n",
                 r.caller.host_tgid,
                 r.caller.ns_tgid,
                 r.caller.cgroup_id,
@@ -168,7 +173,8 @@ impl Table {
                 c.graph_launches,
                 c.allocs,
                 c.frees,
-                held
+                held,
+                devices
             ));
             for (k, n) in r.kernels.iter().take(self.top) {
                 let name = Func::from_id(k.func).map_or("?", Func::symbol);
@@ -189,5 +195,31 @@ impl Table {
         }
         let mut out = std::io::stdout().lock();
         out.write_all(s.as_bytes()).is_ok() && out.flush().is_ok()
+    }
+}
+
+impl Table {
+    /// The DEVICES column: the container index of each device the process
+    /// made a context on (bit `i` of `ordinals`: CUDA ordinal `i`), in
+    /// order; `c<ordinal>` where the index is unknown; `-` for none.
+    fn devices_column(&mut self, tgid: u32, ordinals: u64) -> String {
+        let mut names: Vec<(bool, usize, String)> = (0..64)
+            .filter(|i| ordinals & (1u64 << i) != 0)
+            .map(|i| {
+                let l = self.devices.label(tgid, i);
+                let key = l.device.as_ref().map_or(i as usize, |d| d.index);
+                (l.device.is_none(), key, l.short())
+            })
+            .collect();
+        if names.is_empty() {
+            return "-".to_owned();
+        }
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|(_, _, n)| n)
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
