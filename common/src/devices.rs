@@ -1,6 +1,7 @@
 //! Which physical device each CUDA ordinal of a process is, and its index
 //! in its container, from the host's NVML list and the process's
-//! environment. `vgpu trace` labels context calls with it.
+//! environment (`vgpu trace` labels context calls with it), and the
+//! container's device order the hook indexes shared words by.
 //!
 //! The container index is the one the hook indexes every shared per-device
 //! word by (hook/src/devices.rs): the device's position in
@@ -31,62 +32,96 @@ fn entries(list: &str) -> impl Iterator<Item = &str> {
     list.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
+/// Where the NVML list a caller passes comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NvmlView {
+    /// The host's devices (the daemon, `vgpu trace`): host indices in
+    /// `NVIDIA_VISIBLE_DEVICES` select from it.
+    Host,
+    /// The container's own devices (the hook): the runtime already left out
+    /// the others, so host indices say nothing more.
+    Container,
+}
+
+/// The container's devices in its index order: the UUIDs of
+/// `NVIDIA_VISIBLE_DEVICES` when it lists only UUIDs (HAMi's device plugin
+/// lists the devices it allocated in the order of its `_<i>` limits; a
+/// prefix is completed from `nvml`), else the `nvml` devices it names by
+/// host index (unset, empty or `all`: every one), in NVML order.
+pub fn container_devices(
+    nvml: &[String],
+    nvidia_visible: Option<&str>,
+    view: NvmlView,
+) -> Vec<String> {
+    let listed: Vec<&str> = nvidia_visible
+        .map(|v| entries(v).collect())
+        .unwrap_or_default();
+    if listed.is_empty() || listed.contains(&"all") {
+        return nvml.to_vec();
+    }
+    if listed.iter().all(|l| is_uuid(l)) {
+        return listed
+            .iter()
+            .map(|l| {
+                nvml.iter()
+                    .find(|u| u.starts_with(l))
+                    .cloned()
+                    .unwrap_or_else(|| (*l).to_owned())
+            })
+            .collect();
+    }
+    match view {
+        NvmlView::Container => nvml.to_vec(),
+        NvmlView::Host => nvml
+            .iter()
+            .enumerate()
+            .filter(|(i, u)| {
+                listed.iter().any(|l| {
+                    if is_uuid(l) {
+                        u.starts_with(l)
+                    } else {
+                        l.parse::<usize>().is_ok_and(|n| n == *i)
+                    }
+                })
+            })
+            .map(|(_, u)| u.clone())
+            .collect(),
+    }
+}
+
 /// The devices a process's CUDA driver sees, by CUDA ordinal.
 ///
 /// - `host`: the host's device UUIDs in NVML index order.
-/// - `nvidia_visible`: the container's `NVIDIA_VISIBLE_DEVICES`: UUIDs (or
-///   prefixes) or host indices; unset, empty or containing `all`: every
-///   device. Entries naming no host device (`none`, `void`, a MIG device)
-///   are left out. The container's devices are the named ones, in NVML order.
+/// - `nvidia_visible`: the container's `NVIDIA_VISIBLE_DEVICES`
+///   ([`container_devices`]); entries naming no host device (`none`,
+///   `void`, a MIG device) are left out. The driver enumerates the
+///   container's devices in NVML order.
 /// - `cuda_visible`: the process's `CUDA_VISIBLE_DEVICES`: ordinals into
-///   the container's devices or UUID prefixes, read up to the first entry
-///   that names no device or repeats one (as the CUDA driver does); unset:
+///   that enumeration or UUID prefixes, read up to the first entry that
+///   names no device or repeats one (as the CUDA driver does); unset:
 ///   every container device in order.
 pub fn process_devices(
     host: &[String],
     nvidia_visible: Option<&str>,
     cuda_visible: Option<&str>,
 ) -> Vec<OrdinalDevice> {
-    let listed: Vec<&str> = nvidia_visible
-        .map(|v| entries(v).collect())
-        .unwrap_or_default();
-    let everything = listed.is_empty() || listed.contains(&"all");
-    let named = |i: usize, uuid: &str| {
-        listed.iter().any(|l| {
-            if is_uuid(l) {
-                uuid.starts_with(l)
-            } else {
-                l.parse::<usize>().is_ok_and(|n| n == i)
-            }
-        })
-    };
-    // The container's devices, in NVML order.
-    let container: Vec<&str> = host
+    let by_index = container_devices(host, nvidia_visible, NvmlView::Host);
+    let enumerated: Vec<&str> = host
         .iter()
-        .enumerate()
-        .filter(|(i, u)| everything || named(*i, u))
-        .map(|(_, u)| u.as_str())
+        .filter(|u| by_index.contains(u))
+        .map(String::as_str)
         .collect();
-    let by_uuid_list = !everything && listed.iter().all(|l| is_uuid(l));
-    let index_of = |uuid: &str| -> Option<usize> {
-        if by_uuid_list {
-            listed.iter().position(|l| uuid.starts_with(l))
-        } else {
-            container.iter().position(|c| *c == uuid)
-        }
-    };
-
     let picked: Vec<&str> = match cuda_visible {
-        None => container.clone(),
+        None => enumerated.clone(),
         Some(v) => {
             let mut out: Vec<&str> = Vec::new();
             for item in v.split(',').map(str::trim) {
                 let found = if is_uuid(item) {
-                    container.iter().find(|c| c.starts_with(item)).copied()
+                    enumerated.iter().find(|c| c.starts_with(item)).copied()
                 } else {
                     item.parse::<usize>()
                         .ok()
-                        .and_then(|i| container.get(i).copied())
+                        .and_then(|i| enumerated.get(i).copied())
                 };
                 match found {
                     Some(d) if !out.contains(&d) => out.push(d),
@@ -101,7 +136,7 @@ pub fn process_devices(
         .filter_map(|u| {
             Some(OrdinalDevice {
                 uuid: u.to_owned(),
-                index: index_of(u)?,
+                index: by_index.iter().position(|c| c == u)?,
             })
         })
         .collect()
@@ -193,6 +228,34 @@ mod tests {
         let long = "0,".repeat(100_000);
         assert_eq!(map(Some(&long), Some(&long)), vec![(A, 0)]);
         assert_eq!(process_devices(&[], Some("all"), Some("0")), vec![]);
+    }
+
+    #[test]
+    fn the_container_order_is_the_uuid_list_else_nvmls() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let h = host();
+        for view in [NvmlView::Host, NvmlView::Container] {
+            assert_eq!(container_devices(&h, None, view), h);
+            assert_eq!(container_devices(&h, Some("all"), view), h);
+            assert_eq!(
+                container_devices(&h, Some(&format!("{C},{A}")), view),
+                s(&[C, A])
+            );
+            assert_eq!(
+                container_devices(&h, Some("GPU-bbbb"), view),
+                s(&[B]),
+                "a prefix is completed"
+            );
+        }
+        assert_eq!(
+            container_devices(&h, Some("2,0"), NvmlView::Host),
+            s(&[A, C])
+        );
+        assert_eq!(
+            container_devices(&h, Some("2,0"), NvmlView::Container),
+            h,
+            "inside, NVML lists only the container's devices already"
+        );
     }
 
     #[test]

@@ -20,39 +20,11 @@
 
 use std::sync::OnceLock;
 
+use vgpu_common::devices::{container_devices, NvmlView};
 use vgpu_common::region::MAX_DEVICES;
 
 use crate::ffi::*;
 use crate::real::{cuda, nvml};
-
-/// The container's devices (UUIDs in container index order): the UUIDs of
-/// `nvidia_visible` when it lists UUIDs, else `nvml` (NVML's order).
-pub fn container_order(nvidia_visible: Option<&str>, nvml: &[String]) -> Vec<String> {
-    let listed: Vec<String> = nvidia_visible
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect();
-    let all_uuids = !listed.is_empty()
-        && listed
-            .iter()
-            .all(|s| s.starts_with("GPU-") || s.starts_with("MIG-"));
-    if !all_uuids {
-        return nvml.to_vec();
-    }
-    // A listed prefix names the device NVML spells in full.
-    listed
-        .into_iter()
-        .map(|l| {
-            nvml.iter()
-                .find(|u| u.starts_with(l.as_str()))
-                .cloned()
-                .unwrap_or(l)
-        })
-        .collect()
-}
 
 /// The container index of each CUDA ordinal (`None`: a device the container
 /// order does not list, or whose UUID is unknown).
@@ -84,9 +56,10 @@ impl Devices {
     fn load() -> Option<Self> {
         let count = cuda::device::count().ok()?;
         let cuda: Vec<Option<String>> = (0..count.max(0) as usize).map(cuda_uuid).collect();
-        let mut container = container_order(
-            crate::state::config().nvidia_visible.as_deref(),
+        let mut container = container_devices(
             &nvml_uuids(),
+            crate::state::config().nvidia_visible.as_deref(),
+            NvmlView::Container,
         );
         if container.is_empty() {
             // No NVML: CUDA's own order is all there is.
@@ -191,23 +164,6 @@ mod tests {
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()
-    }
-
-    #[test]
-    fn the_container_order_is_the_device_plugins_uuid_list_else_nvmls() {
-        let nvml = s(&["GPU-aaaa-1", "GPU-bbbb-2"]);
-        assert_eq!(container_order(None, &nvml), nvml);
-        assert_eq!(container_order(Some("all"), &nvml), nvml);
-        assert_eq!(container_order(Some("1,0"), &nvml), nvml);
-        assert_eq!(
-            container_order(Some("GPU-bbbb-2,GPU-aaaa-1"), &nvml),
-            s(&["GPU-bbbb-2", "GPU-aaaa-1"])
-        );
-        assert_eq!(
-            container_order(Some("GPU-bbbb"), &nvml),
-            s(&["GPU-bbbb-2"]),
-            "a prefix names NVML's device"
-        );
     }
 
     #[test]

@@ -41,9 +41,10 @@ pub fn init_with_flags(flags: c_uint) -> nvmlReturn_t {
 }
 
 fn fill_from_nvml(r: &SharedRegion) {
-    let uuids = crate::devices::container_order(
-        crate::state::config().nvidia_visible.as_deref(),
+    let uuids = vgpu_common::devices::container_devices(
         &crate::devices::nvml_uuids(),
+        crate::state::config().nvidia_visible.as_deref(),
+        vgpu_common::devices::NvmlView::Container,
     );
     let n = uuids.len().min(MAX_DEVICES);
     for (i, u) in uuids.iter().take(n).enumerate() {
