@@ -278,6 +278,7 @@ impl Costs {
         }
     }
 
+    #[cfg(test)]
     pub fn estimate(&self, key: &Key) -> Option<u64> {
         self.keys.get(key).and_then(|e| e.est)
     }

@@ -4,8 +4,10 @@
 //! `Events` (the current context's device and timing events, always the
 //! real driver's, never the hooked exports; all that `turns` and `prio`
 //! need), `Container` (the region, policy and buckets), `Nvml` (the
-//! feedback loop's measurements) and `NodeTable` (the node's table and how
-//! this process uses it). `Sys` is all of them, for the controller.
+//! feedback loop's measurements, and where its steps run) and `NodeTable`
+//! (the node's table and how this process uses it). Each part of the
+//! controller asks for the few it uses; `Sys` is all of them, for the
+//! controller that composes the parts.
 
 use std::cell::Cell;
 use std::sync::atomic::AtomicUsize;
@@ -21,7 +23,7 @@ use crate::ffi::*;
 
 /// An event's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Poll {
+pub(crate) enum Poll {
     Ready,
     NotReady,
     /// Destroyed context, driver error: drop the sample.
@@ -29,7 +31,7 @@ pub enum Poll {
 }
 
 /// Clocks and sleeping.
-pub trait Clock: Sync {
+pub(crate) trait Clock: Sync {
     /// CLOCK_MONOTONIC, ns.
     fn now(&self) -> u64;
     /// A cheaper clock of a few ms resolution (same epoch as `now`).
@@ -44,7 +46,7 @@ pub trait Clock: Sync {
 }
 
 /// The current context and the real driver's timing events.
-pub trait Events: Sync {
+pub(crate) trait Events: Sync {
     /// The current context (as an opaque key) and its CUDA device ordinal.
     fn current(&self) -> Option<(usize, usize)>;
     /// A timing event in the current context.
@@ -73,7 +75,7 @@ pub trait Events: Sync {
 }
 
 /// The container's shared state: its region, policy and buckets.
-pub trait Container: Sync {
+pub(crate) trait Container: Sync {
     /// The region and this process's slot.
     fn region(&self) -> Option<(&SharedRegion, usize)>;
     /// `GPU_CORE_UTILIZATION_POLICY`.
@@ -90,7 +92,7 @@ pub trait Container: Sync {
 }
 
 /// What NVML measures (the feedback loop).
-pub trait Nvml: Sync {
+pub(crate) trait Nvml: Sync {
     /// NVML's per-process SM samples `(host pid, sm %)` of CUDA device
     /// `dev` since `since_us` (Unix µs; 0 = all it has); `None` when NVML
     /// cannot say (the loop then stays open).
@@ -103,10 +105,16 @@ pub trait Nvml: Sync {
     fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
         None
     }
+    /// Whether a background thread runs the feedback steps
+    /// (`Controller::background`), so that its NVML calls (milliseconds
+    /// each) never delay a launch; else they run on the launch path.
+    fn offload(&self) -> bool {
+        false
+    }
 }
 
 /// The node's table of containers on a GPU, and how this process uses it.
-pub trait NodeTable: Sync {
+pub(crate) trait NodeTable: Sync {
     /// The node's table of limited containers on CUDA device `dev`, shared
     /// with the other containers of the node; `None` when there is none.
     fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
@@ -122,16 +130,10 @@ pub trait NodeTable: Sync {
     fn ranked(&self) -> bool {
         false
     }
-    /// Whether a background thread runs the feedback steps
-    /// (`Controller::background`), so that its NVML calls (milliseconds
-    /// each) never delay a launch; else they run on the launch path.
-    fn offload(&self) -> bool {
-        false
-    }
 }
 
 /// Everything the controller needs from the outside world.
-pub trait Sys: Clock + Events + Container + Nvml + NodeTable {}
+pub(crate) trait Sys: Clock + Events + Container + Nvml + NodeTable {}
 
 impl<T: Clock + Events + Container + Nvml + NodeTable> Sys for T {}
 
@@ -195,7 +197,7 @@ thread_local! {
 
 /// The process's real world.
 #[derive(Debug, Default)]
-pub struct Real {
+pub(crate) struct Real {
     buckets: OnceLock<&'static SmShared>,
     /// NVML handles by CUDA ordinal (0: not looked up yet).
     nvml: [AtomicUsize; MAX_DEVICES],
@@ -259,7 +261,7 @@ impl Clock for Real {
 /// The calling thread's current context and its device (the device cached
 /// per thread while the context stays the same: one driver query, no
 /// syscall, in the common case).
-pub fn current_context_device() -> Option<(usize, usize)> {
+pub(crate) fn current_context_device() -> Option<(usize, usize)> {
     let mut ctx: CUcontext = std::ptr::null_mut();
     if real_cuda!(cuCtxGetCurrent(&mut ctx)) != CUDA_SUCCESS || ctx.is_null() {
         return None;
@@ -398,6 +400,10 @@ impl Nvml for Real {
         let pids = crate::memory::driver::compute_processes(h)?;
         Some((util, pids.iter().map(|p| p.pid).collect()))
     }
+
+    fn offload(&self) -> bool {
+        super::background_started()
+    }
 }
 
 impl NodeTable for Real {
@@ -430,9 +436,5 @@ impl NodeTable for Real {
     fn ranked(&self) -> bool {
         let c = crate::state::config();
         c.priority_stated && c.node_dir.as_ref().is_some_and(|d| d.is_dir())
-    }
-
-    fn offload(&self) -> bool {
-        super::background_started()
     }
 }
