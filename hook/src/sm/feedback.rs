@@ -262,3 +262,124 @@ fn publish_namespace_util(region: &SharedRegion, own: usize, dev: usize, samples
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use vgpu_common::view::RegionFile;
+
+    use super::*;
+    use crate::sm::tuning::LEASE_NS;
+
+    /// One process of a container, as the loop sees it: a clock, the
+    /// region and the container's buckets, and an NVML that says the
+    /// container used `used` % of the device alone.
+    struct Proc {
+        now: AtomicU64,
+        pid: u32,
+        file: &'static RegionFile,
+        buckets: &'static vgpu_common::sidecar::SmShared,
+        used: u32,
+        /// NVML calls made.
+        asked: AtomicU32,
+    }
+
+    impl Clock for Proc {
+        fn now(&self) -> u64 {
+            self.now.load(Relaxed)
+        }
+        fn coarse(&self) -> u64 {
+            self.now()
+        }
+        fn unix_secs(&self) -> u64 {
+            self.now() / 1_000_000_000
+        }
+        fn sleep_until(&self, t: u64) {
+            self.now.fetch_max(t, Relaxed);
+        }
+    }
+
+    impl Container for Proc {
+        fn region(&self) -> Option<(&SharedRegion, usize)> {
+            Some((self.file.region(), 0))
+        }
+        fn policy(&self) -> i32 {
+            0
+        }
+        fn buckets(&self) -> &'static vgpu_common::sidecar::SmShared {
+            self.buckets
+        }
+        fn pid(&self) -> u32 {
+            self.pid
+        }
+    }
+
+    impl Nvml for Proc {
+        fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
+            self.asked.fetch_add(1, Relaxed);
+            Some(vec![(4242, self.used)])
+        }
+        fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
+            Some((f64::from(self.used), vec![4242]))
+        }
+    }
+
+    /// Two processes of one container (host pid 4242 holds memory), both
+    /// charged 30 % of the time while NVML measures 45 %.
+    fn container() -> (Proc, Proc, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let file: &'static RegionFile = Box::leak(Box::new(
+            RegionFile::create_or_open(&dir.path().join("r")).unwrap(),
+        ));
+        let r = file.region();
+        r.proc_num.store(1, Relaxed);
+        r.procs[0].pid.store(77, Relaxed);
+        r.procs[0].hostpid.store(4242, Relaxed);
+        r.procs[0].used[0].total.store(1 << 20, Relaxed);
+        let buckets = crate::sm::sidecar::private();
+        let p = |pid| Proc {
+            now: AtomicU64::new(10_000_000_000),
+            pid,
+            file,
+            buckets,
+            used: 45,
+            asked: AtomicU32::new(0),
+        };
+        (p(100), p(200), dir)
+    }
+
+    /// Both processes step every period for `periods`, each charging 30 %
+    /// of the time to the container first.
+    fn run(a: &(Feedback, Proc), b: &(Feedback, Proc), periods: u64) {
+        for _ in 0..periods {
+            for (f, p) in [a, b] {
+                let t = p.now.fetch_add(PERIOD_NS, Relaxed) + PERIOD_NS;
+                p.buckets.devs[0]
+                    .charged_ns
+                    .fetch_add(PERIOD_NS * 3 / 10 / 2, Relaxed);
+                f.on_launch(p, 0, t, 30);
+            }
+        }
+    }
+
+    #[test]
+    fn one_leader_measures_and_another_takes_over_when_its_lease_runs_out() {
+        let (pa, pb, _dir) = container();
+        let (a, b) = ((Feedback::default(), pa), (Feedback::default(), pb));
+        run(&a, &b, 6);
+        assert!(a.1.asked.load(Relaxed) >= 5, "the first process leads");
+        assert_eq!(b.1.asked.load(Relaxed), 0, "the other never measures");
+        let g = correction::factor(&a.1.buckets.devs[0]);
+        assert!(g > 1.1, "charged 30 against 45 measured: factor {g:.3}");
+        // The leader stops (it exited): once its lease has run out, the
+        // other leads, and only it measures.
+        let t = a.1.now() + LEASE_NS + PERIOD_NS;
+        b.1.now.store(t, Relaxed);
+        let before = b.1.asked.load(Relaxed);
+        for i in 1..6 {
+            b.0.on_launch(&b.1, 0, t + i * PERIOD_NS, 30);
+        }
+        assert!(b.1.asked.load(Relaxed) > before, "the lease passed on");
+    }
+}

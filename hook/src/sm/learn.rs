@@ -237,3 +237,139 @@ fn poll(ev: &impl Events, t: &mut Table, max: usize, mut settle: impl FnMut(usiz
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::sm::tuning::{AGREE, DEFAULT_COST_NS};
+
+    /// Only what the learner needs: events that complete when the test
+    /// says, with the times the test gives them.
+    #[derive(Default)]
+    struct Gpu {
+        /// Event → (recorded, done, time ns).
+        events: Mutex<HashMap<usize, (bool, bool, u64)>>,
+        next: Mutex<usize>,
+        refuse_record: std::sync::atomic::AtomicBool,
+    }
+
+    impl Gpu {
+        /// Completes every recorded event, the ends `took` after the starts.
+        fn finish_all(&self, took: u64) {
+            for (ev, (rec, done, t)) in self.events.lock().unwrap().iter_mut() {
+                if *rec {
+                    *done = true;
+                    // Odd events are starts (created first), even ones ends.
+                    *t = if ev % 2 == 1 { 0 } else { took };
+                }
+            }
+        }
+    }
+
+    impl Events for Gpu {
+        fn current(&self) -> Option<(usize, usize)> {
+            Some((7, 0))
+        }
+        fn create_event(&self) -> Option<usize> {
+            let mut n = self.next.lock().unwrap();
+            *n += 1;
+            self.events.lock().unwrap().insert(*n, (false, false, 0));
+            Some(*n)
+        }
+        fn destroy_event(&self, ev: usize) {
+            self.events.lock().unwrap().remove(&ev);
+        }
+        fn record(&self, ev: usize, _stream: usize) -> bool {
+            if self.refuse_record.load(Relaxed) {
+                return false;
+            }
+            let mut e = self.events.lock().unwrap();
+            e.insert(ev, (true, false, 0));
+            true
+        }
+        fn query(&self, ev: usize) -> Poll {
+            match self.events.lock().unwrap().get(&ev) {
+                Some((_, true, _)) => Poll::Ready,
+                Some(_) => Poll::NotReady,
+                None => Poll::Failed,
+            }
+        }
+        fn elapsed_ns(&self, a: usize, b: usize) -> Option<u64> {
+            let e = self.events.lock().unwrap();
+            Some(e.get(&b)?.2 - e.get(&a)?.2)
+        }
+    }
+
+    const K: Key = Key::Kernel {
+        func: 0x5000,
+        grid: [4, 1, 1],
+        block: [64, 1, 1],
+    };
+
+    /// One launch of `K` priced, timed and forwarded.
+    fn launch(l: &Learner, gpu: &Gpu, now: u64) -> Priced {
+        let p = l.price(gpu, 0, 7, K, now);
+        let s = p.sample.and_then(|s| l.start(gpu, s, 0));
+        if let Some(s) = s {
+            l.finish(gpu, 0, K, 0, s);
+        }
+        p
+    }
+
+    #[test]
+    fn a_guess_is_settled_once_timings_complete_and_agree() {
+        let (l, gpu) = (Learner::default(), Gpu::default());
+        let mut settled = Vec::new();
+        for i in 0..AGREE {
+            let p = launch(&l, &gpu, u64::from(i));
+            assert_eq!(p.cost_ns, DEFAULT_COST_NS, "a guess until agreed");
+            assert!(p.sample.is_some(), "every early launch is timed");
+        }
+        // Nothing completed: polling collects nothing.
+        l.poll_due(&gpu, 1_000_000, |d, o| settled.push((d, o)));
+        assert_eq!(l.estimate(&K), None);
+        // The GPU ran them, 100 µs each: the cost is agreed, and the
+        // guessed launches owe the difference.
+        gpu.finish_all(100_000);
+        for t in 1..4 {
+            l.poll_due(&gpu, t * 10_000_000, |d, o| settled.push((d, o)));
+        }
+        assert_eq!(l.estimate(&K), Some(100_000));
+        let owed = i64::from(AGREE) * (100_000 - DEFAULT_COST_NS as i64);
+        assert_eq!(settled, vec![(0, owed)]);
+        assert_eq!(launch(&l, &gpu, 50_000_000).cost_ns, 100_000);
+    }
+
+    #[test]
+    fn a_timing_that_cannot_start_or_a_failed_launch_leaves_nothing_pending() {
+        let (l, gpu) = (Learner::default(), Gpu::default());
+        gpu.refuse_record.store(true, Relaxed);
+        let p = launch(&l, &gpu, 0);
+        assert!(p.sample.is_some(), "a pair was taken");
+        assert!(!l.has_pending.load(Relaxed), "but nothing is in flight");
+        gpu.refuse_record.store(false, Relaxed);
+        // A launch that failed: its guess is taken back, so agreement
+        // settles only the launches that happened.
+        let p = l.price(&gpu, 0, 7, K, 1);
+        l.cancel(&gpu, K, p.cost_ns, p.sample);
+        let mut owed = 0;
+        for i in 0..AGREE {
+            launch(&l, &gpu, 2 + u64::from(i));
+        }
+        gpu.finish_all(50_000);
+        for t in 1..4 {
+            l.poll_due(&gpu, t * 10_000_000, |_, o| owed += o);
+        }
+        // Launches charged the guess: the refused one and AGREE more.
+        assert_eq!(
+            owed,
+            i64::from(AGREE + 1) * (50_000 - DEFAULT_COST_NS as i64)
+        );
+        // The pairs were recycled, not leaked: no more events than two
+        // launches' worth in flight ever needed.
+        assert!(*gpu.next.lock().unwrap() <= 2 * (AGREE as usize + 2));
+    }
+}

@@ -32,6 +32,7 @@ mod cost;
 mod demand;
 mod feedback;
 mod learn;
+mod live;
 mod local;
 mod mapfile;
 mod node;

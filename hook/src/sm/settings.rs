@@ -140,3 +140,114 @@ impl Settings {
         self.priority.load(Relaxed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use vgpu_common::region::policy as pol;
+    use vgpu_common::view::RegionFile;
+
+    use super::*;
+
+    /// The region, a clock whose sleeps the monitor answers after `unblock`
+    /// of them, and whether the process states a priority.
+    struct Proc {
+        file: RegionFile,
+        _dir: tempfile::TempDir,
+        now: AtomicU64,
+        sleeps: AtomicU32,
+        unblock: u32,
+        ranked: bool,
+    }
+
+    impl Proc {
+        fn new(ranked: bool) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let file = RegionFile::create_or_open(&dir.path().join("r")).unwrap();
+            file.region().utilization_switch.store(1, Relaxed);
+            Proc {
+                file,
+                _dir: dir,
+                now: AtomicU64::new(1),
+                sleeps: AtomicU32::new(0),
+                unblock: 3,
+                ranked,
+            }
+        }
+    }
+
+    impl Clock for Proc {
+        fn now(&self) -> u64 {
+            self.now.load(Relaxed)
+        }
+        fn coarse(&self) -> u64 {
+            self.now()
+        }
+        fn unix_secs(&self) -> u64 {
+            1_700_000_000
+        }
+        fn sleep_until(&self, t: u64) {
+            if self.sleeps.fetch_add(1, Relaxed) + 1 == self.unblock {
+                self.file.region().recent_kernel.store(0, Relaxed);
+            }
+            self.now.fetch_max(t, Relaxed);
+        }
+    }
+
+    impl Container for Proc {
+        fn region(&self) -> Option<(&SharedRegion, usize)> {
+            Some((self.file.region(), 0))
+        }
+        fn policy(&self) -> i32 {
+            pol::DEFAULT
+        }
+        fn buckets(&self) -> &'static vgpu_common::sidecar::SmShared {
+            crate::sm::sidecar::private()
+        }
+    }
+
+    impl NodeTable for Proc {
+        fn ranked(&self) -> bool {
+            self.ranked
+        }
+    }
+
+    #[test]
+    fn limits_are_read_when_due_and_enforced_by_the_switch() {
+        let p = Proc::new(false);
+        let r = p.file.region();
+        r.sm_limit[1].store(30, Relaxed);
+        r.sm_limit[2].store(100, Relaxed);
+        let s = Settings::default();
+        let mut published = None;
+        assert!(s.due(0));
+        s.refresh(&p, 5, |_, slot, mask| published = Some((slot, mask)));
+        assert_eq!(published, Some((0, 0b10)), "100 % is no limit");
+        assert_eq!((s.limit(1), s.enforced(1), s.limit(2)), (30, 30, 0));
+        assert!(!s.due(5 + REFRESH_NS - 1) && s.due(5 + REFRESH_NS));
+        // The monitor switches enforcement off: still accounted, not held.
+        r.utilization_switch.store(0, Relaxed);
+        s.refresh(&p, 5 + REFRESH_NS, |_, _, _| {});
+        assert_eq!((s.limited(), s.enforced(1)), (0b10, 0));
+        assert_eq!(r.recent_kernel.load(Relaxed), policy::ACTIVE);
+    }
+
+    #[test]
+    fn a_ranked_process_is_accounted_everywhere_and_a_blocked_one_waits() {
+        let p = Proc::new(true);
+        p.file.region().recent_kernel.store(-1, Relaxed);
+        p.file.region().priority.store(0, Relaxed);
+        let s = Settings::default();
+        s.refresh(&p, 1, |_, _, _| {});
+        assert_eq!(s.limited(), (1 << MAX_DEVICES) - 1);
+        assert_eq!(s.priority(), 0);
+        assert!(s.ranked());
+        s.wait_unblocked(&p);
+        assert_eq!(p.sleeps.load(Relaxed), 3, "slept until the monitor let go");
+        assert_eq!(p.now(), 1 + 3 * BLOCK_SLEEP_NS);
+        // Not blocked any more: no sleep.
+        s.wait_unblocked(&p);
+        assert_eq!(p.sleeps.load(Relaxed), 3);
+    }
+}
