@@ -47,7 +47,7 @@ fn launch_device() -> Option<usize> {
     if DEVICES.load(Relaxed) == 1 {
         return Some(0);
     }
-    crate::sm::sys::current_context_device().map(|(_, dev)| dev)
+    crate::sm::current_context_device().map(|(_, dev)| dev)
 }
 
 /// Counts a successful launch in `slot` (this process's, if it has one) on

@@ -44,7 +44,7 @@ mod settings;
 mod share;
 mod sharing;
 pub(crate) mod sidecar;
-pub(crate) mod sys;
+mod sys;
 #[cfg(test)]
 mod tests;
 mod tuning;
@@ -57,6 +57,7 @@ use crate::ffi::{CUfunction, CUresult, CUstream, CUDA_SUCCESS};
 
 use control::{Controller, Ticket, Work};
 use cost::Key;
+pub(crate) use live::current_context_device;
 
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD: usize = 0x2;
@@ -109,53 +110,9 @@ impl Launch {
     }
 }
 
-/// Starts, once per process, the thread that runs the feedback loop's
-/// steps off the launch path (`Controller::background`); `false` when it
-/// cannot be started (the steps then run on the launch path). Called only
-/// when a step is due (every 500 ms at most); a forked child, which has no
-/// copy of its parent's thread, starts its own.
-fn background_started() -> bool {
-    use std::sync::atomic::AtomicU32;
-    use std::sync::atomic::Ordering::{Acquire, Release};
-    use std::sync::Mutex;
-    static OWNER: AtomicU32 = AtomicU32::new(0);
-    static STARTING: Mutex<()> = Mutex::new(());
-    let pid = std::process::id();
-    if OWNER.load(Acquire) == pid {
-        return true;
-    }
-    // Another thread is starting it (or a fork caught the lock held): this
-    // step runs inline.
-    let Ok(_g) = STARTING.try_lock() else {
-        return false;
-    };
-    if OWNER.load(Acquire) == pid {
-        return true;
-    }
-    let period = std::time::Duration::from_nanos(tuning::BACKGROUND_NS);
-    match std::thread::Builder::new()
-        .name("vgpu-sm".into())
-        .spawn(move || loop {
-            std::thread::sleep(period);
-            controller().background();
-        }) {
-        Ok(_) => {
-            OWNER.store(pid, Release);
-            true
-        }
-        Err(e) => {
-            vlog_once!(
-                crate::log::WARN,
-                "cannot start the SM feedback thread ({e}); its steps run on the launch path"
-            );
-            false
-        }
-    }
-}
-
-fn controller() -> &'static Controller<sys::Real> {
-    static C: OnceLock<Controller<sys::Real>> = OnceLock::new();
-    C.get_or_init(|| Controller::new(sys::Real::default()))
+fn controller() -> &'static Controller<live::Real> {
+    static C: OnceLock<Controller<live::Real>> = OnceLock::new();
+    C.get_or_init(|| Controller::new(live::Real::new(|| controller().background())))
 }
 
 /// Called before every launch; may sleep (throttling, or the monitor blocks

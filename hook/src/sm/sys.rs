@@ -13,8 +13,6 @@ use vgpu_common::node::NodeFile;
 use vgpu_common::region::SharedRegion;
 use vgpu_common::sidecar::SmShared;
 
-pub(crate) use super::live::{current_context_device, Real};
-
 /// An event's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Poll {
