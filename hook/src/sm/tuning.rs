@@ -145,6 +145,12 @@ pub const SAMPLE_GAP_NS: u64 = 4_000_000;
 /// enough that a neighbour's burst delays a few samples, never all.
 pub const COST_WINDOW: u32 = 32;
 
+/// An unseen key is charged the device's running average of agreed
+/// estimates, each new one weighted `1 / FALLBACK_WEIGHT`: it follows the
+/// application's current mix of kernels within a few keys, and no single
+/// key decides it.
+pub const FALLBACK_WEIGHT: u64 = 8;
+
 /// Keys kept before the table is cleared (a process generating unbounded
 /// distinct grids must not grow memory without bound).
 pub const MAX_KEYS: usize = 8192;
@@ -238,6 +244,11 @@ pub const TURN_K: f64 = 0.5;
 /// Admitted work must be due to finish this long before its phase ends: the
 /// launch reaches the GPU a few µs after it is admitted.
 pub const GUARD_NS: u64 = 300_000;
+
+/// Work longer than a whole phase goes alone when the phase is at most
+/// `1 / ALONE_WITHIN_DIV` gone: early enough that most of it runs in the
+/// phase, so it still makes progress without taking the next one.
+pub const ALONE_WITHIN_DIV: u64 = 4;
 
 // `prio.rs`
 /// Shortest wait for the own queue to drain: about a host wake-up.
