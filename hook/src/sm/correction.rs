@@ -89,17 +89,20 @@ pub(crate) fn from_nvml(b: &DevBucket, limit: u32, r: Reading) -> (f64, f64) {
 }
 
 /// Steps the factor of `b` from a measured turn: it took `took` GPU ns for
-/// `charged` ns of charges (factor included). A ratio outside
-/// [`TURN_RATIO_MIN`, `TURN_RATIO_MAX`] is no cost error but a turn that
-/// was not what it seemed (the first ones, charged guesses that can be
-/// several times what they took, or spanning a neighbour's late start) and
-/// is not used. Returns the new factor when it moved.
+/// `charged` ns of charges (factor included). A turn that implies a factor
+/// (the current one times its ratio) outside [`TURN_RATIO_MIN`,
+/// `TURN_RATIO_MAX`] is no cost error but a turn that was not what it
+/// seemed (the first ones, charged guesses that can be several times what
+/// they took, or spanning a neighbour's late start) and is not used: judged
+/// against the ratio alone, a run of such turns would walk the factor away
+/// step by step. Returns the new factor when it moved.
 pub(crate) fn from_turn(b: &DevBucket, took: u64, charged: u64) -> Option<f64> {
     if charged == 0 {
         return None;
     }
     let r = took as f64 / charged as f64;
-    if !(TURN_RATIO_MIN..=TURN_RATIO_MAX).contains(&r) || (r - 1.0).abs() <= TURN_DEAD_BAND {
+    let implied = factor(b) * r;
+    if !(TURN_RATIO_MIN..=TURN_RATIO_MAX).contains(&implied) || (r - 1.0).abs() <= TURN_DEAD_BAND {
         return None;
     }
     let f = r.powf(TURN_K);

@@ -2,7 +2,7 @@
 //! law's plant) and a sidecar word (the turns' law).
 
 use super::*;
-use crate::sm::tuning::FEEDBACK_MAX_STEP;
+use crate::sm::tuning::{FEEDBACK_MAX_STEP, TURN_RATIO_MAX};
 
 /// The plant: a container that would use `demand` % of the device,
 /// whose launches really cost `truth` × their estimate and are charged
@@ -170,6 +170,21 @@ fn a_turn_moves_the_factor_half_its_log_error_within_bounds() {
     assert_eq!(from_turn(&b, 100_000, 1_000_000), None);
     assert_eq!(from_turn(&b, 1, 0), None);
     assert_eq!(factor(&b), was);
+}
+
+#[test]
+fn turns_that_always_read_long_do_not_walk_the_factor_away() {
+    // Each turn reads 1.6× whatever it was charged (its events span time
+    // that is not the container's work): judged by the ratio alone, every
+    // one would be believed and the factor would climb to its bound.
+    let b = DevBucket::default();
+    for _ in 0..50 {
+        let c = (1_000_000.0 * factor(&b)) as u64;
+        let _ = from_turn(&b, c * 16 / 10, c);
+    }
+    let f = factor(&b);
+    assert!(f <= TURN_RATIO_MAX, "factor {f:.3}");
+    assert!(f > 1.0, "one turn is believed: {f:.3}");
 }
 
 #[test]

@@ -214,9 +214,10 @@ pub const DEAD_BAND: f64 = 0.02;
 pub const MIN_CHARGED: f64 = 1.0;
 
 // `turns.rs`, `correction.rs`
-/// A turn's measure (its GPU time over its charges) is believed within
-/// these bounds: outside them it is no cost error but a turn that was not
-/// what it seemed (charged guesses, a neighbour's late start).
+/// A turn's measure is believed while the factor it implies (the current
+/// one times the turn's GPU time over its charges) is within these bounds:
+/// outside them it is no cost error but a turn that was not what it seemed
+/// (charged guesses, a neighbour's late start).
 pub const TURN_RATIO_MIN: f64 = 0.5;
 
 pub const TURN_RATIO_MAX: f64 = 2.0;
