@@ -119,6 +119,7 @@ pub fn render() -> String {
     };
     use crate::node::{Member, NodeFile};
     use crate::region::{DeviceMemory, DeviceUtil, ProcSlot, SharedRegion};
+    use crate::sidecar::{DevBucket, SmShared};
 
     let mut s = String::from("# cargo xtask abi --bless rewrites this file\n");
     abi_layout!(
@@ -199,6 +200,30 @@ pub fn render() -> String {
             size,
             reserved,
             members
+        }
+    );
+    abi_layout!(
+        &mut s,
+        DevBucket {
+            tat,
+            charged_ns,
+            throttled,
+            ctx_bytes,
+            gain,
+            lease,
+            measured_at,
+            busy_until,
+        }
+    );
+    abi_layout!(
+        &mut s,
+        SmShared {
+            magic,
+            version,
+            size,
+            container,
+            reserved,
+            devs
         }
     );
     abi_layout!(

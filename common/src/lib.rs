@@ -30,4 +30,8 @@ pub mod node;
 #[cfg(feature = "std")]
 pub mod region_io;
 #[cfg(feature = "std")]
+pub mod shared_file;
+#[cfg(feature = "std")]
+pub mod sidecar;
+#[cfg(feature = "std")]
 pub mod view;

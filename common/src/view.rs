@@ -10,7 +10,7 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use memmap2::{MmapOptions, MmapRaw};
+use memmap2::MmapRaw;
 
 use crate::region::{SharedRegion, FILE_SIZE, MAGIC, MAJOR_VERSION, REGION_SIZE};
 
@@ -113,16 +113,11 @@ impl RegionFile {
     }
 
     fn map(file: File, path: &Path, writable: bool) -> Result<Self, RegionError> {
-        let mut opts = MmapOptions::new();
-        opts.len(REGION_SIZE);
-        let map = if writable {
-            opts.map_raw(&file)
-        } else {
-            opts.map_raw_read_only(&file)
-        }
-        .map_err(|source| RegionError::Map {
-            path: path.to_owned(),
-            source,
+        let map = crate::shared_file::map(&file, REGION_SIZE, writable).map_err(|source| {
+            RegionError::Map {
+                path: path.to_owned(),
+                source,
+            }
         })?;
         Ok(Self {
             map,

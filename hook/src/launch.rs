@@ -50,7 +50,7 @@ fn launch_device() -> Option<usize> {
     if let Some(i) = SINGLE.load(Relaxed).checked_sub(1) {
         return Some(i);
     }
-    crate::sm::sys::current_context_device().map(|(_, dev)| dev)
+    crate::sm::current_context_device().map(|(_, dev)| dev)
 }
 
 /// Counts a successful launch in `slot` (this process's, if it has one) on

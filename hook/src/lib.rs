@@ -25,12 +25,6 @@ mod nvml;
 mod procaddr;
 pub(crate) mod region;
 mod signal;
-// The SM limiter is being restructured separately; what its rewrite leaves
-// unused goes with it (then this expectation fails and goes too).
-#[expect(
-    dead_code,
-    reason = "Launch::blocks, and outside tests a few control/cost estimates, are unused"
-)]
 pub(crate) mod sm;
 pub(crate) mod state;
 mod suspend;

@@ -103,6 +103,17 @@ pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
 }
 
 impl NodeFile {
+    /// Stamps a zeroed table, or checks an existing one's magic and version
+    /// (the found ones otherwise).
+    pub fn init_or_check(&self) -> Result<(), (u64, u32)> {
+        let h = crate::shared_file::Header {
+            magic: &self.magic,
+            version: &self.version,
+            size: &self.size,
+        };
+        h.stamp_or_check(MAGIC, VERSION, SIZE, MIN_VERSION..=VERSION)
+    }
+
     /// The member of container `id`, claiming a free or stale one when it
     /// has none; `None` when the table is full of live containers.
     pub fn join(&self, id: u64, now: u64) -> Option<&Member> {

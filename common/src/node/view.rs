@@ -4,15 +4,16 @@
 //! The table sits in a directory every container of the node can write, so
 //! it is never mapped here (a tenant truncating it would SIGBUS the reader):
 //! it is opened without following a symlink or blocking on a FIFO, checked
-//! on the descriptor, and copied with `pread`.
+//! on the descriptor, and copied with `pread` (`shared_file::read_copy`).
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;
 
 use super::{NodeFile, MAGIC, MIN_VERSION, SIZE, VERSION};
+use crate::shared_file::CopyError;
 
 /// Why a node table could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -82,26 +83,16 @@ impl NodeView {
         if md.len() < SIZE as u64 {
             return Err(short(md.len()));
         }
-        let mut table = Box::<NodeFile>::default();
-        let p = &mut *table as *mut NodeFile as *mut u8;
-        // SAFETY: `p` points at the `SIZE` bytes of a `NodeFile` we own
-        // exclusively; every field is an atomic integer (and the layout has
-        // no padding, as node/mod.rs asserts), so any bytes are valid.
-        let buf = unsafe { std::slice::from_raw_parts_mut(p, SIZE) };
-        let mut done = 0;
-        while done < SIZE {
-            match file.read_at(&mut buf[done..], done as u64) {
-                Ok(0) => return Err(short(done as u64)),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(ReadError::Read {
-                        path: path.to_owned(),
-                        source,
-                    })
-                }
-            }
-        }
+        // SAFETY: every field of `NodeFile` is an atomic integer and the
+        // layout has no padding (node/mod.rs asserts), so any bytes are valid.
+        let table =
+            unsafe { crate::shared_file::read_copy::<NodeFile>(file) }.map_err(|e| match e {
+                CopyError::Short(size) => short(size),
+                CopyError::Read(source) => ReadError::Read {
+                    path: path.to_owned(),
+                    source,
+                },
+            })?;
         let (magic, version) = (table.magic.load(Acquire), table.version.load(Acquire));
         if magic != MAGIC || !(MIN_VERSION..=VERSION).contains(&version) {
             return Err(ReadError::Foreign {

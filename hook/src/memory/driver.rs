@@ -86,14 +86,3 @@ impl Driver for Real {
         NodeLock::take()
     }
 }
-
-// hook/src/sm/sys.rs, rebuilt separately, still names these two here; they
-// go once it calls `crate::identity` and `crate::real::nvml` itself.
-pub(crate) use crate::identity::in_initial_pid_ns;
-
-/// See [`nvml::process::compute_processes`].
-pub(crate) fn compute_processes(
-    dev: crate::ffi::nvmlDevice_t,
-) -> Option<Vec<crate::ffi::nvmlProcessInfo_t>> {
-    nvml::process::compute_processes(dev).ok()
-}

@@ -11,7 +11,8 @@
 //! until it is paid back. One CAS per admitted launch, no lock; processes of
 //! the container share the word through the sidecar file.
 
-pub use super::tuning::{BATCH_NS, DEPTH_NS, LEAD_NS, MAX_DEPTH_NS};
+pub(crate) use super::tuning::{BATCH_NS, DEPTH_NS, LEAD_NS, MAX_DEPTH_NS};
+use super::tuning::{LATE_AVG_DIV, LATE_MARGIN};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
@@ -51,15 +52,15 @@ impl Depth {
     /// Notes one sleep that ended `overshoot` ns after its target.
     pub fn observe(&self, overshoot: u64) {
         let o = overshoot.min(MAX_DEPTH_NS);
-        let _ = self
-            .late
-            .fetch_update(Relaxed, Relaxed, |l| Some(l - l / 4 + o / 4));
+        let _ = self.late.fetch_update(Relaxed, Relaxed, |l| {
+            Some(l - l / LATE_AVG_DIV + o / LATE_AVG_DIV)
+        });
     }
 
     /// The depth now, ns.
     pub fn get(&self) -> u64 {
         DEPTH_NS
-            .saturating_add(2 * self.late.load(Relaxed))
+            .saturating_add(LATE_MARGIN * self.late.load(Relaxed))
             .min(MAX_DEPTH_NS)
     }
 }

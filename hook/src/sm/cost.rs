@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
 pub use super::tuning::{AGREE, DEFAULT_COST_NS, EARLY_SAMPLES, SAMPLE_EVERY, SAMPLE_GAP_NS};
-use super::tuning::{COST_WINDOW as WINDOW, MAX_KEYS};
+use super::tuning::{COST_WINDOW as WINDOW, FALLBACK_WEIGHT, MAX_KEYS};
 use vgpu_common::region::MAX_DEVICES;
 
 /// What identifies "the same work": the function and its geometry, or the
@@ -264,7 +264,7 @@ impl Costs {
             f.avg = if f.n == 0 {
                 est
             } else {
-                (f.avg.saturating_mul(7) + est) / 8
+                (f.avg.saturating_mul(FALLBACK_WEIGHT - 1) + est) / FALLBACK_WEIGHT
             };
             f.n = f.n.saturating_add(1);
         }
@@ -278,6 +278,7 @@ impl Costs {
         }
     }
 
+    #[cfg(test)]
     pub fn estimate(&self, key: &Key) -> Option<u64> {
         self.keys.get(key).and_then(|e| e.est)
     }

@@ -11,8 +11,8 @@
 //!
 //! The measure is the container's charges (its processes' summed kernel
 //! time estimates, `DevBucket::charged_ns`) over a window: while taking
-//! turns times what the turns were measured to take per ns charged, else
-//! with a gain over 1 taken back out (`Controller::wants_share`). It is not
+//! turns with the correction factor the turns' own events gave, else with a
+//! factor over 1 taken back out (`correction::demand_rate`). It is not
 //! NVML's: NVML cannot split a device passed between contexts every few
 //! ms, and a container held back by time-slicing is under its limit while
 //! it still wants more.
@@ -112,7 +112,7 @@ mod tests {
         // The verdict holds until the next window ends.
         assert!(d.observe(0, t0 + 150 * MS, 5 + 21 * MS, 1.0, 0.3));
         assert!(!d.observe(0, t0 + 200 * MS, 5 + 41 * MS, 1.0, 0.3));
-        // Charges scaled by a gain of 2 count half.
+        // Charges with a correction of 2 count half.
         assert!(!d.observe(0, t0 + 300 * MS, 5 + 81 * MS, 0.5, 0.3));
         assert!(d.observe(0, t0 + 400 * MS, 5 + 123 * MS, 0.5, 0.3));
         // A settled guess that took back more than was charged: no use.

@@ -1,282 +1,385 @@
-//! The slow outer loop: corrects the charges of a device by a gain from the
-//! container's measured utilization (docs/sm-limit.md, "Feedback").
+//! The feedback loop: the NVML evidence for the correction factor
+//! (docs/sm-limit.md, "Feedback"; the law is `correction::step`).
 //!
-//! The bucket charges each launch `cost × gain`; over a period the container
-//! was charged `charged` % of wall time and the device measured `measured` %.
-//! Their ratio is the error of the charges: the right gain is
-//! `gain × measured / charged`, whether the bucket held the container (then
-//! `charged` is the limit) or not (its charges were too low to ever empty
-//! the bucket, or the application used less than its limit). Each period
-//! the gain moves a fixed fraction of the way there in the log domain
-//! (`gain × r^K`): an integral step that converges geometrically and never
-//! overshoots (no oscillation), bounded per step and overall. A period in
-//! which almost nothing was charged says nothing, and the gain holds
-//! (anti-windup: an idle container never drives it to a bound).
+//! Every `PERIOD_NS` at most, per device, the container's leader (a lease in
+//! the sidecar, `DevBucket::lease`) measures the container's share with
+//! NVML (`share`) against what it was charged over the same window, and
+//! steps the correction. The loop is open (factor 1) while it cannot
+//! measure: a host pid unknown, NVML missing, or NVML showing only this
+//! PID namespace. A step is found due on the launch path and runs on the
+//! process's background thread when there is one (`Nvml::offload`), since
+//! its NVML calls take milliseconds.
 
-use super::tuning::{
-    DEAD_BAND, FEEDBACK_K as K, FEEDBACK_K_SHARED as K_SHARED, FEEDBACK_MAX_STEP as MAX_STEP,
-    MIN_CHARGED,
-};
-pub use super::tuning::{GAIN_MAX, GAIN_MIN, MAX_GAP_NS, PERIOD_NS, SHARED_PERIOD_NS};
-/// One period's reading of the container on a device.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Reading {
-    /// Percent of the device's time the container's processes used.
-    pub measured: f64,
-    /// Percent of the period the container was charged (gain included):
-    /// the GPU time the bucket believes it used.
-    pub charged: f64,
-    /// `measured` is the container's split of a device shared with others
-    /// (noisier than the device's own counter).
-    pub shared: bool,
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Mutex;
+
+use vgpu_common::region::{SharedRegion, MAX_DEVICES};
+
+use super::correction::{self, Reading};
+use super::share;
+use super::sys::{Clock, Container, Nvml};
+pub(crate) use super::tuning::PERIOD_NS;
+use super::tuning::{LEASE_NS, MAX_GAP_NS, SHARED_PERIOD_NS};
+
+/// Low bits of a lease that carry the leader's pid.
+const LEASE_PID_MASK: u64 = (1 << 20) - 1;
+
+/// The loop's memory of one device (leader only).
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    /// The lease value this process last wrote (see `DevBucket::lease`).
+    lease: u64,
+    /// CLOCK_MONOTONIC ns the current measurement window began (0 = none).
+    at: u64,
+    /// CLOCK_MONOTONIC ns of the previous call (a long gap re-baselines).
+    seen: u64,
+    /// Its Unix µs (NVML's `lastSeenTimeStamp` for the next one).
+    at_us: u64,
+    /// The container's `charged_ns` counter then.
+    charged: u64,
+    /// The limit then.
+    pct: u32,
+    /// Another container's process was on the device then.
+    shared: bool,
+    /// The window began at a baseline: it is discarded (NVML's samples lag
+    /// a start or a limit change, so the first half second reads well below
+    /// the ones after it).
+    settling: bool,
 }
 
-/// The next gain after a period at `limit` percent.
-pub fn step(gain: f64, limit: u32, r: Reading) -> f64 {
-    let gain = if gain.is_finite() {
-        gain.clamp(GAIN_MIN, GAIN_MAX)
-    } else {
-        1.0
-    };
-    if limit == 0
-        || limit >= 100
-        || !r.measured.is_finite()
-        || !r.charged.is_finite()
-        || r.charged < MIN_CHARGED
-    {
-        return gain;
-    }
-    let ratio = r.measured.max(0.0) / r.charged;
-    if (ratio - 1.0).abs() <= DEAD_BAND {
-        return gain;
-    }
-    // A zero reading (NVML lost the samples) must not slam the gain down:
-    // the per-step bound limits it.
-    let k = if r.shared { K_SHARED } else { K };
-    let f = ratio.max(1e-3).powf(k).clamp(1.0 / MAX_STEP, MAX_STEP);
-    (gain * f).clamp(GAIN_MIN, GAIN_MAX)
-}
-
-/// The gain as stored in the sidecar (`f64` bits; 0 = never set = 1).
-pub fn decode(bits: u64) -> f64 {
-    if bits == 0 {
-        return 1.0;
-    }
-    let g = f64::from_bits(bits);
-    if g.is_finite() {
-        g.clamp(GAIN_MIN, GAIN_MAX)
-    } else {
-        1.0
+impl Window {
+    /// Drops the measurement history (the next call re-baselines) but keeps
+    /// the lease: this process still leads.
+    fn forget(&mut self) {
+        *self = Window {
+            lease: self.lease,
+            ..Window::default()
+        };
     }
 }
 
-pub fn encode(gain: f64) -> u64 {
-    gain.clamp(GAIN_MIN, GAIN_MAX).to_bits()
+/// The loop of one process, per device.
+#[derive(Debug)]
+pub(crate) struct Feedback {
+    /// Next step due (CLOCK_MONOTONIC ns).
+    next: [AtomicU64; MAX_DEVICES],
+    /// A step is due at this limit (0: none), for the background thread.
+    due: [AtomicU32; MAX_DEVICES],
+    windows: Mutex<[Window; MAX_DEVICES]>,
 }
 
-/// Per-process samples `(host pid, sm %)` summed over `pids`: each pid's
-/// samples are averaged (NVML returns one per internal sample period since
-/// the last poll), then the container's pids are added up.
-pub fn container_share(samples: &[(u32, u32)], pids: &[u32]) -> f64 {
-    pid_sum(samples, pids).min(100.0)
+impl Default for Feedback {
+    fn default() -> Self {
+        Self {
+            next: std::array::from_fn(|_| AtomicU64::new(0)),
+            due: std::array::from_fn(|_| AtomicU32::new(0)),
+            windows: Mutex::new([Window::default(); MAX_DEVICES]),
+        }
+    }
 }
 
-/// The container's part of the device's utilization `device`: its
-/// per-process samples over all processes' samples, times `device`. NVML's
-/// per-process figures do not add up to the device counter (a lone process
-/// reads below the device), but their proportions attribute it.
-/// `None` without any sample.
-pub fn attributed_share(samples: &[(u32, u32)], pids: &[u32], device: f64) -> Option<f64> {
-    let mut all: Vec<u32> = samples.iter().map(|(p, _)| *p).collect();
-    all.sort_unstable();
-    all.dedup();
-    let total = pid_sum(samples, &all);
-    (total > 0.0).then(|| (pid_sum(samples, pids) / total * device.clamp(0.0, 100.0)).min(100.0))
-}
+impl Feedback {
+    /// On a limited launch admitted by the bucket at `now`: runs the step
+    /// that is due on `dev` at limit `pct`, or leaves it to the background
+    /// thread. One relaxed load when none is due.
+    pub(crate) fn on_launch<S: Clock + Container + Nvml>(
+        &self,
+        sys: &S,
+        dev: usize,
+        now: u64,
+        pct: u32,
+    ) {
+        if now < self.next[dev].load(Relaxed) {
+            return;
+        }
+        if sys.offload() {
+            self.due[dev].store(pct, Relaxed);
+        } else {
+            self.step(sys, dev, now, pct);
+        }
+    }
 
-/// Each pid's samples averaged, then added up over `pids` (uncapped).
-fn pid_sum(samples: &[(u32, u32)], pids: &[u32]) -> f64 {
-    pids.iter()
-        .map(|p| {
-            let (n, sum) = samples
-                .iter()
-                .filter(|(q, _)| q == p)
-                .fold((0u32, 0u64), |(n, s), (_, u)| (n + 1, s + u64::from(*u)));
-            if n == 0 {
-                0.0
-            } else {
-                sum as f64 / f64::from(n)
+    /// The background thread's turn: runs the steps launches found due.
+    pub(crate) fn background<S: Clock + Container + Nvml>(&self, sys: &S) {
+        for (dev, due) in self.due.iter().enumerate() {
+            let pct = due.swap(0, Relaxed);
+            if pct != 0 {
+                self.step(sys, dev, sys.now(), pct);
             }
-        })
-        .sum::<f64>()
+        }
+    }
+
+    /// One step on `dev`. Only the container's leader measures and steers.
+    fn step<S: Clock + Container + Nvml>(&self, sys: &S, dev: usize, now: u64, pct: u32) {
+        let Ok(mut all) = self.windows.try_lock() else {
+            return;
+        };
+        if now < self.next[dev].load(Relaxed) {
+            return;
+        }
+        self.next[dev].store(now.saturating_add(PERIOD_NS), Relaxed);
+        let b = &sys.buckets().devs[dev];
+        let st = &mut all[dev];
+        let cur = b.lease.load(Acquire);
+        let new = (now.saturating_add(LEASE_NS) & !LEASE_PID_MASK)
+            | (u64::from(sys.pid()) & LEASE_PID_MASK);
+        let mine = cur != 0 && cur == st.lease;
+        let expired = (cur & !LEASE_PID_MASK) < now;
+        if !(mine || expired) || b.lease.compare_exchange(cur, new, AcqRel, Acquire).is_err() {
+            // Someone else leads: forget our history.
+            *st = Window::default();
+            return;
+        }
+        st.lease = new;
+        let prev = *st;
+        st.seen = now;
+        let Some(pids) = container_pids(sys) else {
+            vlog_once!(
+                crate::log::INFO,
+                "sm feedback: a host pid is unknown, open loop"
+            );
+            correction::open(b);
+            st.forget();
+            return;
+        };
+        let asked = sys.now();
+        let Some(samples) = sys.proc_util(dev, prev.at_us) else {
+            vlog_once!(
+                crate::log::INFO,
+                "sm feedback: no NVML process utilization, open loop"
+            );
+            correction::open(b);
+            st.forget();
+            return;
+        };
+        let device = sys.device_busy(dev, prev.at_us);
+        let nvml_us = sys.now().saturating_sub(asked) / 1_000;
+        b.measured_at.store(now, Relaxed);
+        let region = sys.region();
+        if share::namespace_view(device.as_ref(), &pids, sys.pid()) {
+            // NVML run inside a PID namespace lists and samples only the
+            // namespace's own processes, under their namespace PIDs: it
+            // cannot tell a device this container shares from one it has
+            // alone. The loop stays open; the container's own samples still
+            // give its `sm_util`.
+            vlog_once!(
+                crate::log::INFO,
+                "sm feedback: NVML shows this PID namespace only, open loop"
+            );
+            if let Some((region, own)) = region {
+                publish_namespace_util(region, own, dev, &samples);
+            }
+            correction::open(b);
+            st.forget();
+            return;
+        }
+        if let Some((region, _)) = region {
+            for s in region.procs.iter().take(region.proc_count()) {
+                let h = s.hostpid.load(Relaxed);
+                if s.pid.load(Relaxed) != 0 && h > 0 {
+                    let u = share::attributed(device.as_ref(), &samples, &[h as u32]);
+                    s.device_util[dev].sm_util.store(u.round() as u64, Relaxed);
+                }
+            }
+        }
+        let charged = b.charged_ns.load(Relaxed);
+        let rebase = prev.at == 0 || now.saturating_sub(prev.seen) > MAX_GAP_NS || prev.pct != pct;
+        let shared = share::shared(device.as_ref(), &pids);
+        // Another container came or went during the window: it was neither
+        // alone nor shared throughout, and neither reading fits it.
+        let mixed = !rebase && prev.shared != shared;
+        let widen = !rebase && !mixed && !prev.settling && shared;
+        if widen && now.saturating_sub(prev.at) < SHARED_PERIOD_NS {
+            // Sharing the device, the split comes from NVML's per-process
+            // samples, about one per process per second: one period may
+            // hold a sample of one process and none of the other's. Keep
+            // widening the window (not the settling one: it is discarded
+            // after one period).
+            return;
+        }
+        st.at = now;
+        st.at_us = sys.unix_us();
+        st.charged = charged;
+        st.pct = pct;
+        st.shared = shared;
+        st.settling = rebase;
+        if rebase || mixed || prev.settling {
+            // First measurement, no limited launch for a while, or the
+            // limit changed (the measurement still shows the old one):
+            // this one only sets the baseline, and the window after it
+            // is discarded too. A mixed window is discarded.
+            return;
+        }
+        let period = now.saturating_sub(prev.at).max(1) as f64;
+        let r = Reading {
+            measured: share::measure(device.as_ref(), &samples, &pids),
+            charged: charged.wrapping_sub(prev.charged) as i64 as f64 * 100.0 / period,
+            shared,
+        };
+        let (was, g) = correction::from_nvml(b, pct, r);
+        vlog!(
+            crate::log::DEBUG,
+            "sm feedback dev {dev}: limit {pct}, {} {:.1} ({} samples), charged {:.1}, correction {was:.3} -> {g:.3} (NVML {nvml_us} us)",
+            if shared { "attributed" } else { "device" },
+            r.measured,
+            samples.len(),
+            r.charged,
+        );
+    }
+}
+
+/// Host pids of the container's processes that hold GPU memory (a process
+/// without a context, such as `nvidia-smi` run in the container, runs no
+/// kernels); `None` when any of them is unknown.
+fn container_pids(sys: &impl Container) -> Option<Vec<u32>> {
+    let (region, _) = sys.region()?;
+    let mut v = Vec::new();
+    for s in region.procs.iter().take(region.proc_count()) {
+        if s.pid.load(Relaxed) == 0 || s.used.iter().all(|u| u.total.load(Relaxed) == 0) {
+            continue;
+        }
+        let h = s.hostpid.load(Relaxed);
+        if h <= 0 {
+            return None;
+        }
+        v.push(h as u32);
+    }
+    (!v.is_empty()).then_some(v)
+}
+
+/// Each slot of the PID namespace of slot `own` gets its own samples as its
+/// `sm_util` (NVML names them by namespace PID there).
+fn publish_namespace_util(region: &SharedRegion, own: usize, dev: usize, samples: &[(u32, u32)]) {
+    let Some(ns) = region.procs.get(own).map(|s| s.pidns.load(Relaxed)) else {
+        return;
+    };
+    for s in region.procs.iter().take(region.proc_count()) {
+        let pid = s.pid.load(Relaxed);
+        if pid > 0 && s.pidns.load(Relaxed) == ns {
+            let u = share::container_share(samples, &[pid as u32]);
+            s.device_util[dev].sm_util.store(u.round() as u64, Relaxed);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use vgpu_common::view::RegionFile;
+
     use super::*;
+    use crate::sm::tuning::LEASE_NS;
 
-    /// The plant: a container that would use `demand` % of the device,
-    /// whose launches really cost `truth` × their estimate and are charged
-    /// `gain` × it. The bucket admits `limit` % of charges; the device
-    /// saturates at 100. Returns (measured, charged).
-    fn plant(limit: u32, demand: f64, truth: f64, gain: f64) -> (f64, f64) {
-        let wanted = demand * gain / truth;
-        let charged = wanted.min(f64::from(limit)).min(100.0 * gain / truth);
-        ((charged * truth / gain).min(100.0), charged)
+    /// One process of a container, as the loop sees it: a clock, the
+    /// region and the container's buckets, and an NVML that says the
+    /// container used `used` % of the device alone.
+    struct Proc {
+        now: AtomicU64,
+        pid: u32,
+        file: &'static RegionFile,
+        buckets: &'static vgpu_common::sidecar::SmShared,
+        used: u32,
+        /// NVML calls made.
+        asked: AtomicU32,
     }
 
-    fn reading((measured, charged): (f64, f64)) -> Reading {
-        Reading {
-            measured,
-            charged,
-            shared: false,
+    impl Clock for Proc {
+        fn now(&self) -> u64 {
+            self.now.load(Relaxed)
+        }
+        fn coarse(&self) -> u64 {
+            self.now()
+        }
+        fn unix_secs(&self) -> u64 {
+            self.now() / 1_000_000_000
+        }
+        fn sleep_until(&self, t: u64) {
+            self.now.fetch_max(t, Relaxed);
         }
     }
 
-    fn run_with(limit: u32, demand: f64, truth: f64, periods: usize) -> Vec<f64> {
-        let mut g = 1.0;
-        let mut out = vec![g];
+    impl Container for Proc {
+        fn region(&self) -> Option<(&SharedRegion, usize)> {
+            Some((self.file.region(), 0))
+        }
+        fn policy(&self) -> i32 {
+            0
+        }
+        fn buckets(&self) -> &'static vgpu_common::sidecar::SmShared {
+            self.buckets
+        }
+        fn pid(&self) -> u32 {
+            self.pid
+        }
+    }
+
+    impl Nvml for Proc {
+        fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
+            self.asked.fetch_add(1, Relaxed);
+            Some(vec![(4242, self.used)])
+        }
+        fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
+            Some((f64::from(self.used), vec![4242]))
+        }
+    }
+
+    /// Two processes of one container (host pid 4242 holds memory), both
+    /// charged 30 % of the time while NVML measures 45 %.
+    fn container() -> (Proc, Proc, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let file: &'static RegionFile = Box::leak(Box::new(
+            RegionFile::create_or_open(&dir.path().join("r")).unwrap(),
+        ));
+        let r = file.region();
+        r.proc_num.store(1, Relaxed);
+        r.procs[0].pid.store(77, Relaxed);
+        r.procs[0].hostpid.store(4242, Relaxed);
+        r.procs[0].used[0].total.store(1 << 20, Relaxed);
+        let buckets = crate::sm::sidecar::private();
+        let p = |pid| Proc {
+            now: AtomicU64::new(10_000_000_000),
+            pid,
+            file,
+            buckets,
+            used: 45,
+            asked: AtomicU32::new(0),
+        };
+        (p(100), p(200), dir)
+    }
+
+    /// Both processes step every period for `periods`, each charging 30 %
+    /// of the time to the container first.
+    fn run(a: &(Feedback, Proc), b: &(Feedback, Proc), periods: u64) {
         for _ in 0..periods {
-            g = step(g, limit, reading(plant(limit, demand, truth, g)));
-            out.push(g);
-        }
-        out
-    }
-
-    fn run(limit: u32, truth: f64, periods: usize) -> Vec<f64> {
-        run_with(limit, 100.0, truth, periods)
-    }
-
-    fn monotone(v: &[f64]) -> bool {
-        v.windows(2).all(|w| w[1] >= w[0]) || v.windows(2).all(|w| w[1] <= w[0])
-    }
-
-    #[test]
-    fn converges_on_an_under_estimate_without_oscillating() {
-        // Kernels cost 10 % more than learnt (the min-filter at limit 60).
-        let g = run(60, 1.1, 8);
-        assert!(monotone(&g), "{g:?}");
-        let (m, _) = plant(60, 100.0, 1.1, g[5]);
-        assert!((m - 60.0).abs() < 1.5, "{g:?} → {m}");
-        assert!(g.iter().all(|x| *x <= 1.1 + 1e-9), "overshoot {g:?}");
-    }
-
-    #[test]
-    fn converges_on_a_double_over_estimate_without_oscillating() {
-        // Tiny kernels charged twice their real time (launch latency).
-        let g = run(30, 0.5, 8);
-        assert!(monotone(&g), "{g:?}");
-        let (m, _) = plant(30, 100.0, 0.5, g[5]);
-        assert!((m - 30.0).abs() < 1.5, "{g:?} → {m}");
-        assert!(g.iter().all(|x| *x >= 0.5 - 1e-9), "overshoot {g:?}");
-    }
-
-    #[test]
-    fn a_container_charged_too_little_to_be_held_is_corrected() {
-        // At 90 % with costs learnt at 60 % of the truth the bucket never
-        // empties: the device saturates (measured 100) while the charges
-        // say 60. The ratio, not the limit, drives the step.
-        let g = run(90, 1.0 / 0.6, 12);
-        assert!(monotone(&g), "{g:?}");
-        let (m, _) = plant(90, 100.0, 1.0 / 0.6, g[8]);
-        assert!((m - 90.0).abs() < 2.0, "{g:?} → {m}");
-        assert!(g.iter().all(|x| *x <= 1.0 / 0.6 + 1e-9), "overshoot {g:?}");
-    }
-
-    #[test]
-    fn an_application_below_its_limit_corrects_without_moving_its_share() {
-        // A launch-bound application using 20 % of the device under a 60 %
-        // limit, its launches charged 2.5× their time (launch latency): the
-        // gain learns the error while the share stays the application's own.
-        let g = run_with(60, 20.0, 0.4, 10);
-        assert!(monotone(&g), "{g:?}");
-        assert!((g[10] - 0.4).abs() < 0.02, "{g:?}");
-        for x in &g {
-            let (m, _) = plant(60, 20.0, 0.4, *x);
-            assert!((m - 20.0).abs() < 1e-9, "{g:?}");
+            for (f, p) in [a, b] {
+                let t = p.now.fetch_add(PERIOD_NS, Relaxed) + PERIOD_NS;
+                p.buckets.devs[0]
+                    .charged_ns
+                    .fetch_add(PERIOD_NS * 3 / 10 / 2, Relaxed);
+                f.on_launch(p, 0, t, 30);
+            }
         }
     }
 
     #[test]
-    fn holds_when_idle_or_in_the_dead_band() {
-        let idle = Reading {
-            measured: 0.0,
-            charged: 0.0,
-            shared: false,
-        };
-        let nearly_idle = Reading {
-            measured: 3.0,
-            charged: 0.5,
-            shared: false,
-        };
-        let mut g = 1.7;
-        for _ in 0..100 {
-            g = step(g, 30, idle);
-            g = step(g, 30, nearly_idle);
+    fn one_leader_measures_and_another_takes_over_when_its_lease_runs_out() {
+        let (pa, pb, _dir) = container();
+        let (a, b) = ((Feedback::default(), pa), (Feedback::default(), pb));
+        run(&a, &b, 6);
+        assert!(a.1.asked.load(Relaxed) >= 5, "the first process leads");
+        assert_eq!(b.1.asked.load(Relaxed), 0, "the other never measures");
+        let g = correction::factor(&a.1.buckets.devs[0]);
+        assert!(g > 1.1, "charged 30 against 45 measured: factor {g:.3}");
+        // The leader stops (it exited): once its lease has run out, the
+        // other leads, and only it measures.
+        let t = a.1.now() + LEASE_NS + PERIOD_NS;
+        b.1.now.store(t, Relaxed);
+        let before = b.1.asked.load(Relaxed);
+        for i in 1..6 {
+            b.0.on_launch(&b.1, 0, t + i * PERIOD_NS, 30);
         }
-        assert_eq!(g, 1.7);
-        let close = Reading {
-            measured: 50.5,
-            charged: 50.0,
-            shared: false,
-        };
-        assert_eq!(step(0.8, 50, close), 0.8);
-        // No limit: nothing to correct.
-        let off = Reading {
-            measured: 90.0,
-            charged: 30.0,
-            shared: false,
-        };
-        assert_eq!(step(0.8, 0, off), 0.8);
-        assert_eq!(step(0.8, 100, off), 0.8);
-    }
-
-    #[test]
-    fn bounded_per_step_and_overall() {
-        let zero = Reading {
-            measured: 0.0,
-            charged: 30.0,
-            shared: false,
-        };
-        assert!((step(1.0, 30, zero) - 1.0 / MAX_STEP).abs() < 1e-12);
-        let mut g = 1.0;
-        for _ in 0..50 {
-            g = step(g, 30, zero);
-        }
-        assert_eq!(g, GAIN_MIN);
-        let full = Reading {
-            measured: 100.0,
-            charged: 10.0,
-            shared: false,
-        };
-        for _ in 0..50 {
-            g = step(g, 10, full);
-        }
-        assert_eq!(g, GAIN_MAX);
-        assert_eq!(step(f64::NAN, 30, full), step(1.0, 30, full));
-        assert_eq!(decode(0), 1.0);
-        assert_eq!(decode(encode(2.5)), 2.5);
-        assert_eq!(decode(f64::NAN.to_bits()), 1.0);
-    }
-
-    #[test]
-    fn share_sums_pid_averages() {
-        let s = [(10, 20), (10, 40), (11, 5), (99, 90)];
-        assert_eq!(container_share(&s, &[10, 11]), 35.0);
-        assert_eq!(container_share(&s, &[12]), 0.0);
-    }
-
-    #[test]
-    fn the_device_counter_is_split_by_the_samples_proportions() {
-        // Two samples of pid 1 (avg 20), one of pid 2 (40), one of pid 3 (0):
-        // pid 1 has a third of the attributed 90.
-        let s = [(1, 18), (1, 22), (2, 40), (3, 0)];
-        let a = attributed_share(&s, &[1], 90.0).unwrap();
-        assert!((a - 30.0).abs() < 1e-9, "{a}");
-        let a = attributed_share(&s, &[1, 2], 90.0).unwrap();
-        assert!((a - 90.0).abs() < 1e-9, "{a}");
-        assert_eq!(attributed_share(&s, &[7], 90.0), Some(0.0));
-        assert_eq!(attributed_share(&[], &[1], 90.0), None);
-        assert_eq!(attributed_share(&[(1, 0)], &[1], 90.0), None);
+        assert!(b.1.asked.load(Relaxed) > before, "the lease passed on");
     }
 }

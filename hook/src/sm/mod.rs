@@ -2,12 +2,17 @@
 //! time for the whole container (docs/sm-limit.md).
 //!
 //! Every launch entry point calls [`before_launch`] before forwarding to the
-//! driver and [`after_launch`] with the driver's result. Each launch is
-//! charged its learnt standalone GPU time against a container-wide bucket
-//! refilled at `limit % × wall time` (`bucket`, shared through `sidecar`);
-//! costs are learnt per launch key from sampled event timings (`cost`); the
-//! region's limit, policy switch and the monitor's priority feedback are
-//! re-read every 50 ms (`policy`); `control` ties it together over `sys`.
+//! driver and [`after_launch`] with the driver's result. `control` composes
+//! the parts, each with one job, over the narrow traits of `sys`:
+//! `settings` (the region's limits, policy and the monitor's blocking,
+//! re-read every 50 ms), `learn` (each launch key's standalone GPU time from
+//! sampled event timings: `cost`, `local`), `admit` (the charge on the
+//! container-wide bucket refilled at `limit % × wall time`, `bucket`, shared
+//! through `sidecar`, or in the container's turn), `correction` (the one
+//! factor that corrects the learnt costs' error, from `feedback`'s NVML
+//! measurement or `turns`' events), `sharing` (turns and priorities with the
+//! node's other containers) and `publish` (the process's share in its slot).
+//! The tuned constants are in `tuning`.
 //!
 //! With no limit the launch path is a coarse clock read and a few relaxed
 //! loads: no lock, no syscall, no driver call. With a limit, a launch whose
@@ -19,19 +24,27 @@
 //! directory all containers of the node share (`node`): a GPU time-slicing
 //! between two busy contexts loses device time that neither gets.
 
-pub mod bucket;
-pub mod control;
-pub mod cost;
+mod admit;
+mod bucket;
+mod control;
+mod correction;
+mod cost;
 mod demand;
-pub mod feedback;
+mod feedback;
+mod learn;
+mod live;
 mod local;
 mod mapfile;
-pub mod node;
-pub mod phase;
-pub mod policy;
+mod node;
+mod phase;
+mod policy;
 mod prio;
-pub mod sidecar;
-pub mod sys;
+mod publish;
+mod settings;
+mod share;
+mod sharing;
+pub(crate) mod sidecar;
+mod sys;
 #[cfg(test)]
 mod tests;
 mod tuning;
@@ -42,15 +55,16 @@ use std::sync::OnceLock;
 
 use crate::ffi::{CUfunction, CUresult, CUstream, CUDA_SUCCESS};
 
-pub use control::{Controller, Ticket, Work};
-pub use cost::Key;
+use control::{Controller, Ticket, Work};
+use cost::Key;
+pub(crate) use live::current_context_device;
 
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD: usize = 0x2;
 
 /// Which launch entry point was called.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LaunchKind {
+pub(crate) enum LaunchKind {
     /// `cuLaunchKernel`.
     Kernel,
     /// `cuLaunchKernelEx` (grid from `CUlaunchConfig`).
@@ -63,7 +77,7 @@ pub enum LaunchKind {
 
 /// One launch as the limiter sees it.
 #[derive(Debug, Clone, Copy)]
-pub struct Launch {
+pub(crate) struct Launch {
     pub kind: LaunchKind,
     /// The `CUfunction`, or the `CUgraphExec` of a graph launch.
     pub func: CUfunction,
@@ -76,11 +90,6 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// `gridX * gridY * gridZ`.
-    pub fn blocks(&self) -> u64 {
-        self.grid.iter().map(|&g| u64::from(g)).product()
-    }
-
     fn work(&self) -> Work {
         let key = match self.kind {
             LaunchKind::Graph => Key::Graph {
@@ -101,59 +110,15 @@ impl Launch {
     }
 }
 
-/// Starts, once per process, the thread that runs the feedback loop's
-/// steps off the launch path (`Controller::background`); `false` when it
-/// cannot be started (the steps then run on the launch path). Called only
-/// when a step is due (every 500 ms at most); a forked child, which has no
-/// copy of its parent's thread, starts its own.
-fn background_started() -> bool {
-    use std::sync::atomic::AtomicU32;
-    use std::sync::atomic::Ordering::{Acquire, Release};
-    use std::sync::Mutex;
-    static OWNER: AtomicU32 = AtomicU32::new(0);
-    static STARTING: Mutex<()> = Mutex::new(());
-    let pid = std::process::id();
-    if OWNER.load(Acquire) == pid {
-        return true;
-    }
-    // Another thread is starting it (or a fork caught the lock held): this
-    // step runs inline.
-    let Ok(_g) = STARTING.try_lock() else {
-        return false;
-    };
-    if OWNER.load(Acquire) == pid {
-        return true;
-    }
-    let period = std::time::Duration::from_nanos(feedback::PERIOD_NS / 10);
-    match std::thread::Builder::new()
-        .name("vgpu-sm".into())
-        .spawn(move || loop {
-            std::thread::sleep(period);
-            controller().background();
-        }) {
-        Ok(_) => {
-            OWNER.store(pid, Release);
-            true
-        }
-        Err(e) => {
-            vlog_once!(
-                crate::log::WARN,
-                "cannot start the SM feedback thread ({e}); its steps run on the launch path"
-            );
-            false
-        }
-    }
-}
-
-fn controller() -> &'static Controller<sys::Real> {
-    static C: OnceLock<Controller<sys::Real>> = OnceLock::new();
-    C.get_or_init(|| Controller::new(sys::Real::default()))
+fn controller() -> &'static Controller<live::Real> {
+    static C: OnceLock<Controller<live::Real>> = OnceLock::new();
+    C.get_or_init(|| Controller::new(live::Real::new(|| controller().background())))
 }
 
 /// Called before every launch; may sleep (throttling, or the monitor blocks
 /// the container). Hand the result to [`after_launch`].
 #[inline]
-pub fn before_launch(launch: &Launch) -> Option<Ticket> {
+pub(crate) fn before_launch(launch: &Launch) -> Option<Ticket> {
     controller().before(&launch.work())
 }
 
@@ -161,7 +126,7 @@ pub fn before_launch(launch: &Launch) -> Option<Ticket> {
 /// the limiter found the launch on, if it looked (so the caller need not
 /// ask the driver again).
 #[inline]
-pub fn after_launch(ticket: Option<Ticket>, rc: CUresult) -> Option<usize> {
+pub(crate) fn after_launch(ticket: Option<Ticket>, rc: CUresult) -> Option<usize> {
     let t = ticket?;
     let dev = t.dev();
     controller().after(t, rc == CUDA_SUCCESS);

@@ -21,30 +21,14 @@
 
 use std::path::Path;
 
-pub use vgpu_common::node::*;
+pub(crate) use vgpu_common::node::*;
+use vgpu_common::shared_file::MapError;
 
-use super::mapfile::{self, FileError, Header, SharedFile};
-
-pub type NodeError = FileError;
+use super::mapfile;
 
 /// Maps (creating if needed) the table at `path`; never unmapped.
-pub fn open(path: &Path) -> Result<&'static NodeFile, NodeError> {
+pub(crate) fn open(path: &Path) -> Result<&'static NodeFile, MapError> {
     mapfile::open(path)
-}
-
-// SAFETY: `NodeFile` is all atomics.
-unsafe impl SharedFile for NodeFile {
-    const KIND: crate::mapguard::Kind = crate::mapguard::Kind::NodeTable;
-
-    /// Stamps a zeroed table, or checks an existing one.
-    fn init_or_check(&self) -> Result<(), (u64, u32)> {
-        let h = Header {
-            magic: &self.magic,
-            version: &self.version,
-            size: &self.size,
-        };
-        h.stamp_or_check(MAGIC, VERSION, SIZE, MIN_VERSION..=VERSION)
-    }
 }
 
 #[cfg(test)]
@@ -64,6 +48,6 @@ mod tests {
         assert_eq!(b.wanting(1, 10), vec![(5, 40)]);
         let q = dir.path().join("other");
         std::fs::write(&q, vec![3u8; SIZE]).unwrap();
-        assert!(matches!(open(&q), Err(NodeError::Foreign { .. })));
+        assert!(matches!(open(&q), Err(MapError::Foreign { .. })));
     }
 }

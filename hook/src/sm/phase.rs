@@ -19,6 +19,7 @@
 //! only when the container's queued work plus its cost fits before the
 //! phase ends.
 
+use super::tuning::ALONE_WITHIN_DIV;
 pub use super::tuning::GUARD_NS;
 pub use vgpu_common::node::{plan, Phase, ACTIVE_NS, FRAME_NS};
 
@@ -65,7 +66,8 @@ pub fn gate(p: Phase, now: u64, busy: u64, cost: u64) -> Gate {
     if (ws..we).contains(&now) {
         let begin = now.max(busy);
         let fits = begin + cost / 2 + GUARD_NS <= we;
-        let alone = busy <= ws && cost / 2 + GUARD_NS > p.len && now - ws <= p.len / 4;
+        let alone =
+            busy <= ws && cost / 2 + GUARD_NS > p.len && now - ws <= p.len / ALONE_WITHIN_DIV;
         if fits || alone {
             return Gate::Go {
                 busy_until: begin + cost,

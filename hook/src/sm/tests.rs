@@ -13,7 +13,6 @@ use vgpu_common::view::RegionFile;
 
 use super::control::{Controller, Work};
 use super::cost::Key;
-use super::mapfile::SharedFile;
 use super::node::NodeFile;
 use super::phase;
 use super::sidecar::{self, SmShared};
@@ -277,6 +276,10 @@ impl Nvml for Fake {
         }
         Some(((u + self.other_pct.load(Relaxed) as f64).min(100.0), pids))
     }
+
+    fn offload(&self) -> bool {
+        self.offload.load(Relaxed)
+    }
 }
 
 impl NodeTable for Fake {
@@ -286,10 +289,6 @@ impl NodeTable for Fake {
 
     fn ranked(&self) -> bool {
         self.ranked.load(Relaxed)
-    }
-
-    fn offload(&self) -> bool {
-        self.offload.load(Relaxed)
     }
 }
 
@@ -446,7 +445,7 @@ fn activity_is_marked_and_blocking_obeyed() {
     assert!(r.last_kernel_time.load(Relaxed) >= 1_700_000_000);
     // Blocked: the next launches wait until the monitor unblocks.
     r.recent_kernel.store(-1, Relaxed);
-    c.sys.advance(super::control::REFRESH_NS);
+    c.sys.advance(super::tuning::REFRESH_NS);
     c.sys
         .unblock_after
         .store(c.sys.sleeps.load(Relaxed) + 5, Relaxed);
@@ -514,9 +513,9 @@ fn feedback_corrects_an_under_estimate() {
     // loop gives limit × 1.1.
     let c = closed_loop(60, 91, NVML_PID as i32);
     let s = run(&c, kernel(1), 2_000_000, 6 * SEC, 4 * SEC);
-    let g = c.gain(0);
-    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (gain {g:.3})");
-    assert!((1.05..1.15).contains(&g), "gain {g:.3}");
+    let g = c.factor(0);
+    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (correction {g:.3})");
+    assert!((1.05..1.15).contains(&g), "correction {g:.3}");
     let u = c.sys.file.region().procs[0].device_util[0]
         .sm_util
         .load(Relaxed);
@@ -527,22 +526,22 @@ fn feedback_corrects_an_under_estimate() {
 fn feedback_corrects_a_double_over_estimate() {
     let c = closed_loop(30, 200, NVML_PID as i32);
     let s = run(&c, kernel(1), 100_000, 6 * SEC, 4 * SEC);
-    let g = c.gain(0);
-    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {g:.3})");
-    assert!((0.45..0.55).contains(&g), "gain {g:.3}");
+    let g = c.factor(0);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (correction {g:.3})");
+    assert!((0.45..0.55).contains(&g), "correction {g:.3}");
 }
 
 #[test]
 fn feedback_stays_open_without_host_pids_or_nvml() {
-    // The slot's host pid is unknown: gain 1, today's open loop.
+    // The slot's host pid is unknown: correction 1, today's open loop.
     let c = closed_loop(60, 91, 0);
     let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
-    assert_eq!(c.gain(0), 1.0);
+    assert_eq!(c.factor(0), 1.0);
     assert!(s > 63.0, "{s:.1}%");
     let c = closed_loop(60, 91, NVML_PID as i32);
     c.sys.nvml.store(false, Relaxed);
     run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
-    assert_eq!(c.gain(0), 1.0);
+    assert_eq!(c.factor(0), 1.0);
 }
 
 #[test]
@@ -553,12 +552,12 @@ fn the_loop_closes_promptly_once_host_pids_are_known() {
     // within about 1.5 s, not after its own lease has run out (2 s more).
     let c = closed_loop(60, 91, 0);
     run(&c, kernel(1), 2_000_000, SEC, 0);
-    assert_eq!(c.gain(0), 1.0);
+    assert_eq!(c.factor(0), 1.0);
     c.sys.file.region().procs[0]
         .hostpid
         .store(NVML_PID as i32, Relaxed);
     run(&c, kernel(1), 2_000_000, 1_700_000_000, 0);
-    assert!(c.gain(0) > 1.0, "gain {:.3}", c.gain(0));
+    assert!(c.factor(0) > 1.0, "correction {:.3}", c.factor(0));
 }
 
 #[test]
@@ -570,7 +569,11 @@ fn feedback_follows_the_device_counter_when_alone() {
     c.sys.proc_pct.store(80, Relaxed);
     *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
-    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(
+        (s - 30.0).abs() < 2.0,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
     // Another container's process keeps the device 40 % busy: the device
     // counter is split by the per-process samples' proportions, which are
     // right even though each reads low, so the share stays at the limit.
@@ -579,14 +582,18 @@ fn feedback_follows_the_device_counter_when_alone() {
     c.sys.other_pct.store(40, Relaxed);
     *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
-    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(
+        (s - 30.0).abs() < 2.0,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
     // Without the device counter the container's own samples are taken as
     // read: they read low, so the loop lets the share rise above the limit.
     let c = closed_loop(30, 100, NVML_PID as i32);
     c.sys.proc_pct.store(80, Relaxed);
     c.sys.other_pct.store(40, Relaxed);
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
-    assert!(s > 33.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(s > 33.0, "{s:.1}% (correction {:.3})", c.factor(0));
 }
 
 #[test]
@@ -597,14 +604,18 @@ fn a_shared_device_is_split_over_windows_that_hold_every_process() {
     // eight-second windows when the device is shared.
     let c = shared_loop(100);
     let s = run(&c, kernel(1), 1_000_000, 40 * SEC, 10 * SEC);
-    let g = c.gain(0);
-    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {g:.3})");
-    assert!((0.9..1.1).contains(&g), "gain {g:.3}");
+    let g = c.factor(0);
+    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (correction {g:.3})");
+    assert!((0.9..1.1).contains(&g), "correction {g:.3}");
     // A real error is still corrected on a shared device: costs learnt 25 %
     // short, as a power-capped device's kernels can be.
     let c = shared_loop(75);
     let s = run(&c, kernel(1), 1_000_000, 80 * SEC, 60 * SEC);
-    assert!((s - 30.0).abs() < 2.5, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(
+        (s - 30.0).abs() < 2.5,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
 }
 
 #[test]
@@ -613,24 +624,28 @@ fn on_a_shared_device_the_first_step_comes_after_one_wide_window() {
     // first step comes one 8 s window after it, not two.
     let c = shared_loop(75);
     run(&c, kernel(1), 1_000_000, 10 * SEC, 0);
-    assert!(c.gain(0) > 1.05, "gain {:.3}", c.gain(0));
+    assert!(c.factor(0) > 1.05, "correction {:.3}", c.factor(0));
 }
 
 #[test]
 fn a_window_that_began_shared_and_ended_alone_is_discarded() {
     // The other container exits: NVML now lists only ours, but its device
     // utilization over the (8 s) window still holds the other's busy time.
-    // Read as "alone", that was the whole device's, and the gain would
+    // Read as "alone", that was the whole device's, and the correction would
     // step far up at the other's exit.
     let c = shared_loop(100);
     run(&c, kernel(1), 1_000_000, 20 * SEC, 0);
-    let g0 = c.gain(0);
+    let g0 = c.factor(0);
     c.sys.other_exit.store(c.sys.now(), Relaxed);
     run(&c, kernel(1), 1_000_000, 1_200_000_000, 0);
-    let g = c.gain(0);
-    assert!((g / g0 - 1.0).abs() < 0.03, "gain {g0:.3} -> {g:.3}");
+    let g = c.factor(0);
+    assert!((g / g0 - 1.0).abs() < 0.03, "correction {g0:.3} -> {g:.3}");
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 2 * SEC);
-    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(
+        (s - 30.0).abs() < 2.0,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
 }
 
 #[test]
@@ -642,13 +657,17 @@ fn the_first_window_after_a_baseline_is_discarded() {
     *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
     c.sys.lag_until.store(c.sys.now() + 600_000_000, Relaxed);
     run(&c, kernel(1), 1_000_000, 1_200_000_000, 0);
-    let g = c.gain(0);
+    let g = c.factor(0);
     assert!(
         (0.95..1.05).contains(&g),
-        "stepped on the first window: gain {g:.3}"
+        "stepped on the first window: correction {g:.3}"
     );
     let s = run(&c, kernel(1), 1_000_000, 4 * SEC, SEC);
-    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(
+        (s - 30.0).abs() < 2.0,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
 }
 
 #[test]
@@ -659,7 +678,11 @@ fn a_process_without_gpu_memory_does_not_open_the_loop() {
     r.proc_num.store(2, Relaxed);
     r.procs[1].pid.store(78, Relaxed);
     let s = run(&c, kernel(1), 2_000_000, 6 * SEC, 4 * SEC);
-    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(
+        (s - 60.0).abs() < 2.0,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
     // Once it holds memory, its unknown host pid opens the loop.
     let c = closed_loop(60, 91, NVML_PID as i32);
     let r = c.sys.file.region();
@@ -667,7 +690,7 @@ fn a_process_without_gpu_memory_does_not_open_the_loop() {
     r.procs[1].pid.store(78, Relaxed);
     r.procs[1].used[0].total.store(1 << 20, Relaxed);
     run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
-    assert_eq!(c.gain(0), 1.0);
+    assert_eq!(c.factor(0), 1.0);
 }
 
 #[test]
@@ -698,7 +721,7 @@ fn captured_launches_are_neither_charged_nor_timed() {
 #[test]
 fn an_under_using_container_learns_its_costs_without_being_held() {
     // Costs read 2× long, but the application itself only uses 10 % of a
-    // 60 % limit: never throttled, its share stays its own while the gain
+    // 60 % limit: never throttled, its share stays its own while the correction
     // learns the error, so a later burst is held at the limit at once.
     let c = closed_loop(60, 200, NVML_PID as i32);
     let f = &c.sys;
@@ -717,10 +740,14 @@ fn an_under_using_container_learns_its_costs_without_being_held() {
     );
     let s = busy_share(f, start + SEC, start + 4 * SEC);
     assert!((s - 10.0).abs() < 0.5, "{s:.1}%");
-    let g = c.gain(0);
-    assert!((0.45..0.56).contains(&g), "gain {g:.3}");
+    let g = c.factor(0);
+    assert!((0.45..0.56).contains(&g), "correction {g:.3}");
     let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2);
-    assert!((s - 60.0).abs() < 3.0, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(
+        (s - 60.0).abs() < 3.0,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
 }
 
 #[test]
@@ -731,7 +758,11 @@ fn a_container_never_held_by_its_charges_is_measured_and_held() {
     let c = closed_loop(90, 60, NVML_PID as i32);
     *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
     let s = run(&c, kernel(1), 1_000_000, 8 * SEC, 5 * SEC);
-    assert!((s - 90.0).abs() < 2.5, "{s:.1}% (gain {:.3})", c.gain(0));
+    assert!(
+        (s - 90.0).abs() < 2.5,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
 }
 
 #[test]
@@ -837,9 +868,11 @@ fn limited_containers_on_one_gpu_take_turns() {
 /// per-process split of a device passed between contexts is no measure, and
 /// the share is the turn's length whatever the charges. Here the costs are
 /// learnt at half their time, which the loop would correct on a shared
-/// device within two 8 s windows.
+/// device within two 8 s windows; the turns' own events read with the same
+/// error as the costs (every timing reads half), so they agree with the
+/// charges and leave the correction where it is.
 #[test]
-fn the_gain_holds_while_taking_turns() {
+fn the_correction_holds_while_taking_turns() {
     let (f, node) = on_node(nvml_on(Fake::new(30, policy::DEFAULT), 50, NVML_PID as i32));
     f.sparse.store(true, Relaxed);
     f.other_pct.store(40, Relaxed);
@@ -849,36 +882,36 @@ fn the_gain_holds_while_taking_turns() {
     run_with(&c, kernel(1), 1_000_000, 30 * SEC, SEC / 2, |f| {
         busy(m, f.now())
     });
-    assert_eq!(c.sys.buckets.devs[0].gain(), 1.0);
+    assert_eq!(c.factor(0), 1.0);
 }
 
-/// Charges 10 % short of what the kernels take (a gain learnt elsewhere, or
+/// Charges 10 % short of what the kernels take (a correction learnt elsewhere, or
 /// a cost minimum from faster moments) would fill each turn to 110 % and
 /// run into the neighbour's: the turns' own events (one before a turn's
 /// first launch, one after its last) measure what they really took, and
-/// the charges are scaled to it.
+/// the correction factor follows them back to 1.
 #[test]
 fn short_charges_are_corrected_by_measuring_the_turns() {
     let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
     let c = Controller::new(f);
     let m = neighbour(node, c.sys.now(), 70);
     let start = c.sys.now();
-    // The gain is set once the turns begin (it holds while they last):
-    // before, the feedback loop runs, and with no NVML here it opens
-    // (gain 1).
+    // The factor is set once the turns begin (the feedback loop does not
+    // step while they last): before, the loop runs, and with no NVML here
+    // it opens (factor 1).
     let mut short = false;
     let s = run_with(&c, kernel(1), 500_000, 3 * SEC, 2 * SEC, |f| {
         busy(m, f.now());
         if !short && c.turn(0).is_some() {
             f.buckets.devs[0]
                 .gain
-                .store(super::feedback::encode(0.9), Relaxed);
+                .store(super::correction::encode(0.9), Relaxed);
             short = true;
         }
     });
     assert!(short, "never took turns");
-    let k = c.turn_scale(0);
-    assert!((k - 1.0 / 0.9).abs() < 0.03, "turn scale {k:.3}");
+    let k = c.factor(0);
+    assert!((k - 1.0).abs() < 0.03, "correction {k:.3}");
     assert!((s - 30.0).abs() < 1.5, "{s:.1}%");
     let ours = c.sys.buckets.container_id();
     let p = phase::plan(&[(ours, 30), (m.owner.load(Relaxed), 70)], ours).unwrap();
@@ -954,7 +987,7 @@ fn containers_that_use_little_of_their_share_do_not_take_turns() {
 
 /// A launch-bound container whose kernels' timings read twice their GPU
 /// time (a tiny kernel timed across its launch gap) charges 70 % while its
-/// kernels keep the device 35 % busy. Once the gain has learnt that, it
+/// kernels keep the device 35 % busy. Once the correction has learnt that, it
 /// does not want its 70 % share, and a busy neighbour does not hold it to
 /// turns. Its raw charges would say it wants it.
 #[test]
@@ -971,14 +1004,14 @@ fn charges_that_overstate_the_kernels_do_not_claim_turns() {
         stream: 0,
     };
     // 1 ms kernels every 2.86 ms: 35 % of the device. The neighbour
-    // launches but does not want its share yet, so the gain learns.
+    // launches but does not want its share yet, so the correction learns.
     let start = c.sys.now();
     while c.sys.now() < start + 4 * SEC {
         m.touch(c.sys.now(), 70);
         launch_once(&c, &w, 1_000_000, 2_860_000);
     }
-    let g = c.gain(0);
-    assert!((0.45..0.56).contains(&g), "gain {g:.3}");
+    let g = c.factor(0);
+    assert!((0.45..0.56).contains(&g), "correction {g:.3}");
     assert_eq!(c.turn(0), None, "no turns");
     // Now the neighbour is busy too: ours stays off the turns, its
     // launches never held.
@@ -1019,7 +1052,7 @@ fn turns_end_when_the_neighbour_stops_wanting_its_share() {
     });
     let ended = ended.expect("the turns never ended");
     assert!(
-        ended <= phase::ACTIVE_NS + 2 * super::control::REPLAN_NS,
+        ended <= phase::ACTIVE_NS + 2 * super::tuning::REPLAN_NS,
         "ended after {} ms",
         ended / 1_000_000
     );
@@ -1336,16 +1369,16 @@ fn feedback_steps_run_off_the_launch_path() {
     let c = closed_loop(60, 91, NVML_PID as i32);
     c.sys.offload.store(true, Relaxed);
     run(&c, kernel(1), 2_000_000, 2 * SEC, 0);
-    assert_eq!(c.gain(0), 1.0, "a launch ran a feedback step");
+    assert_eq!(c.factor(0), 1.0, "a launch ran a feedback step");
     let start = c.sys.now();
     for _ in 0..120 {
         run(&c, kernel(1), 2_000_000, SEC / 20, 0);
         c.background();
     }
     let s = busy_share(&c.sys, start + 4 * SEC, c.sys.now());
-    let g = c.gain(0);
-    assert!((1.05..1.15).contains(&g), "gain {g:.3}");
-    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (gain {g:.3})");
+    let g = c.factor(0);
+    assert!((1.05..1.15).contains(&g), "correction {g:.3}");
+    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (correction {g:.3})");
 }
 
 /// What the idle bucket holds when the turns end (here 5 s of debt from
@@ -1371,7 +1404,7 @@ fn the_bucket_resumes_without_old_debt_when_the_turns_end() {
 /// Inside a PID namespace NVML lists and samples the container's processes
 /// under their namespace PIDs and hides everyone else's (driver R580): the
 /// host PID the daemon filled in is never in its answers. The loop must not
-/// read that as "this container used nothing" and lower its gain (the
+/// read that as "this container used nothing" and lower its correction (the
 /// container would run past its limit): it stays open, and the process's
 /// own samples still give its `sm_util`.
 #[test]
@@ -1385,7 +1418,7 @@ fn feedback_stays_open_when_nvml_shows_only_the_namespace() {
     c.sys.own_pid.store(NVML_PID, Relaxed);
     *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
     let s = run(&c, kernel(1), 2_000_000, 40 * SEC, 10 * SEC);
-    assert_eq!(c.gain(0), 1.0);
+    assert_eq!(c.factor(0), 1.0);
     // Open loop with costs learnt 9 % short: about 33 %, not more.
     assert!((31.0..35.0).contains(&s), "{s:.1}%");
     let u = c.sys.file.region().procs[0].device_util[0]

@@ -8,8 +8,9 @@
 //! short of what a turn really takes, and the overrun cascades: the
 //! neighbour's launches then block in the driver. A turn is exclusive, so its own GPU time can be measured
 //! exactly: an event before the turn's first launch and one after its last,
-//! against the sum of the charges admitted in between. Their ratio scales
-//! the charges while taking turns. A burst during which the queue ran dry
+//! against the sum of the charges admitted in between. Their ratio is the
+//! evidence the correction factor (`correction::from_turn`) learns from
+//! while taking turns. A burst during which the queue ran dry
 //! (the host fell behind, so the events span idle time) or that spread over
 //! several streams is not used.
 
@@ -19,10 +20,11 @@ use std::sync::Mutex;
 
 use vgpu_common::region::MAX_DEVICES;
 
+use vgpu_common::sidecar::DevBucket;
+
+use super::correction;
 use super::sys::{Events as Gpu, Poll};
-use super::tuning::{
-    MIN_BURST_NS, RESTART_WITHIN, TURN_K as K, TURN_SCALE_MAX as MAX, TURN_SCALE_MIN as MIN,
-};
+use super::tuning::{MIN_BURST_NS, RESTART_WITHIN};
 
 /// One turn's launches on one stream, between two events.
 #[derive(Debug, Clone, Copy)]
@@ -46,8 +48,6 @@ struct Events {
 
 #[derive(Debug, Default)]
 struct Dev {
-    /// The scale, `f64` bits; 0 = 1.
-    scale: AtomicU64,
     /// The open burst's stream (`tag`; 0 = none), its charges so far, and whether
     /// it is spoilt (the queue ran dry, another stream).
     stream: AtomicUsize,
@@ -64,22 +64,19 @@ pub struct Meter {
 }
 
 impl Meter {
-    /// The factor on charges while taking turns on `dev`.
-    pub fn scale(&self, dev: usize) -> f64 {
-        self.devs.get(dev).map_or(1.0, Dev::scale)
-    }
-
     /// A launch of `charge` was admitted in a turn; `empty`: the container's
     /// queue had drained before it. Called before the launch is forwarded.
-    pub fn admitted<S: Gpu>(
+    /// `at`: the launch's context and stream.
+    pub(crate) fn admitted<S: Gpu>(
         &self,
         sys: &S,
+        b: &DevBucket,
         dev: usize,
-        ctx: usize,
-        stream: usize,
+        at: (usize, usize),
         charge: u64,
         empty: bool,
     ) {
+        let (ctx, stream) = at;
         let Some(d) = self.devs.get(dev) else { return };
         let open = d.stream.load(Acquire);
         if open != 0 {
@@ -106,7 +103,7 @@ impl Meter {
         let Ok(mut ev) = d.events.try_lock() else {
             return;
         };
-        self.collect(sys, d, &mut ev);
+        collect(sys, b, &mut ev);
         if ev.done.is_some() || ev.open.is_some() {
             return;
         }
@@ -148,7 +145,7 @@ impl Meter {
 
     /// The container's next launch waits for its next turn: the open burst
     /// ends after the launches already forwarded.
-    pub fn turn_ended<S: Gpu>(&self, sys: &S, dev: usize) {
+    pub(crate) fn turn_ended<S: Gpu>(&self, sys: &S, dev: usize) {
         let Some(d) = self.devs.get(dev) else { return };
         if d.stream.load(Acquire) == 0 {
             return;
@@ -165,49 +162,31 @@ impl Meter {
         }
         ev.done = Some((b, charged, d.launches.load(Relaxed)));
     }
-
-    /// Reads a finished burst, if any, into the scale.
-    fn collect<S: Gpu>(&self, sys: &S, d: &Dev, ev: &mut Events) {
-        let Some((b, charged, launches)) = ev.done else {
-            return;
-        };
-        match sys.query(b.end) {
-            Poll::NotReady => return,
-            Poll::Failed => {}
-            Poll::Ready => {
-                if let Some(took) = sys.elapsed_ns(b.start, b.end) {
-                    vlog!(
-                        crate::log::DEBUG,
-                        "sm turn burst: took {:.2} ms, charged {:.2} ms, {} launches",
-                        took as f64 / 1e6,
-                        charged as f64 / 1e6,
-                        launches
-                    );
-                    let cur = d.scale();
-                    let want = took as f64 / charged as f64;
-                    // Outside the bounds it is no cost error but a turn
-                    // that was not what it seemed: the first ones, charged
-                    // guesses that can be several times what they took, or
-                    // spanning a neighbour's late start.
-                    if (MIN..=MAX).contains(&want) && (want / cur - 1.0).abs() > 0.01 {
-                        let next = (cur * (want / cur).powf(K)).clamp(MIN, MAX);
-                        d.scale.store(next.to_bits(), Relaxed);
-                    }
-                }
-            }
-        }
-        ev.done = None;
-        ev.spare = Some((b.ctx, b.start, b.end));
-    }
 }
 
-impl Dev {
-    fn scale(&self) -> f64 {
-        match self.scale.load(Relaxed) {
-            0 => 1.0,
-            b => f64::from_bits(b),
+/// Reads a finished burst, if any, into the correction.
+fn collect<S: Gpu>(sys: &S, b: &DevBucket, ev: &mut Events) {
+    let Some((burst, charged, launches)) = ev.done else {
+        return;
+    };
+    match sys.query(burst.end) {
+        Poll::NotReady => return,
+        Poll::Failed => {}
+        Poll::Ready => {
+            if let Some(took) = sys.elapsed_ns(burst.start, burst.end) {
+                vlog!(
+                    crate::log::DEBUG,
+                    "sm turn burst: took {:.2} ms, charged {:.2} ms, {} launches",
+                    took as f64 / 1e6,
+                    charged as f64 / 1e6,
+                    launches
+                );
+                let _ = correction::from_turn(b, took, charged);
+            }
         }
     }
+    ev.done = None;
+    ev.spare = Some((burst.ctx, burst.start, burst.end));
 }
 
 /// A stream as a non-zero word: the legacy stream is the null handle.

@@ -1,0 +1,201 @@
+//! The container's shared SM-limit state: a small file next to the region
+//! (`<region>.sm`), mapped `MAP_SHARED` by every process of the container
+//! (the hook's `sm/sidecar.rs` maps it; docs/sm-limit.md, "The sidecar
+//! file").
+//!
+//! The v1.2 region has no spare per-region field, so the token buckets live
+//! here, in our own `#[repr(C)]` layout with a magic and a version. HAMi's
+//! monitor only reads files ending in `.cache`, so it never sees this one.
+//! One bucket per device, each on its own cache line.
+//!
+//! Each version only gives a name to words that were reserved, and so read
+//! zero, in older files; zero means "unknown" in every field. So any file
+//! from version `MIN_VERSION` on is used as it is.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+use crate::region::MAX_DEVICES;
+use crate::shared_file::Header;
+
+/// `"vgpusm01"` little-endian.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusm01");
+pub const VERSION: u32 = 4;
+/// The oldest layout this code reads (its reserved words are zero).
+pub const MIN_VERSION: u32 = 1;
+/// Set in `ctx_bytes` when a size is stored (a size may be 0).
+const CTX_KNOWN: u64 = 1 << 63;
+
+/// One device's bucket (the hook's `sm/bucket.rs`): 64 bytes.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct DevBucket {
+    /// GCRA "theoretical arrival time": CLOCK_MONOTONIC ns at which the
+    /// container's budget is spent (0 = never charged).
+    pub tat: AtomicU64,
+    /// GPU-ns charged by the container (correction included, refunds and
+    /// settlements applied), wrapping; the feedback loop reads its rate.
+    pub charged_ns: AtomicU64,
+    /// Launches admitted after a wait (diagnostics).
+    pub throttled: AtomicU64,
+    /// The device's CUDA context size, exactly measured by a process of the
+    /// container, `| CTX_KNOWN`; 0 = not measured yet (v2).
+    pub ctx_bytes: AtomicU64,
+    /// The correction factor on every charge, `f64` bits; 0 = 1 (v3; the
+    /// hook's `sm/correction.rs`).
+    pub gain: AtomicU64,
+    /// The feedback leader's lease: CLOCK_MONOTONIC ns it runs out, low 20
+    /// bits replaced by the leader's pid; 0 = none (v3).
+    pub lease: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the leader's last measurement (while recent,
+    /// the leader publishes every process's measured `sm_util`) (v3).
+    pub measured_at: AtomicU64,
+    /// While the container runs in turns with others: CLOCK_MONOTONIC ns
+    /// its admitted work is due to drain (v4).
+    pub busy_until: AtomicU64,
+}
+
+impl DevBucket {
+    /// The context size stored by [`Self::set_ctx_bytes`], if any.
+    pub fn ctx_bytes(&self) -> Option<u64> {
+        let v = self.ctx_bytes.load(Acquire);
+        (v & CTX_KNOWN != 0).then_some(v & !CTX_KNOWN)
+    }
+
+    /// Stores an exactly measured context size (the last writer wins; all
+    /// writers measured the same thing).
+    pub fn set_ctx_bytes(&self, bytes: u64) {
+        self.ctx_bytes
+            .store((bytes & !CTX_KNOWN) | CTX_KNOWN, Release);
+    }
+}
+
+/// The whole file.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct SmShared {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    /// `size_of::<SmShared>()` as written by the creator.
+    pub size: AtomicU32,
+    /// The container's id in the node's tables (`node`), drawn by its
+    /// first process; 0 = not yet (v4).
+    pub container: AtomicU64,
+    pub reserved: [AtomicU64; 5],
+    pub devs: [DevBucket; MAX_DEVICES],
+}
+
+pub const SIZE: usize = std::mem::size_of::<SmShared>();
+
+const _: () = {
+    use std::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<DevBucket>() == 64);
+    assert!(align_of::<DevBucket>() == 64);
+    assert!(offset_of!(DevBucket, tat) == 0);
+    assert!(offset_of!(DevBucket, charged_ns) == 8);
+    assert!(offset_of!(DevBucket, throttled) == 16);
+    assert!(offset_of!(DevBucket, ctx_bytes) == 24);
+    assert!(offset_of!(DevBucket, gain) == 32);
+    assert!(offset_of!(DevBucket, lease) == 40);
+    assert!(offset_of!(DevBucket, measured_at) == 48);
+    assert!(offset_of!(DevBucket, busy_until) == 56);
+    assert!(offset_of!(SmShared, magic) == 0);
+    assert!(offset_of!(SmShared, version) == 8);
+    assert!(offset_of!(SmShared, size) == 12);
+    assert!(offset_of!(SmShared, container) == 16);
+    assert!(offset_of!(SmShared, reserved) == 24);
+    assert!(offset_of!(SmShared, devs) == 64);
+    assert!(SIZE == 64 + 64 * MAX_DEVICES);
+};
+
+impl SmShared {
+    /// The container's id, drawn at random by the first process to ask.
+    pub fn container_id(&self) -> u64 {
+        let id = self.container.load(Acquire);
+        if id != 0 {
+            return id;
+        }
+        let mut v = 0u64;
+        // SAFETY: `v` is a live local of 8 bytes; getrandom writes at most
+        // that many.
+        let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
+        if n != 8 || v == 0 {
+            // No entropy yet (early boot): the clock and pid still tell
+            // containers apart.
+            v = (std::process::id() as u64) << 40 ^ now_ns() | 1;
+        }
+        match self.container.compare_exchange(0, v, AcqRel, Acquire) {
+            Ok(_) => v,
+            Err(other) => other,
+        }
+    }
+
+    /// Stamps a zeroed file, or checks an existing one's magic and version
+    /// (the found ones otherwise).
+    pub fn init_or_check(&self) -> Result<(), (u64, u32)> {
+        let h = Header {
+            magic: &self.magic,
+            version: &self.version,
+            size: &self.size,
+        };
+        h.stamp_or_check(MAGIC, VERSION, SIZE, MIN_VERSION..=VERSION)
+    }
+}
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
+
+/// The sidecar path of a region file.
+pub fn path_for(region: &Path) -> PathBuf {
+    let mut s = region.as_os_str().to_owned();
+    s.push(".sm");
+    PathBuf::from(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    #[test]
+    fn ctx_bytes_round_trip_and_older_files_are_accepted() {
+        let s = SmShared::default();
+        assert!(s.init_or_check().is_ok());
+        assert_eq!(s.devs[1].ctx_bytes(), None);
+        s.devs[1].set_ctx_bytes(0);
+        assert_eq!(s.devs[1].ctx_bytes(), Some(0));
+        s.devs[1].set_ctx_bytes(64 << 20);
+        assert_eq!(s.devs[1].ctx_bytes(), Some(64 << 20));
+        let v1 = SmShared::default();
+        v1.magic.store(MAGIC, Relaxed);
+        v1.version.store(1, Relaxed);
+        assert!(v1.init_or_check().is_ok());
+        assert_eq!(v1.devs[0].ctx_bytes(), None);
+        assert_eq!(v1.devs[0].gain.load(Relaxed), 0, "reads as no correction");
+        v1.version.store(2, Relaxed);
+        assert!(v1.init_or_check().is_ok());
+        v1.version.store(4, Relaxed);
+        assert!(v1.init_or_check().is_ok());
+        v1.version.store(5, Relaxed);
+        assert_eq!(v1.init_or_check(), Err((MAGIC, 5)));
+    }
+
+    #[test]
+    fn the_container_id_is_drawn_once() {
+        let s = SmShared::default();
+        let id = s.container_id();
+        assert_ne!(id, 0);
+        assert_eq!(s.container_id(), id);
+        assert_ne!(SmShared::default().container_id(), id);
+    }
+
+    #[test]
+    fn the_path_is_next_to_the_region() {
+        let p = path_for(Path::new("/tmp/vgpu/x.cache"));
+        assert_eq!(p, Path::new("/tmp/vgpu/x.cache.sm"));
+    }
+}

@@ -1,0 +1,253 @@
+//! What the region says, as the launch path reads it: the limits, whether
+//! they are enforced, the monitor's blocking and the container's priority,
+//! re-read at most every `REFRESH_NS` by one thread (`policy` has the
+//! rules). A refresh also marks the container's activity for HAMi's
+//! monitor and notes the host pid once a device is limited.
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
+
+use vgpu_common::region::{SharedRegion, MAX_DEVICES};
+
+use super::policy;
+use super::sys::{Clock, Container, NodeTable};
+use super::tuning::{BLOCK_SLEEP_NS, REFRESH_NS};
+
+/// The settings in force, shared by the launching threads.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    next_refresh: AtomicU64,
+    refreshing: AtomicBool,
+    /// Bit per device with a limit, or every device when ranked (its
+    /// launches are accounted).
+    limited: AtomicU32,
+    enforce: AtomicBool,
+    blocked: AtomicBool,
+    limits: [AtomicU32; MAX_DEVICES],
+    /// Unix seconds of this process's last `last_kernel_time` write.
+    last_secs: AtomicU64,
+    host_pid_noted: AtomicBool,
+    /// Takes part in the node's priorities without a limit
+    /// (`NodeTable::ranked`).
+    ranked: AtomicBool,
+    /// The region's `priority` (HAMi's; 0 high).
+    priority: AtomicI32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            next_refresh: AtomicU64::new(0),
+            refreshing: AtomicBool::new(false),
+            limited: AtomicU32::new(0),
+            enforce: AtomicBool::new(false),
+            blocked: AtomicBool::new(false),
+            limits: std::array::from_fn(|_| AtomicU32::new(0)),
+            last_secs: AtomicU64::new(0),
+            host_pid_noted: AtomicBool::new(false),
+            ranked: AtomicBool::new(false),
+            priority: AtomicI32::new(1),
+        }
+    }
+}
+
+impl Settings {
+    /// Whether a refresh is due at `now`.
+    pub(crate) fn due(&self, now: u64) -> bool {
+        now >= self.next_refresh.load(Relaxed)
+    }
+
+    /// Re-reads the region (one thread at a time) and marks activity; then
+    /// hands the region and this process's slot to `also` (publishing).
+    pub(crate) fn refresh<S: Container + Clock + NodeTable>(
+        &self,
+        sys: &S,
+        now: u64,
+        also: impl FnOnce(&SharedRegion, usize, u32),
+    ) {
+        if self.refreshing.swap(true, Acquire) {
+            return;
+        }
+        self.next_refresh
+            .store(now.saturating_add(REFRESH_NS), Relaxed);
+        if let Some((region, slot)) = sys.region() {
+            let s = policy::read(region, sys.policy());
+            for (d, l) in s.limits.iter().enumerate() {
+                self.limits[d].store(*l, Relaxed);
+            }
+            self.enforce.store(s.enforce, Relaxed);
+            let ranked = sys.ranked();
+            self.ranked.store(ranked, Relaxed);
+            self.priority.store(region.priority.load(Relaxed), Relaxed);
+            // Ranked without a limit, every device is accounted: its launches
+            // are published to (or held by) the node's other containers.
+            let all = (1u32 << MAX_DEVICES) - 1;
+            let mask = s.limited_mask() | if ranked { all } else { 0 };
+            self.limited.store(mask, Relaxed);
+            if s.limited_mask() != 0 && !self.host_pid_noted.swap(true, Relaxed) {
+                sys.note_host_pid();
+            }
+            self.blocked.store(s.blocked, Relaxed);
+            if !s.blocked {
+                policy::mark_activity(region, sys.unix_secs(), &self.last_secs);
+            }
+            also(region, slot, mask);
+        }
+        self.refreshing.store(false, Release);
+    }
+
+    /// Sleeps while the monitor blocks the container (`recent_kernel < 0`),
+    /// if the last refresh found it blocked.
+    pub(crate) fn wait_unblocked<S: Container + Clock>(&self, sys: &S) {
+        if !self.blocked.load(Relaxed) {
+            return;
+        }
+        while let Some((region, _)) = sys.region() {
+            if region.recent_kernel.load(Relaxed) >= 0 {
+                policy::unblocked(region);
+                break;
+            }
+            sys.sleep_until(sys.now().saturating_add(BLOCK_SLEEP_NS));
+        }
+        self.blocked.store(false, Relaxed);
+    }
+
+    /// Bit per accounted device.
+    pub(crate) fn limited(&self) -> u32 {
+        self.limited.load(Relaxed)
+    }
+
+    /// The limit on `dev` (0: none).
+    pub(crate) fn limit(&self, dev: usize) -> u32 {
+        self.limits[dev].load(Relaxed)
+    }
+
+    /// The limit on `dev` while it is enforced (0: none or not enforced).
+    pub(crate) fn enforced(&self, dev: usize) -> u32 {
+        let pct = self.limit(dev);
+        if pct != 0 && self.enforce.load(Relaxed) {
+            pct
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn ranked(&self) -> bool {
+        self.ranked.load(Relaxed)
+    }
+
+    pub(crate) fn priority(&self) -> i32 {
+        self.priority.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use vgpu_common::region::policy as pol;
+    use vgpu_common::view::RegionFile;
+
+    use super::*;
+
+    /// The region, a clock whose sleeps the monitor answers after `unblock`
+    /// of them, and whether the process states a priority.
+    struct Proc {
+        file: RegionFile,
+        _dir: tempfile::TempDir,
+        now: AtomicU64,
+        sleeps: AtomicU32,
+        unblock: u32,
+        ranked: bool,
+    }
+
+    impl Proc {
+        fn new(ranked: bool) -> Self {
+            let dir = tempfile::tempdir().unwrap();
+            let file = RegionFile::create_or_open(&dir.path().join("r")).unwrap();
+            file.region().utilization_switch.store(1, Relaxed);
+            Proc {
+                file,
+                _dir: dir,
+                now: AtomicU64::new(1),
+                sleeps: AtomicU32::new(0),
+                unblock: 3,
+                ranked,
+            }
+        }
+    }
+
+    impl Clock for Proc {
+        fn now(&self) -> u64 {
+            self.now.load(Relaxed)
+        }
+        fn coarse(&self) -> u64 {
+            self.now()
+        }
+        fn unix_secs(&self) -> u64 {
+            1_700_000_000
+        }
+        fn sleep_until(&self, t: u64) {
+            if self.sleeps.fetch_add(1, Relaxed) + 1 == self.unblock {
+                self.file.region().recent_kernel.store(0, Relaxed);
+            }
+            self.now.fetch_max(t, Relaxed);
+        }
+    }
+
+    impl Container for Proc {
+        fn region(&self) -> Option<(&SharedRegion, usize)> {
+            Some((self.file.region(), 0))
+        }
+        fn policy(&self) -> i32 {
+            pol::DEFAULT
+        }
+        fn buckets(&self) -> &'static vgpu_common::sidecar::SmShared {
+            crate::sm::sidecar::private()
+        }
+    }
+
+    impl NodeTable for Proc {
+        fn ranked(&self) -> bool {
+            self.ranked
+        }
+    }
+
+    #[test]
+    fn limits_are_read_when_due_and_enforced_by_the_switch() {
+        let p = Proc::new(false);
+        let r = p.file.region();
+        r.sm_limit[1].store(30, Relaxed);
+        r.sm_limit[2].store(100, Relaxed);
+        let s = Settings::default();
+        let mut published = None;
+        assert!(s.due(0));
+        s.refresh(&p, 5, |_, slot, mask| published = Some((slot, mask)));
+        assert_eq!(published, Some((0, 0b10)), "100 % is no limit");
+        assert_eq!((s.limit(1), s.enforced(1), s.limit(2)), (30, 30, 0));
+        assert!(!s.due(5 + REFRESH_NS - 1) && s.due(5 + REFRESH_NS));
+        // The monitor switches enforcement off: still accounted, not held.
+        r.utilization_switch.store(0, Relaxed);
+        s.refresh(&p, 5 + REFRESH_NS, |_, _, _| {});
+        assert_eq!((s.limited(), s.enforced(1)), (0b10, 0));
+        assert_eq!(r.recent_kernel.load(Relaxed), policy::ACTIVE);
+    }
+
+    #[test]
+    fn a_ranked_process_is_accounted_everywhere_and_a_blocked_one_waits() {
+        let p = Proc::new(true);
+        p.file.region().recent_kernel.store(-1, Relaxed);
+        p.file.region().priority.store(0, Relaxed);
+        let s = Settings::default();
+        s.refresh(&p, 1, |_, _, _| {});
+        assert_eq!(s.limited(), (1 << MAX_DEVICES) - 1);
+        assert_eq!(s.priority(), 0);
+        assert!(s.ranked());
+        s.wait_unblocked(&p);
+        assert_eq!(p.sleeps.load(Relaxed), 3, "slept until the monitor let go");
+        assert_eq!(p.now(), 1 + 3 * BLOCK_SLEEP_NS);
+        // Not blocked any more: no sleep.
+        s.wait_unblocked(&p);
+        assert_eq!(p.sleeps.load(Relaxed), 3);
+    }
+}
