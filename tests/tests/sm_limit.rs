@@ -581,14 +581,35 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
                 s[0], s[1]
             ));
         }
+        // HAMi's monitor sees the high one active and blocks the low one
+        // (`recent_kernel = -1`), and keeps it blocked for two of its 5 s
+        // ticks after the high one stops. The node table shows the same
+        // container: the low one goes on being held, not put to sleep.
+        let monitor = RegionFile::open(&b.region_path(), Access::ReadWrite).expect("open region");
+        monitor.region().recent_kernel.store(-1, Relaxed);
+        std::thread::sleep(Duration::from_millis(300));
+        let s = process_shares(&gpu, Duration::from_secs(1), &ids);
+        eprintln!(
+            "{what}, the monitor blocking the low one: high {:.1}%, low {:.1}%",
+            s[0], s[1]
+        );
+        if !(s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0) {
+            return Err(format!(
+                "with the monitor's block: high {:.1}%, low {:.1}% (not > 85 and 0.2..10)",
+                s[0], s[1]
+            ));
+        }
         hi.kill9();
         // The dead one's queue (the sim's 50 ms) drains, then the low one
-        // is free within a frame.
+        // is free within a frame, though the monitor's block still stands.
         std::thread::sleep(Duration::from_millis(200));
         let after = process_shares(&gpu, Duration::from_secs(1), &[lo.child.id()]);
         eprintln!("{what}: low alone {:.1}%", after[0]);
         if after[0] < 90.0 {
             return Err(format!("low alone {:.1}%, not > 90", after[0]));
+        }
+        if monitor.region().recent_kernel.load(Relaxed) != -1 {
+            return Err("the hook cleared the monitor's block".into());
         }
         Ok(())
     });

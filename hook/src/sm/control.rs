@@ -105,7 +105,14 @@ impl<S: Sys> Controller<S> {
         if self.settings.due(now) {
             self.refresh(now);
         }
-        self.settings.wait_unblocked(&self.sys);
+        // A block by HAMi's monitor means "a container of higher priority is
+        // active on your GPU". Where the node table shows that container,
+        // the hold rule keeps this one's queue short for exactly as long as
+        // it is active; sleeping whole seconds on the monitor's 5 s view
+        // would starve this one and keep the GPU idle after it stops.
+        if !self.sharing.outranked() {
+            self.settings.wait_unblocked(&self.sys);
+        }
         if self.settings.limited() == 0 {
             return None;
         }

@@ -15,7 +15,7 @@ use super::demand::Demand;
 use super::phase::{self, Phase};
 use super::prio::{self, Marks};
 use super::sys::{Container, Events, NodeTable};
-use super::tuning::{HIGH_START_NS, HOLD_NS, REPLAN_NS, TURN_REPORT_NS};
+use super::tuning::{HIGH_START_NS, HOLD_NS, MONITOR_LAG_NS, REPLAN_NS, TURN_REPORT_NS};
 
 /// This process's view of the node, per device.
 #[derive(Debug)]
@@ -35,6 +35,9 @@ pub(crate) struct Sharing {
     member: [AtomicU32; MAX_DEVICES],
     /// The members of higher priority active now (bit mask).
     higher: [AtomicU32; MAX_DEVICES],
+    /// A member of higher priority was active within `MONITOR_LAG_NS`: a
+    /// block from HAMi's monitor is about it, and the hold rule answers it.
+    outranked: [AtomicBool; MAX_DEVICES],
     /// This process's launches admitted while held (`prio`).
     marks: Mutex<Marks>,
     /// (CLOCK_MONOTONIC ns, the container's `charged_ns`) at the last debug
@@ -52,6 +55,7 @@ impl Default for Sharing {
             light: std::array::from_fn(|_| AtomicBool::new(false)),
             member: std::array::from_fn(|_| AtomicU32::new(0)),
             higher: std::array::from_fn(|_| AtomicU32::new(0)),
+            outranked: std::array::from_fn(|_| AtomicBool::new(false)),
             marks: Mutex::new(Marks::default()),
             report: Mutex::new([(0, 0); MAX_DEVICES]),
         }
@@ -72,6 +76,15 @@ impl Sharing {
     /// The members of higher priority active on `dev` (bit mask).
     pub(crate) fn higher(&self, dev: usize) -> u32 {
         self.higher[dev].load(Relaxed)
+    }
+
+    /// Whether a member of higher priority was active on any device within
+    /// `MONITOR_LAG_NS`, so that a block by HAMi's monitor (which lags
+    /// activity by up to two of its 5 s ticks) is one the node table sees
+    /// too, and the hold rule (fresher by three orders of magnitude) serves
+    /// it instead of sleeping.
+    pub(crate) fn outranked(&self) -> bool {
+        self.outranked.iter().any(|o| o.load(Relaxed))
     }
 
     /// Re-plans `dev` when due at `now`: the container is active there at
@@ -109,6 +122,7 @@ impl Sharing {
         let wants = pct != 0 && self.wants_share(b, dev, now, pct);
         self.light[dev].store(pct != 0 && self.demand.light(dev), Relaxed);
         let mut higher = 0;
+        let mut outranked = false;
         let mut member = 0;
         let plan = sys.node(dev).and_then(|node| {
             let id = sys.buckets().container_id();
@@ -121,6 +135,7 @@ impl Sharing {
             me.touch(now, pct);
             me.set_priority(Some(priority));
             higher = node.higher(id, me.rank.load(Relaxed), now, HOLD_NS);
+            outranked = node.higher(id, me.rank.load(Relaxed), now, MONITOR_LAG_NS) != 0;
             if wants {
                 me.want(now);
             }
@@ -130,6 +145,7 @@ impl Sharing {
             phase::plan(&node.wanting(now, phase::ACTIVE_NS), id)
         });
         self.member[dev].store(member, Relaxed);
+        self.outranked[dev].store(outranked, Relaxed);
         if self.higher[dev].swap(higher, Relaxed) != higher {
             vlog!(
                 crate::log::INFO,

@@ -23,6 +23,11 @@ pub const YIELD_MAX_NS: u64 = FRAME_NS;
 /// gaps between requests (20 ms for a 50-request/s service).
 pub const HOLD_NS: u64 = FRAME_NS - REPLAN_NS;
 
+/// How long after a higher-priority container's last launch a block by
+/// HAMi's monitor may still be about it: the monitor decays `recent_kernel`
+/// 2 → 1 → 0 over two 5 s ticks before it unblocks, plus a tick of slack.
+pub const MONITOR_LAG_NS: u64 = 15_000_000_000;
+
 /// What a GPU's switch between two contexts' work may take, at most,
 /// beyond the work itself (an allowance: Hopper time-slices contexts with
 /// its compute preemption; tens of µs are typical).
