@@ -26,6 +26,8 @@ pub mod lock;
 #[cfg(feature = "std")]
 pub mod node;
 #[cfg(feature = "std")]
+pub mod reclaim;
+#[cfg(feature = "std")]
 pub mod region_io;
 #[cfg(feature = "std")]
 pub mod view;

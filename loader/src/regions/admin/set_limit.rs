@@ -1,0 +1,101 @@
+//! `vgpu set-mem-limit` / `set-sm-limit`: writes `limit[]` or `sm_limit[]`
+//! of some devices.
+
+use std::mem::offset_of;
+use std::sync::atomic::Ordering::SeqCst;
+
+use vgpu_common::region::{SharedRegion, MAX_DEVICES};
+use vgpu_common::region_io::RegionIo;
+
+use super::AdminError;
+
+/// Which per-device limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitKind {
+    /// `limit[]`, bytes.
+    Memory,
+    /// `sm_limit[]`, percent.
+    Sm,
+}
+
+/// Which devices an operation applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Devices {
+    One(usize),
+    /// Every device of the region (`device_num`, or all 16 before any
+    /// process recorded it).
+    All,
+}
+
+/// One limit written.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LimitChange {
+    pub device: usize,
+    pub old: u64,
+    pub new: u64,
+    /// Container-wide usage of the device now (bytes).
+    pub used_bytes: u64,
+}
+
+fn device_count(r: &SharedRegion) -> u64 {
+    r.device_num.load(SeqCst)
+}
+
+/// The devices `which` names in the region, or a range error (device must
+/// be below 16 and below `device_num` when that is set).
+pub fn resolve_devices(
+    file: &RegionIo,
+    r: &SharedRegion,
+    which: Devices,
+) -> Result<Vec<usize>, AdminError> {
+    let n = device_count(r);
+    let usable = if n == 0 {
+        MAX_DEVICES
+    } else {
+        (n as usize).min(MAX_DEVICES)
+    };
+    match which {
+        Devices::All => Ok((0..usable).collect()),
+        Devices::One(d) if d < usable => Ok(vec![d]),
+        Devices::One(device) => Err(AdminError::DeviceRange {
+            path: file.path().to_owned(),
+            device,
+            count: usable as u64,
+        }),
+    }
+}
+
+fn used(r: &SharedRegion, dev: usize) -> u64 {
+    r.active_slots()
+        .iter()
+        .filter(|s| s.pid.load(SeqCst) != 0)
+        .map(|s| s.used_total(dev))
+        .fold(0, u64::saturating_add)
+}
+
+/// Writes `value` into `limit[]` or `sm_limit[]` of the devices. Running
+/// processes read these on their allocation / launch paths.
+pub fn set_limit(
+    file: &RegionIo,
+    kind: LimitKind,
+    which: Devices,
+    value: u64,
+) -> Result<Vec<LimitChange>, AdminError> {
+    let r = file.snapshot()?;
+    let devices = resolve_devices(file, &r, which)?;
+    let (cells, base) = match kind {
+        LimitKind::Memory => (&r.limit, offset_of!(SharedRegion, limit)),
+        LimitKind::Sm => (&r.sm_limit, offset_of!(SharedRegion, sm_limit)),
+    };
+    let mut out = Vec::new();
+    for d in devices {
+        file.write_u64((base + d * 8) as u64, value)?;
+        out.push(LimitChange {
+            device: d,
+            old: cells[d].load(SeqCst),
+            new: value,
+            used_bytes: used(&r, d),
+        });
+    }
+    Ok(out)
+}
