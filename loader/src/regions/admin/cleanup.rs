@@ -134,3 +134,110 @@ pub fn cleanup(file: &RegionIo) -> Result<CleanupReport, AdminError> {
     report.proc_num_after = file.snapshot()?.proc_num.load(SeqCst);
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::regions::admin::testutil::{dead_pid, fixture, me};
+    use std::sync::atomic::Ordering::Relaxed;
+    use vgpu_common::identity::Identity;
+    use vgpu_common::region::status;
+
+    const M: u64 = 1 << 20;
+
+    /// A dead process's slot is freed, a live one's kept, a free slot's
+    /// leftovers zeroed, and `proc_num` lowered over the trailing free slots.
+    #[test]
+    fn dead_slots_are_freed_live_ones_kept_and_proc_num_lowered() {
+        let fx = fixture();
+        let r = fx.r();
+        let (host, id) = me();
+        let dead = dead_pid();
+        fx.slot(0, id, host, 100 * M);
+        // A free slot a HAMi-core exit left with counters and a status.
+        fx.slot(1, Identity { pid: 0, ..id }, 0, 7 * M);
+        fx.slot(2, Identity { pid: 4242, ..id }, dead, 300 * M);
+        fx.slot(3, Identity { pid: 4243, ..id }, dead, 5 * M);
+        let report = cleanup(&fx.io).unwrap();
+        let freed: Vec<_> = report
+            .reclaimed
+            .iter()
+            .map(|c| (c.slot, c.pid, c.hostpid, c.by, c.total_bytes))
+            .collect();
+        assert_eq!(
+            freed,
+            vec![
+                (2, 4242, dead, AliveBy::Hostpid, 300 * M),
+                (3, 4243, dead, AliveBy::Hostpid, 5 * M)
+            ]
+        );
+        assert_eq!(report.normalised, vec![1]);
+        assert!(report.undecided.is_empty());
+        assert_eq!((report.proc_num_before, report.proc_num_after), (4, 1));
+        assert_eq!(r.proc_num.load(Relaxed), 1);
+        for i in 1..=3 {
+            assert!(reclaim::is_clean(&r.procs[i]), "slot {i}");
+            assert_eq!(r.procs[i].hostpid.load(Relaxed), 0, "slot {i}");
+        }
+        let live = &r.procs[0];
+        assert_eq!(live.pid.load(Relaxed), id.pid);
+        assert_eq!(live.status.load(Relaxed), status::RUNNING);
+        assert_eq!(live.used_total(0), 100 * M);
+        // Nothing left to do.
+        let again = cleanup(&fx.io).unwrap();
+        assert!(again.reclaimed.is_empty() && again.normalised.is_empty());
+    }
+
+    /// A hostpid that names a live process of another identity (reused or
+    /// forged) does not keep a slot alive.
+    #[test]
+    fn a_live_hostpid_of_another_identity_does_not_keep_a_slot() {
+        let fx = fixture();
+        let (host, id) = me();
+        let other = Identity {
+            start: id.start + 1,
+            ..id
+        };
+        fx.slot(0, other, host, M);
+        let report = cleanup(&fx.io).unwrap();
+        // The mappers decide: this process maps the file but is not the
+        // slot's. Root reads all of /proc, so they know no mapper is; without
+        // root the slot may be kept (judged by PID alone), never freed by
+        // its hostpid.
+        assert!(report.reclaimed.iter().all(|c| c.by == AliveBy::Mapping));
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            assert_eq!(report.reclaimed.len(), 1, "{report:?}");
+            assert_eq!(fx.r().procs[0].pid.load(Relaxed), 0);
+        }
+    }
+
+    /// While a live process holds the region lock, nothing is freed.
+    #[test]
+    fn a_lock_held_by_a_live_owner_refuses_after_the_wait() {
+        let fx = fixture();
+        let r = fx.r();
+        let (host, id) = me();
+        fx.slot(0, id, host, M);
+        fx.slot(1, Identity { pid: 4242, ..id }, dead_pid(), M);
+        let other = fx.other_fd();
+        let _held = lock::try_lock(&other).unwrap().expect("lock");
+        r.owner_pid.store(id.pid as u64, Relaxed);
+        let t = std::time::Instant::now();
+        let e = cleanup(&fx.io).unwrap_err();
+        assert!(t.elapsed() >= LOCK_WAIT);
+        assert!(
+            matches!(e, AdminError::HeldByLive { host_pid: Some(h), .. } if h == host),
+            "{e}"
+        );
+        assert_eq!(r.procs[1].pid.load(Relaxed), 4242, "nothing freed");
+        // An owner that names nobody: the holder is unknown.
+        r.owner_pid.store(0, Relaxed);
+        let e = cleanup(&fx.io).unwrap_err();
+        assert!(
+            matches!(e, AdminError::HeldByUnknown { owner: 0, .. }),
+            "{e}"
+        );
+        assert_eq!(r.procs[1].pid.load(Relaxed), 4242);
+    }
+}

@@ -26,6 +26,9 @@ pub use set_limit::{resolve_devices, set_limit, Devices, LimitKind};
 pub use signal::{plan_signal, send_signal, wait_status, SignalAction};
 pub use unlock::unlock;
 
+#[cfg(test)]
+mod testutil;
+
 /// Why an admin operation refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {

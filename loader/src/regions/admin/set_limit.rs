@@ -99,3 +99,81 @@ pub fn set_limit(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::regions::admin::testutil::{fixture, me};
+    use std::sync::atomic::Ordering::Relaxed;
+
+    const G: u64 = 1 << 30;
+
+    #[test]
+    fn limits_are_written_per_device_with_the_old_value_and_the_usage() {
+        let fx = fixture();
+        let r = fx.r();
+        r.device_num.store(2, Relaxed);
+        r.limit[0].store(4 * G, Relaxed);
+        fx.slot(0, me().1, 0, G);
+        let got = set_limit(&fx.io, LimitKind::Memory, Devices::All, 8 * G).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                LimitChange {
+                    device: 0,
+                    old: 4 * G,
+                    new: 8 * G,
+                    used_bytes: G
+                },
+                LimitChange {
+                    device: 1,
+                    old: 0,
+                    new: 8 * G,
+                    used_bytes: 0
+                },
+            ]
+        );
+        assert_eq!(
+            (r.limit[0].load(Relaxed), r.limit[1].load(Relaxed)),
+            (8 * G, 8 * G)
+        );
+        assert_eq!(r.limit[2].load(Relaxed), 0, "past device_num");
+        assert!(r.sm_limit.iter().all(|c| c.load(Relaxed) == 0));
+
+        let got = set_limit(&fx.io, LimitKind::Sm, Devices::One(1), 30).unwrap();
+        assert_eq!((got.len(), got[0].device, got[0].old), (1, 1, 0));
+        assert_eq!(
+            (r.sm_limit[0].load(Relaxed), r.sm_limit[1].load(Relaxed)),
+            (0, 30)
+        );
+    }
+
+    #[test]
+    fn a_device_out_of_range_is_refused_and_nothing_written() {
+        let fx = fixture();
+        let r = fx.r();
+        r.device_num.store(2, Relaxed);
+        let e = set_limit(&fx.io, LimitKind::Memory, Devices::One(2), G).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AdminError::DeviceRange {
+                    device: 2,
+                    count: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(r.limit.iter().all(|c| c.load(Relaxed) == 0));
+        // Before any process recorded device_num, every one of the 16 is
+        // usable, and no more.
+        r.device_num.store(0, Relaxed);
+        assert_eq!(
+            resolve_devices(&fx.io, r, Devices::All).unwrap(),
+            (0..MAX_DEVICES).collect::<Vec<_>>()
+        );
+        assert!(set_limit(&fx.io, LimitKind::Sm, Devices::One(MAX_DEVICES), 50).is_err());
+        assert!(r.sm_limit.iter().all(|c| c.load(Relaxed) == 0));
+    }
+}

@@ -180,3 +180,114 @@ pub fn wait_status(
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::regions::admin::testutil::{dead_pid, fixture, me};
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::Ordering::Relaxed;
+    use vgpu_common::identity::Identity;
+
+    static CAUGHT: AtomicUsize = AtomicUsize::new(0);
+
+    extern "C" fn count(_: libc::c_int) {
+        CAUGHT.fetch_add(1, Relaxed);
+    }
+
+    /// The whole path on this test process, which maps the region as a
+    /// hooked process does: refused while it does not catch the signals
+    /// (they would kill it), then planned, signalled once through its
+    /// pidfd, and waited for until its slot reports the status. One test,
+    /// since the handlers are the process's.
+    #[test]
+    fn a_process_is_signalled_only_when_it_catches_the_signals() {
+        let fx = fixture();
+        let r = fx.r();
+        let (host, id) = me();
+        fx.slot(0, id, host, 0);
+        fx.slot(1, Identity { pid: 4242, ..id }, dead_pid(), 0);
+        let e = plan_signal(&fx.io, SignalAction::Suspend).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                AdminError::NotCaught {
+                    slot: 0,
+                    signal: "SIGUSR2",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        for sig in [libc::SIGUSR1, libc::SIGUSR2] {
+            // SAFETY: `count` only touches an atomic, which is
+            // async-signal-safe; it is a valid `extern "C" fn(c_int)`.
+            let old = unsafe {
+                libc::signal(
+                    sig,
+                    count as extern "C" fn(libc::c_int) as libc::sighandler_t,
+                )
+            };
+            assert_ne!(old, libc::SIG_ERR);
+        }
+        // The dead process's slot is no target.
+        let targets = plan_signal(&fx.io, SignalAction::Suspend).unwrap();
+        assert_eq!(
+            targets,
+            vec![Target {
+                slot: 0,
+                pid: id.pid,
+                host_pid: host
+            }]
+        );
+        let before = CAUGHT.load(Relaxed);
+        send_signal(&fx.io, &targets, SignalAction::Suspend).unwrap();
+        let t = Instant::now();
+        while CAUGHT.load(Relaxed) == before && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(CAUGHT.load(Relaxed), before + 1);
+        // No hook here to report "suspended": the wait times out naming the
+        // slot, then ends once the slot reports it.
+        let e = wait_status(
+            &fx.io,
+            &targets,
+            SignalAction::Suspend,
+            Duration::from_millis(100),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, AdminError::Timeout { slots, .. } if slots.contains("slot 0")),
+            "{e}"
+        );
+        r.procs[0].status.store(status::SUSPENDED, Relaxed);
+        wait_status(&fx.io, &targets, SignalAction::Suspend, Duration::ZERO).unwrap();
+    }
+
+    /// A slot whose host PID names a live process that does not map the
+    /// region (a forged or stale `hostpid`) refuses the whole operation.
+    #[test]
+    fn a_hostpid_that_does_not_map_the_region_is_never_signalled() {
+        let fx = fixture();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let cpid = child.id() as i32;
+        let id = Identity::read(std::path::Path::new("/proc"), cpid, cpid);
+        fx.slot(0, id, cpid, 0);
+        let e = plan_signal(&fx.io, SignalAction::Resume).unwrap_err();
+        let forged = Target {
+            slot: 0,
+            pid: cpid,
+            host_pid: cpid,
+        };
+        let sent = send_signal(&fx.io, &[forged], SignalAction::Resume);
+        let alive = child.try_wait().unwrap().is_none();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(matches!(e, AdminError::Unproven { slot: 0, .. }), "{e}");
+        assert!(matches!(sent, Err(AdminError::Unproven { .. })), "{sent:?}");
+        assert!(alive, "SIGUSR1 reached the child and killed it");
+    }
+}

@@ -105,3 +105,66 @@ pub fn unlock(file: &RegionIo) -> Result<UnlockReport, AdminError> {
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::regions::admin::testutil::{dead_pid, fixture, me};
+    use std::sync::atomic::Ordering::Relaxed;
+    use vgpu_common::identity::Identity;
+
+    /// A dead owner (its slot's host PID is gone) that left HAMi-core's
+    /// semaphore taken: the semaphore is reset and `owner_pid` cleared.
+    #[test]
+    fn a_dead_owner_is_cleared_and_its_semaphore_reset() {
+        let fx = fixture();
+        let r = fx.r();
+        let (_, id) = me();
+        fx.slot(0, Identity { pid: 4242, ..id }, dead_pid(), 0);
+        r.owner_pid.store(4242, Relaxed);
+        r.sem[0].store(0, Relaxed);
+        let rep = unlock(&fx.io).unwrap();
+        assert_eq!(rep.owner_pid, 4242);
+        assert!(!rep.held);
+        assert!(rep.cleared_owner && rep.sem_reset && !rep.sem_zero_without_owner);
+        assert_eq!((r.owner_pid.load(Relaxed), r.sem[0].load(Relaxed)), (0, 1));
+        // Again: nothing recorded, nothing done.
+        let rep = unlock(&fx.io).unwrap();
+        assert!(!rep.cleared_owner && !rep.sem_reset && rep.owner.is_none());
+    }
+
+    /// A live owner is never cleared, whether it holds the lock or is
+    /// between taking and releasing it; an unknown holder is refused.
+    #[test]
+    fn a_live_owner_or_an_unknown_holder_is_refused() {
+        let fx = fixture();
+        let r = fx.r();
+        let (host, id) = me();
+        fx.slot(0, id, host, 0);
+        r.owner_pid.store(id.pid as u64, Relaxed);
+        r.sem[0].store(0, Relaxed);
+        let e = unlock(&fx.io).unwrap_err();
+        assert!(
+            matches!(e, AdminError::OwnerAlive { host_pid: Some(h), .. } if h == host),
+            "{e}"
+        );
+        let other = fx.other_fd();
+        let held = lock::try_lock(&other).unwrap().expect("lock");
+        let e = unlock(&fx.io).unwrap_err();
+        assert!(matches!(e, AdminError::HeldByLive { .. }), "{e}");
+        assert_eq!(r.owner_pid.load(Relaxed), id.pid as u64);
+        assert_eq!(r.sem[0].load(Relaxed), 0, "nothing written");
+        // Held, but owner_pid names nobody.
+        r.owner_pid.store(0, Relaxed);
+        let e = unlock(&fx.io).unwrap_err();
+        assert!(
+            matches!(e, AdminError::HeldByUnknown { owner: 0, .. }),
+            "{e}"
+        );
+        drop(held);
+        // Free, no owner, semaphore at 0: reported, left alone.
+        let rep = unlock(&fx.io).unwrap();
+        assert!(rep.sem_zero_without_owner && !rep.sem_reset);
+        assert_eq!(r.sem[0].load(Relaxed), 0);
+    }
+}
