@@ -13,7 +13,7 @@ use vgpu_common::region::{status, ProcSlot};
 use vgpu_common::region_io::{slot_offset, RegionIo};
 
 use super::procfs::{ProcIdentity, Procfs};
-use super::regions::{RegionCache, RegionKey};
+use super::region_cache::{RegionCache, RegionKey};
 use crate::regions::open::{open_in_process, Access, OpenError};
 
 /// Processes of one region found in one poll share one read of it.

@@ -1,8 +1,9 @@
 //! `vgpu daemon`: the always-on eBPF observer of a GPU node.
 //!
 //! - [`libs`] finds the libcuda files to probe (host and containers);
-//! - [`hostpid`] writes host PIDs into the hook's slots ([`regions`] keeps
-//!   the region files open, [`procfs`] reads what `/proc` says);
+//! - [`hostpid`] writes host PIDs into the hook's slots ([`region_cache`]
+//!   keeps the region files open and their last snapshots, [`procfs`] reads
+//!   what `/proc` says; what a region means is `crate::regions`');
 //! - [`reclaim`] frees the slots of processes proven dead;
 //! - [`check`] decides when usage escaped the hook, [`findings`] records it;
 //! - [`integrity`] knows each container's limits and reports and acts on
@@ -29,5 +30,5 @@ pub mod observer;
 pub mod pods;
 pub mod procfs;
 pub mod reclaim;
-pub mod regions;
+pub mod region_cache;
 pub mod utilization;

@@ -22,7 +22,7 @@ use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::{ProcIdentity, Procfs};
 use super::reclaim::Reclaimer;
-use super::regions::RegionCache;
+use super::region_cache::RegionCache;
 use super::utilization::{self, daemon_publishes, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};

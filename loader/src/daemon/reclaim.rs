@@ -30,7 +30,7 @@ use vgpu_common::region_io::RegionIo;
 
 use super::hostpid::SlotRef;
 use super::procfs::{ProcIdentity, Procfs};
-use super::regions::{RegionCache, RegionKey};
+use super::region_cache::{RegionCache, RegionKey};
 use vgpu_common::reclaim;
 
 /// Slots judged (a `/proc` look-up each) per scan.
