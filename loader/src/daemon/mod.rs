@@ -12,7 +12,8 @@
 //!   per-process samples into each container's utilization;
 //! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
 //! - [`launches`] keeps each container's launch counter monotonic;
-//! - [`metrics`] renders Prometheus text ([`pods`] names the pods), [`http`] serves it.
+//! - [`metrics`] renders Prometheus text ([`region_view`] sums each region,
+//!   [`pods`] names the pods), [`http`] serves it.
 //!
 //! See docs/daemon.md.
 
@@ -31,4 +32,5 @@ pub mod pods;
 pub mod procfs;
 pub mod reclaim;
 pub mod region_cache;
+pub mod region_view;
 pub mod utilization;
