@@ -1,6 +1,6 @@
 //! Admin operations that write a region, one module each: runtime limits
-//! ([`set_limit`]), reclaiming dead slots ([`cleanup`]), recovering the lock
-//! after its holder died ([`unlock`]), suspend and resume ([`signal`]).
+//! (`set_limit`), reclaiming dead slots (`cleanup`), recovering the lock
+//! after its holder died (`unlock`), suspend and resume (`signal`).
 //!
 //! Each one validates first and refuses (an [`AdminError`], nothing written)
 //! when the operation is unsafe. None moves a slot: other processes keep
