@@ -24,7 +24,7 @@ use super::procfs::{ProcIdentity, Procfs};
 use super::reclaim::Reclaimer;
 use super::region_cache::RegionCache;
 use super::region_view;
-use super::utilization::{self, daemon_publishes, SlotProc, Utilization};
+use super::utilization::{self, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
 use crate::regions::open::{open_under, Access};
@@ -529,66 +529,13 @@ impl Observer {
                 })
             }),
         );
-        let mut views = Vec::new();
-        let mut measured = Vec::new();
-        self.launches.begin_scan();
-        for (key, r) in self.cache.iter() {
-            let Some(region) = r.last_snapshot() else {
-                continue;
-            };
-            if !region.is_initialized() {
-                continue;
-            }
-            let id = r.cgroup_id.map(|c| self.ids.of(c)).unwrap_or_default();
-            let pod_uid = r
-                .owner
-                .as_ref()
-                .map(|o| o.pod_uid.clone())
-                .or(id.pod_uid.clone())
-                .unwrap_or_default();
-            let labels = region_view::labels(
-                self.pods.get(&pod_uid),
-                r.owner.as_ref(),
-                pod_uid,
-                &id,
-                &r.shown_path,
-            );
-            let mut devices = region_view::devices(region);
-            let launches = self.launches.observe(*key, region);
-            let mut m = utilization::Measured {
-                dev: key.0,
-                ino: key.1,
-                region: r.shown_path.display().to_string(),
-                devices: Vec::new(),
-            };
-            for d in &mut devices {
-                d.launches = launches.get(d.index).copied().unwrap_or(0);
-                if let Some(u) = util.container(key, &d.uuid, d.index) {
-                    d.sm_util = u;
-                    m.devices.push((d.index, u));
-                }
-                if daemon_publishes(d.sm_limit) {
-                    for (slot, host_pid, pct) in util.per_slot(key, &d.uuid, d.index) {
-                        if let Err(e) = r.write_sm_util(slot, host_pid, d.index, pct) {
-                            tracing::debug!("{e}");
-                        }
-                    }
-                }
-            }
-            if !m.devices.is_empty() {
-                measured.push(m);
-            }
-            views.push(RegionView {
-                labels,
-                devices,
-                dead_slots: region_view::dead_slots(region),
-                last_kernel_time: region.last_kernel_time.load(SeqCst),
-            });
-        }
-        self.launches.end_scan();
-        views.sort_by(|a, b| a.labels.cmp(&b.labels));
-        measured.sort_by(|a, b| a.region.cmp(&b.region));
-        (views, measured)
+        region_view::views(
+            &self.cache,
+            &mut self.ids,
+            &self.pods,
+            &mut self.launches,
+            &util,
+        )
     }
 
     fn count_lost(&mut self) {
