@@ -28,6 +28,8 @@ pub mod lock;
 #[cfg(feature = "std")]
 pub mod node;
 #[cfg(feature = "std")]
+pub mod reclaim;
+#[cfg(feature = "std")]
 pub mod region_io;
 #[cfg(feature = "std")]
 pub mod shared_file;

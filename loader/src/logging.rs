@@ -25,6 +25,24 @@ pub fn init(format: LogFormat, level: &str) {
     };
 }
 
+/// An error and its causes as one sentence, joined by `: ` as `{:#}` does,
+/// leaving out a cause the sentence already says: most of our errors put
+/// their source in their own message and still expose it as `source()`, so
+/// the chain stays whole for code without being printed twice.
+pub fn sentence(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if out.is_empty() {
+            out = part;
+        } else if !out.contains(&part) {
+            out.push_str(": ");
+            out.push_str(&part);
+        }
+    }
+    out
+}
+
 /// A line that is always shown: plain text, or a JSON object like
 /// tracing's (`level` INFO, `fields.message`).
 pub fn notice(message: &str) {
@@ -48,4 +66,35 @@ fn timestamp() -> String {
     let mut ts = String::new();
     let _ = SystemTime.format_time(&mut Writer::new(&mut ts));
     ts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read {path}: {source}")]
+    struct Inline {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot start")]
+    struct Apart(#[source] std::io::Error);
+
+    #[test]
+    fn a_cause_is_said_once() {
+        let io = || std::io::Error::other("disk on fire");
+        let e = anyhow::Error::new(Inline {
+            path: "/x",
+            source: io(),
+        })
+        .context("vgpu cleanup");
+        assert_eq!(e.chain().count(), 3, "the chain is kept");
+        assert_eq!(sentence(&e), "vgpu cleanup: cannot read /x: disk on fire");
+        let e = anyhow::Error::new(Apart(io()));
+        assert_eq!(sentence(&e), "cannot start: disk on fire");
+        assert_eq!(sentence(&anyhow::anyhow!("plain")), "plain");
+    }
 }

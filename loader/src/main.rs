@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // One sentence (with its causes), no backtrace.
-            eprintln!("{e:#}");
+            eprintln!("{}", logging::sentence(&e));
             ExitCode::FAILURE
         }
     }

@@ -11,13 +11,16 @@
 //! [`Identity`] (namespace PID, PID namespace inode, start time): slots of
 //! processes in another PID namespace are never taken over nor reclaimed
 //! from here (only the daemon, which sees host PIDs, can judge them).
+//! Whether a slot's process is dead, and the writes that free its slot, are
+//! [`vgpu_common::reclaim`]'s, shared with the daemon and `vgpu cleanup`.
 //!
 //! Everything here runs under the region lock, except the read-only scans.
 
 use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::identity::{is_dead_state, Identity};
-use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS};
+use vgpu_common::reclaim::{self, SlotStore as _};
+use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_PROCS};
 
 use super::usage;
 
@@ -26,20 +29,6 @@ use super::usage;
 pub enum SlotError {
     #[error("all {MAX_PROCS} process slots of the region are taken by live processes")]
     Full,
-}
-
-/// Zeroes a slot's counters (usage, launches, NVML samples) and its seqlock.
-fn zero_counters(slot: &ProcSlot) {
-    for dev in 0..MAX_DEVICES {
-        let m = &slot.used[dev];
-        m.context_size.store(0, SeqCst);
-        m.module_size.store(0, SeqCst);
-        m.data_size.store(0, SeqCst);
-        m.total.store(0, SeqCst);
-        m.launches.store(0, SeqCst);
-        slot.monitorused[dev].store(0, SeqCst);
-        slot.device_util[dev].sm_util.store(0, SeqCst);
-    }
 }
 
 /// Whether slot `s` is recorded in the PID namespace of `me` (or records
@@ -84,7 +73,7 @@ pub fn register(region: &SharedRegion, me: &Identity) -> Result<usize, SlotError
             .ok_or(SlotError::Full)?,
     };
     let slot = &region.procs[index];
-    zero_counters(slot);
+    let Ok(()) = region.zero_counters(index);
     slot.seqlock.store(0, SeqCst);
     slot.hostpid.store(0, SeqCst);
     slot.pidns.store(me.pidns, SeqCst);
@@ -96,18 +85,15 @@ pub fn register(region: &SharedRegion, me: &Identity) -> Result<usize, SlotError
     Ok(index)
 }
 
-/// Frees slot `index`: counters zeroed first, then `status = 0`, `pid = 0`.
+/// Frees slot `index` whatever process it holds ([`reclaim::free`]:
+/// counters, identity and status zeroed first, then `pid`): a test's way to
+/// make a process's slot vanish under it.
+#[cfg(test)]
 pub fn release(region: &SharedRegion, index: usize) {
     let Some(slot) = region.procs.get(index) else {
         return;
     };
-    zero_counters(slot);
-    slot.seqlock.store(0, SeqCst);
-    slot.hostpid.store(0, SeqCst);
-    slot.pidns.store(0, SeqCst);
-    slot.start.store(0, SeqCst);
-    slot.status.store(status::EXITED, SeqCst);
-    slot.pid.store(0, SeqCst);
+    let Ok(_) = reclaim::free(region, index, slot.pid.load(SeqCst));
 }
 
 /// Whether `pid` (in this PID namespace) is a live, non-zombie process.
@@ -155,25 +141,32 @@ pub fn reclaim_dead(
         let s = &region.procs[i];
         let pid = s.pid.load(SeqCst);
         if pid == 0 {
-            if s.status.load(SeqCst) != status::EXITED {
+            if !reclaim::is_clean(s) {
                 // A HAMi-core exit leaves counters and status behind; normalise.
-                release(region, i);
+                let Ok(()) = reclaim::clear(region, i);
             }
             continue;
         }
         if pid == me.pid || !same_namespace(s, me) {
             continue;
         }
-        let recorded = s.start.load(SeqCst);
+        let recorded = Identity {
+            pid,
+            pidns: s.pidns.load(SeqCst),
+            start: s.start.load(SeqCst),
+        };
+        // Only a `/proc` of `me`'s namespace names the slot's process by
+        // `pid`: another one's answer is no proof either way.
         let dead = match probe(pid) {
             None => true,
-            Some((ns, start)) => {
-                ns != 0 && ns == me.pidns && recorded != 0 && start != 0 && start != recorded
+            Some((pidns, start)) => {
+                pidns != 0
+                    && pidns == me.pidns
+                    && reclaim::is_dead(&recorded, Some(&Identity { pid, pidns, start }))
             }
         };
-        if dead {
-            vlog!(crate::log::INFO, "reclaiming slot {i} of dead pid {pid}");
-            release(region, i);
+        if dead && matches!(reclaim::free(region, i, pid), Ok(true)) {
+            vlog!(crate::log::INFO, "reclaimed slot {i} of dead pid {pid}");
             n += 1;
         }
     }

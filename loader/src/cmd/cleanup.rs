@@ -25,9 +25,8 @@ pub struct Args {
 /// Runs `vgpu cleanup`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file =
-        crate::regions::open::open_region(&args.path, crate::regions::open::Access::ReadWrite)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let report = cleanup(&file).map_err(|e| anyhow::anyhow!("{e}"))?;
+        crate::regions::open::open_region(&args.path, crate::regions::open::Access::ReadWrite)?;
+    let report = cleanup(&file)?;
     for r in &report.reclaimed {
         println!(
             "reclaimed slot {} of dead pid {} (hostpid {}), {} of counters",

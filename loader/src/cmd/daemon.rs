@@ -161,8 +161,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 fn sentence(e: ProbeError) -> anyhow::Error {
     match e {
+        // No source to keep: the sentence reads "vgpu daemon needs root ...".
         ProbeError::Permission { .. } => anyhow::anyhow!("vgpu daemon {e}"),
-        e => anyhow::anyhow!("vgpu daemon: {e}"),
+        e => anyhow::Error::new(e).context("vgpu daemon"),
     }
 }
 
@@ -171,7 +172,7 @@ fn secs(s: f64, min: f64) -> Duration {
 }
 
 async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
-    let listener = http::bind(args.listen).map_err(|e| anyhow::anyhow!("vgpu daemon: {e}"))?;
+    let listener = http::bind(args.listen).context("vgpu daemon")?;
     let offsets = match btf::running_kernel_offsets() {
         Ok(o) => Some(o),
         Err(e) => {
@@ -221,7 +222,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     }
 
     let shared: Shared = Arc::new(Mutex::new(Published::default()));
-    http::spawn(listener, shared.clone()).map_err(|e| anyhow::anyhow!("vgpu daemon: {e}"))?;
+    http::spawn(listener, shared.clone()).context("vgpu daemon")?;
     logging::notice(&format!(
         "vgpu daemon: {} libcuda file(s) probed; http://{}; state {}",
         obs.attached_libs(),

@@ -85,7 +85,7 @@ pub struct MemArgs {
 }
 
 fn open(path: &Path) -> anyhow::Result<RegionIo> {
-    open_region(path, Access::ReadWrite).map_err(|e| anyhow::anyhow!("{e}"))
+    Ok(open_region(path, Access::ReadWrite)?)
 }
 
 /// Records the change for the daemon before the region is written (the
@@ -106,7 +106,7 @@ fn record(
 
 /// Runs `vgpu set-sm-limit`.
 pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
-    let value = parse_percent("PERCENT", &args.percent).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let value = parse_percent("PERCENT", &args.percent)?;
     let file = open(&args.path)?;
     record(
         &args.state_dir,
@@ -115,8 +115,7 @@ pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
         args.which.devices(),
         value,
     )?;
-    let changes = set_limit(&file, LimitKind::Sm, args.which.devices(), value)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let changes = set_limit(&file, LimitKind::Sm, args.which.devices(), value)?;
     let show = |v: u64| {
         if matches!(v, 0 | 100) {
             "none".to_owned()
@@ -137,7 +136,7 @@ pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs `vgpu set-mem-limit`.
 pub fn run_mem(args: MemArgs) -> anyhow::Result<ExitCode> {
-    let value = parse_size("SIZE", &args.size).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let value = parse_size("SIZE", &args.size)?;
     let file = open(&args.path)?;
     record(
         &args.state_dir,
@@ -146,8 +145,7 @@ pub fn run_mem(args: MemArgs) -> anyhow::Result<ExitCode> {
         args.which.devices(),
         value,
     )?;
-    let changes = set_limit(&file, LimitKind::Memory, args.which.devices(), value)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let changes = set_limit(&file, LimitKind::Memory, args.which.devices(), value)?;
     let show = |v: u64| if v == 0 { "none".to_owned() } else { bytes(v) };
     for c in changes {
         print!(

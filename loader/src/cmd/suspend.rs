@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 use crate::regions::admin::{plan_signal, send_signal, wait_status, SignalAction};
 use crate::regions::open::{open_region, Access};
 
@@ -45,9 +47,9 @@ pub struct ResumeArgs {
 
 fn act(path: &std::path::Path, timeout: f64, action: SignalAction) -> anyhow::Result<ExitCode> {
     let timeout = Duration::try_from_secs_f64(timeout)
-        .map_err(|_| anyhow::anyhow!("--timeout {timeout} is not a number of seconds"))?;
-    let file = open_region(path, Access::ReadOnly).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let targets = plan_signal(&file, action).map_err(|e| anyhow::anyhow!("{e}"))?;
+        .with_context(|| format!("--timeout {timeout} is not a number of seconds"))?;
+    let file = open_region(path, Access::ReadOnly)?;
+    let targets = plan_signal(&file, action)?;
     let verb = match action {
         SignalAction::Suspend => "suspended",
         SignalAction::Resume => "resumed",
@@ -56,8 +58,8 @@ fn act(path: &std::path::Path, timeout: f64, action: SignalAction) -> anyhow::Re
         println!("no live process in {}; nothing {verb}", path.display());
         return Ok(ExitCode::SUCCESS);
     }
-    send_signal(&file, &targets, action).map_err(|e| anyhow::anyhow!("{e}"))?;
-    wait_status(&file, &targets, action, timeout).map_err(|e| anyhow::anyhow!("{e}"))?;
+    send_signal(&file, &targets, action)?;
+    wait_status(&file, &targets, action, timeout)?;
     for t in &targets {
         println!(
             "{verb} slot {} (pid {}, host pid {})",

@@ -124,8 +124,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// Turns a probe error into the one sentence the user sees.
 fn sentence(e: ProbeError) -> anyhow::Error {
     match e {
+        // No source to keep: the sentence reads "vgpu trace needs root ...".
         ProbeError::Permission { .. } => anyhow::anyhow!("vgpu trace {e}"),
-        e => anyhow::anyhow!("vgpu trace: {e}"),
+        e => anyhow::Error::new(e).context("vgpu trace"),
     }
 }
 
@@ -206,7 +207,7 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
         // AsyncFd's whole life; `as_raw_fd` always returns that fd.
         let mut ring =
             unsafe { AsyncFd::register_with_interest(ring, tokio::io::Interest::READABLE) }
-                .map_err(|e| anyhow::anyhow!("vgpu trace: polling the ring buffer: {e}"))?;
+                .context("vgpu trace: polling the ring buffer")?;
         let mut out = output::EventWriter::new(args.json);
         let mut printed = 0u64;
         let limit = args.count.unwrap_or(u64::MAX);

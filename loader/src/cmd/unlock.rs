@@ -24,9 +24,8 @@ pub struct Args {
 /// Runs `vgpu unlock`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file =
-        crate::regions::open::open_region(&args.path, crate::regions::open::Access::ReadWrite)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let r = unlock(&file).map_err(|e| anyhow::anyhow!("{e}"))?;
+        crate::regions::open::open_region(&args.path, crate::regions::open::Access::ReadWrite)?;
+    let r = unlock(&file)?;
     if r.owner_pid == 0 {
         println!("the region lock is free and no owner is recorded; nothing to do");
     } else if r.cleared_owner {

@@ -6,7 +6,9 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::check::Source;
+use super::check::{Excess, Observation, Source};
+use super::hostpid::Miss;
+use super::identity::Identity;
 
 /// Name of the state file under `--state-dir`.
 pub const FILE_NAME: &str = "findings.json";
@@ -113,6 +115,94 @@ pub struct Finding {
     /// What the daemon did about it (`restored`, `killed`, or why not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
+}
+
+/// The process a cross-check finding is about.
+#[derive(Clone, Copy, Debug)]
+pub struct Subject<'a> {
+    /// Host PID.
+    pub pid: u32,
+    /// PID in its own namespace (0: unknown).
+    pub ns_pid: u32,
+    pub comm: &'a str,
+    pub container: &'a Identity,
+    /// Its region file as it names it, and its slot there (none without a
+    /// slot).
+    pub region: Option<&'a Path>,
+    pub slot: Option<usize>,
+    /// Why it has no slot, when it has none.
+    pub miss: Option<&'a Miss>,
+}
+
+impl Subject<'_> {
+    /// The container as people read it: the short container id, else the
+    /// cgroup path, else `-`.
+    fn container_shown(&self) -> &str {
+        match self.container.container_id.as_deref() {
+            Some(c) => &c[..c.len().min(12)],
+            None if self.container.cgroup.is_empty() => "-",
+            None => &self.container.cgroup,
+        }
+    }
+}
+
+/// A finding of the cross-check (`untracked_allocation`, `no_region`)
+/// about `who`, holding since `since` (Unix ms): what the probes, NVML and
+/// the slot saw (`obs`), the escaped bytes (`ex`), and one sentence saying
+/// so. Integrity findings are built by `integrity`.
+pub fn cross_check(
+    kind: Kind,
+    who: Subject<'_>,
+    ex: Option<Excess>,
+    obs: &Observation,
+    since: u64,
+) -> Finding {
+    let (pid, comm, ctr) = (who.pid, who.comm, who.container_shown());
+    let bytes = ex.map_or(0, |e| e.bytes);
+    let message = match kind {
+        Kind::UntrackedAllocation => {
+            let (view, seen) = match ex.map(|e| e.source) {
+                Some(Source::Nvml) => ("nvml", obs.nvml_bytes.unwrap_or(0)),
+                _ => ("probes", obs.probe_bytes.unwrap_or(0)),
+            };
+            format!(
+                "untracked allocation: pid {pid} ({comm}, ns pid {}) container {ctr}: {bytes} bytes \
+                 not accounted by the hook ({view} saw {seen} bytes, slot tracks data {} / total {}) \
+                 in {}",
+                who.ns_pid,
+                obs.tracked_data,
+                obs.tracked_total,
+                who.region.map_or("-".into(), |r| r.display().to_string()),
+            )
+        }
+        Kind::NoRegion => format!(
+            "no region: pid {pid} ({comm}) container {ctr} uses CUDA without the hook's \
+             accounting ({}); {bytes} bytes untracked",
+            who.miss.map_or("no slot".into(), ToString::to_string),
+        ),
+        other => format!("{}: pid {pid} ({comm}) container {ctr}", other.name()),
+    };
+    Finding {
+        kind,
+        pid,
+        ns_pid: who.ns_pid,
+        comm: comm.to_owned(),
+        cgroup: who.container.cgroup.clone(),
+        pod_uid: who.container.pod_uid.clone(),
+        container_id: who.container.container_id.clone(),
+        region: who.region.map(Path::to_owned),
+        slot: who.slot,
+        untracked_bytes: bytes,
+        source: ex.map(|e| e.source),
+        probe_bytes: obs.probe_bytes,
+        nvml_bytes: obs.nvml_bytes,
+        tracked_data_bytes: obs.tracked_data,
+        tracked_total_bytes: obs.tracked_total,
+        since_unix_ms: since,
+        message,
+        limits: Vec::new(),
+        action: None,
+    }
 }
 
 /// The state file's content.
@@ -240,6 +330,90 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&one).unwrap();
         assert_eq!(v["findings"][0]["kind"], "untracked_allocation");
         assert_eq!(v["findings"][0]["source"], "nvml");
+    }
+
+    #[test]
+    fn cross_check_findings_say_what_each_view_saw() {
+        let container = Identity {
+            cgroup: "/kubepods/pod1/abc".into(),
+            pod_uid: Some("pod1".into()),
+            container_id: Some("0123456789abcdef0123".into()),
+        };
+        let region = Path::new("/tmp/vgpu/r.cache");
+        let who = Subject {
+            pid: 4000,
+            ns_pid: 7,
+            comm: "python",
+            container: &container,
+            region: Some(region),
+            slot: Some(3),
+            miss: None,
+        };
+        let obs = Observation {
+            probe_bytes: Some(300),
+            nvml_bytes: Some(900),
+            tracked_data: 100,
+            tracked_total: 150,
+        };
+        let ex = Excess {
+            bytes: 750,
+            source: Source::Nvml,
+        };
+        let f = cross_check(Kind::UntrackedAllocation, who, Some(ex), &obs, 55);
+        assert_eq!(
+            f.message,
+            "untracked allocation: pid 4000 (python, ns pid 7) container 0123456789ab: 750 bytes \
+             not accounted by the hook (nvml saw 900 bytes, slot tracks data 100 / total 150) in \
+             /tmp/vgpu/r.cache"
+        );
+        assert_eq!(
+            (f.pid, f.ns_pid, f.slot, f.untracked_bytes, f.since_unix_ms),
+            (4000, 7, Some(3), 750, 55)
+        );
+        assert_eq!(f.region.as_deref(), Some(region));
+        assert_eq!(f.source, Some(Source::Nvml));
+        assert_eq!((f.tracked_data_bytes, f.tracked_total_bytes), (100, 150));
+        assert_eq!(f.container_id.as_deref(), Some("0123456789abcdef0123"));
+        let probes = Excess {
+            bytes: 200,
+            source: Source::Probes,
+        };
+        let f = cross_check(Kind::UntrackedAllocation, who, Some(probes), &obs, 55);
+        assert!(
+            f.message.contains("(probes saw 300 bytes,"),
+            "{}",
+            f.message
+        );
+
+        let bare = Identity {
+            container_id: None,
+            ..container.clone()
+        };
+        let miss = Miss::NoRegion("/tmp/vgpu/x.cache".into());
+        let who = Subject {
+            container: &bare,
+            region: None,
+            slot: None,
+            miss: Some(&miss),
+            ..who
+        };
+        let f = cross_check(Kind::NoRegion, who, None, &obs, 1);
+        assert_eq!(
+            f.message,
+            "no region: pid 4000 (python) container /kubepods/pod1/abc uses CUDA without the \
+             hook's accounting (no region file /tmp/vgpu/x.cache (hook not loaded, or not \
+             initialised yet)); 0 bytes untracked"
+        );
+        assert_eq!((f.region, f.slot, f.source), (None, None, None));
+        let nobody = Identity::default();
+        let who = Subject {
+            container: &nobody,
+            miss: None,
+            ..who
+        };
+        let f = cross_check(Kind::NoRegion, who, None, &obs, 1);
+        assert!(f.message.contains("container - uses CUDA"), "{}", f.message);
+        assert!(f.message.contains("(no slot)"), "{}", f.message);
     }
 
     fn f_default() -> Finding {

@@ -4,6 +4,7 @@
 //! The path parsing is `crate::cgroup::ContainerInfo`; this adds the cache
 //! the daemon needs.
 
+use super::procfs::Procfs;
 use crate::cgroup::{CgroupIndex, ContainerInfo};
 
 /// A process's container, as far as its cgroup tells.
@@ -49,6 +50,24 @@ impl Identities {
         self.index
             .path(id)
             .map(Identity::from_cgroup_path)
+            .unwrap_or_default()
+    }
+
+    /// The identity of host process `pid` with probe cgroup id `cgroup_id`;
+    /// without one (a process only NVML listed), from its `0::/path` line
+    /// in `/proc/<pid>/cgroup`.
+    pub fn of_process(&mut self, procfs: &Procfs, pid: u32, cgroup_id: u64) -> Identity {
+        let id = self.of(cgroup_id);
+        if !id.cgroup.is_empty() {
+            return id;
+        }
+        std::fs::read_to_string(procfs.dir(pid).join("cgroup"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
+            })
+            .map(|p| Identity::from_cgroup_path(&p))
             .unwrap_or_default()
     }
 }

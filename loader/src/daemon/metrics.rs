@@ -12,6 +12,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use vgpu_common::event::ProcCounters;
+
 use super::findings::{Finding, Kind};
 use super::identity::Identity;
 use super::nvml::DeviceSample;
@@ -84,6 +86,28 @@ pub struct Counters {
     pub probe_events: Family<Labels, Counter>,
     /// Calls the probes could not record, by reason.
     pub probe_lost: Family<Labels, Counter>,
+}
+
+impl Counters {
+    /// Adds to `probe_events` what a process's probe counters gained from
+    /// `old` to `new`.
+    pub fn count_probe_events(&self, old: &ProcCounters, new: &ProcCounters) {
+        let kinds = [
+            ("alloc", old.allocs, new.allocs),
+            ("alloc_failure", old.alloc_failures, new.alloc_failures),
+            ("free", old.frees, new.frees),
+            ("launch", old.launches, new.launches),
+            ("graph_launch", old.graph_launches, new.graph_launches),
+        ];
+        for (kind, a, b) in kinds {
+            let d = b.saturating_sub(a);
+            if d > 0 {
+                self.probe_events
+                    .get_or_create(&one("kind", kind))
+                    .inc_by(d);
+            }
+        }
+    }
 }
 
 /// `[("kind", v)]`.

@@ -1,8 +1,9 @@
 //! `vgpu daemon`: the always-on eBPF observer of a GPU node.
 //!
 //! - [`libs`] finds the libcuda files to probe (host and containers);
-//! - [`hostpid`] writes host PIDs into the hook's slots ([`regions`] keeps
-//!   the region files open, [`procfs`] reads what `/proc` says);
+//! - [`hostpid`] writes host PIDs into the hook's slots ([`region_cache`]
+//!   keeps the region files open and their last snapshots, [`procfs`] reads
+//!   what `/proc` says; what a region means is `crate::regions`');
 //! - [`reclaim`] frees the slots of processes proven dead;
 //! - [`check`] decides when usage escaped the hook, [`findings`] records it;
 //! - [`integrity`] knows each container's limits and reports and acts on
@@ -11,7 +12,8 @@
 //!   per-process samples into each container's utilization;
 //! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
 //! - [`launches`] keeps each container's launch counter monotonic;
-//! - [`metrics`] renders Prometheus text ([`pods`] names the pods), [`http`] serves it.
+//! - [`metrics`] renders Prometheus text ([`region_view`] sums each region,
+//!   [`pods`] names the pods), [`http`] serves it.
 //!
 //! See docs/daemon.md.
 
@@ -29,5 +31,6 @@ pub mod observer;
 pub mod pods;
 pub mod procfs;
 pub mod reclaim;
-pub mod regions;
+pub mod region_cache;
+pub mod region_view;
 pub mod utilization;

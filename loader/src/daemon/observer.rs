@@ -8,22 +8,23 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
-use vgpu_common::region::{status, MAX_DEVICES};
+use vgpu_common::region::MAX_DEVICES;
 
-use super::check::{excess, Excess, Observation, Streaks, Thresholds};
-use super::findings::{self, Finding, Kind};
+use super::check::{excess, Observation, Streaks, Thresholds};
+use super::findings::{self, Finding, Kind, Subject};
 use super::hostpid::{self, Miss, SlotRef};
 use super::identity::{Identities, Identity};
 use super::integrity::{self, Integrity, ProcInput};
 use super::launches::Ledger;
 use super::libs::LibWatch;
-use super::metrics::{self, Counters, RegionDevice, RegionView, Snapshot};
+use super::metrics::{self, Counters, RegionView, Snapshot};
 use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::{ProcIdentity, Procfs};
 use super::reclaim::Reclaimer;
-use super::regions::RegionCache;
-use super::utilization::{self, daemon_publishes, SlotProc, Utilization};
+use super::region_cache::RegionCache;
+use super::region_view;
+use super::utilization::{self, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
 use crate::regions::open::{open_under, Access};
@@ -79,6 +80,21 @@ struct Proc {
     miss: Option<Miss>,
     /// What its slot must record (read from `/proc` once).
     me: Option<ProcIdentity>,
+}
+
+impl Proc {
+    fn new(caller: Caller, nvml_only: bool) -> Self {
+        Self {
+            caller,
+            identity: None,
+            first_seen: Instant::now(),
+            counts: ProcCounters::default(),
+            nvml_only,
+            slot: None,
+            miss: None,
+            me: None,
+        }
+    }
 }
 
 /// What one scan publishes.
@@ -197,21 +213,15 @@ impl Observer {
         self.probes.flush_diagnostics();
         for (caller, counts) in self.probes.procs()? {
             let tgid = caller.host_tgid;
-            let p = self.procs.entry(tgid).or_insert_with(|| Proc {
-                caller,
-                identity: None,
-                first_seen: Instant::now(),
-                counts: ProcCounters::default(),
-                nvml_only: false,
-                slot: None,
-                miss: None,
-                me: None,
-            });
+            let p = self
+                .procs
+                .entry(tgid)
+                .or_insert_with(|| Proc::new(caller, false));
             if p.nvml_only {
                 p.nvml_only = false;
                 p.caller = caller;
             }
-            count_events(&self.counters, &p.counts, &counts);
+            self.counters.count_probe_events(&p.counts, &counts);
             p.counts = counts;
         }
         let mut dead = Vec::new();
@@ -221,12 +231,7 @@ impl Observer {
                 continue;
             }
             if p.identity.is_none() {
-                p.identity = Some(identity_of(
-                    &mut self.ids,
-                    &self.procfs,
-                    tgid,
-                    p.caller.cgroup_id,
-                ));
+                p.identity = Some(self.ids.of_process(&self.procfs, tgid, p.caller.cgroup_id));
             }
             let procfs = &self.procfs;
             let me = *p.me.get_or_insert_with(|| {
@@ -317,7 +322,18 @@ impl Observer {
                 None => continue,
             };
             let since = *self.since.entry((tgid, kind)).or_insert(now_ms);
-            out.push(self.finding(tgid, p, kind, ex, &obs, since));
+            let container = p.identity.clone().unwrap_or_default();
+            let open = p.slot.and_then(|at| self.cache.get(&at.region));
+            let who = Subject {
+                pid: tgid,
+                ns_pid: p.caller.ns_tgid,
+                comm: &p.caller.comm_str(),
+                container: &container,
+                region: open.map(|r| r.shown_path.as_path()),
+                slot: p.slot.map(|at| at.slot),
+                miss: p.miss.as_ref(),
+            };
+            out.push(findings::cross_check(kind, who, ex, &obs, since));
         }
         // Log what is new and what cleared.
         for f in &out {
@@ -430,19 +446,7 @@ impl Observer {
             let b = comm.trim().as_bytes();
             let n = b.len().min(c.comm.len());
             c.comm[..n].copy_from_slice(&b[..n]);
-            self.procs.insert(
-                pid,
-                Proc {
-                    caller: c,
-                    identity: None,
-                    first_seen: Instant::now(),
-                    counts: ProcCounters::default(),
-                    nvml_only: true,
-                    slot: None,
-                    miss: None,
-                    me: None,
-                },
-            );
+            self.procs.insert(pid, Proc::new(c, true));
         }
     }
 
@@ -466,81 +470,6 @@ impl Observer {
             nvml_bytes: nv.and_then(|s| s.processes.get(&tgid).copied()),
             tracked_data: data,
             tracked_total: total,
-        }
-    }
-
-    fn finding(
-        &self,
-        tgid: u32,
-        p: &Proc,
-        kind: Kind,
-        ex: Option<Excess>,
-        obs: &Observation,
-        since: u64,
-    ) -> Finding {
-        let id = p.identity.clone().unwrap_or_default();
-        let comm = p.caller.comm_str();
-        let region = p
-            .slot
-            .and_then(|at| self.cache.get(&at.region))
-            .map(|r| r.file.path().to_owned());
-        let shown = p
-            .slot
-            .and_then(|at| self.cache.get(&at.region))
-            .map(|r| r.shown_path.clone());
-        let bytes = ex.map_or(0, |e| e.bytes);
-        let ctr = id
-            .container_id
-            .as_deref()
-            .map(|c| &c[..c.len().min(12)])
-            .unwrap_or(if id.cgroup.is_empty() {
-                "-"
-            } else {
-                id.cgroup.as_str()
-            });
-        let message = match kind {
-            Kind::UntrackedAllocation => format!(
-                "untracked allocation: pid {tgid} ({comm}, ns pid {}) container {ctr}: {bytes} bytes not accounted by the hook ({} saw {} bytes, slot tracks data {} / total {}) in {}",
-                p.caller.ns_tgid,
-                ex.map_or("probes", |e| match e.source {
-                    super::check::Source::Probes => "probes",
-                    super::check::Source::Nvml => "nvml",
-                }),
-                match ex.map(|e| e.source) {
-                    Some(super::check::Source::Nvml) => obs.nvml_bytes.unwrap_or(0),
-                    _ => obs.probe_bytes.unwrap_or(0),
-                },
-                obs.tracked_data,
-                obs.tracked_total,
-                shown.as_deref().map_or("-".into(), |s| s.display().to_string()),
-            ),
-            Kind::NoRegion => format!(
-                "no region: pid {tgid} ({comm}) container {ctr} uses CUDA without the hook's accounting ({}); {bytes} bytes untracked",
-                p.miss.as_ref().map_or("no slot".into(), ToString::to_string),
-            ),
-            // Integrity findings are built by `integrity`, not here.
-            other => format!("{}: pid {tgid} ({comm}) container {ctr}", other.name()),
-        };
-        Finding {
-            kind,
-            pid: tgid,
-            ns_pid: p.caller.ns_tgid,
-            comm,
-            cgroup: id.cgroup.clone(),
-            pod_uid: id.pod_uid.clone(),
-            container_id: id.container_id.clone(),
-            region: shown.or(region),
-            slot: p.slot.map(|at| at.slot),
-            untracked_bytes: bytes,
-            source: ex.map(|e| e.source),
-            probe_bytes: obs.probe_bytes,
-            nvml_bytes: obs.nvml_bytes,
-            tracked_data_bytes: obs.tracked_data,
-            tracked_total_bytes: obs.tracked_total,
-            since_unix_ms: since,
-            message,
-            limits: Vec::new(),
-            action: None,
         }
     }
 
@@ -600,86 +529,13 @@ impl Observer {
                 })
             }),
         );
-        let mut views = Vec::new();
-        let mut measured = Vec::new();
-        self.launches.begin_scan();
-        for (key, r) in self.cache.iter() {
-            let Some(region) = r.last_snapshot() else {
-                continue;
-            };
-            if !region.is_initialized() {
-                continue;
-            }
-            let id = r.cgroup_id.map(|c| self.ids.of(c)).unwrap_or_default();
-            let pod_uid = r
-                .owner
-                .as_ref()
-                .map(|o| o.pod_uid.clone())
-                .or(id.pod_uid.clone())
-                .unwrap_or_default();
-            // HAMi's monitor labels: namespace, pod, container (then the
-            // device's vdevice_index and device_uuid); vgpu's after them.
-            let name = self.pods.get(&pod_uid);
-            let labels = vec![
-                (
-                    "namespace".to_owned(),
-                    name.map(|n| n.namespace.clone()).unwrap_or_default(),
-                ),
-                (
-                    "pod".to_owned(),
-                    name.map(|n| n.pod.clone()).unwrap_or_default(),
-                ),
-                (
-                    "container".to_owned(),
-                    r.owner
-                        .as_ref()
-                        .map(|o| o.container.clone())
-                        .unwrap_or_default(),
-                ),
-                ("pod_uid".to_owned(), pod_uid),
-                (
-                    "container_id".to_owned(),
-                    id.container_id.clone().unwrap_or_default(),
-                ),
-                ("cgroup".to_owned(), id.cgroup.clone()),
-                ("region".to_owned(), r.shown_path.display().to_string()),
-            ];
-            let mut devices = region_devices(region);
-            let launches = self.launches.observe(*key, region);
-            let mut m = utilization::Measured {
-                dev: key.0,
-                ino: key.1,
-                region: r.shown_path.display().to_string(),
-                devices: Vec::new(),
-            };
-            for d in &mut devices {
-                d.launches = launches.get(d.index).copied().unwrap_or(0);
-                if let Some(u) = util.container(key, &d.uuid, d.index) {
-                    d.sm_util = u;
-                    m.devices.push((d.index, u));
-                }
-                if daemon_publishes(d.sm_limit) {
-                    for (slot, host_pid, pct) in util.per_slot(key, &d.uuid, d.index) {
-                        if let Err(e) = r.write_sm_util(slot, host_pid, d.index, pct) {
-                            tracing::debug!("{e}");
-                        }
-                    }
-                }
-            }
-            if !m.devices.is_empty() {
-                measured.push(m);
-            }
-            views.push(RegionView {
-                labels,
-                devices,
-                dead_slots: dead_slots(region),
-                last_kernel_time: region.last_kernel_time.load(SeqCst),
-            });
-        }
-        self.launches.end_scan();
-        views.sort_by(|a, b| a.labels.cmp(&b.labels));
-        measured.sort_by(|a, b| a.region.cmp(&b.region));
-        (views, measured)
+        region_view::views(
+            &self.cache,
+            &mut self.ids,
+            &self.pods,
+            &mut self.launches,
+            &util,
+        )
     }
 
     fn count_lost(&mut self) {
@@ -693,90 +549,6 @@ impl Observer {
                 .probe_lost
                 .get_or_create(&metrics::one("reason", c.name()));
             fam.inc_by(n.saturating_sub(last));
-        }
-    }
-}
-
-/// Per-device sums over slots with status != 0, as HAMi's monitor makes them.
-pub fn region_devices(region: &vgpu_common::region::SharedRegion) -> Vec<RegionDevice> {
-    let device_num = region.device_num.load(SeqCst).min(MAX_DEVICES as u64) as usize;
-    let mut devs: Vec<RegionDevice> = (0..MAX_DEVICES)
-        .map(|d| {
-            let (uuid, len) = region.uuid(d);
-            RegionDevice {
-                index: d,
-                uuid: String::from_utf8_lossy(&uuid[..len])
-                    .chars()
-                    .take(40)
-                    .collect(),
-                limit: region.limit[d].load(SeqCst),
-                sm_limit: region.sm_limit[d].load(SeqCst),
-                ..RegionDevice::default()
-            }
-        })
-        .collect();
-    for s in region.active_slots() {
-        if s.status.load(SeqCst) == status::EXITED {
-            continue;
-        }
-        for (d, dev) in devs.iter_mut().enumerate() {
-            let m = &s.used[d];
-            dev.total = dev.total.saturating_add(m.total.load(SeqCst));
-            dev.context = dev.context.saturating_add(m.context_size.load(SeqCst));
-            dev.module = dev.module.saturating_add(m.module_size.load(SeqCst));
-            dev.data = dev.data.saturating_add(m.data_size.load(SeqCst));
-            dev.sm_util = dev
-                .sm_util
-                .saturating_add(s.device_util[d].sm_util.load(SeqCst));
-        }
-    }
-    devs.retain(|d| d.index < device_num || d.total != 0 || d.limit != 0);
-    devs
-}
-
-/// Slots in use whose process is certainly gone, judged by host PID alone
-/// (the region's `hostpid` is the tenant's to write: a wrong one only
-/// miscounts its own container).
-fn dead_slots(region: &vgpu_common::region::SharedRegion) -> u64 {
-    let none = crate::regions::liveness::Mappers::none();
-    region
-        .active_slots()
-        .iter()
-        .filter(|s| s.pid.load(SeqCst) != 0 && s.status.load(SeqCst) != status::EXITED)
-        .filter(|s| none.slot_liveness(s).is_certainly_dead())
-        .count() as u64
-}
-
-fn identity_of(ids: &mut Identities, procfs: &Procfs, pid: u32, cgroup_id: u64) -> Identity {
-    let id = ids.of(cgroup_id);
-    if !id.cgroup.is_empty() {
-        return id;
-    }
-    // No probe cgroup id (NVML-only process): `0::/path` from /proc.
-    std::fs::read_to_string(procfs.dir(pid).join("cgroup"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
-        })
-        .map(|p| Identity::from_cgroup_path(&p))
-        .unwrap_or_default()
-}
-
-fn count_events(c: &Counters, old: &ProcCounters, new: &ProcCounters) {
-    let kinds = [
-        ("alloc", old.allocs, new.allocs),
-        ("alloc_failure", old.alloc_failures, new.alloc_failures),
-        ("free", old.frees, new.frees),
-        ("launch", old.launches, new.launches),
-        ("graph_launch", old.graph_launches, new.graph_launches),
-    ];
-    for (kind, a, b) in kinds {
-        let d = b.saturating_sub(a);
-        if d > 0 {
-            c.probe_events
-                .get_or_create(&metrics::one("kind", kind))
-                .inc_by(d);
         }
     }
 }

@@ -30,8 +30,8 @@ use vgpu_common::region_io::RegionIo;
 
 use super::hostpid::SlotRef;
 use super::procfs::{ProcIdentity, Procfs};
-use super::regions::{RegionCache, RegionKey};
-use crate::regions::admin::free_slot;
+use super::region_cache::{RegionCache, RegionKey};
+use vgpu_common::reclaim;
 
 /// Slots judged (a `/proc` look-up each) per scan.
 pub const MAX_CHECKS: usize = 256;
@@ -149,18 +149,18 @@ fn judgeable(rec: &ProcIdentity, hostpid: i32) -> bool {
 }
 
 /// Whether the process a slot records (`rec`, at host PID `hostpid`) is
-/// provably dead: no `/proc/<hostpid>`, or one whose PID namespace or start
-/// time is not the recorded one. Anything unreadable is not a proof; a
-/// zombie still has its identity, so it is not dead yet.
+/// provably dead ([`reclaim::is_dead`] of what `/proc/<hostpid>` shows).
+/// Anything unreadable is not a proof; a zombie still has its identity, so
+/// it is not dead yet.
 fn proven_dead(procfs: &Procfs, rec: &ProcIdentity, hostpid: i32) -> bool {
     let Ok(host) = u32::try_from(hostpid) else {
         return false;
     };
     if procfs.gone(host) {
-        return true;
+        return reclaim::is_dead(rec, None);
     }
     let now = procfs.identity(host, u32::try_from(rec.pid).unwrap_or(0));
-    (now.pidns != 0 && now.pidns != rec.pidns) || (now.start != 0 && now.start != rec.start)
+    reclaim::is_dead(rec, Some(&now))
 }
 
 /// Frees the `dead` slots of one region under its lock (tried once), each
@@ -189,7 +189,7 @@ fn free_dead(file: &RegionIo, procfs: &Procfs, dead: &[Dead]) -> usize {
         if !same || !proven_dead(procfs, &d.rec, d.hostpid) {
             continue;
         }
-        match free_slot(file, d.slot, d.rec.pid) {
+        match reclaim::free(file, d.slot, d.rec.pid) {
             Ok(true) => {
                 n += 1;
                 tracing::info!(

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 
 use super::nvml::DeviceSample;
-use super::regions::RegionKey;
+use super::region_cache::RegionKey;
 
 /// The state file with the last scan's measurements (for `vgpu top`).
 pub const FILE_NAME: &str = "utilization.json";

@@ -14,8 +14,12 @@ use object::{Endianness, ReadRef};
 /// Why the library does not fit the node.
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
-    #[error("{path} is not a 64-bit ELF shared library: {reason}")]
-    NotElf { path: PathBuf, reason: String },
+    #[error("{path} is not a 64-bit ELF shared library: {source}")]
+    NotElf {
+        path: PathBuf,
+        #[source]
+        source: object::read::Error,
+    },
     #[error("{path} is built for {found}, but this node is {node}: refusing to install it")]
     Arch {
         path: PathBuf,
@@ -32,8 +36,20 @@ pub enum ElfError {
         libc: PathBuf,
         has: String,
     },
-    #[error("cannot read the node's C library {path}: {reason}")]
-    Libc { path: PathBuf, reason: String },
+    #[error("cannot read the node's C library {path}: {source}")]
+    LibcRead {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the node's C library {path}: {source}")]
+    LibcParse {
+        path: PathBuf,
+        #[source]
+        source: object::read::Error,
+    },
+    #[error("cannot read the node's C library {path}: it defines no GLIBC_ symbol versions")]
+    LibcVersions { path: PathBuf },
 }
 
 const NODE_MACHINE: u16 = if cfg!(target_arch = "aarch64") {
@@ -52,12 +68,12 @@ fn machine_name(m: u16) -> String {
 
 /// Checks `data` (the bytes of `path`) against the node and its C library.
 pub fn check_compatible(path: &Path, data: &[u8], libc: &Path) -> Result<(), ElfError> {
-    let not_elf = |reason: String| ElfError::NotElf {
+    let not_elf = |source| ElfError::NotElf {
         path: path.to_owned(),
-        reason,
+        source,
     };
-    let header = FileHeader64::<Endianness>::parse(data).map_err(|e| not_elf(e.to_string()))?;
-    let endian = header.endian().map_err(|e| not_elf(e.to_string()))?;
+    let header = FileHeader64::<Endianness>::parse(data).map_err(not_elf)?;
+    let endian = header.endian().map_err(not_elf)?;
     let machine = header.e_machine.get(endian);
     if machine != NODE_MACHINE {
         return Err(ElfError::Arch {
@@ -70,23 +86,23 @@ pub fn check_compatible(path: &Path, data: &[u8], libc: &Path) -> Result<(), Elf
             },
         });
     }
-    let needs =
-        glibc_versions(header, endian, data, Which::Needed).map_err(|e| not_elf(e.to_string()))?;
-    let libc_data = std::fs::read(libc).map_err(|e| ElfError::Libc {
+    let needs = glibc_versions(header, endian, data, Which::Needed).map_err(not_elf)?;
+    let libc_data = std::fs::read(libc).map_err(|source| ElfError::LibcRead {
         path: libc.to_owned(),
-        reason: e.to_string(),
+        source,
     })?;
-    let libc_err = |reason: String| ElfError::Libc {
+    let libc_err = |source| ElfError::LibcParse {
         path: libc.to_owned(),
-        reason,
+        source,
     };
-    let libc_header =
-        FileHeader64::<Endianness>::parse(&*libc_data).map_err(|e| libc_err(e.to_string()))?;
-    let libc_endian = libc_header.endian().map_err(|e| libc_err(e.to_string()))?;
-    let has = glibc_versions(libc_header, libc_endian, &*libc_data, Which::Defined)
-        .map_err(|e| libc_err(e.to_string()))?;
+    let libc_header = FileHeader64::<Endianness>::parse(&*libc_data).map_err(libc_err)?;
+    let libc_endian = libc_header.endian().map_err(libc_err)?;
+    let has =
+        glibc_versions(libc_header, libc_endian, &*libc_data, Which::Defined).map_err(libc_err)?;
     let Some(max_has) = has.iter().max().copied() else {
-        return Err(libc_err("it defines no GLIBC_ symbol versions".into()));
+        return Err(ElfError::LibcVersions {
+            path: libc.to_owned(),
+        });
     };
     if let Some(worst) = needs.iter().max().filter(|n| **n > max_has) {
         return Err(ElfError::Glibc {

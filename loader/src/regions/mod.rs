@@ -2,7 +2,10 @@
 //! under HAMi's container directory ([`discover`]), telling whether the
 //! processes in their slots are alive from the host ([`liveness`]), a
 //! snapshot with findings ([`summary`]), the admin operations that write
-//! them ([`admin`]), and opening them safely ([`open`]).
+//! them ([`admin`], one module per operation), opening them safely
+//! ([`open`]), and the per-container view of `vgpu top` ([`top`]). The
+//! daemon's cache of the regions it keeps open is
+//! [`crate::daemon::region_cache`].
 
 pub mod admin;
 pub mod discover;

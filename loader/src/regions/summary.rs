@@ -177,13 +177,6 @@ impl SlotUsage {
     }
 }
 
-/// Whether a slot is free and clean (pid 0, status 0, no counters).
-pub fn slot_is_clean(slot: &ProcSlot) -> bool {
-    slot.pid.load(SeqCst) == 0
-        && slot.status.load(SeqCst) == status::EXITED
-        && (0..MAX_DEVICES).all(|d| usage_of(slot, d).is_zero())
-}
-
 /// The glibc semaphore value of a HAMi `sem_t` (low 32 bits of the first
 /// 64-bit word).
 pub fn sem_value(sem: &[std::sync::atomic::AtomicU32; 8]) -> u32 {
@@ -224,7 +217,7 @@ impl RegionSummary {
         let mut free_slots = 0;
         let mut used = [0u64; MAX_DEVICES];
         for (index, slot) in r.active_slots().iter().enumerate() {
-            if slot_is_clean(slot) {
+            if vgpu_common::reclaim::is_clean(slot) {
                 free_slots += 1;
                 continue;
             }

@@ -9,7 +9,7 @@ use super::expected::{normal_sm, Limits};
 use super::overrides::FileKey;
 use super::{enforce, RegionAccess};
 use crate::daemon::findings::LimitMismatch;
-use crate::daemon::regions::RegionCache;
+use crate::daemon::region_cache::RegionCache;
 
 impl RegionAccess for RegionCache {
     fn limits(&self, key: &FileKey) -> Option<(Limits, u64)> {
