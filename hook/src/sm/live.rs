@@ -260,26 +260,12 @@ impl Container for Real {
 impl Nvml for Real {
     fn proc_util(&self, dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
         let h = self.nvml_handle(dev)?;
-        let call = crate::real::nvml::fns()?.nvmlDeviceGetProcessUtilization?;
-        let mut cap: usize = 64;
-        for _ in 0..4 {
-            let mut v = vec![nvmlProcessUtilizationSample_t::default(); cap];
-            let mut count = cap as std::ffi::c_uint;
-            // SAFETY: `v` holds `count` initialised entries of the C struct;
-            // `count` and `v` are live locals for the whole call.
-            let rc = unsafe { call(h, v.as_mut_ptr(), &mut count, since_us) };
-            match rc {
-                NVML_SUCCESS => {
-                    v.truncate((count as usize).min(cap));
-                    return Some(v.iter().map(|s| (s.pid, s.sm_util.min(100))).collect());
-                }
-                // No process ran since `since_us`.
-                NVML_ERROR_NOT_FOUND => return Some(Vec::new()),
-                NVML_ERROR_INSUFFICIENT_SIZE => cap = (count as usize).max(cap) + 16,
-                _ => return None,
-            }
+        match crate::real::nvml::process::process_utilization(h, since_us) {
+            Ok(v) => Some(v.iter().map(|s| (s.pid, s.sm_util.min(100))).collect()),
+            // No process ran since `since_us`.
+            Err(e) if e.code() == NVML_ERROR_NOT_FOUND => Some(Vec::new()),
+            Err(_) => None,
         }
-        None
     }
 
     fn device_busy(&self, dev: usize, since_us: u64) -> Option<(f64, Vec<u32>)> {

@@ -11,6 +11,7 @@ use crate::ffi::NVML_ERROR_FUNCTION_NOT_FOUND;
 
 pub mod device;
 pub mod error;
+mod list;
 pub mod process;
 
 pub use error::{status, NvmlError};

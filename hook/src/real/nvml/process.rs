@@ -1,8 +1,6 @@
-//! The compute processes NVML lists on a device.
+//! The compute processes NVML lists on a device, and their utilization.
 
-use std::ffi::c_uint;
-
-use super::{sym, NvmlError};
+use super::{list, sym, NvmlError};
 use crate::ffi::*;
 
 /// `(pid, used bytes)` of the compute processes on `dev`; entries without
@@ -31,21 +29,28 @@ pub fn compute_processes(dev: nvmlDevice_t) -> Result<Vec<nvmlProcessInfo_t>, Nv
         t.nvmlDeviceGetComputeRunningProcesses_v3
             .or(t.nvmlDeviceGetComputeRunningProcesses_v2)
     })?;
-    let mut cap: usize = 64;
-    for _ in 0..4 {
-        let mut infos = vec![nvmlProcessInfo_t::default(); cap];
-        let mut count = cap as c_uint;
-        // SAFETY: `infos` holds `count` initialised entries of the C struct;
-        // `count` and `infos` are live locals for the whole call.
-        let rc = unsafe { call(dev, &mut count, infos.as_mut_ptr()) };
-        match rc {
-            NVML_SUCCESS => {
-                infos.truncate((count as usize).min(cap));
-                return Ok(infos);
-            }
-            NVML_ERROR_INSUFFICIENT_SIZE => cap = (count as usize).max(cap) + 16,
-            _ => return Err(NvmlError(rc)),
-        }
-    }
-    Err(NvmlError(NVML_ERROR_INSUFFICIENT_SIZE))
+    list::grow_list(|infos, count| {
+        // SAFETY: `infos` holds `*count` initialised entries of the C
+        // struct; both live for the whole call.
+        unsafe { call(dev, count, infos.as_mut_ptr()) }
+    })
+}
+
+/// Each process's utilization samples on `dev` since `since_us` (Unix µs),
+/// the buffer grown while NVML reports it too small.
+///
+/// # Errors
+/// NVML's code: `NVML_ERROR_NOT_FOUND` when no process ran since
+/// `since_us`; `NVML_ERROR_INSUFFICIENT_SIZE` if the list kept growing.
+#[doc(alias = "nvmlDeviceGetProcessUtilization")]
+pub fn process_utilization(
+    dev: nvmlDevice_t,
+    since_us: u64,
+) -> Result<Vec<nvmlProcessUtilizationSample_t>, NvmlError> {
+    let call = sym(|t| t.nvmlDeviceGetProcessUtilization)?;
+    list::grow_list(|samples, count| {
+        // SAFETY: `samples` holds `*count` initialised entries of the C
+        // struct; both live for the whole call.
+        unsafe { call(dev, samples.as_mut_ptr(), count, since_us) }
+    })
 }
