@@ -25,6 +25,7 @@
 #                                        with priorities 0/1 (VARIANTS: other builds at 30/70 too;
 #                                        PRIO_EXTRA=1: also with HAMi's monitor's feedback loop
 #                                        emulated, and with `vgpu daemon` running)
+#   bash scripts/gpu-check.sh prioab     priority 0 / 1 only, VARIANTS alternated over ROUNDS rounds
 #
 # Every figure printed is measured in this run.
 set -uo pipefail
@@ -535,6 +536,26 @@ phase_prio() {
         kill -INT $dp
         wait $dp 2>/dev/null
     fi
+    rm -rf /tmp/vgpulock
+}
+
+# Builds side by side on the priority rule: per round, the service alone,
+# then priority 0 / 1 without limits under each of VARIANTS.
+phase_prioab() {
+    say "priority 0 / 1 without limits, builds alternated (ROUNDS=${ROUNDS:-2})"
+    rm -rf /tmp/vgpulock && mkdir -m 0777 /tmp/vgpulock
+    SOLO=""
+    svc_run "trainer alone" - "X=1"
+    SOLO=$(awk '{print $2}' "$W/svc-t.txt")
+    local r v name hook
+    for ((r = 1; r <= ${ROUNDS:-2}; r++)); do
+        svc_run "round $r: service alone" "X=1" -
+        for v in ${VARIANTS:-dist=$DIST/libvgpu.so}; do
+            name=${v%%=*}
+            hook="LD_PRELOAD=${v#*=} GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+            svc_run "round $r: $name, priority 0 / 1" "$hook CUDA_TASK_PRIORITY=0" "$hook CUDA_TASK_PRIORITY=1"
+        done
+    done
     rm -rf /tmp/vgpulock
 }
 
