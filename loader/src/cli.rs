@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::cmd;
+use crate::logging::LogFormat;
 
 /// vgpu: share one NVIDIA GPU between containers safely. This is the node
 /// daemon and CLI; it observes libcuda with eBPF uprobes (needs root or
@@ -25,13 +26,6 @@ pub struct Cli {
 
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// How log lines are written to stderr.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 impl Cli {

@@ -6,7 +6,12 @@
 use std::io::{IsTerminal as _, Write as _};
 use std::sync::OnceLock;
 
-use crate::cli::LogFormat;
+/// How log lines are written to stderr.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
