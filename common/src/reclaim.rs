@@ -11,6 +11,7 @@
 
 use core::convert::Infallible;
 use core::mem::{offset_of, size_of};
+use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering::SeqCst;
 
 use crate::identity::Identity;
@@ -51,6 +52,25 @@ pub fn is_clean(slot: &ProcSlot) -> bool {
             .iter()
             .all(|c| c.load(SeqCst) == 0)
         })
+}
+
+/// Every counter word of `slot` on device `dev`: its usage (the words
+/// HAMi-core leaves unused too), `monitorused` and the utilization words.
+fn counters(slot: &ProcSlot, dev: usize) -> impl Iterator<Item = &AtomicU64> {
+    let m = &slot.used[dev];
+    let u = &slot.device_util[dev];
+    [
+        &m.context_size,
+        &m.module_size,
+        &m.data_size,
+        &m.offset,
+        &m.total,
+        &m.launches,
+    ]
+    .into_iter()
+    .chain(&m.unused)
+    .chain([&slot.monitorused[dev], &u.dec_util, &u.enc_util, &u.sm_util])
+    .chain(&u.unused)
 }
 
 /// A word of a slot that freeing zeroes, after the counters.
@@ -140,26 +160,7 @@ impl SlotStore for SharedRegion {
             return Ok(());
         };
         for dev in 0..MAX_DEVICES {
-            let m = &slot.used[dev];
-            for c in [
-                &m.context_size,
-                &m.module_size,
-                &m.data_size,
-                &m.offset,
-                &m.total,
-                &m.launches,
-            ]
-            .into_iter()
-            .chain(&m.unused)
-            {
-                c.store(0, SeqCst);
-            }
-            slot.monitorused[dev].store(0, SeqCst);
-            let u = &slot.device_util[dev];
-            for c in [&u.dec_util, &u.enc_util, &u.sm_util]
-                .into_iter()
-                .chain(&u.unused)
-            {
+            for c in counters(slot, dev) {
                 c.store(0, SeqCst);
             }
         }
@@ -268,24 +269,8 @@ mod tests {
             s.pidns.load(Relaxed),
             s.start.load(Relaxed),
         ];
-        let counters = (0..MAX_DEVICES).all(|d| {
-            let m = &s.used[d];
-            let u = &s.device_util[d];
-            [
-                &m.context_size,
-                &m.module_size,
-                &m.data_size,
-                &m.offset,
-                &m.total,
-                &m.launches,
-            ]
-            .into_iter()
-            .chain(&m.unused)
-            .chain([&s.monitorused[d], &u.dec_util, &u.enc_util, &u.sm_util])
-            .chain(&u.unused)
-            .all(|c| c.load(Relaxed) == 0)
-        });
-        words.iter().all(|&w| w == 0) && counters
+        let zero = (0..MAX_DEVICES).all(|d| counters(s, d).all(|c| c.load(Relaxed) == 0));
+        words.iter().all(|&w| w == 0) && zero
     }
 
     #[test]
