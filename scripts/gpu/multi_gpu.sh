@@ -3,7 +3,7 @@
 # libvgpu.so), this checkout's tests/c and scripts/gpu, PyTorch with NCCL.
 #   DIST=... bash scripts/gpu/multi_gpu.sh [parts]   parts: any of mem torch smi nccl sm trace (default all)
 # Every container is a region under $W/containers/pod-<name>_c/ (the daemon
-# labels it pod <name>); limits as HAMi's device plugin sets them.
+# labels it pod_uid pod-<name>, container c); limits as HAMi's device plugin sets them.
 set -uo pipefail
 DIST=$(realpath "${DIST:-.device/dist}")
 ROOT=${ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -147,7 +147,7 @@ fs=json.load(sys.stdin)["findings"]
 print(len(fs), "findings")
 for f in fs: print({k: f.get(k) for k in ("kind","pid","untracked_bytes","probe_bytes","nvml_bytes","source","message")})'
     echo "daemon metrics for the container (each device's index and uuid):"
-    curl -s localhost:9396/metrics | grep -E '^(hami_vgpu_memory_(used|limit)_bytes|vgpu_untracked_bytes)' | grep 'pod_uid="nccl"'
+    curl -s localhost:9396/metrics | grep -E '^(hami_vgpu_memory_(used|limit)_bytes|vgpu_untracked_bytes)' | grep 'pod_uid="pod-nccl"'
     touch "$W/nccl.release"
     wait $np
 fi
