@@ -23,7 +23,7 @@ exec > >(tee "$OUT/log") 2>&1
 echo "vgpu multi-GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader
 mapfile -t UUIDS < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
-[ "${#UUIDS[@]}" -ge 2 ] || { echo "needs two GPUs"; exit 1; }
+[ "${#UUIDS[@]}" -ge "${MGPU_MIN:-2}" ] || { echo "needs two GPUs"; exit 1; }
 cc -O2 -o "$W/hook_mem" "$ROOT/tests/c/hook_mem.c" -I "$ROOT/tests/c" -DUSE_CUDA_H \
     -I/usr/local/cuda/include -L"$LIBDIR" -l:libcuda.so.1 -ldl || exit 1
 export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -59,8 +59,9 @@ if has mem; then
             lim=$(ctr "c-$cvd" "${e[@]}" "$W/hook_mem" -d $o limit alloc | tail -1)
             vmm=$(ctr "c-$cvd" "${e[@]}" "$W/hook_mem" -d $o limit create | tail -1)
             fill=$(ctr "c-$cvd" "${e[@]}" "$W/hook_mem" -d $o fill)
-            echo "CUDA_VISIBLE_DEVICES=$cvd ordinal $o: cuDeviceTotalMem $(($(echo "$info" | field devtotal) >> 20)) MiB," \
-                "cuMemGetInfo total $(($(echo "$info" | field total) >> 20)) MiB; alloc: $lim; cuMemCreate: $vmm; $fill"
+            dt=$(echo "$info" | field devtotal) mt=$(echo "$info" | field total)
+            echo "CUDA_VISIBLE_DEVICES=$cvd ordinal $o: cuDeviceTotalMem $((${dt:-0} >> 20)) MiB," \
+                "cuMemGetInfo total $((${mt:-0} >> 20)) MiB; alloc: $lim; cuMemCreate: $vmm; $fill"
         done
     done
     "$DIST/vgpu" inspect "$(region c-1,0)" | head -20
@@ -206,15 +207,19 @@ fi
 
 if has trace; then
     say "vgpu trace: context calls labelled with their device (a process with CUDA_VISIBLE_DEVICES=1, one without)"
-    "$DIST/vgpu" trace --libcuda "$LIBCUDA" --json >"$W/trace.json" 2>"$W/trace.err" &
+    "$DIST/vgpu" -v trace --libcuda "$LIBCUDA" --json >"$W/trace.json" 2>"$W/trace.err" &
     tp=$!
     sleep 3
-    ctr trace env CUDA_VISIBLE_DEVICES=1 "$W/hook_mem" info >/dev/null
-    ctr trace env -u CUDA_VISIBLE_DEVICES "$W/hook_mem" -d 1 info >/dev/null
-    sleep 1
+    # Each holds its context 3 s: the trace reads a process's environment
+    # while it runs.
+    sleep 3 | ctr trace env CUDA_VISIBLE_DEVICES=1 "$W/hook_mem" hold 1048576 >/dev/null &
+    sleep 3 | ctr trace env -u CUDA_VISIBLE_DEVICES "$W/hook_mem" -d 1 hold 1048576 >/dev/null &
+    sleep 3 | ctr trace env -u CUDA_VISIBLE_DEVICES "$W/hook_mem" -d 0 hold 1048576 >/dev/null &
+    sleep 5
     kill -INT $tp
     wait $tp 2>/dev/null
     grep -E 'PrimaryCtxRetain|CtxCreate' "$W/trace.json" | head -6
+    grep -i 'nvml\|error' "$W/trace.err" | head -5
     echo "host GPUs: ${UUIDS[*]}"
 fi
 
