@@ -5,7 +5,9 @@
 //! `Result<_, CuError>` / `Result<_, NvmlError>`) → `exports` (the generated
 //! `extern "C"` symbols, `dlsym`) → policy (`memory`, `nvml`, `procaddr`,
 //! `launch`, `devices`, `sm`) over `region` and `state`. Every policy module
-//! except `sm` is `#![forbid(unsafe_code)]`.
+//! is `#![forbid(unsafe_code)]` (`cargo xtask lint` checks the list); in `sm`
+//! only `live` (the real driver behind the limiter's traits) and `mapfile`
+//! (its guarded mappings) are not policy.
 
 #[macro_use]
 mod log;

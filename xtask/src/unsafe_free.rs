@@ -16,7 +16,9 @@ use anyhow::{bail, Context, Result};
 use crate::util;
 
 /// Policy modules of the hook, relative to `hook/src/`. A directory stands
-/// for every `.rs` file below it; its `mod.rs` carries the attribute.
+/// for every `.rs` file below it; its `mod.rs` carries the attribute. In
+/// `sm/` only `live.rs` (the real driver behind the limiter's traits) and
+/// `mapfile.rs` (the guarded mappings) are not policy.
 const POLICY: &[&str] = &[
     "memory",
     "devices.rs",
@@ -25,6 +27,27 @@ const POLICY: &[&str] = &[
     "nodelock.rs",
     "nvml.rs",
     "procaddr.rs",
+    "sm/admit.rs",
+    "sm/bucket.rs",
+    "sm/control.rs",
+    "sm/correction.rs",
+    "sm/cost.rs",
+    "sm/demand.rs",
+    "sm/feedback.rs",
+    "sm/learn.rs",
+    "sm/local.rs",
+    "sm/node.rs",
+    "sm/phase.rs",
+    "sm/policy.rs",
+    "sm/prio.rs",
+    "sm/publish.rs",
+    "sm/settings.rs",
+    "sm/share.rs",
+    "sm/sharing.rs",
+    "sm/sidecar.rs",
+    "sm/sys.rs",
+    "sm/tuning.rs",
+    "sm/turns.rs",
 ];
 
 /// Tokens that are, or expand to, an `unsafe` block.

@@ -3,6 +3,8 @@
 //! turns with others, in its turn (`phase`); and the charges made after the
 //! fact (settlements of guessed costs, refunds of failed launches).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 

@@ -11,6 +11,8 @@
 //! until it is paid back. One CAS per admitted launch, no lock; processes of
 //! the container share the word through the sidecar file.
 
+#![forbid(unsafe_code)]
+
 pub(crate) use super::tuning::{BATCH_NS, DEPTH_NS, LEAD_NS, MAX_DEPTH_NS};
 use super::tuning::{LATE_AVG_DIV, LATE_MARGIN};
 use std::sync::atomic::AtomicU64;

@@ -9,6 +9,8 @@
 //! The fast path (no device limited) is a coarse clock read and three
 //! relaxed loads.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::region::MAX_DEVICES;

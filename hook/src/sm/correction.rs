@@ -22,6 +22,8 @@
 //! Both steer the factor a fraction of the log-error per step, bounded per
 //! step and to [`FACTOR_MIN`, `FACTOR_MAX`].
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::sidecar::DevBucket;

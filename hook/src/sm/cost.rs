@@ -19,6 +19,8 @@
 //! launches, so all but the first start behind this stream's own work and
 //! not behind the neighbour's; later raises need a whole window.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 

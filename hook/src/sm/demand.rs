@@ -17,6 +17,8 @@
 //! ms, and a container held back by time-slicing is under its limit while
 //! it still wants more.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 

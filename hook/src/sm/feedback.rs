@@ -10,6 +10,8 @@
 //! process's background thread when there is one (`Nvml::offload`), since
 //! its NVML calls take milliseconds.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Mutex;

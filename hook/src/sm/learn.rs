@@ -4,6 +4,8 @@
 //! does", 3). Nothing ever waits on an event: finished timings are polled,
 //! at most `POLL_NS` apart and a few at a time.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};

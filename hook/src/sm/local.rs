@@ -8,6 +8,8 @@
 //! another thread's sample changes the estimate; the table catches up at
 //! the entry's next sample.
 
+#![forbid(unsafe_code)]
+
 use std::cell::RefCell;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;

@@ -19,6 +19,8 @@
 //! waited for, and does not wait. The processes read the members to agree
 //! on a schedule (`phase`) with no messages and no lock.
 
+#![forbid(unsafe_code)]
+
 use std::path::Path;
 
 pub(crate) use vgpu_common::node::*;

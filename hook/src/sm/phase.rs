@@ -19,6 +19,8 @@
 //! only when the container's queued work plus its cost fits before the
 //! phase ends.
 
+#![forbid(unsafe_code)]
+
 use super::tuning::ALONE_WITHIN_DIV;
 pub use super::tuning::GUARD_NS;
 pub use vgpu_common::node::{plan, Phase, ACTIVE_NS, FRAME_NS};

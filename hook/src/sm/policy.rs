@@ -6,6 +6,8 @@
 //! marks activity and obeys blocking; the limit applies only when
 //! `0 < limit < 100` and (policy force, or policy default and switch on).
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 

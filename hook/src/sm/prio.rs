@@ -13,6 +13,8 @@
 //! busy leaves the low one a short queue, not nothing. Once the higher one
 //! is quiet for `HOLD_NS`, nothing is held.
 
+#![forbid(unsafe_code)]
+
 use std::collections::VecDeque;
 
 use super::sys::{Events, Poll};

@@ -5,6 +5,8 @@
 //! While the feedback leader measured recently it writes NVML's figure
 //! there instead (`feedback`), and this process skips its own.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::AtomicI64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;

@@ -4,6 +4,8 @@
 //! rules). A refresh also marks the container's activity for HAMi's
 //! monitor and notes the host pid once a device is limited.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
 

@@ -5,6 +5,8 @@
 //! (utilization, host pids of every compute process), `samples` NVML's
 //! per-process `(host pid, sm %)`.
 
+#![forbid(unsafe_code)]
+
 /// Whether the container is alone on the device: every compute process
 /// NVML lists (`device`: utilization, host pids) is one of its `pids`.
 pub(crate) fn alone(device: Option<&(f64, Vec<u32>)>, pids: &[u32]) -> bool {

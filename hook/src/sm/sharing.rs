@@ -4,6 +4,8 @@
 //! a lower-priority container keeps its queue short while a higher one is
 //! active). Re-planned every `REPLAN_NS` on a limited launch.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::Mutex;

@@ -2,6 +2,8 @@
 //! `vgpu_common::sidecar`): mapped once per process, for the limiter and the
 //! memory hooks alike.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

@@ -9,6 +9,8 @@
 //! controller asks for the few it uses; `Sys` is all of them, for the
 //! controller that composes the parts. The process's real world is `live`.
 
+#![forbid(unsafe_code)]
+
 use vgpu_common::node::NodeFile;
 use vgpu_common::region::SharedRegion;
 use vgpu_common::sidecar::SmShared;

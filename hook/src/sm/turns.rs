@@ -14,6 +14,8 @@
 //! (the host fell behind, so the events span idle time) or that spread over
 //! several streams is not used.
 
+#![forbid(unsafe_code)]
+
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Mutex;
