@@ -1,6 +1,6 @@
 //! The container's shared SM-limit state: a small file next to the region
 //! (`<region>.sm`), mapped `MAP_SHARED` by every process of the container
-//! (the hook's `sm/sidecar.rs` maps it; docs/sm-limit.md, "The sidecar
+//! (the hook's `sidecar.rs` maps it; docs/sm-limit.md, "The sidecar
 //! file").
 //!
 //! The v1.2 region has no spare per-region field, so the token buckets live

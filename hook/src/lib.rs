@@ -6,8 +6,10 @@
 //! `extern "C"` symbols, `dlsym`) → policy (`memory`, `nvml`, `procaddr`,
 //! `launch`, `devices`, `sm`) over `region` and `state`. Every policy module
 //! is `#![forbid(unsafe_code)]` (`cargo xtask lint` checks the list); in `sm`
-//! only `live` (the real driver behind the limiter's traits) and `mapfile`
-//! (its guarded mappings) are not policy.
+//! only `live` (the real driver behind the limiter's traits) is not policy.
+//! `sidecar` is the container's second shared file (measured context sizes,
+//! the limiter's buckets), mapped like the node tables through
+//! `mapguard::shared`.
 
 #[macro_use]
 mod log;
@@ -26,6 +28,7 @@ mod nodelock;
 mod nvml;
 mod procaddr;
 pub(crate) mod region;
+mod sidecar;
 mod signal;
 pub(crate) mod sm;
 pub(crate) mod state;

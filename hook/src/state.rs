@@ -73,7 +73,7 @@ pub fn config() -> &'static Config {
     CONFIG.get_or_init(|| {
         let cfg = Config::from_env();
         cfg.report();
-        crate::sm::sidecar::set_region_path(&cfg.region_path);
+        crate::sidecar::set_region_path(&cfg.region_path);
         cfg
     })
 }

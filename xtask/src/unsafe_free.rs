@@ -17,8 +17,8 @@ use crate::util;
 
 /// Policy modules of the hook, relative to `hook/src/`. A directory stands
 /// for every `.rs` file below it; its `mod.rs` carries the attribute. In
-/// `sm/` only `live.rs` (the real driver behind the limiter's traits) and
-/// `mapfile.rs` (the guarded mappings) are not policy.
+/// `sm/` only `live.rs` (the real driver behind the limiter's traits) is
+/// not policy.
 const POLICY: &[&str] = &[
     "memory",
     "devices.rs",
@@ -27,6 +27,7 @@ const POLICY: &[&str] = &[
     "nodelock.rs",
     "nvml.rs",
     "procaddr.rs",
+    "sidecar.rs",
     "sm/admit.rs",
     "sm/bucket.rs",
     "sm/control.rs",
@@ -44,7 +45,6 @@ const POLICY: &[&str] = &[
     "sm/settings.rs",
     "sm/share.rs",
     "sm/sharing.rs",
-    "sm/sidecar.rs",
     "sm/sys.rs",
     "sm/tuning.rs",
     "sm/turns.rs",

@@ -73,11 +73,11 @@ impl Driver for Real {
     }
 
     fn shared_ctx_size(&self, dev: usize) -> Option<u64> {
-        crate::sm::sidecar::shared()?.devs.get(dev)?.ctx_bytes()
+        crate::sidecar::shared()?.devs.get(dev)?.ctx_bytes()
     }
 
     fn set_shared_ctx_size(&self, dev: usize, bytes: u64) {
-        if let Some(d) = crate::sm::sidecar::shared().and_then(|s| s.devs.get(dev)) {
+        if let Some(d) = crate::sidecar::shared().and_then(|s| s.devs.get(dev)) {
             d.set_ctx_bytes(bytes);
         }
     }

@@ -339,7 +339,7 @@ mod tests {
         r.procs[0].pid.store(77, Relaxed);
         r.procs[0].hostpid.store(4242, Relaxed);
         r.procs[0].used[0].total.store(1 << 20, Relaxed);
-        let buckets = crate::sm::sidecar::private();
+        let buckets = crate::sidecar::private();
         let p = |pid| Proc {
             now: AtomicU64::new(10_000_000_000),
             pid,

@@ -11,9 +11,9 @@ use vgpu_common::clock::clock_ns;
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use super::node::{self, NodeFile};
-use super::sidecar::{self, SmShared};
 use super::sys::{Clock, Container, Events, NodeTable, Nvml, Poll};
 use crate::ffi::*;
+use crate::sidecar::{self, SmShared};
 
 /// Runs `f` (the limiter's own event calls) in the relaxed capture mode, so
 /// that they never invalidate a graph capture another thread runs in the

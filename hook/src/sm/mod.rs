@@ -34,7 +34,6 @@ mod feedback;
 mod learn;
 mod live;
 mod local;
-mod mapfile;
 mod node;
 mod phase;
 mod policy;
@@ -43,7 +42,6 @@ mod publish;
 mod settings;
 mod share;
 mod sharing;
-pub(crate) mod sidecar;
 mod sys;
 #[cfg(test)]
 mod tests;

@@ -205,7 +205,7 @@ mod tests {
             pol::DEFAULT
         }
         fn buckets(&self) -> &'static vgpu_common::sidecar::SmShared {
-            crate::sm::sidecar::private()
+            crate::sidecar::private()
         }
     }
 

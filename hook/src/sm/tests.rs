@@ -15,8 +15,8 @@ use super::control::{Controller, Work};
 use super::cost::Key;
 use super::node::NodeFile;
 use super::phase;
-use super::sidecar::{self, SmShared};
 use super::sys::{Clock, Container, Events, NodeTable, Nvml, Poll};
+use crate::sidecar::{self, SmShared};
 
 const QUEUE_NS: u64 = 50_000_000;
 const SLACK_NS: u64 = 60_000;

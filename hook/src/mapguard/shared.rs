@@ -1,9 +1,9 @@
-//! The limiter's shared files (the container's sidecar, the node's tables),
+//! The hook's own shared files (the container's sidecar, the node's tables),
 //! mapped through `vgpu_common::shared_file` for the process's whole life
 //! and guarded against truncation.
 //!
 //! Any process that can write these files can truncate them: the mappings
-//! are guarded (`crate::mapguard`), so a truncation turns the process's view
+//! are guarded (`super`), so a truncation turns the process's view
 //! into a private zeroed copy instead of a SIGBUS. Zero is a valid state of
 //! both layouts (no bucket charged, no other member): the process then
 //! limits itself alone.

@@ -23,6 +23,8 @@
 //! installs its own SIGBUS handler later replaces this one, and then a
 //! truncation kills it again, as without the hook.
 
+pub(crate) mod shared;
+
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
