@@ -87,6 +87,34 @@ impl Workdir {
     pub fn root(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Starts `vgpu -v daemon` probing this directory's own libcuda only,
+    /// on a free loopback port, logging to `daemon.log` here, with `state`
+    /// as its state directory, `regions_root` as HAMi's containers
+    /// directory, `extra` arguments and the simulator's environment.
+    pub fn start_daemon(
+        &self,
+        gpu: &SimGpu,
+        state: &Path,
+        regions_root: &Path,
+        extra: &[&str],
+    ) -> Running {
+        let port = crate::http::free_port();
+        let mut cmd = Command::new(dist::vgpu_bin());
+        cmd.arg("-v")
+            .arg("daemon")
+            .arg("--libcuda")
+            .arg(self.libcuda())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--state-dir")
+            .arg(state)
+            .arg("--regions-root")
+            .arg(regions_root)
+            .args(extra)
+            .envs(self.envs(gpu));
+        Running::start(cmd, port, self.path("daemon.log"))
+    }
 }
 
 /// A `vgpu daemon` a test started: stderr in `log`, serving on `port`,

@@ -16,7 +16,7 @@ use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
 use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
-use vgpu_tests::http::{free_port, get, now_ns};
+use vgpu_tests::http::{get, now_ns};
 use vgpu_tests::sim::SimGpu;
 
 const MIB: u64 = 1 << 20;
@@ -42,24 +42,9 @@ impl std::ops::DerefMut for Daemon {
 
 impl Daemon {
     fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
-        let port = free_port();
-        let log = fx.dir.path().join("daemon.log");
-        let state = fx.dir.path().join("state");
-        let mut cmd = Command::new(dist::vgpu_bin());
-        cmd.arg("-v")
-            .arg("daemon")
-            .arg("--libcuda")
-            .arg(fx.libcuda())
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--state-dir")
-            .arg(&state)
-            .arg("--regions-root")
-            .arg(fx.dir.path().join("no-hami-dir"))
-            .args(extra)
-            .envs(fx.envs(gpu));
+        let state = fx.path("state");
         Daemon {
-            run: Running::start(cmd, port, log),
+            run: fx.start_daemon(gpu, &state, &fx.path("no-hami-dir"), extra),
             state,
         }
     }

@@ -18,7 +18,7 @@ use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
 use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
-use vgpu_tests::http::{free_port, get, get_on, loopback};
+use vgpu_tests::http::{get, get_on, loopback};
 use vgpu_tests::sim::SimGpu;
 
 /// A running `vgpu daemon` probing this fixture's own libcuda copy.
@@ -41,23 +41,8 @@ impl std::ops::DerefMut for Daemon {
 
 impl Daemon {
     fn start(fx: &Fixture, gpu: &SimGpu, root: &Path) -> Daemon {
-        let port = free_port();
-        let log = fx.dir.path().join("daemon.log");
-        let mut cmd = Command::new(dist::vgpu_bin());
-        cmd.arg("-v")
-            .arg("daemon")
-            .arg("--libcuda")
-            .arg(fx.libcuda())
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--state-dir")
-            .arg(fx.dir.path().join("state"))
-            .arg("--regions-root")
-            .arg(root)
-            .arg("--no-nvml")
-            .envs(fx.envs(gpu));
         Daemon {
-            run: Running::start(cmd, port, log),
+            run: fx.start_daemon(gpu, &fx.path("state"), root, &["--no-nvml"]),
         }
     }
 

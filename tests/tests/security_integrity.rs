@@ -23,7 +23,7 @@ use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
 use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
-use vgpu_tests::http::{free_port, get, now_ns};
+use vgpu_tests::http::{get, now_ns};
 use vgpu_tests::sim::SimGpu;
 
 const G: u64 = 1 << 30;
@@ -163,28 +163,11 @@ impl std::ops::DerefMut for Daemon {
 
 impl Daemon {
     fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
-        let port = free_port();
-        let log = fx.dir.path().join("daemon.log");
-        let mut cmd = Command::new(dist::vgpu_bin());
-        cmd.arg("-v")
-            .arg("daemon")
-            .arg("--libcuda")
-            .arg(fx.libcuda())
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--state-dir")
-            .arg(fx.state())
-            .arg("--regions-root")
-            .arg(fx.dir.path().join("no-hami-dir"))
-            .arg("--runtime-spec")
-            .arg(format!(
-                "{}/runtime/*/{{id}}/config.json",
-                fx.dir.path().display()
-            ))
-            .args(extra)
-            .envs(fx.envs(gpu));
+        let spec = format!("{}/runtime/*/{{id}}/config.json", fx.dir.path().display());
+        let mut args = vec!["--runtime-spec", spec.as_str()];
+        args.extend_from_slice(extra);
         Daemon {
-            run: Running::start(cmd, port, log),
+            run: fx.start_daemon(gpu, &fx.state(), &fx.path("no-hami-dir"), &args),
         }
     }
 
