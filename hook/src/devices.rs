@@ -56,11 +56,7 @@ impl Devices {
     fn load() -> Option<Self> {
         let count = cuda::device::count().ok()?;
         let cuda: Vec<Option<String>> = (0..count.max(0) as usize).map(cuda_uuid).collect();
-        let mut container = container_devices(
-            &nvml_uuids(),
-            crate::state::config().nvidia_visible.as_deref(),
-            NvmlView::Container,
-        );
+        let mut container = nvml_container_order();
         if container.is_empty() {
             // No NVML: CUDA's own order is all there is.
             container = cuda.iter().flatten().cloned().collect();
@@ -104,12 +100,19 @@ pub fn index_of(ordinal: CUdevice) -> Option<usize> {
     }
 }
 
-/// The UUID of the container's device `index`.
+/// The UUID of the container's device `index` (known once `cuInit` ran).
 pub fn uuid(index: usize) -> Option<String> {
-    match get() {
-        Some(d) => d.container.get(index).cloned(),
-        None => cuda_uuid(index),
-    }
+    get()?.container.get(index).cloned()
+}
+
+/// The container's devices as NVML lists them, in the container's index
+/// order (empty without NVML).
+pub fn nvml_container_order() -> Vec<String> {
+    container_devices(
+        &nvml_uuids(),
+        crate::state::config().nvidia_visible.as_deref(),
+        NvmlView::Container,
+    )
 }
 
 /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, NVML's UUID spelling.
@@ -132,7 +135,7 @@ fn cuda_uuid(ordinal: usize) -> Option<String> {
 }
 
 /// The UUIDs NVML lists, in its index order (empty without NVML).
-pub fn nvml_uuids() -> Vec<String> {
+fn nvml_uuids() -> Vec<String> {
     if !nvml::ready() {
         return Vec::new();
     }
@@ -140,13 +143,8 @@ pub fn nvml_uuids() -> Vec<String> {
         return Vec::new();
     };
     (0..count)
-        .filter_map(|i| nvml_uuid(nvml::device::by_index(i).ok()?))
+        .filter_map(|i| nvml::device::uuid(nvml::device::by_index(i).ok()?).ok())
         .collect()
-}
-
-/// The UUID of an NVML device.
-pub fn nvml_uuid(dev: nvmlDevice_t) -> Option<String> {
-    nvml::device::uuid(dev).ok()
 }
 
 /// The NVML handle of the container's device `index`, by UUID.

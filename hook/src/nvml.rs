@@ -41,11 +41,7 @@ pub fn init_with_flags(flags: c_uint) -> nvmlReturn_t {
 }
 
 fn fill_from_nvml(r: &SharedRegion) {
-    let uuids = vgpu_common::devices::container_devices(
-        &crate::devices::nvml_uuids(),
-        crate::state::config().nvidia_visible.as_deref(),
-        vgpu_common::devices::NvmlView::Container,
-    );
+    let uuids = crate::devices::nvml_container_order();
     let n = uuids.len().min(MAX_DEVICES);
     for (i, u) in uuids.iter().take(n).enumerate() {
         r.set_uuid(i, u.as_bytes());
@@ -59,7 +55,7 @@ fn fill_from_nvml(r: &SharedRegion) {
 /// position in the region, else its NVML index (NVML lists the container's
 /// devices in the container's order).
 fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
-    if let Some(u) = crate::devices::nvml_uuid(dev) {
+    if let Ok(u) = crate::real::nvml::device::uuid(dev) {
         let n = (r.device_num.load(SeqCst) as usize).min(MAX_DEVICES);
         for i in 0..n {
             let (bytes, len) = r.uuid(i);

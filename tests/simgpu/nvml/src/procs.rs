@@ -200,9 +200,9 @@ pub struct ProcessUtilizationSample {
 
 /// `nvmlDeviceGetProcessUtilization`: one sample per process that ran
 /// kernels after `lastSeenTimeStamp` (µs since the epoch; 0 = all
-/// buffered), PIDs as for the process list (R580 on an H100: `nvidia-smi
-/// pmon` inside a container shows its process as PID 1 and hides the
-/// host's). `smUtil` is the process's share of the last
+/// buffered), PIDs as for the process list (driver R580 samples a
+/// container's own processes under their namespace PIDs to callers inside
+/// it, and leaves out the host's). `smUtil` is the process's share of the last
 /// `SIMGPU_SAMPLE_MS`; `timeStamp` is when its latest kernel activity
 /// ended. No process: `NVML_ERROR_NOT_FOUND`, as the real library.
 #[no_mangle]
