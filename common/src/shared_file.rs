@@ -59,14 +59,7 @@ pub fn create_and_map(path: &Path, size: usize) -> Result<MmapRaw, MapError> {
         path: path.to_owned(),
         source,
     };
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o666)
-        .open(path)
-        .map_err(io)?;
+    let file = open_or_create(path).map_err(io)?;
     let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
     if file.metadata().map_err(io)?.len() < size as u64 {
         file.set_len(size as u64).map_err(io)?;
@@ -75,6 +68,18 @@ pub fn create_and_map(path: &Path, size: usize) -> Result<MmapRaw, MapError> {
         path: path.to_owned(),
         source,
     })
+}
+
+/// Opens `path` read-write, creating it (mode 0666 before the umask) if
+/// it does not exist; an existing file is never truncated.
+pub fn open_or_create(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(path)
 }
 
 /// Maps the first `len` bytes of `file` shared, read-write or read-only.
