@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::regions::discover::{named_or_under, Found, DEFAULT_ROOT};
+use crate::regions::discover::Found;
 use crate::regions::liveness::{Alive, AliveBy, Mappers};
 use crate::regions::open::{open_region, open_under, Access};
 use crate::regions::summary::{bytes, RegionSummary};
@@ -29,13 +29,8 @@ use crate::regions::summary::{bytes, RegionSummary};
 /// Exits 1 if any region could not be read.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A region file, or a directory to scan like --root.
-    #[arg(value_name = "PATH")]
-    path: Option<PathBuf>,
-
-    /// Scan this root of HAMi container directories.
-    #[arg(long, value_name = "DIR", conflicts_with = "path", default_value = DEFAULT_ROOT)]
-    root: PathBuf,
+    #[command(flatten)]
+    at: super::regions_arg::Where,
 
     /// Print JSON (format in docs/inspect.md) instead of tables.
     #[arg(long)]
@@ -78,7 +73,7 @@ pub(super) fn summarize(found: &Found, root: Option<&Path>) -> Result<RegionSumm
 
 /// Runs `vgpu inspect`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let (found, root) = named_or_under(args.path.as_deref(), &args.root)?;
+    let (found, root) = args.at.find()?;
     let mut out = Output {
         regions: Vec::new(),
         errors: Vec::new(),
@@ -97,8 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     super::report(args.json, &out, !out.errors.is_empty(), |w, out| {
         if found.is_empty() {
-            let root = args.path.as_deref().unwrap_or(&args.root);
-            writeln!(w, "no region files under {}", root.display())?;
+            writeln!(w, "no region files under {}", args.at.shown().display())?;
         }
         for s in &out.regions {
             print_region(w, s)?;

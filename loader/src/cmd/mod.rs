@@ -4,6 +4,7 @@ pub mod cleanup;
 pub mod daemon;
 pub mod inspect;
 pub mod install_hook;
+mod regions_arg;
 pub mod set_limit;
 pub mod suspend;
 pub mod top;

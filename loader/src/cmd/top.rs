@@ -10,7 +10,6 @@ use anyhow::Context as _;
 
 use crate::daemon::findings::read_state_file;
 use crate::daemon::utilization::{State, FILE_NAME as UTILIZATION};
-use crate::regions::discover::{named_or_under, DEFAULT_ROOT};
 use crate::regions::top::{rates, rows, sort, table, Input, Row, SortKey};
 
 /// The daemon's measurements are used while at most this old.
@@ -32,13 +31,8 @@ const FRESH_MS: u64 = 5_000;
 /// visible); otherwise frames follow each other. See docs/inspect.md.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A region file, or a directory to scan like --root.
-    #[arg(value_name = "PATH")]
-    path: Option<PathBuf>,
-
-    /// Scan this root of HAMi container directories.
-    #[arg(long, value_name = "DIR", conflicts_with = "path", default_value = DEFAULT_ROOT)]
-    root: PathBuf,
+    #[command(flatten)]
+    at: super::regions_arg::Where,
 
     /// State directory of `vgpu daemon` (its findings.json).
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
@@ -82,7 +76,7 @@ struct Snapshot {
 fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
     // As `vgpu inspect`: files under a root are opened below it, read
     // with pread, never mapped.
-    let (found, root) = named_or_under(args.path.as_deref(), &args.root)?;
+    let (found, root) = args.at.find()?;
     let now = crate::daemon::findings::now_ms();
     let util: Option<State> = read_state_file(&args.state_dir, UTILIZATION)
         .filter(|s: &State| now.saturating_sub(s.updated_unix_ms) <= FRESH_MS);
