@@ -3,7 +3,8 @@
 //! - rustfmt, and clippy `-D warnings` in two passes (the eBPF crate needs
 //!   its own target and toolchain);
 //! - every workspace member opts into the workspace's `[lints]`;
-//! - `cargo deny` (offline: licenses, bans, sources; `deny.toml`);
+//! - `cargo deny` (offline, after `cargo fetch --locked`: licenses, bans,
+//!   sources; `deny.toml`);
 //! - `typos` over code and docs (`_typos.toml`);
 //! - the ABI snapshots of every cross-process layout (`cargo xtask abi`);
 //! - no `unsafe` in the hook's policy code (`unsafe_free`).
@@ -19,6 +20,15 @@ pub fn run() -> Result<()> {
     util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
     lints_opt_in()?;
     unsafe_free::run()?;
+    // cargo deny reads every crate of every target and feature, dev-only and
+    // other platforms' included; the build before it fetched only what it
+    // compiled. Fetch the rest from the lock file so the offline check works
+    // on a machine whose registry is empty.
+    util::run(
+        Command::new("cargo")
+            .current_dir(util::root())
+            .args(["fetch", "--locked"]),
+    )?;
     util::run(
         Command::new("cargo")
             .current_dir(util::root())
