@@ -6,6 +6,7 @@
 # must pass too (setup finds everything present, the build is warm).
 #
 #   bash scripts/ci-fresh.sh [DIR]      # DIR defaults to a new /tmp/vgpu-fresh.*
+#   RUNS=1 bash scripts/ci-fresh.sh     # only the first, fresh run
 #
 # What it cannot empty: packages installed system-wide (apt, pip, bpf-linker
 # under /usr/local) by an earlier run on this machine, and rustup's toolchains.
@@ -27,7 +28,7 @@ export RUSTUP_HOME="${RUSTUP_HOME:-$HOME/.rustup}"
 export PATH="$CARGO_HOME/bin:$PATH"
 unset CARGO_TARGET_DIR
 echo "fresh CI run of $(git -C "$dir/repo" rev-parse --short HEAD) in $dir"
-for n in 1 2; do
+for n in $(seq 1 "${RUNS:-2}"); do
     start=$(date +%s)
     if bash "$dir/repo/.ci/run" >"$dir/run$n.log" 2>&1; then rc=0; else rc=$?; fi
     secs=$(($(date +%s) - start))
