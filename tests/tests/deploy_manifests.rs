@@ -520,3 +520,67 @@ fn every_flag_the_manifests_pass_exists_in_the_binary() {
         }
     }
 }
+
+/// Every `image:` value anywhere in a rendered document.
+fn images_in(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Mapping(m) => {
+            for (k, val) in m {
+                match (k.as_str(), val.as_str()) {
+                    (Some("image"), Some(image)) => out.push(image.to_owned()),
+                    _ => images_in(val, out),
+                }
+            }
+        }
+        Value::Sequence(s) => s.iter().for_each(|x| images_in(x, out)),
+        _ => {}
+    }
+}
+
+/// docs/kubernetes.md, "1. The image": editing the overlay's `images:` entry
+/// names the image of every container, the base's daemon included, as
+/// `kubectl kustomize` renders it (an entry in the base renamed the daemon's
+/// image before the overlay's entry could match it).
+#[test]
+fn the_overlays_image_entry_sets_every_container() {
+    let status = Command::new("kubectl").args(["version", "--client"]).output();
+    assert!(
+        status.is_ok_and(|o| o.status.success()),
+        "kubectl (with kustomize) is needed to render the overlays"
+    );
+    let new = "registry.example.com/team/vgpu:9.9.9";
+    for o in OVERLAYS {
+        let tmp = tempfile::tempdir().unwrap();
+        let copy = tmp.path().join("deploy");
+        let cp = Command::new("cp")
+            .arg("-r")
+            .arg(workspace_root().join("deploy"))
+            .arg(&copy)
+            .status()
+            .unwrap();
+        assert!(cp.success());
+        // The documented edit: the overlay's newName and newTag.
+        let k = copy.join("overlays").join(o).join("kustomization.yaml");
+        let mut doc = read_docs(&k).remove(0);
+        let images = doc["images"].as_sequence_mut().expect("overlay images");
+        assert_eq!(images.len(), 1, "{o}: one image entry");
+        images[0]["newName"] = Value::String("registry.example.com/team/vgpu".into());
+        images[0]["newTag"] = Value::String("9.9.9".into());
+        std::fs::write(&k, serde_yaml::to_string(&doc).unwrap()).unwrap();
+        let out = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(copy.join("overlays").join(o))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let mut found = Vec::new();
+        for d in serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout)) {
+            images_in(&Value::deserialize(d).unwrap(), &mut found);
+        }
+        assert!(found.len() >= 2, "{o}: containers found: {found:?}");
+        assert!(
+            found.iter().all(|i| i == new),
+            "{o}: after the documented edit every container should run {new}: {found:?}"
+        );
+    }
+}
