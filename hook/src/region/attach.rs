@@ -69,6 +69,7 @@ impl Attachment {
             crate::mapguard::Kind::Region,
             file.region() as *const SharedRegion as *const u8,
             REGION_SIZE,
+            Some(&cfg.region_path),
             Some(shadow::repair),
             &*shadow as *const Shadow as usize,
         );
@@ -175,6 +176,30 @@ impl Attachment {
                 f(region)
             }
         }
+    }
+
+    /// Publishes again what a truncation wiped from the region this
+    /// process is attached to: its header and limits, and this process's
+    /// own slot. The process that faulted on the truncated file re-attached
+    /// it (`crate::mapguard`) and refilled its own; the others find the file
+    /// already extended, zeroed, and refill theirs here before they next
+    /// count anything, so the container's sum holds every process that
+    /// allocates again. Two relaxed loads in the common case.
+    #[inline]
+    pub fn republish_if_wiped(&self) {
+        let r = self.region();
+        if r.initialized_flag.load(Relaxed) != MAGIC {
+            self.shadow.refill(r);
+        } else if self.slot().is_some_and(|s| s.pid.load(Relaxed) == 0) {
+            self.shadow.refill_slot(r);
+        }
+    }
+
+    /// Whether the region's header is wiped (a truncation this process has
+    /// not yet repaired): a limit read from it means nothing.
+    #[inline]
+    pub fn wiped(&self) -> bool {
+        self.region().initialized_flag.load(SeqCst) != MAGIC
     }
 
     /// Refreshes the shadow's copy of `dev`'s limit (what a truncated

@@ -90,9 +90,16 @@ impl Shadow {
         }
     }
 
-    /// Refills a zeroed copy of the region: header, limits, and this
-    /// process's slot. Atomics only (runs in the SIGBUS handler).
+    /// Refills a zeroed region: header, limits, and this process's slot.
+    /// Atomics only (runs in the SIGBUS handler).
     pub fn refill(&self, r: &SharedRegion) {
+        self.refill_slot(r);
+        self.refill_header(r);
+    }
+
+    /// The header and limits, as this process last saw them; the magic
+    /// last, once the limits are in.
+    pub fn refill_header(&self, r: &SharedRegion) {
         r.major_version.store(MAJOR_VERSION, SeqCst);
         r.minor_version.store(MINOR_VERSION, SeqCst);
         r.utilization_switch.store(1, SeqCst);
@@ -100,6 +107,12 @@ impl Shadow {
             r.limit[dev].store(self.limit[dev].load(Relaxed), SeqCst);
             r.sm_limit[dev].store(self.sm_limit[dev].load(Relaxed), SeqCst);
         }
+        r.initialized_flag.store(MAGIC, SeqCst);
+    }
+
+    /// This process's slot: its identity and its own usage. `proc_num` is
+    /// only raised, since siblings re-publish their slots too.
+    pub fn refill_slot(&self, r: &SharedRegion) {
         let slot = self.slot.load(SeqCst);
         if let Some(s) = r.procs.get(slot) {
             for dev in 0..MAX_DEVICES {
@@ -116,9 +129,9 @@ impl Shadow {
             s.start.store(self.start.load(SeqCst), SeqCst);
             s.status.store(status::RUNNING, SeqCst);
             s.pid.store(self.pid.load(SeqCst), SeqCst);
-            r.proc_num.store(slot.min(MAX_PROCS - 1) as i32 + 1, SeqCst);
+            r.proc_num
+                .fetch_max(slot.min(MAX_PROCS - 1) as i32 + 1, SeqCst);
         }
-        r.initialized_flag.store(MAGIC, SeqCst);
     }
 }
 
@@ -145,8 +158,11 @@ mod tests {
     const M: u64 = 1 << 20;
 
     /// The region file truncated under an attached process: the next access
-    /// finds a private copy holding the limit and this process's usage, so
-    /// the limit still holds for what the process already has.
+    /// re-attaches the file, refilled with the limit and this process's
+    /// usage, so the limit still holds for what the process already has;
+    /// a sibling attached to the same file, which did not fault, publishes
+    /// its own usage again before it next allocates, so the two still share
+    /// one limit.
     #[test]
     fn a_truncated_region_is_refilled_with_the_limit_and_own_usage() {
         let dir = tempfile::tempdir().unwrap();
@@ -158,9 +174,14 @@ mod tests {
             _ => None,
         });
         let att = Attachment::open(&cfg, std::process::id() as i32).unwrap();
+        // The sibling: a live process of its own (a slot is per process).
+        let mut other = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let sibling = Attachment::open(&cfg, other.id() as i32).unwrap();
+        assert_ne!(sibling.slot_index(), att.slot_index());
         assert!(crate::memory::limit::reserve(&att, 0, 600 * M, Kind::Data));
         att.add_unchecked(0, 64 * M, Kind::Context);
         att.release(0, 100 * M, Kind::Data);
+        assert!(crate::memory::limit::reserve(&sibling, 0, 200 * M, Kind::Data));
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -170,17 +191,30 @@ mod tests {
         let r = att.region();
         assert_eq!(r.limit[0].load(SeqCst), 1 << 30);
         let base = r as *const _ as *const u8;
-        assert!(crate::mapguard::is_lost(base));
+        assert_eq!(crate::mapguard::reattached(base), 1);
+        assert!(!crate::mapguard::is_lost(base));
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            vgpu_common::region::REGION_SIZE as u64
+        );
         assert!(r.is_initialized());
         let s = &r.procs[att.slot_index()];
         assert_eq!(s.pid.load(SeqCst), att.pid());
         assert_eq!(s.used[0].data_size.load(SeqCst), 500 * M);
         assert_eq!(s.used[0].context_size.load(SeqCst), 64 * M);
         assert_eq!(s.used[0].total.load(SeqCst), 564 * M);
+        // 564 + the sibling's 200 held: 300 more would pass 1 GiB.
         assert!(
-            !crate::memory::limit::reserve(&att, 0, 500 * M, Kind::Data),
+            !crate::memory::limit::reserve(&sibling, 0, 300 * M, Kind::Data),
+            "the sibling's own 200 MiB count again"
+        );
+        assert!(crate::memory::limit::reserve(&sibling, 0, 200 * M, Kind::Data));
+        assert!(
+            !crate::memory::limit::reserve(&att, 0, 100 * M, Kind::Data),
             "past the limit"
         );
-        assert!(crate::memory::limit::reserve(&att, 0, 400 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve(&att, 0, 50 * M, Kind::Data));
+        let _ = other.kill();
+        let _ = other.wait();
     }
 }

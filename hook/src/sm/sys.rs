@@ -77,6 +77,13 @@ pub(crate) trait Container: Sync {
     fn policy(&self) -> i32;
     /// The container's buckets.
     fn buckets(&self) -> &'static SmShared;
+    /// Whether [`Self::buckets`] are shared by the container's processes;
+    /// false when this process limits itself on private ones (the sidecar
+    /// could not be used, or was lost and could not be re-attached): it
+    /// then takes only its part of the container's limit (`policy::part`).
+    fn buckets_shared(&self) -> bool {
+        true
+    }
     /// This process's pid (as seen here; it only tells leaders apart).
     fn pid(&self) -> u32 {
         std::process::id()
