@@ -133,16 +133,20 @@ impl NodeFile {
         }
         for m in &self.members {
             let owner = m.owner.load(Acquire);
-            let free = owner == 0 || m.is_stale(now) || !m.valid(now);
+            // A member whose instants are far ahead (no honest writer's,
+            // and further than a late reader's clock could lag) is free.
+            let free = owner == 0 || m.is_stale(now) || m.is_forged(now);
             if !free {
                 continue;
             }
             // Stamp `seen` first so that a racing claimer sees it live.
             m.seen.store(now, Relaxed);
             if m.owner.compare_exchange(owner, id, AcqRel, Acquire).is_ok() {
-                // The previous owner's demand is not the new one's.
+                // The previous owner's demand and priority are not the
+                // new one's.
                 m.wants.store(0, Relaxed);
                 m.inflight_until.store(0, Relaxed);
+                m.rank.store(0, Relaxed);
                 m.seen.store(now, Release);
                 return Some(m);
             }
@@ -257,6 +261,13 @@ impl Member {
     /// take its member.
     pub fn is_stale(&self, now: u64) -> bool {
         now.saturating_sub(self.seen.load(Relaxed)) > STALE_NS
+    }
+
+    /// Whether the member's `seen` is more than `STALE_NS` ahead of `now`:
+    /// written by no hook, even as seen by a reader whose `now` is late,
+    /// so another container may take the member over.
+    pub fn is_forged(&self, now: u64) -> bool {
+        self.seen.load(Relaxed) > now.saturating_add(STALE_NS)
     }
 }
 

@@ -234,10 +234,11 @@ mod tests {
         let t = NodeFile::default();
         let now = 1_000 * STALE_NS;
         let join = |id: u64, pct: u32, seen: u64, wants: Option<u64>| {
-            let m = t.join(id, now - seen).expect("room");
-            m.touch(now - seen, pct);
+            let m = t.join(id, now).expect("room");
+            m.limit.store(pct, Relaxed);
+            m.seen.store(now - seen, Relaxed);
             if let Some(w) = wants {
-                m.want(now - w);
+                m.wants.store(now - w, Relaxed);
             }
         };
         join(0xa, 30, MS, Some(MS));
