@@ -119,7 +119,10 @@ fn a_forged_node_table_member_does_not_starve_a_neighbour() {
     std::thread::sleep(Duration::from_secs(1));
     let after = share(&gpu, Duration::from_secs(1), &pid);
     eprintln!("neighbour at 50 %: {before:.1} % before the phantom, {after:.1} % from 1 s after");
-    assert!(before > 40.0, "the neighbour did not run at its limit: {before:.1} %");
+    assert!(
+        before > 40.0,
+        "the neighbour did not run at its limit: {before:.1} %"
+    );
     assert!(
         after >= 0.9 * before,
         "the phantom member starves the neighbour: {after:.1} % against {before:.1} %"
@@ -192,7 +195,10 @@ fn an_unusable_sidecar_keeps_the_container_within_its_sm_limit() {
     std::thread::sleep(Duration::from_millis(600));
     let got = share(&gpu, Duration::from_secs(2), &pids);
     eprintln!("4 processes at 20 % without a usable sidecar: {got:.1} %");
-    assert!(got <= 25.0, "the container escaped its SM limit: {got:.1} % at 20");
+    assert!(
+        got <= 25.0,
+        "the container escaped its SM limit: {got:.1} % at 20"
+    );
     assert!(got > 10.0, "the container stopped: {got:.1} %");
 }
 

@@ -178,10 +178,8 @@ pub fn guard(
         .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_owned()))
         .and_then(|p| CString::new(p.into_os_string().into_encoded_bytes()).ok());
     // Leaked: the handler reads it for the process's whole life.
-    g.path.store(
-        c_path.map_or(0, |c| CString::into_raw(c) as usize),
-        Relaxed,
-    );
+    g.path
+        .store(c_path.map_or(0, |c| CString::into_raw(c) as usize), Relaxed);
     g.len.store(len, Release);
     true
 }
@@ -519,7 +517,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let len = 16 * 4096;
         let (file, base) = mapped(dir.path(), len);
-        assert!(guard(Kind::NodeTable, base, len, None, Some(count_repair), 0));
+        assert!(guard(
+            Kind::NodeTable,
+            base,
+            len,
+            None,
+            Some(count_repair),
+            0
+        ));
         file.set_len(0).unwrap();
         let addr = base as usize;
         let threads: Vec<_> = (0..8)

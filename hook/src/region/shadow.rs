@@ -175,13 +175,21 @@ mod tests {
         });
         let att = Attachment::open(&cfg, std::process::id() as i32).unwrap();
         // The sibling: a live process of its own (a slot is per process).
-        let mut other = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let mut other = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
         let sibling = Attachment::open(&cfg, other.id() as i32).unwrap();
         assert_ne!(sibling.slot_index(), att.slot_index());
         assert!(crate::memory::limit::reserve(&att, 0, 600 * M, Kind::Data));
         att.add_unchecked(0, 64 * M, Kind::Context);
         att.release(0, 100 * M, Kind::Data);
-        assert!(crate::memory::limit::reserve(&sibling, 0, 200 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve(
+            &sibling,
+            0,
+            200 * M,
+            Kind::Data
+        ));
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -208,7 +216,12 @@ mod tests {
             !crate::memory::limit::reserve(&sibling, 0, 300 * M, Kind::Data),
             "the sibling's own 200 MiB count again"
         );
-        assert!(crate::memory::limit::reserve(&sibling, 0, 200 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve(
+            &sibling,
+            0,
+            200 * M,
+            Kind::Data
+        ));
         assert!(
             !crate::memory::limit::reserve(&att, 0, 100 * M, Kind::Data),
             "past the limit"

@@ -208,11 +208,7 @@ fn print(w: &mut impl std::io::Write, path: &Path, out: &Output) -> std::io::Res
             writeln!(
                 w,
                 "  {:<16}  {:>4}%  {:>12}  {:>12}  {:<16}  {turn}",
-                m.container,
-                m.limit,
-                launched,
-                wanted,
-                m.state
+                m.container, m.limit, launched, wanted, m.state
             )?;
         }
     }
@@ -298,7 +294,10 @@ mod tests {
             "{text}"
         );
         let line = text.lines().find(|l| l.contains("000f")).expect("0f");
-        assert!(line.contains("not valid") && !line.contains("ms ago"), "{line}");
+        assert!(
+            line.contains("not valid") && !line.contains("ms ago"),
+            "{line}"
+        );
         assert!(text.contains("15.0-50.0 ms"), "{text}");
     }
 }
