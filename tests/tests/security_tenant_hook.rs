@@ -1,8 +1,8 @@
 //! A tenant that can only hurt itself (issue 25, items 1, 2 and 4, the
 //! hook's side): a member forged into the node's table, shared by every
 //! container, does not starve an SM-limited neighbour; truncating its own
-//! `.sm` sidecar or its own region does not lift the container's SM or
-//! memory limit. Needs the built artifacts and the simulated GPU
+//! `.sm` sidecar or its own region, or renaming a fresh file over the
+//! sidecar, does not lift the container's SM or memory limit. Needs the built artifacts and the simulated GPU
 //! (`cargo xtask test`). Timing-sensitive, so the tests run one at a time.
 
 use std::io::Write;
@@ -195,6 +195,34 @@ fn an_unusable_sidecar_keeps_the_container_within_its_sm_limit() {
     std::thread::sleep(Duration::from_millis(600));
     let got = share(&gpu, Duration::from_secs(2), &pids);
     eprintln!("4 processes at 20 % without a usable sidecar: {got:.1} %");
+    assert!(
+        got <= 25.0,
+        "the container escaped its SM limit: {got:.1} % at 20"
+    );
+    assert!(got > 10.0, "the container stopped: {got:.1} %");
+}
+
+/// The same container renaming a fresh file over its sidecar, then starting
+/// more processes: those open the new file while the older ones had the
+/// old one mapped, two buckets for one container (about 40 % at 20). The
+/// older processes follow the renamed file within a second.
+#[test]
+fn a_sidecar_replaced_under_running_processes_keeps_the_container_within_its_sm_limit() {
+    let _s = serial();
+    let gpu = SimGpu::new();
+    let env = HookEnv::new("tenant-sidecar-mv", "0");
+    let mut procs: Vec<Running> = (0..2)
+        .map(|_| sm_loop(&env, &gpu, 20, "busy_500us", "6"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let fresh = env.dir.join("fresh.sm");
+    std::fs::write(&fresh, b"").expect("write a fresh file");
+    std::fs::rename(&fresh, sidecar(&env)).expect("rename over the sidecar");
+    procs.extend((0..2).map(|_| sm_loop(&env, &gpu, 20, "busy_500us", "5")));
+    let pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let got = share(&gpu, Duration::from_secs(2), &pids);
+    eprintln!("4 processes at 20 %, the sidecar replaced between the first two and the others: {got:.1} %");
     assert!(
         got <= 25.0,
         "the container escaped its SM limit: {got:.1} % at 20"

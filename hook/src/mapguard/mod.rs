@@ -40,7 +40,7 @@ pub(crate) mod shared;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::Path;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
 use std::sync::Once;
 
 use crate::signal::Previous;
@@ -113,6 +113,10 @@ struct Guarded {
     /// Re-attachments so far, and how many of them were logged.
     reattached: AtomicUsize,
     reattached_logged: AtomicUsize,
+    /// The mapped file's device and inode (0: unknown), to notice a file
+    /// replaced at the path ([`follow_replaced`]).
+    dev: AtomicU64,
+    ino: AtomicU64,
 }
 
 const MAPPED: u8 = 0;
@@ -132,6 +136,8 @@ static GUARDED: [Guarded; SLOTS] = [const {
         path: AtomicUsize::new(0),
         reattached: AtomicUsize::new(0),
         reattached_logged: AtomicUsize::new(0),
+        dev: AtomicU64::new(0),
+        ino: AtomicU64::new(0),
     }
 }; SLOTS];
 /// Entries handed out (never returned: mappings are never unmapped).
@@ -174,9 +180,11 @@ pub fn guard(
     g.state.store(MAPPED, Relaxed);
     // Absolute now: the handler must find the same file whatever the
     // application's working directory is by then.
-    let c_path = path
-        .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_owned()))
-        .and_then(|p| CString::new(p.into_os_string().into_encoded_bytes()).ok());
+    let abs = path.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_owned()));
+    let (dev, ino) = abs.as_deref().map_or((0, 0), identity);
+    g.dev.store(dev, Relaxed);
+    g.ino.store(ino, Relaxed);
+    let c_path = abs.and_then(|p| CString::new(p.into_os_string().into_encoded_bytes()).ok());
     // Leaked: the handler reads it for the process's whole life.
     g.path
         .store(c_path.map_or(0, |c| CString::into_raw(c) as usize), Relaxed);
@@ -224,7 +232,7 @@ pub fn report_losses() {
             if let Some(kind) = Kind::from_u8(g.kind.load(Relaxed)) {
                 vlog!(
                     crate::log::WARN,
-                    "a shared file was truncated by another process; re-attached to it ({r} time(s) so far): {}",
+                    "a shared file was truncated or replaced by another process; re-attached to it ({r} time(s) so far): {}",
                     kind.restart()
                 );
             }
@@ -327,7 +335,12 @@ fn replace(addr: usize) -> bool {
     let (base, len) = (g.base.load(Relaxed), g.len.load(Acquire));
     let repair = g.repair.load(Relaxed);
     let path = g.path.load(Relaxed);
-    if path != 0 && reattach(base, len, path as *const c_char) {
+    if let Some((dev, ino)) = (path != 0)
+        .then(|| reattach(base, len, path as *const c_char))
+        .flatten()
+    {
+        g.dev.store(dev, Relaxed);
+        g.ino.store(ino, Relaxed);
         run_repair(repair, base, len, g.ctx.load(Acquire));
         g.reattached.fetch_add(1, AcqRel);
         REATTACHED.fetch_add(1, Relaxed);
@@ -366,11 +379,79 @@ fn run_repair(repair: usize, base: usize, len: usize, ctx: usize) {
     }
 }
 
+/// The device and inode of the regular file at `path` (not following a
+/// symlink); `(0, 0)` when there is none.
+fn identity(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(|m| m.file_type().is_file())
+        .map_or((0, 0), |m| (m.dev(), m.ino()))
+}
+
+/// Least interval between two looks for replaced files.
+const FOLLOW_EVERY_NS: u64 = 1_000_000_000;
+/// CLOCK_MONOTONIC ns of the next look.
+static NEXT_FOLLOW: AtomicU64 = AtomicU64::new(0);
+
+/// At most once a second (`now`: CLOCK_MONOTONIC ns), re-attaches every
+/// guarded mapping whose path now names another regular file than the one
+/// mapped: a tenant that renames a fresh file over its sidecar or region
+/// would otherwise have the processes started since on one file and the
+/// older ones on another, each set with its own bucket or usage sum. The
+/// owner's repair runs on the new file (the region's limits and this
+/// process's own slot). One `stat` per mapping when due; one relaxed load
+/// otherwise. Returns how many were re-attached.
+pub fn follow_replaced(now: u64) -> usize {
+    let next = NEXT_FOLLOW.load(Relaxed);
+    if now < next
+        || NEXT_FOLLOW
+            .compare_exchange(next, now.saturating_add(FOLLOW_EVERY_NS), Relaxed, Relaxed)
+            .is_err()
+    {
+        return 0;
+    }
+    let n = USED.load(Acquire).min(SLOTS);
+    let mut done = 0;
+    for g in GUARDED.iter().take(n) {
+        let (len, path) = (g.len.load(Acquire), g.path.load(Acquire));
+        if len == 0 || path == 0 || g.state.load(Acquire) != MAPPED {
+            continue;
+        }
+        // SAFETY: `path` is a leaked NUL-terminated `CString` (`guard`).
+        let c = unsafe { std::ffi::CStr::from_ptr(path as *const c_char) };
+        let p =
+            Path::new(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(c.to_bytes()));
+        let now_id = identity(p);
+        if now_id == (0, 0) || now_id == (g.dev.load(Relaxed), g.ino.load(Relaxed)) {
+            continue;
+        }
+        if g.state
+            .compare_exchange(MAPPED, REPLACING, AcqRel, Acquire)
+            .is_err()
+        {
+            continue;
+        }
+        let base = g.base.load(Relaxed);
+        if let Some((dev, ino)) = reattach(base, len, path as *const c_char) {
+            g.dev.store(dev, Relaxed);
+            g.ino.store(ino, Relaxed);
+            run_repair(g.repair.load(Relaxed), base, len, g.ctx.load(Acquire));
+            g.reattached.fetch_add(1, AcqRel);
+            REATTACHED.fetch_add(1, Relaxed);
+            done += 1;
+        }
+        g.state.store(MAPPED, Release);
+    }
+    done
+}
+
 /// Maps the file at `path` (NUL-terminated) shared over `[base, base +
-/// len)`, extending it to `len` bytes first; false when it is not a regular
-/// file this process can open read-write (not following a symlink), or a
-/// call fails. Async-signal-safe: system calls only.
-fn reattach(base: usize, len: usize, path: *const c_char) -> bool {
+/// len)`, extending it to `len` bytes first; its device and inode, or
+/// `None` when it is not a regular file this process can open read-write
+/// (not following a symlink), or a call fails. Async-signal-safe: system
+/// calls only.
+fn reattach(base: usize, len: usize, path: *const c_char) -> Option<(u64, u64)> {
     let flags = libc::O_RDWR
         | libc::O_CREAT
         | libc::O_NOFOLLOW
@@ -385,7 +466,7 @@ fn reattach(base: usize, len: usize, path: *const c_char) -> bool {
     unsafe {
         let fd = libc::open(path, flags, 0o666 as libc::c_uint);
         if fd < 0 {
-            return false;
+            return None;
         }
         let mut st: libc::stat = std::mem::zeroed();
         let usable = libc::fstat(fd, &mut st) == 0
@@ -405,7 +486,7 @@ fn reattach(base: usize, len: usize, path: *const c_char) -> bool {
             libc::MAP_FAILED
         };
         libc::close(fd);
-        p != libc::MAP_FAILED
+        (p != libc::MAP_FAILED).then_some((st.st_dev, st.st_ino))
     }
 }
 
@@ -574,6 +655,40 @@ mod tests {
         // SAFETY: `base` is the start of the re-attached, writable mapping.
         let w = unsafe { &*(base as *const AtomicU64) };
         w.store(ctx as u64, SeqCst);
+    }
+
+    /// A file renamed over a mapped one is followed, at most once per
+    /// `FOLLOW_EVERY_NS`: the mapping then shows the new file, and the
+    /// owner's repair runs on it.
+    #[test]
+    fn a_file_renamed_over_the_mapped_one_is_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let len = 4096;
+        let (_file, base) = mapped(dir.path(), len);
+        let path = dir.path().join("f");
+        assert!(guard(Kind::Sidecar, base, len, Some(&path), Some(stamp), 9));
+        // SAFETY: inside the mapping, 8-aligned.
+        let w = unsafe { &*(base.add(8) as *const AtomicU64) };
+        w.store(1, SeqCst);
+        let fresh = dir.path().join("g");
+        let mut bytes = vec![0u8; len];
+        bytes[8] = 42;
+        std::fs::write(&fresh, &bytes).unwrap();
+        std::fs::rename(&fresh, &path).unwrap();
+        let t0 = 1u64 << 62;
+        assert!(follow_replaced(t0) >= 1);
+        assert_eq!(w.load(SeqCst), 42, "the new file is mapped");
+        // SAFETY: as above.
+        let first = unsafe { &*(base as *const AtomicU64) };
+        assert_eq!(first.load(SeqCst), 9, "repaired in the new file");
+        assert_eq!(reattached(base), 1);
+        // Not looked at again within a second, and nothing to follow after.
+        std::fs::write(&fresh, vec![0u8; len]).unwrap();
+        std::fs::rename(&fresh, &path).unwrap();
+        assert_eq!(follow_replaced(t0 + 1), 0);
+        assert!(follow_replaced(t0 + FOLLOW_EVERY_NS) >= 1);
+        assert_eq!(w.load(SeqCst), 0);
+        assert_eq!(follow_replaced(t0 + 2 * FOLLOW_EVERY_NS), 0);
     }
 
     /// A truncated file that can be re-opened is re-attached, not copied:

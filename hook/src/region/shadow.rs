@@ -110,10 +110,48 @@ impl Shadow {
         r.initialized_flag.store(MAGIC, SeqCst);
     }
 
+    /// This process's slot index (`usize::MAX` before registration).
+    pub fn slot(&self) -> usize {
+        self.slot.load(SeqCst)
+    }
+
+    /// This process's slot in `r`: the one it had if that is free or still
+    /// its own, else the one it holds elsewhere, else the first free one
+    /// claimed by CAS on `pid` as registration does (a process that
+    /// registered after a truncation, or in a file renamed over the region,
+    /// may hold the old index). `None` before registration or when every
+    /// slot is taken. Atomics only.
+    fn own_slot(&self, r: &SharedRegion) -> Option<usize> {
+        let (pid, ns) = (self.pid.load(SeqCst), self.pidns.load(SeqCst));
+        if pid == 0 {
+            return None;
+        }
+        let mine = |s: &vgpu_common::region::ProcSlot| {
+            let n = s.pidns.load(SeqCst);
+            s.pid.load(SeqCst) == pid && (n == 0 || ns == 0 || n == ns)
+        };
+        let at = self.slot.load(SeqCst);
+        if let Some(s) = r.procs.get(at) {
+            if mine(s) || s.pid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok() {
+                return Some(at);
+            }
+        }
+        let i = r.procs.iter().position(mine).or_else(|| {
+            r.procs.iter().position(|s| {
+                s.status.load(SeqCst) == status::EXITED
+                    && s.pid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok()
+            })
+        })?;
+        self.slot.store(i, SeqCst);
+        Some(i)
+    }
+
     /// This process's slot: its identity and its own usage. `proc_num` is
     /// only raised, since siblings re-publish their slots too.
     pub fn refill_slot(&self, r: &SharedRegion) {
-        let slot = self.slot.load(SeqCst);
+        let Some(slot) = self.own_slot(r) else {
+            return;
+        };
         if let Some(s) = r.procs.get(slot) {
             for dev in 0..MAX_DEVICES {
                 let u = &self.used[dev];

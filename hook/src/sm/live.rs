@@ -248,6 +248,10 @@ impl Container for Real {
         })
     }
 
+    fn follow_files(&self, now: u64) {
+        crate::mapguard::follow_replaced(now);
+    }
+
     fn buckets_shared(&self) -> bool {
         let b = self.buckets();
         sidecar::shared().is_some_and(|s| std::ptr::eq(s, b))

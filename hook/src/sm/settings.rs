@@ -72,6 +72,7 @@ impl Settings {
         }
         self.next_refresh
             .store(now.saturating_add(REFRESH_NS), Relaxed);
+        sys.follow_files(now);
         if let Some((region, slot)) = sys.region() {
             let mut s = policy::read(region, sys.policy());
             if !sys.buckets_shared() {

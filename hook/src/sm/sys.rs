@@ -88,6 +88,11 @@ pub(crate) trait Container: Sync {
     fn pid(&self) -> u32 {
         std::process::id()
     }
+    /// Re-attaches the shared files renamed over since `now` last came
+    /// round (`crate::mapguard::follow_replaced`: at most a `stat` each a
+    /// second), so that every process of the container shares the newest
+    /// sidecar.
+    fn follow_files(&self, _now: u64) {}
     /// Fills this process's slot `hostpid` when its host pid is known
     /// without a guess (it runs in the initial PID namespace).
     fn note_host_pid(&self) {}
