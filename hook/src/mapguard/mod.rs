@@ -89,7 +89,9 @@ impl Kind {
             Self::Region => {
                 "the region: this process keeps its limits and its own usage, counted alone"
             }
-            Self::Sidecar => "the SM sidecar: the SM limit now holds for this process alone",
+            Self::Sidecar => {
+                "the SM sidecar: this process now takes its part of the container's SM limit"
+            }
             Self::NodeTable => {
                 "the node's SM table: this container no longer takes turns with the others"
             }
