@@ -25,11 +25,13 @@ fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     let ticket = before_launch(&launch);
     let rc = call();
     let limited_on = after_launch(ticket, rc);
-    count_launch(
-        rc,
-        crate::state::attached().and_then(|p| p.att.slot()),
-        || limited_on.or_else(launch_device),
-    );
+    // A process that only launches (it allocated once) publishes its usage
+    // again here after a truncation of the region: two relaxed loads.
+    let slot = crate::state::attached().and_then(|p| {
+        p.att.republish_if_wiped();
+        p.att.slot()
+    });
+    count_launch(rc, slot, || limited_on.or_else(launch_device));
     rc
 }
 

@@ -48,8 +48,9 @@ pub(crate) fn shared() -> Option<&'static SmShared> {
     })
 }
 
-/// A process-private bucket set, when the sidecar cannot be used (the limit
-/// then holds per process instead of per container).
+/// A process-private bucket set, when the sidecar cannot be used: the
+/// process then takes only its part of the container's limit
+/// (`sm::policy::part`).
 pub(crate) fn private() -> &'static SmShared {
     let s: &'static SmShared = Box::leak(Box::default());
     let _ = s.init_or_check();

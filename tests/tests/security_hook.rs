@@ -95,7 +95,8 @@ fn a_truncated_region_kills_nobody_and_the_limit_holds() {
 /// Another container truncates the node's table of SM-limited containers,
 /// and a sibling truncates the container's sidecar and region, while
 /// SM-limited processes of two containers launch: both keep running, each
-/// still within its limit (now on its own), and exit normally.
+/// still within its limit (every process re-attaches the files), and exit
+/// normally.
 #[test]
 fn sm_limited_processes_survive_truncated_node_table_sidecar_and_region() {
     let gpu = SimGpu::new();

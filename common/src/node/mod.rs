@@ -38,6 +38,14 @@ pub const MIN_VERSION: u32 = 1;
 pub const MEMBERS: usize = 32;
 /// A member not seen for this long may be taken over by another container.
 pub const STALE_NS: u64 = 10_000_000_000;
+/// How far ahead of a reader's clock a member's `seen` and `wants` may be.
+/// Writers stamp them with their own reading of the node's CLOCK_MONOTONIC,
+/// at most a re-plan (10 ms) after a reader took its `now`; an instant
+/// further ahead was written by no honest process, and the member does not
+/// count (`Member::valid`). Any container can write the table, so this is
+/// what bounds a forged member in time: a one-off write counts for at most
+/// this plus the rule's own horizon (40 ms to hold, 200 ms to take turns).
+pub const FUTURE_SLACK_NS: u64 = 100_000_000;
 
 /// One container on the GPU: 64 bytes, its own cache line.
 #[repr(C, align(64))]
@@ -125,16 +133,20 @@ impl NodeFile {
         }
         for m in &self.members {
             let owner = m.owner.load(Acquire);
-            let free = owner == 0 || m.is_stale(now);
+            // A member whose instants are far ahead (no honest writer's,
+            // and further than a late reader's clock could lag) is free.
+            let free = owner == 0 || m.is_stale(now) || m.is_forged(now);
             if !free {
                 continue;
             }
             // Stamp `seen` first so that a racing claimer sees it live.
             m.seen.store(now, Relaxed);
             if m.owner.compare_exchange(owner, id, AcqRel, Acquire).is_ok() {
-                // The previous owner's demand is not the new one's.
+                // The previous owner's demand and priority are not the
+                // new one's.
                 m.wants.store(0, Relaxed);
                 m.inflight_until.store(0, Relaxed);
+                m.rank.store(0, Relaxed);
                 m.seen.store(now, Release);
                 return Some(m);
             }
@@ -150,7 +162,7 @@ impl NodeFile {
             .iter()
             .filter_map(|m| {
                 let owner = m.owner.load(Acquire);
-                (owner != 0 && m.wanted_within(now, active_ns))
+                (owner != 0 && m.valid(now) && m.wanted_within(now, active_ns))
                     .then(|| (owner, m.limit.load(Relaxed)))
             })
             .collect()
@@ -173,6 +185,7 @@ impl NodeFile {
                 let r = m.rank.load(Relaxed);
                 owner != 0
                     && owner != me
+                    && m.valid(now)
                     && r != 0
                     && r < rank
                     && now.saturating_sub(m.seen.load(Relaxed)) <= active_ns
@@ -199,12 +212,20 @@ impl Member {
         if self.limit.load(Relaxed) != limit {
             self.limit.store(limit, Relaxed);
         }
-        self.seen.fetch_max(now, Relaxed);
+        advance(&self.seen, now);
     }
 
     /// Marks the container as using most of its share at `now`.
     pub fn want(&self, now: u64) {
-        self.wants.fetch_max(now, Relaxed);
+        advance(&self.wants, now);
+    }
+
+    /// Whether the member's instants are ones an honest writer could have
+    /// stamped by `now` (none more than `FUTURE_SLACK_NS` ahead): a member
+    /// that is not counts for nobody, and may be taken over.
+    pub fn valid(&self, now: u64) -> bool {
+        let horizon = now.saturating_add(FUTURE_SLACK_NS);
+        self.seen.load(Relaxed) <= horizon && self.wants.load(Relaxed) <= horizon
     }
 
     /// Whether the container wanted its share within `ns` before `now`.
@@ -222,10 +243,17 @@ impl Member {
     }
 
     /// Notes `cost_ns` of work queued at `now`: it drains at
-    /// `max(inflight_until, now) + cost`.
+    /// `max(inflight_until, now) + cost`. A drain instant more than
+    /// `STALE_NS` ahead is not what this container's own launches left
+    /// (someone else wrote it): it starts again from `now`.
     pub fn queued(&self, now: u64, cost_ns: u64) {
         let _ = self.inflight_until.fetch_update(Relaxed, Relaxed, |t| {
-            Some(t.max(now).saturating_add(cost_ns))
+            let t = if t > now.saturating_add(STALE_NS) {
+                now
+            } else {
+                t.max(now)
+            };
+            Some(t.saturating_add(cost_ns))
         });
     }
 
@@ -234,6 +262,24 @@ impl Member {
     pub fn is_stale(&self, now: u64) -> bool {
         now.saturating_sub(self.seen.load(Relaxed)) > STALE_NS
     }
+
+    /// Whether the member's `seen` is more than `STALE_NS` ahead of `now`:
+    /// written by no hook, even as seen by a reader whose `now` is late,
+    /// so another container may take the member over.
+    pub fn is_forged(&self, now: u64) -> bool {
+        self.seen.load(Relaxed) > now.saturating_add(STALE_NS)
+    }
+}
+
+/// Moves the instant `w` forward to `now`; an instant ahead of `now` by
+/// more than `FUTURE_SLACK_NS` (written by someone else: the table is
+/// writable by every container) is replaced, so that the member's owner
+/// makes it valid again at its next write.
+fn advance(w: &AtomicU64, now: u64) {
+    let horizon = now.saturating_add(FUTURE_SLACK_NS);
+    let _ = w.fetch_update(Relaxed, Relaxed, |t| {
+        Some(if t > horizon { now } else { t.max(now) })
+    });
 }
 
 #[cfg(test)]
@@ -272,6 +318,52 @@ mod tests {
         assert!(std::ptr::eq(b, c), "9's member taken over");
         assert_eq!(c.wants.load(Relaxed), 0, "9's demand is not 11's");
         assert!(t.join(0, now).is_none());
+    }
+
+    /// Instants no honest writer stamps (ahead of the reader's clock) void
+    /// a member: it is neither yielded to nor in the plan, and its slot can
+    /// be taken; an honest member whose words were forged so is valid again
+    /// at its owner's next write.
+    #[test]
+    fn a_member_with_instants_ahead_of_the_clock_counts_for_nobody() {
+        let t = NodeFile::default();
+        let now = 100 * STALE_NS;
+        let me = t.join(2, now).unwrap();
+        me.touch(now, 50);
+        me.set_priority(Some(1));
+        let far = i64::MAX as u64;
+        for (i, m) in t.members.iter().enumerate().skip(1) {
+            m.owner.store(0x1000 + i as u64, Relaxed);
+            m.limit.store(90, Relaxed);
+            m.rank.store(1, Relaxed);
+            m.seen.store(far, Relaxed);
+            m.wants.store(far, Relaxed);
+            m.inflight_until.store(far, Relaxed);
+        }
+        me.want(now);
+        assert!(t.members.iter().skip(1).all(|m| !m.valid(now)));
+        assert_eq!(t.higher(2, 2, now, 40_000_000), 0);
+        assert_eq!(t.wanting(now, ACTIVE_NS), vec![(2, 50)]);
+        // A full table of forgeries does not keep a container out.
+        assert!(t.join(3, now).is_some());
+        // Just within the slack (a writer a re-plan ahead) still counts;
+        // written once, it expires with the hold's horizon.
+        let m = &t.members[5];
+        m.seen.store(now + FUTURE_SLACK_NS, Relaxed);
+        m.wants.store(0, Relaxed);
+        assert_eq!(t.higher(2, 2, now, 40_000_000), 1 << 5);
+        let later = now + FUTURE_SLACK_NS + 40_000_001;
+        assert_eq!(t.higher(2, 2, later, 40_000_000), 0);
+        // The forged words of our own member are replaced by our next write.
+        me.seen.store(far, Relaxed);
+        me.wants.store(far, Relaxed);
+        me.inflight_until.store(far, Relaxed);
+        assert!(!me.valid(now));
+        me.touch(now, 50);
+        me.want(now);
+        me.queued(now, 500);
+        assert!(me.valid(now));
+        assert_eq!(me.inflight_until.load(Relaxed), now + 500);
     }
 
     #[test]

@@ -3,10 +3,10 @@
 //! and guarded against truncation.
 //!
 //! Any process that can write these files can truncate them: the mappings
-//! are guarded (`super`), so a truncation turns the process's view
-//! into a private zeroed copy instead of a SIGBUS. Zero is a valid state of
-//! both layouts (no bucket charged, no other member): the process then
-//! limits itself alone.
+//! are guarded (`super`), so a truncation re-attaches every process to the
+//! file, zeroed, instead of a SIGBUS. Zero is a valid state of both layouts
+//! (no bucket charged, no member): the container's processes go on sharing
+//! one bucket, and join the node's table again at their next re-plan.
 
 use std::path::Path;
 
@@ -55,7 +55,7 @@ pub(crate) fn open<T: SharedFile>(path: &Path) -> Result<&'static T, MapError> {
     let p = map.as_mut_ptr();
     // Never unmapped: the process (and its forks) uses it to the end.
     std::mem::forget(map);
-    crate::mapguard::guard(T::KIND, p, size, None, 0);
+    crate::mapguard::guard(T::KIND, p, size, Some(path), None, 0);
     // SAFETY: the mapping is `size_of::<T>()` bytes, page-aligned, never
     // unmapped, and `T: SharedFile` is valid for any bit pattern with shared
     // access through atomics only.

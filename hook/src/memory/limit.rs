@@ -34,9 +34,21 @@ pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> bool {
     crate::suspend::ensure_running();
     let region = att.region();
     let mut reclaimed = false;
+    // A region file renamed over ours: join it (at most one `stat` a second).
+    crate::mapguard::follow_replaced(vgpu_common::clock::monotonic_ns());
+    att.republish_if_wiped();
     att.see_limit(dev);
     for attempt in 0..RESERVE_ATTEMPTS {
         if try_reserve(region, att.slot_index(), dev, bytes, kind) {
+            if att.wiped() {
+                // Truncated meanwhile: the limit read may have been the
+                // wiped file's 0 ("none"). Take it back, republish, retry.
+                if let Some(s) = region.procs.get(att.slot_index()) {
+                    usage::sub(s, dev, bytes, kind);
+                }
+                att.republish_if_wiped();
+                continue;
+            }
             att.note_reserved(dev, bytes, kind);
             return true;
         }

@@ -37,7 +37,6 @@ pub enum AttachError {
 #[derive(Debug)]
 pub struct Attachment {
     file: RegionFile,
-    slot: usize,
     me: Identity,
     /// `monotonic_ms` of the last reclaim (`reclaim_now_and_then`); 0 = none.
     last_reclaim_ms: AtomicU64,
@@ -69,12 +68,12 @@ impl Attachment {
             crate::mapguard::Kind::Region,
             file.region() as *const SharedRegion as *const u8,
             REGION_SIZE,
+            Some(&cfg.region_path),
             Some(shadow::repair),
             &*shadow as *const Shadow as usize,
         );
-        let mut att = Self {
+        let att = Self {
             file,
-            slot: usize::MAX,
             me,
             last_reclaim_ms: AtomicU64::new(0),
             mutex: Mutex::new(()),
@@ -90,13 +89,13 @@ impl Attachment {
             slots::reclaim_dead(r, &me, slots::probe);
             slots::register(r, &me)
         });
-        att.slot = slot.map_err(|source| AttachError::Slot { path, source })?;
+        let slot = slot.map_err(|source| AttachError::Slot { path, source })?;
         att.shadow.see_limits(att.region());
-        att.shadow.set_slot(att.slot, &me);
+        att.shadow.set_slot(slot, &me);
         vlog!(
             crate::log::INFO,
             "registered in slot {} of {}",
-            att.slot,
+            slot,
             att.file.path().display()
         );
         Ok(att)
@@ -106,8 +105,11 @@ impl Attachment {
         self.file.region()
     }
 
+    /// This process's slot: the shadow holds it, since re-publishing after
+    /// a truncation may move it (`Shadow::refill_slot`).
+    #[inline]
     pub fn slot_index(&self) -> usize {
-        self.slot
+        self.shadow.slot()
     }
 
     #[cfg(test)]
@@ -118,24 +120,35 @@ impl Attachment {
     /// This process's own slot.
     #[inline]
     pub fn slot(&self) -> Option<&ProcSlot> {
-        self.region().procs.get(self.slot)
+        self.region().procs.get(self.slot_index())
     }
 
     /// This slot's `status` word (suspend/resume).
     pub fn status_word(&self) -> Option<&std::sync::atomic::AtomicI32> {
-        self.region().procs.get(self.slot).map(|s| &s.status)
+        self.region()
+            .procs
+            .get(self.slot_index())
+            .map(|s| &s.status)
     }
 
     /// The slot's `hostpid` when someone (the daemon, or our own context
     /// measurement) filled it.
     pub fn host_pid(&self) -> Option<u32> {
-        let h = self.region().procs.get(self.slot)?.hostpid.load(SeqCst);
+        let h = self
+            .region()
+            .procs
+            .get(self.slot_index())?
+            .hostpid
+            .load(SeqCst);
         u32::try_from(h).ok().filter(|h| *h != 0)
     }
 
     /// Fills the slot's `hostpid` if it is still 0.
     pub fn set_host_pid(&self, pid: u32) {
-        let (Some(s), Ok(pid)) = (self.region().procs.get(self.slot), i32::try_from(pid)) else {
+        let (Some(s), Ok(pid)) = (
+            self.region().procs.get(self.slot_index()),
+            i32::try_from(pid),
+        ) else {
             return;
         };
         if s.hostpid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok() {
@@ -177,6 +190,33 @@ impl Attachment {
         }
     }
 
+    /// Publishes again what a truncation wiped from the region this
+    /// process is attached to: its header and limits, and this process's
+    /// own slot. The process that faulted on the truncated file re-attached
+    /// it (`crate::mapguard`) and refilled its own; the others find the file
+    /// already extended, zeroed, and refill theirs here before they next
+    /// count anything, so the container's sum holds every process that
+    /// allocates again. Two relaxed loads in the common case.
+    #[inline]
+    pub fn republish_if_wiped(&self) {
+        let r = self.region();
+        if r.initialized_flag.load(Relaxed) != MAGIC {
+            self.shadow.refill(r);
+        } else if self
+            .slot()
+            .is_none_or(|s| s.pid.load(Relaxed) != self.me.pid)
+        {
+            self.shadow.refill_slot(r);
+        }
+    }
+
+    /// Whether the region's header is wiped (a truncation this process has
+    /// not yet repaired): a limit read from it means nothing.
+    #[inline]
+    pub fn wiped(&self) -> bool {
+        self.region().initialized_flag.load(SeqCst) != MAGIC
+    }
+
     /// Refreshes the shadow's copy of `dev`'s limit (what a truncated
     /// region is refilled with).
     pub fn see_limit(&self, dev: usize) {
@@ -191,7 +231,7 @@ impl Attachment {
 
     /// Takes back `bytes` counted by `crate::memory::limit::reserve`.
     pub fn release(&self, dev: usize, bytes: u64, kind: Kind) {
-        if let Some(s) = self.region().procs.get(self.slot) {
+        if let Some(s) = self.region().procs.get(self.slot_index()) {
             usage::sub(s, dev, bytes, kind);
             self.shadow.sub(dev, bytes, kind);
         }
@@ -200,7 +240,7 @@ impl Attachment {
     /// Counts without a limit check.
     #[cfg(test)]
     pub fn add_unchecked(&self, dev: usize, bytes: u64, kind: Kind) {
-        if let Some(s) = self.region().procs.get(self.slot) {
+        if let Some(s) = self.region().procs.get(self.slot_index()) {
             usage::add(s, dev, bytes, kind);
             self.shadow.add(dev, bytes, kind);
         }

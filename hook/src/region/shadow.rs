@@ -90,9 +90,16 @@ impl Shadow {
         }
     }
 
-    /// Refills a zeroed copy of the region: header, limits, and this
-    /// process's slot. Atomics only (runs in the SIGBUS handler).
+    /// Refills a zeroed region: header, limits, and this process's slot.
+    /// Atomics only (runs in the SIGBUS handler).
     pub fn refill(&self, r: &SharedRegion) {
+        self.refill_slot(r);
+        self.refill_header(r);
+    }
+
+    /// The header and limits, as this process last saw them; the magic
+    /// last, once the limits are in.
+    pub fn refill_header(&self, r: &SharedRegion) {
         r.major_version.store(MAJOR_VERSION, SeqCst);
         r.minor_version.store(MINOR_VERSION, SeqCst);
         r.utilization_switch.store(1, SeqCst);
@@ -100,7 +107,51 @@ impl Shadow {
             r.limit[dev].store(self.limit[dev].load(Relaxed), SeqCst);
             r.sm_limit[dev].store(self.sm_limit[dev].load(Relaxed), SeqCst);
         }
-        let slot = self.slot.load(SeqCst);
+        r.initialized_flag.store(MAGIC, SeqCst);
+    }
+
+    /// This process's slot index (`usize::MAX` before registration).
+    pub fn slot(&self) -> usize {
+        self.slot.load(SeqCst)
+    }
+
+    /// This process's slot in `r`: the one it had if that is free or still
+    /// its own, else the one it holds elsewhere, else the first free one
+    /// claimed by CAS on `pid` as registration does (a process that
+    /// registered after a truncation, or in a file renamed over the region,
+    /// may hold the old index). `None` before registration or when every
+    /// slot is taken. Atomics only.
+    fn own_slot(&self, r: &SharedRegion) -> Option<usize> {
+        let (pid, ns) = (self.pid.load(SeqCst), self.pidns.load(SeqCst));
+        if pid == 0 {
+            return None;
+        }
+        let mine = |s: &vgpu_common::region::ProcSlot| {
+            let n = s.pidns.load(SeqCst);
+            s.pid.load(SeqCst) == pid && (n == 0 || ns == 0 || n == ns)
+        };
+        let at = self.slot.load(SeqCst);
+        if let Some(s) = r.procs.get(at) {
+            if mine(s) || s.pid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok() {
+                return Some(at);
+            }
+        }
+        let i = r.procs.iter().position(mine).or_else(|| {
+            r.procs.iter().position(|s| {
+                s.status.load(SeqCst) == status::EXITED
+                    && s.pid.compare_exchange(0, pid, SeqCst, SeqCst).is_ok()
+            })
+        })?;
+        self.slot.store(i, SeqCst);
+        Some(i)
+    }
+
+    /// This process's slot: its identity and its own usage. `proc_num` is
+    /// only raised, since siblings re-publish their slots too.
+    pub fn refill_slot(&self, r: &SharedRegion) {
+        let Some(slot) = self.own_slot(r) else {
+            return;
+        };
         if let Some(s) = r.procs.get(slot) {
             for dev in 0..MAX_DEVICES {
                 let u = &self.used[dev];
@@ -116,9 +167,9 @@ impl Shadow {
             s.start.store(self.start.load(SeqCst), SeqCst);
             s.status.store(status::RUNNING, SeqCst);
             s.pid.store(self.pid.load(SeqCst), SeqCst);
-            r.proc_num.store(slot.min(MAX_PROCS - 1) as i32 + 1, SeqCst);
+            r.proc_num
+                .fetch_max(slot.min(MAX_PROCS - 1) as i32 + 1, SeqCst);
         }
-        r.initialized_flag.store(MAGIC, SeqCst);
     }
 }
 
@@ -145,8 +196,11 @@ mod tests {
     const M: u64 = 1 << 20;
 
     /// The region file truncated under an attached process: the next access
-    /// finds a private copy holding the limit and this process's usage, so
-    /// the limit still holds for what the process already has.
+    /// re-attaches the file, refilled with the limit and this process's
+    /// usage, so the limit still holds for what the process already has;
+    /// a sibling attached to the same file, which did not fault, publishes
+    /// its own usage again before it next allocates, so the two still share
+    /// one limit.
     #[test]
     fn a_truncated_region_is_refilled_with_the_limit_and_own_usage() {
         let dir = tempfile::tempdir().unwrap();
@@ -158,9 +212,22 @@ mod tests {
             _ => None,
         });
         let att = Attachment::open(&cfg, std::process::id() as i32).unwrap();
+        // The sibling: a live process of its own (a slot is per process).
+        let mut other = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let sibling = Attachment::open(&cfg, other.id() as i32).unwrap();
+        assert_ne!(sibling.slot_index(), att.slot_index());
         assert!(crate::memory::limit::reserve(&att, 0, 600 * M, Kind::Data));
         att.add_unchecked(0, 64 * M, Kind::Context);
         att.release(0, 100 * M, Kind::Data);
+        assert!(crate::memory::limit::reserve(
+            &sibling,
+            0,
+            200 * M,
+            Kind::Data
+        ));
         std::fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -170,17 +237,35 @@ mod tests {
         let r = att.region();
         assert_eq!(r.limit[0].load(SeqCst), 1 << 30);
         let base = r as *const _ as *const u8;
-        assert!(crate::mapguard::is_lost(base));
+        assert_eq!(crate::mapguard::reattached(base), 1);
+        assert!(!crate::mapguard::is_lost(base));
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            vgpu_common::region::REGION_SIZE as u64
+        );
         assert!(r.is_initialized());
         let s = &r.procs[att.slot_index()];
         assert_eq!(s.pid.load(SeqCst), att.pid());
         assert_eq!(s.used[0].data_size.load(SeqCst), 500 * M);
         assert_eq!(s.used[0].context_size.load(SeqCst), 64 * M);
         assert_eq!(s.used[0].total.load(SeqCst), 564 * M);
+        // 564 + the sibling's 200 held: 300 more would pass 1 GiB.
         assert!(
-            !crate::memory::limit::reserve(&att, 0, 500 * M, Kind::Data),
+            !crate::memory::limit::reserve(&sibling, 0, 300 * M, Kind::Data),
+            "the sibling's own 200 MiB count again"
+        );
+        assert!(crate::memory::limit::reserve(
+            &sibling,
+            0,
+            200 * M,
+            Kind::Data
+        ));
+        assert!(
+            !crate::memory::limit::reserve(&att, 0, 100 * M, Kind::Data),
             "past the limit"
         );
-        assert!(crate::memory::limit::reserve(&att, 0, 400 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve(&att, 0, 50 * M, Kind::Data));
+        let _ = other.kill();
+        let _ = other.wait();
     }
 }

@@ -241,11 +241,21 @@ impl Container for Real {
             sidecar::shared().unwrap_or_else(|| {
                 vlog!(
                     crate::log::ERROR,
-                    "the SM limit holds per process, not per container (the sidecar above cannot be used)"
+                    "the sidecar above cannot be used: each process of the container takes its part of the SM limit (limit / live processes)"
                 );
                 sidecar::private()
             })
         })
+    }
+
+    fn follow_files(&self, now: u64) {
+        crate::mapguard::follow_replaced(now);
+    }
+
+    fn buckets_shared(&self) -> bool {
+        let b = self.buckets();
+        sidecar::shared().is_some_and(|s| std::ptr::eq(s, b))
+            && !crate::mapguard::is_lost(b as *const SmShared as *const u8)
     }
 
     fn note_host_pid(&self) {

@@ -65,6 +65,28 @@ pub fn read(region: &SharedRegion, policy_: i32) -> Settings {
     }
 }
 
+/// The container's processes with a slot in the region (at least 1).
+pub fn live_processes(region: &SharedRegion) -> u32 {
+    let n = region
+        .active_slots()
+        .iter()
+        .filter(|s| s.pid.load(Relaxed) != 0)
+        .count();
+    u32::try_from(n).unwrap_or(u32::MAX).max(1)
+}
+
+/// One process's part of a container limit of `pct` shared by `n`
+/// processes that cannot share a bucket: `pct / n`, at least 1 % (0 stays
+/// "no limit"), so that together they never take more than `pct`
+/// (give or take 1 % each).
+pub fn part(pct: u32, n: u32) -> u32 {
+    if pct == 0 {
+        0
+    } else {
+        (pct / n.max(1)).max(1)
+    }
+}
+
 /// Marks that the container launched: `recent_kernel = 2` unless the
 /// monitor blocks it (stored only when it differs, so the cache line stays
 /// quiet), and `last_kernel_time = max(it, now)` at most once per second

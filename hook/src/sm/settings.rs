@@ -72,8 +72,17 @@ impl Settings {
         }
         self.next_refresh
             .store(now.saturating_add(REFRESH_NS), Relaxed);
+        sys.follow_files(now);
         if let Some((region, slot)) = sys.region() {
-            let s = policy::read(region, sys.policy());
+            let mut s = policy::read(region, sys.policy());
+            if !sys.buckets_shared() {
+                // Private buckets limit this process alone: fail closed,
+                // each of the container's live processes takes its part.
+                let n = policy::live_processes(region);
+                for l in s.limits.iter_mut() {
+                    *l = policy::part(*l, n);
+                }
+            }
             for (d, l) in s.limits.iter().enumerate() {
                 self.limits[d].store(*l, Relaxed);
             }

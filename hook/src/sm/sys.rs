@@ -77,10 +77,22 @@ pub(crate) trait Container: Sync {
     fn policy(&self) -> i32;
     /// The container's buckets.
     fn buckets(&self) -> &'static SmShared;
+    /// Whether [`Self::buckets`] are shared by the container's processes;
+    /// false when this process limits itself on private ones (the sidecar
+    /// could not be used, or was lost and could not be re-attached): it
+    /// then takes only its part of the container's limit (`policy::part`).
+    fn buckets_shared(&self) -> bool {
+        true
+    }
     /// This process's pid (as seen here; it only tells leaders apart).
     fn pid(&self) -> u32 {
         std::process::id()
     }
+    /// Re-attaches the shared files renamed over since `now` last came
+    /// round (`crate::mapguard::follow_replaced`: at most a `stat` each a
+    /// second), so that every process of the container shares the newest
+    /// sidecar.
+    fn follow_files(&self, _now: u64) {}
     /// Fills this process's slot `hostpid` when its host pid is known
     /// without a guess (it runs in the initial PID namespace).
     fn note_host_pid(&self) {}

@@ -84,6 +84,8 @@ struct Fake {
     offload: std::sync::atomic::AtomicBool,
     /// This process's pid as it sees it (0: the test process's own).
     own_pid: AtomicU32,
+    /// The buckets are this process's own, not the container's.
+    private_buckets: std::sync::atomic::AtomicBool,
 }
 
 /// `Fake::unix_us` at fake time 0.
@@ -125,6 +127,7 @@ impl Fake {
             ranked: std::sync::atomic::AtomicBool::new(false),
             offload: std::sync::atomic::AtomicBool::new(false),
             own_pid: AtomicU32::new(0),
+            private_buckets: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -212,6 +215,10 @@ impl Container for Fake {
 
     fn buckets(&self) -> &'static SmShared {
         self.buckets
+    }
+
+    fn buckets_shared(&self) -> bool {
+        !self.private_buckets.load(Relaxed)
     }
 
     fn pid(&self) -> u32 {
@@ -378,6 +385,29 @@ fn long_and_tiny_kernels_get_their_share() {
             assert_eq!(c.estimate(&kernel(1)), Some(cost));
         }
     }
+}
+
+/// Buckets the container's processes cannot share (its sidecar lost or
+/// unusable) fail closed: each of its 4 live processes takes a quarter of
+/// the limit, so that together they stay within it.
+#[test]
+fn private_buckets_take_a_part_of_the_limit() {
+    let f = Fake::new(40, policy::DEFAULT);
+    f.private_buckets.store(true, Relaxed);
+    let r = f.file.region();
+    for (i, s) in r.procs.iter().take(4).enumerate() {
+        s.pid.store(100 + i as i32, Relaxed);
+    }
+    r.proc_num.store(4, Relaxed);
+    let c = Controller::new(f);
+    let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2);
+    assert!((s - 10.0).abs() < 2.0, "limit 40 over 4 processes: {s:.1}%");
+    // Alone in the container, the process takes the whole limit.
+    let f = Fake::new(40, policy::DEFAULT);
+    f.private_buckets.store(true, Relaxed);
+    let c = Controller::new(f);
+    let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2);
+    assert!((s - 40.0).abs() < 2.0, "limit 40 alone: {s:.1}%");
 }
 
 #[test]

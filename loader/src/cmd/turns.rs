@@ -24,7 +24,9 @@ use crate::regions::open::{open_file, Access};
 /// States: "taking turns"; "wants its share" (the only one that does: its
 /// bucket limits it); "under its share" (launching but not using most of
 /// its share: not waited for); "idle" (no launch for 200 ms); "stale" (no
-/// launch for 10 s: its member may be reused).
+/// launch for 10 s: its member may be reused); "not valid" (an instant
+/// ahead of the clock, which no hook writes: any container can write the
+/// table, and such a member counts for nobody).
 ///
 /// Exits 1 if a table could not be read.
 #[derive(clap::Args, Debug)]
@@ -63,7 +65,8 @@ struct Member {
     /// The container's id, hex.
     container: String,
     limit: u32,
-    last_launch_ms_ago: f64,
+    /// `None`: its instants are not valid (ahead of the clock).
+    last_launch_ms_ago: Option<f64>,
     /// `None`: it never used most of its share.
     wanted_ms_ago: Option<f64>,
     state: &'static str,
@@ -90,7 +93,10 @@ fn members(t: &NodeFile, now: u64) -> Vec<Member> {
             let wants = m.wants.load(Relaxed);
             let wanted = (wants != 0).then(|| now.saturating_sub(wants));
             let turn = node::plan(&wanting, id);
-            let state = if turn.is_some() {
+            let valid = m.valid(now);
+            let state = if !valid {
+                "not valid"
+            } else if turn.is_some() {
                 "taking turns"
             } else if m.wanted_within(now, ACTIVE_NS) {
                 "wants its share"
@@ -104,8 +110,8 @@ fn members(t: &NodeFile, now: u64) -> Vec<Member> {
             Some(Member {
                 container: format!("{id:016x}"),
                 limit: m.limit.load(Relaxed),
-                last_launch_ms_ago: ms(seen),
-                wanted_ms_ago: wanted.map(ms),
+                last_launch_ms_ago: valid.then(|| ms(seen)),
+                wanted_ms_ago: wanted.filter(|_| valid).map(ms),
                 state,
                 turn_ms: turn.map(|p| [ms(p.start), ms(p.start + p.len)]),
             })
@@ -187,20 +193,22 @@ fn print(w: &mut impl std::io::Write, path: &Path, out: &Output) -> std::io::Res
             "container", "limit", "launched", "wanted", "state"
         )?;
         for m in &t.members {
-            let wanted = m
-                .wanted_ms_ago
-                .map_or("never".to_owned(), |a| format!("{a:.0} ms ago"));
+            let valid = m.last_launch_ms_ago.is_some();
+            let wanted = match m.wanted_ms_ago {
+                _ if !valid => "-".to_owned(),
+                Some(a) => format!("{a:.0} ms ago"),
+                None => "never".to_owned(),
+            };
+            let launched = m
+                .last_launch_ms_ago
+                .map_or("-".to_owned(), |a| format!("{a:.0} ms ago"));
             let turn = m
                 .turn_ms
                 .map_or("-".to_owned(), |[a, b]| format!("{a:.1}-{b:.1} ms"));
             writeln!(
                 w,
                 "  {:<16}  {:>4}%  {:>12}  {:>12}  {:<16}  {turn}",
-                m.container,
-                m.limit,
-                format!("{:.0} ms ago", m.last_launch_ms_ago),
-                wanted,
-                m.state
+                m.container, m.limit, launched, wanted, m.state
             )?;
         }
     }
@@ -222,10 +230,11 @@ mod tests {
         let t = NodeFile::default();
         let now = 1_000 * STALE_NS;
         let join = |id: u64, pct: u32, seen: u64, wants: Option<u64>| {
-            let m = t.join(id, now - seen).expect("room");
-            m.touch(now - seen, pct);
+            let m = t.join(id, now).expect("room");
+            m.limit.store(pct, Relaxed);
+            m.seen.store(now - seen, Relaxed);
             if let Some(w) = wants {
-                m.want(now - w);
+                m.wants.store(now - w, Relaxed);
             }
         };
         join(0xa, 30, MS, Some(MS));
@@ -233,6 +242,14 @@ mod tests {
         join(0xc, 50, 3 * MS, None);
         join(0xd, 20, ACTIVE_NS + MS, Some(ACTIVE_NS + MS));
         join(0xe, 10, STALE_NS + MS, None);
+        // Any container can write the table: a member whose instants are
+        // ahead of the clock is flagged, not shown as launching now.
+        let forged = &t.members[5];
+        forged.owner.store(0xf, Relaxed);
+        forged.rank.store(1, Relaxed);
+        for w in [&forged.seen, &forged.wants, &forged.inflight_until] {
+            w.store(i64::MAX as u64, Relaxed);
+        }
         let got = members(&t, now);
         let states: Vec<(&str, &str, Option<[f64; 2]>)> = got
             .iter()
@@ -246,11 +263,13 @@ mod tests {
                 ("0c", "under its share", None),
                 ("0d", "idle", None),
                 ("0e", "stale", None),
+                ("0f", "not valid", None),
             ]
         );
+        assert_eq!(got[5].last_launch_ms_ago, None);
         assert_eq!(got[1].wanted_ms_ago, Some(5.0));
         assert_eq!(got[2].wanted_ms_ago, None);
-        assert_eq!(got[1].last_launch_ms_ago, 2.0);
+        assert_eq!(got[1].last_launch_ms_ago, Some(2.0));
 
         // Alone in wanting: its bucket limits it, no turn.
         let t = NodeFile::default();
@@ -271,8 +290,13 @@ mod tests {
         print(&mut buf, Path::new("/tmp/vgpulock"), &out).expect("print");
         let text = String::from_utf8(buf).expect("utf-8");
         assert!(
-            text.contains("5 member(s), 2 taking turns in a 50 ms frame"),
+            text.contains("6 member(s), 2 taking turns in a 50 ms frame"),
             "{text}"
+        );
+        let line = text.lines().find(|l| l.contains("000f")).expect("0f");
+        assert!(
+            line.contains("not valid") && !line.contains("ms ago"),
+            "{line}"
         );
         assert!(text.contains("15.0-50.0 ms"), "{text}");
     }

@@ -1,0 +1,274 @@
+//! A tenant that can only hurt itself (issue 25, items 1, 2 and 4, the
+//! hook's side): a member forged into the node's table, shared by every
+//! container, does not starve an SM-limited neighbour; truncating its own
+//! `.sm` sidecar or its own region, or renaming a fresh file over the
+//! sidecar, does not lift the container's SM or memory limit. Needs the built artifacts and the simulated GPU
+//! (`cargo xtask test`). Timing-sensitive, so the tests run one at a time.
+
+use std::io::Write;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use vgpu_tests::hook::{HookEnv, Running};
+use vgpu_tests::sim::SimGpu;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const M: u64 = 1 << 20;
+
+/// Starts `sm_loop kernel <kernel> <seconds>` under the hook in `env`'s
+/// container on `gpu`, at SM limit `limit` (enforced); returns once it is
+/// ready.
+fn sm_loop(env: &HookEnv, gpu: &SimGpu, limit: u32, kernel: &str, seconds: &str) -> Running {
+    let exe = env.build("sm_loop");
+    let mut c = env.hooked(&exe, &["kernel", kernel, seconds]);
+    gpu.apply(&mut c);
+    c.env("CUDA_DEVICE_SM_LIMIT", limit.to_string())
+        .env("GPU_CORE_UTILIZATION_POLICY", "force");
+    let mut r = Running::start(c);
+    assert_eq!(r.wait_for("ready"), "ready", "sm_loop did not start");
+    r
+}
+
+/// The busy share (percent of wall time) of device 0 that the processes
+/// `pids` had together over the next `window`.
+fn share(gpu: &SimGpu, window: Duration, pids: &[u32]) -> f64 {
+    let from = simgpu::clock::mono_ns();
+    std::thread::sleep(window);
+    let w = simgpu::clock::mono_ns() - from;
+    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
+    busy.iter()
+        .filter(|p| pids.contains(&p.pid))
+        .map(|p| p.busy_ns as f64 * 100.0 / w as f64)
+        .sum()
+}
+
+fn truncate(path: &Path) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(0))
+        .unwrap_or_else(|e| panic!("truncating {}: {e}", path.display()));
+}
+
+fn sidecar(env: &HookEnv) -> PathBuf {
+    let mut s = env.region_path().into_os_string();
+    s.push(".sm");
+    PathBuf::from(s)
+}
+
+/// The node tables in `gpu`'s node directory, once one exists.
+fn node_tables(gpu: &SimGpu) -> Vec<PathBuf> {
+    let node = gpu.dir().join("node");
+    for _ in 0..50 {
+        let v: Vec<PathBuf> = std::fs::read_dir(&node)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        if !v.is_empty() {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no node table in {}", node.display());
+}
+
+/// Another container writes one member into the node's table, as in the
+/// issue: a random owner, rank 1 (HAMi priority 0, the highest), and
+/// `seen`, `wants`, `inflight_until` at 2^63 − 1, written once. Member
+/// layout: `vgpu_common::node::Member` (64 bytes after a 64-byte header).
+fn forge_member(table: &Path, index: u64) {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(table)
+        .unwrap_or_else(|e| panic!("opening {}: {e}", table.display()));
+    let far = (i64::MAX as u64).to_le_bytes();
+    let mut m = [0u8; 64];
+    m[0..8].copy_from_slice(&0x5eed_f00d_dead_beef_u64.to_le_bytes());
+    m[8..16].copy_from_slice(&far); // seen
+    m[16..20].copy_from_slice(&90u32.to_le_bytes()); // limit
+    m[20..24].copy_from_slice(&1u32.to_le_bytes()); // rank: priority 0
+    m[24..32].copy_from_slice(&far); // wants
+    m[32..40].copy_from_slice(&far); // inflight_until
+    f.write_all_at(&m, 64 + 64 * index)
+        .unwrap_or_else(|e| panic!("writing {}: {e}", table.display()));
+}
+
+/// Issue 25 item 1: one write of a phantom member into the node's table
+/// starved a neighbour limited to 50 % (200 µs kernels) to about one kernel
+/// a frame, forever. Its instants are ahead of every reader's clock, which
+/// no hook writes: the member counts for nobody, the neighbour keeps ≥ 90 %
+/// of its share from 1 s after the write, and `vgpu turns` flags it.
+#[test]
+fn a_forged_node_table_member_does_not_starve_a_neighbour() {
+    let _s = serial();
+    let gpu = SimGpu::new();
+    let env = HookEnv::new("tenant-phantom", "0");
+    let p = sm_loop(&env, &gpu, 50, "busy_200us", "6");
+    let pid = [p.child.id()];
+    std::thread::sleep(Duration::from_millis(600));
+    let before = share(&gpu, Duration::from_secs(1), &pid);
+    for t in node_tables(&gpu) {
+        forge_member(&t, 31);
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let after = share(&gpu, Duration::from_secs(1), &pid);
+    eprintln!("neighbour at 50 %: {before:.1} % before the phantom, {after:.1} % from 1 s after");
+    assert!(
+        before > 40.0,
+        "the neighbour did not run at its limit: {before:.1} %"
+    );
+    assert!(
+        after >= 0.9 * before,
+        "the phantom member starves the neighbour: {after:.1} % against {before:.1} %"
+    );
+
+    let out = std::process::Command::new(vgpu_tests::dist::vgpu_bin())
+        .args(["turns", "--json"])
+        .arg(gpu.dir().join("node"))
+        .output()
+        .expect("run vgpu turns");
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("vgpu turns --json output");
+    let phantom = json["tables"]
+        .as_array()
+        .expect("tables")
+        .iter()
+        .filter_map(|t| t["members"].as_array())
+        .flatten()
+        .find(|m| m["container"] == "5eedf00ddeadbeef")
+        .cloned()
+        .unwrap_or_else(|| panic!("the phantom is not listed: {json}"));
+    assert_eq!(phantom["state"], "not valid", "{phantom}");
+    assert!(phantom["last_launch_ms_ago"].is_null(), "{phantom}");
+}
+
+/// Issue 25 item 2: a container limited to 20 % with 4 processes took
+/// 67–69 % once it truncated its own sidecar (each process then limited
+/// itself alone, on private pages). The processes re-attach the file, so
+/// they share one bucket again: the container stays within its limit + 5.
+#[test]
+fn a_truncated_sidecar_keeps_the_container_within_its_sm_limit() {
+    let _s = serial();
+    let gpu = SimGpu::new();
+    let env = HookEnv::new("tenant-sidecar", "0");
+    let procs: Vec<Running> = (0..4)
+        .map(|_| sm_loop(&env, &gpu, 20, "busy_500us", "6"))
+        .collect();
+    let pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
+    std::thread::sleep(Duration::from_millis(600));
+    let before = share(&gpu, Duration::from_secs(1), &pids);
+    truncate(&sidecar(&env));
+    std::thread::sleep(Duration::from_millis(300));
+    let after = share(&gpu, Duration::from_secs(2), &pids);
+    eprintln!("4 processes at 20 %: {before:.1} % before the truncation, {after:.1} % after");
+    assert!(
+        after <= 25.0,
+        "the container escaped its SM limit: {after:.1} % at 20"
+    );
+    assert!(after > 10.0, "the container stopped: {after:.1} %");
+    assert!(
+        std::fs::metadata(sidecar(&env)).expect("sidecar").len() > 0,
+        "the sidecar was not re-attached"
+    );
+}
+
+/// The same container whose sidecar cannot be shared at all (its path is a
+/// directory, made before the processes start): each process falls back to
+/// buckets of its own, and then takes its part of the limit (a quarter
+/// each), not the whole limit each (80 % together before).
+#[test]
+fn an_unusable_sidecar_keeps_the_container_within_its_sm_limit() {
+    let _s = serial();
+    let gpu = SimGpu::new();
+    let env = HookEnv::new("tenant-sidecar-dir", "0");
+    std::fs::create_dir(sidecar(&env)).expect("mkdir <region>.sm");
+    let procs: Vec<Running> = (0..4)
+        .map(|_| sm_loop(&env, &gpu, 20, "busy_500us", "5"))
+        .collect();
+    let pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
+    std::thread::sleep(Duration::from_millis(600));
+    let got = share(&gpu, Duration::from_secs(2), &pids);
+    eprintln!("4 processes at 20 % without a usable sidecar: {got:.1} %");
+    assert!(
+        got <= 25.0,
+        "the container escaped its SM limit: {got:.1} % at 20"
+    );
+    assert!(got > 10.0, "the container stopped: {got:.1} %");
+}
+
+/// The same container renaming a fresh file over its sidecar, then starting
+/// more processes: those open the new file while the older ones had the
+/// old one mapped, two buckets for one container (about 40 % at 20). The
+/// older processes follow the renamed file within a second.
+#[test]
+fn a_sidecar_replaced_under_running_processes_keeps_the_container_within_its_sm_limit() {
+    let _s = serial();
+    let gpu = SimGpu::new();
+    let env = HookEnv::new("tenant-sidecar-mv", "0");
+    let mut procs: Vec<Running> = (0..2)
+        .map(|_| sm_loop(&env, &gpu, 20, "busy_500us", "6"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let fresh = env.dir.join("fresh.sm");
+    std::fs::write(&fresh, b"").expect("write a fresh file");
+    std::fs::rename(&fresh, sidecar(&env)).expect("rename over the sidecar");
+    procs.extend((0..2).map(|_| sm_loop(&env, &gpu, 20, "busy_500us", "5")));
+    let pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let got = share(&gpu, Duration::from_secs(2), &pids);
+    eprintln!("4 processes at 20 %, the sidecar replaced between the first two and the others: {got:.1} %");
+    assert!(
+        got <= 25.0,
+        "the container escaped its SM limit: {got:.1} % at 20"
+    );
+    assert!(got > 10.0, "the container stopped: {got:.1} %");
+}
+
+/// Sends one command to a `hook_slots` process; returns its reply.
+fn ask(p: &mut Running, line: &str, reply: &str) -> String {
+    let stdin = p.child.stdin.as_mut().expect("stdin");
+    writeln!(stdin, "{line}").expect("write command");
+    stdin.flush().expect("flush");
+    p.wait_for(reply)
+}
+
+/// Issue 25 item 4: three registered processes, the region truncated, each
+/// then allocating 1200 MiB held 5100 MiB under a 2 GiB limit. They
+/// re-attach the region and publish their own usage again: the container
+/// never holds more than its limit.
+#[test]
+fn a_truncated_region_keeps_the_container_within_its_memory_limit() {
+    let _s = serial();
+    let env = HookEnv::new("tenant-region", "2g").env("SIMGPU_CONTEXT_BYTES", "64m");
+    let exe = env.build("hook_slots");
+    let mut procs: Vec<Running> = (0..3)
+        .map(|_| {
+            let mut p = Running::start(env.hooked(&exe, &[]));
+            assert_eq!(p.wait_for("ready"), "ready", "hook_slots did not start");
+            p
+        })
+        .collect();
+    truncate(&env.region_path());
+    let granted = procs
+        .iter_mut()
+        .map(|p| ask(p, &format!("alloc {}", 1200 * M), "alloc"))
+        .filter(|r| r.ends_with("rc 0"))
+        .count() as u64;
+    let held = 3 * 64 * M + granted * 1200 * M;
+    eprintln!(
+        "after the truncation: {granted} of 3 allocations of 1200 MiB granted, {} MiB held under 2048",
+        held / M
+    );
+    assert!(
+        held <= 2048 * M,
+        "the container holds {} MiB under a 2 GiB limit",
+        held / M
+    );
+    assert_eq!(granted, 1, "the first allocation fits the limit");
+}
