@@ -115,8 +115,24 @@ fn a_forged_directory_name_never_gives_another_pods_labels() {
         &["--no-nvml", "--pods-log-dir", logs.to_str().unwrap()],
     );
     let mut procs = [
-        spawn(&fx, &gpu, &cg_pod, &fx.prog, "pod", &forged("forge-a"), true),
-        spawn(&fx, &gpu, &cg_bare, &fx.prog, "bare", &forged("forge-b"), true),
+        spawn(
+            &fx,
+            &gpu,
+            &cg_pod,
+            &fx.prog,
+            "pod",
+            &forged("forge-a"),
+            true,
+        ),
+        spawn(
+            &fx,
+            &gpu,
+            &cg_bare,
+            &fx.prog,
+            "bare",
+            &forged("forge-b"),
+            true,
+        ),
     ];
     allocated(&fx, "pod");
     allocated(&fx, "bare");
@@ -145,12 +161,7 @@ fn a_forged_directory_name_never_gives_another_pods_labels() {
         let Some((_, labels)) = parse_sample(line) else {
             continue;
         };
-        let get = |k: &str| {
-            labels
-                .iter()
-                .find(|(l, _)| *l == k)
-                .map_or("", |(_, v)| *v)
-        };
+        let get = |k: &str| labels.iter().find(|(l, _)| *l == k).map_or("", |(_, v)| *v);
         for (k, v) in [
             ("pod_uid", VICTIM_UID),
             ("namespace", "victim-ns"),
@@ -219,10 +230,7 @@ fn a_newline_in_a_process_name_or_region_path_forges_no_log_line() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
-    let forged: Vec<&str> = log
-        .lines()
-        .filter(|l| l.starts_with("FORGED"))
-        .collect();
+    let forged: Vec<&str> = log.lines().filter(|l| l.starts_with("FORGED")).collect();
     assert!(forged.is_empty(), "forged log lines {forged:?} in:\n{log}");
     let line = log
         .lines()
@@ -406,7 +414,10 @@ fn install_hook_refuses_a_symlinked_preload() {
 
     let o = install_hook(&host, &lib, &[]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "a symlinked ld.so.preload was accepted");
+    assert!(
+        !o.status.success(),
+        "a symlinked ld.so.preload was accepted"
+    );
     assert!(err.contains("symbolic link"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "one clear sentence: {err}");
     assert_eq!(files_holding(&host, b"SECRET-HASH"), Vec::<PathBuf>::new());
@@ -483,11 +494,7 @@ fn install_hook_never_blocks_on_a_fifo() {
     std::fs::create_dir_all(&host).unwrap();
     let fifo = dir.path().join("fifo.so");
     let mkfifo = |p: &Path| {
-        assert!(Command::new("mkfifo")
-            .arg(p)
-            .status()
-            .unwrap()
-            .success());
+        assert!(Command::new("mkfifo").arg(p).status().unwrap().success());
     };
     mkfifo(&fifo);
     let o = install_hook(&host, &fifo, &[]);
