@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::{Cgroup, ContainerProcess};
-use vgpu_tests::daemon::{Running, Workdir};
+use vgpu_tests::daemon::Workdir;
 use vgpu_tests::dist;
 use vgpu_tests::sim::SimGpu;
 
