@@ -148,7 +148,7 @@ fn read_library(path: &Path) -> Result<Vec<u8>, InstallError> {
 
 /// Refuses a backup directory that is a symlink or not a directory (what
 /// is written into it, and read back at uninstall, would go elsewhere).
-fn check_backup_dir(dir: &Path) -> Result<(), InstallError> {
+pub(crate) fn check_backup_dir(dir: &Path) -> Result<(), InstallError> {
     match fs::symlink_metadata(dir) {
         Ok(m) if !m.file_type().is_dir() => Err(InstallError::BackupDir(dir.to_owned())),
         _ => Ok(()),
