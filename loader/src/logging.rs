@@ -2,9 +2,19 @@
 //! terminal, so `kubectl logs` and files get no escape codes) or JSON, one
 //! object per line. [`notice`] writes the daemon's start and stop lines in
 //! the same format whatever the level filter.
+//!
+//! Messages quote what tenants chose (process names, the paths they name):
+//! in text, every field goes through [`escape_controls`], so that one event
+//! is one line and no escape sequence reaches a terminal; JSON's serializer
+//! escapes control characters itself.
 
 use std::io::{IsTerminal as _, Write as _};
 use std::sync::OnceLock;
+
+use tracing_subscriber::field::MakeExt as _;
+use tracing_subscriber::fmt::format::Writer;
+
+use crate::printable::escape_controls;
 
 /// How log lines are written to stderr.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,9 +35,38 @@ pub fn init(format: LogFormat, level: &str) {
         .with_writer(std::io::stderr);
     // try_init also bridges `log` records (aya) into tracing.
     let _ = match format {
-        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        LogFormat::Text => fmt
+            .fmt_fields(text_fields())
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init(),
         LogFormat::Json => fmt.json().with_ansi(false).try_init(),
     };
+}
+
+/// One field of a text line: the message as it is, others `name=value`,
+/// each escaped. `log.*` fields (where a `log` record came from) are left
+/// out, as tracing's default formatter does.
+fn text_field(
+    w: &mut Writer<'_>,
+    field: &tracing::field::Field,
+    value: &dyn std::fmt::Debug,
+) -> std::fmt::Result {
+    let name = field.name();
+    if name.starts_with("log.") {
+        return Ok(());
+    }
+    let text = format!("{value:?}");
+    let text = escape_controls(&text);
+    if name == "message" {
+        write!(w, "{text}")
+    } else {
+        write!(w, "{}={text}", name.trim_start_matches("r#"))
+    }
+}
+
+/// The text format's field formatter: [`text_field`], space-separated.
+fn text_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static {
+    tracing_subscriber::fmt::format::debug_fn(text_field).delimited(" ")
 }
 
 /// An error and its causes as one sentence, joined by `: ` as `{:#}` does,
@@ -59,7 +98,7 @@ pub fn notice(message: &str) {
             "target": "vgpu",
         })
         .to_string(),
-        _ => message.to_owned(),
+        _ => escape_controls(message).into_owned(),
     };
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
@@ -87,6 +126,65 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("cannot start")]
     struct Apart(#[source] std::io::Error);
+
+    /// A `MakeWriter` into a shared buffer.
+    #[derive(Clone, Default)]
+    struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Buf {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    /// A message and a field holding a newline and an escape sequence make
+    /// one line in text (escaped) and in JSON (escaped by serde).
+    #[test]
+    fn tenant_text_makes_one_line_in_both_formats() {
+        let emit = || {
+            let comm = "x\nFORGED \x1b[2J";
+            tracing::warn!(path = %"/r\n.cache", "no region: pid 7 ({comm})");
+        };
+        let text = Buf::default();
+        let w = text.clone();
+        let sub = tracing_subscriber::fmt()
+            .fmt_fields(text_fields())
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, emit);
+        let out = text.text();
+        assert_eq!(out.lines().count(), 1, "{out:?}");
+        assert!(
+            out.contains(r"no region: pid 7 (x\nFORGED \x1b[2J) path=/r\n.cache"),
+            "{out:?}"
+        );
+        let json = Buf::default();
+        let w = json.clone();
+        let sub = tracing_subscriber::fmt()
+            .json()
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, emit);
+        let out = json.text();
+        assert_eq!(out.lines().count(), 1, "{out:?}");
+        assert!(!out.trim_end().contains(['\x1b', '\r']), "{out:?}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v["fields"]["message"],
+            "no region: pid 7 (x\nFORGED \x1b[2J)"
+        );
+    }
 
     #[test]
     fn a_cause_is_said_once() {

@@ -6,6 +6,7 @@ mod cmd;
 mod daemon;
 mod install;
 mod logging;
+mod printable;
 mod probes;
 mod regions;
 
@@ -19,8 +20,9 @@ fn main() -> ExitCode {
     match cli.command.run() {
         Ok(code) => code,
         Err(e) => {
-            // One sentence (with its causes), no backtrace.
-            eprintln!("{}", logging::sentence(&e));
+            // One sentence (with its causes), no backtrace; it may quote a
+            // path a tenant named.
+            eprintln!("{}", printable::escape_controls(&logging::sentence(&e)));
             ExitCode::FAILURE
         }
     }

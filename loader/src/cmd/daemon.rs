@@ -23,6 +23,7 @@ use crate::daemon::nvml::NvmlView;
 use crate::daemon::observer::{Observer, Settings};
 use crate::daemon::procfs::Procfs;
 use crate::logging;
+use crate::printable::escape_controls;
 use crate::probes::{btf, Options, ProbeError, ProbeSet};
 
 /// The node daemon: host PIDs for the hook, an accounting cross-check, metrics.
@@ -315,10 +316,11 @@ pub fn run_findings(args: FindingsArgs) -> anyhow::Result<ExitCode> {
         println!("no findings");
     } else {
         for f in &list {
+            // Messages quote process names and paths tenants chose.
             println!(
                 "{:<22} {}",
-                f["kind"].as_str().unwrap_or("?"),
-                f["message"].as_str().unwrap_or("")
+                escape_controls(f["kind"].as_str().unwrap_or("?")),
+                escape_controls(f["message"].as_str().unwrap_or(""))
             );
         }
     }

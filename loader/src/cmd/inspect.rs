@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::printable::escape_controls;
 use crate::regions::discover::Found;
 use crate::regions::liveness::{Alive, AliveBy, Mappers};
 use crate::regions::open::{open_region, open_under, Access};
@@ -92,16 +93,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     super::report(args.json, &out, !out.errors.is_empty(), |w, out| {
         if found.is_empty() {
-            writeln!(w, "no region files under {}", args.at.shown().display())?;
+            writeln!(w, "no region files under {}", shown(args.at.shown()))?;
         }
         for s in &out.regions {
             print_region(w, s)?;
         }
         for e in &out.errors {
-            writeln!(w, "{}: {}", e.path.display(), e.error)?;
+            writeln!(w, "{}: {}", shown(&e.path), escape_controls(&e.error))?;
         }
         Ok(())
     })
+}
+
+/// A path for the text output: file names under a root are the tenants'.
+fn shown(p: &Path) -> String {
+    escape_controls(&p.display().to_string()).into_owned()
 }
 
 fn alive_text(a: &Option<Alive>) -> String {
@@ -128,10 +134,18 @@ fn ago(unix: u64) -> String {
     format!("{unix} ({}s ago)", now.saturating_sub(unix))
 }
 
+/// The text form of one region. Every string from the region's file or
+/// its path (UUIDs, file names) is a tenant's: escaped, so that its bytes
+/// never drive the admin's terminal.
 fn print_region(w: &mut impl std::io::Write, s: &RegionSummary) -> std::io::Result<()> {
-    write!(w, "{}", s.path.display())?;
+    write!(w, "{}", shown(&s.path))?;
     if let (Some(pod), Some(ctr)) = (&s.pod_uid, &s.container) {
-        write!(w, "  pod {pod} container {ctr}")?;
+        write!(
+            w,
+            "  pod {} container {}",
+            escape_controls(pod),
+            escape_controls(ctr)
+        )?;
     }
     writeln!(w)?;
     writeln!(
@@ -177,7 +191,11 @@ fn print_region(w: &mut impl std::io::Write, s: &RegionSummary) -> std::io::Resu
         } else {
             d.sm_limit_percent.to_string()
         };
-        let uuid = if d.uuid.is_empty() { "-" } else { &d.uuid };
+        let uuid = if d.uuid.is_empty() {
+            "-".into()
+        } else {
+            escape_controls(&d.uuid)
+        };
         writeln!(
             w,
             "  {:<4} {:<44} {:>12} {:>4} {:>12}",
@@ -234,7 +252,7 @@ fn print_region(w: &mut impl std::io::Write, s: &RegionSummary) -> std::io::Resu
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_owned))
                 .unwrap_or_default();
-            writeln!(w, "    {sev:<7} {kind:<24} {}", f.message)?;
+            writeln!(w, "    {sev:<7} {kind:<24} {}", escape_controls(&f.message))?;
         }
     }
     writeln!(w)

@@ -10,6 +10,7 @@ use anyhow::Context as _;
 
 use crate::daemon::findings::read_state_file;
 use crate::daemon::utilization::{State, FILE_NAME as UTILIZATION};
+use crate::printable::escape_controls;
 use crate::regions::top::{rates, rows, sort, table, Input, Row, SortKey};
 
 /// The daemon's measurements are used while at most this old.
@@ -137,7 +138,9 @@ fn frame(s: &Snapshot, width: usize, sort: SortKey) -> String {
         out.push('\n');
     }
     for (p, e) in &s.errors {
-        out.push_str(&format!("{}: {e}\n", p.display()));
+        let line = format!("{}: {e}", p.display());
+        out.push_str(&escape_controls(&line));
+        out.push('\n');
     }
     out
 }

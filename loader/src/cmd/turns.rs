@@ -10,6 +10,7 @@ use vgpu_common::clock;
 use vgpu_common::node::{self, NodeFile, NodeView, ACTIVE_NS, FRAME_NS};
 use vgpu_common::paths::VGPULOCK_DIR;
 
+use crate::printable::escape_controls;
 use crate::regions::open::{open_file, Access};
 
 /// Show which SM-limited containers take turns on each GPU, and their turns.
@@ -183,7 +184,7 @@ fn print(w: &mut impl std::io::Write, path: &Path, out: &Output) -> std::io::Res
         writeln!(
             w,
             "{}: {} member(s), {taking} taking turns in a {} ms frame",
-            t.path.display(),
+            escape_controls(&t.path.display().to_string()),
             t.members.len(),
             t.frame_ms
         )?;
@@ -213,7 +214,8 @@ fn print(w: &mut impl std::io::Write, path: &Path, out: &Output) -> std::io::Res
         }
     }
     for e in &out.errors {
-        writeln!(w, "{}: {}", e.path.display(), e.error)?;
+        let line = format!("{}: {}", e.path.display(), e.error);
+        writeln!(w, "{}", escape_controls(&line))?;
     }
     Ok(())
 }

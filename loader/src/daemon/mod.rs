@@ -13,7 +13,8 @@
 //! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
 //! - [`launches`] keeps each container's launch counter monotonic;
 //! - [`metrics`] renders Prometheus text ([`region_view`] sums each region,
-//!   [`pods`] names the pods), [`http`] serves it.
+//!   [`region_owner`] says whose it is from the kernel's view, [`pods`]
+//!   names the pods), [`http`] serves it.
 //!
 //! See docs/daemon.md.
 
@@ -32,5 +33,6 @@ pub mod pods;
 pub mod procfs;
 pub mod reclaim;
 pub mod region_cache;
+pub mod region_owner;
 pub mod region_view;
 pub mod utilization;

@@ -503,10 +503,10 @@ impl Observer {
                     continue;
                 }
             };
+            // The device plugin's directory names the region, whatever
+            // path its processes opened it by first.
             if let Ok((_, r)) = self.cache.insert(file, &f.path) {
-                if r.owner.is_none() {
-                    r.owner = f.owner;
-                }
+                r.owner = f.owner;
             }
         }
     }

@@ -32,7 +32,10 @@ pub struct OpenRegion {
     /// The path as its processes name it (`CUDA_DEVICE_MEMORY_SHARED_CACHE`),
     /// or the host path for a region found under HAMi's directory.
     pub shown_path: PathBuf,
-    /// Pod and container from HAMi's `<podUID>_<ctrName>` directory.
+    /// Pod and container from HAMi's `<podUID>_<ctrName>` directory, set
+    /// only for a region found under `--regions-root`: the directory of a
+    /// path a process names is the tenant's to call anything
+    /// (`region_owner`).
     pub owner: Option<ContainerRef>,
     /// cgroup id of a process using it (identity when there is no owner).
     pub cgroup_id: Option<u64>,
@@ -116,7 +119,7 @@ impl RegionCache {
                 file,
                 snap: None,
                 shown_path: shown.to_owned(),
-                owner: ContainerRef::of_file(shown),
+                owner: None,
                 cgroup_id: None,
                 last_used: Instant::now(),
             }),

@@ -11,21 +11,15 @@ use super::launches::Ledger;
 use super::metrics::{Labels, RegionDevice, RegionView};
 use super::pods::{PodName, PodNames};
 use super::region_cache::RegionCache;
+use super::region_owner::{region_owner, RegionOwner};
 use super::utilization::{daemon_publishes, Measured, Utilization};
-use crate::regions::discover::ContainerRef;
 use crate::regions::liveness::Mappers;
 
 /// A region's labels: HAMi's monitor's first (namespace, pod, container;
 /// the device's `vdevice_index` and `device_uuid` follow per device), then
-/// vgpu's. `name` is the pod's, `owner` the container directory the region
-/// was found in, `id` the cgroup identity of a process using it.
-pub fn labels(
-    name: Option<&PodName>,
-    owner: Option<&ContainerRef>,
-    pod_uid: String,
-    id: &Identity,
-    region: &Path,
-) -> Labels {
+/// vgpu's. `name` is the pod's, `owner` says whose the region is
+/// ([`region_owner`]), `id` is the cgroup identity of a process using it.
+pub fn labels(name: Option<&PodName>, owner: RegionOwner, id: &Identity, region: &Path) -> Labels {
     vec![
         (
             "namespace".to_owned(),
@@ -35,11 +29,8 @@ pub fn labels(
             "pod".to_owned(),
             name.map(|n| n.pod.clone()).unwrap_or_default(),
         ),
-        (
-            "container".to_owned(),
-            owner.map(|o| o.container.clone()).unwrap_or_default(),
-        ),
-        ("pod_uid".to_owned(), pod_uid),
+        ("container".to_owned(), owner.container),
+        ("pod_uid".to_owned(), owner.pod_uid),
         (
             "container_id".to_owned(),
             id.container_id.clone().unwrap_or_default(),
@@ -71,19 +62,9 @@ pub fn views(
             continue;
         }
         let id = r.cgroup_id.map(|c| ids.of(c)).unwrap_or_default();
-        let pod_uid = r
-            .owner
-            .as_ref()
-            .map(|o| o.pod_uid.clone())
-            .or(id.pod_uid.clone())
-            .unwrap_or_default();
-        let labels = labels(
-            pods.get(&pod_uid),
-            r.owner.as_ref(),
-            pod_uid,
-            &id,
-            &r.shown_path,
-        );
+        let owner = region_owner(r.owner.as_ref(), &id);
+        let name = pods.get(&owner.pod_uid);
+        let labels = labels(name, owner, &id, &r.shown_path);
         let mut devices = devices(region);
         let counted = launches.observe(*key, region);
         let mut m = Measured {

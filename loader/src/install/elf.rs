@@ -1,14 +1,16 @@
-//! Will this library load on this node? Two checks before anything is
-//! written: the ELF machine matches the node's, and every `GLIBC_x.y`
-//! symbol version the library needs is defined by the node's C library.
-//! A library built against a newer glibc would make every dynamically
-//! linked process in every GPU container fail at start (it is preloaded).
+//! Will this library load on this node? Checks before anything is
+//! written: it is a shared library (`ET_DYN` without a program interpreter:
+//! a PIE executable such as `/bin/true` is `ET_DYN` too, but names one), the
+//! ELF machine matches the node's, and every `GLIBC_x.y` symbol version the
+//! library needs is defined by the node's C library. A library built
+//! against a newer glibc would make every dynamically linked process in
+//! every GPU container fail at start (it is preloaded).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use object::elf::{FileHeader64, EM_AARCH64, EM_X86_64};
-use object::read::elf::FileHeader;
+use object::elf::{FileHeader64, EM_AARCH64, EM_X86_64, ET_DYN, ET_EXEC, ET_REL, PT_INTERP};
+use object::read::elf::{FileHeader, ProgramHeader as _};
 use object::{Endianness, ReadRef};
 
 /// Why the library does not fit the node.
@@ -20,6 +22,8 @@ pub enum ElfError {
         #[source]
         source: object::read::Error,
     },
+    #[error("{path} is not a shared library ({why}): refusing to install it")]
+    NotLibrary { path: PathBuf, why: &'static str },
     #[error("{path} is built for {found}, but this node is {node}: refusing to install it")]
     Arch {
         path: PathBuf,
@@ -64,6 +68,35 @@ fn machine_name(m: u16) -> String {
         EM_AARCH64 => "aarch64".into(),
         other => format!("ELF machine {other}"),
     }
+}
+
+/// Checks that `data` (the bytes of `path`) is a shared library: `ET_DYN`
+/// and no `PT_INTERP`. An executable preloaded into every process would
+/// break them all, and `--check` must never call one the hook.
+pub fn check_shared_library(path: &Path, data: &[u8]) -> Result<(), ElfError> {
+    let not_elf = |source| ElfError::NotElf {
+        path: path.to_owned(),
+        source,
+    };
+    let header = FileHeader64::<Endianness>::parse(data).map_err(not_elf)?;
+    let endian = header.endian().map_err(not_elf)?;
+    let refuse = |why| {
+        Err(ElfError::NotLibrary {
+            path: path.to_owned(),
+            why,
+        })
+    };
+    match header.e_type(endian) {
+        ET_DYN => {}
+        ET_EXEC => return refuse("an executable, ET_EXEC"),
+        ET_REL => return refuse("a relocatable object, ET_REL"),
+        _ => return refuse("ELF type other than ET_DYN"),
+    }
+    let segments = header.program_headers(endian, data).map_err(not_elf)?;
+    if segments.iter().any(|p| p.p_type(endian) == PT_INTERP) {
+        return refuse("an executable: it names a program interpreter, PT_INTERP");
+    }
+    Ok(())
 }
 
 /// Checks `data` (the bytes of `path`) against the node and its C library.
@@ -199,6 +232,48 @@ mod tests {
         assert_eq!(parse_glibc(b"GLIBC_PRIVATE"), None);
         assert_eq!(parse_glibc(b"GCC_3.0"), None);
         assert!(parse_glibc(b"GLIBC_2.2.5") < parse_glibc(b"GLIBC_2.34"));
+    }
+
+    /// A little-endian ELF64 header of type `e_type` with one program
+    /// header of type `p_type` (none when 0).
+    fn elf(e_type: u16, p_type: u32) -> Vec<u8> {
+        let mut v = vec![0u8; 64 + 56];
+        v[..4].copy_from_slice(b"\x7fELF");
+        v[4] = 2; // ELFCLASS64
+        v[5] = 1; // ELFDATA2LSB
+        v[6] = 1; // EV_CURRENT
+        v[16..18].copy_from_slice(&e_type.to_le_bytes());
+        v[18..20].copy_from_slice(&NODE_MACHINE.to_le_bytes());
+        v[20..24].copy_from_slice(&1u32.to_le_bytes());
+        v[52..54].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
+        if p_type != 0 {
+            v[32..40].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+            v[54..56].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+            v[56..58].copy_from_slice(&1u16.to_le_bytes()); // e_phnum
+            v[64..68].copy_from_slice(&p_type.to_le_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn only_a_shared_library_without_an_interpreter_is_one() {
+        let p = Path::new("x");
+        const PT_LOAD: u32 = 1;
+        check_shared_library(p, &elf(ET_DYN, 0)).unwrap();
+        check_shared_library(p, &elf(ET_DYN, PT_LOAD)).unwrap();
+        for (e_type, p_type) in [(ET_DYN, PT_INTERP), (ET_EXEC, 0), (ET_REL, 0)] {
+            let e = check_shared_library(p, &elf(e_type, p_type)).unwrap_err();
+            assert!(matches!(e, ElfError::NotLibrary { .. }), "{e}");
+            assert!(e.to_string().contains("refusing"), "{e}");
+        }
+        // This test program is a PIE executable.
+        let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let e = check_shared_library(p, &me).unwrap_err();
+        assert!(matches!(e, ElfError::NotLibrary { .. }), "{e}");
+        assert!(matches!(
+            check_shared_library(p, b"#!/bin/sh\n"),
+            Err(ElfError::NotElf { .. })
+        ));
     }
 
     #[test]

@@ -18,7 +18,7 @@
 use std::fs;
 use std::path::Path;
 
-use super::{io_err, InstallError, LIB_NAME};
+use super::{check_backup_dir, io_err, InstallError, LIB_NAME};
 
 /// Where the versioned files wait, inside the backup directory.
 const SET_ASIDE: &str = "hami";
@@ -59,6 +59,7 @@ pub fn set_aside(host_dir: &Path, backup: &Path) -> Result<Vec<String>, InstallE
             continue;
         }
         let dir = backup.join(SET_ASIDE);
+        check_backup_dir(&dir)?;
         fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
         let dst = dir.join(&name);
         fs::rename(entry.path(), &dst).map_err(io_err("move aside", &entry.path()))?;
@@ -73,6 +74,7 @@ pub fn set_aside(host_dir: &Path, backup: &Path) -> Result<Vec<String>, InstallE
 /// restored.
 pub fn restore(host_dir: &Path, backup: &Path) -> Result<Vec<String>, InstallError> {
     let dir = backup.join(SET_ASIDE);
+    check_backup_dir(&dir)?;
     let entries = match fs::read_dir(&dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -121,6 +123,28 @@ mod tests {
         ] {
             assert!(!is_versioned(n), "{n}");
         }
+    }
+
+    /// A symlink where the set-aside directory goes is refused: HAMi's
+    /// files are never moved, or looked for, through it.
+    #[test]
+    fn a_symlinked_set_aside_directory_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let host = d.path().join("vgpu");
+        let backup = host.join(".vgpu-backup");
+        fs::create_dir_all(&backup).unwrap();
+        fs::create_dir_all(d.path().join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(d.path().join("elsewhere"), backup.join(SET_ASIDE)).unwrap();
+        fs::write(host.join("libvgpu.so.v2.10.0"), b"hami").unwrap();
+        assert!(matches!(
+            set_aside(&host, &backup),
+            Err(InstallError::BackupDir(_))
+        ));
+        assert!(host.join("libvgpu.so.v2.10.0").exists());
+        assert!(matches!(
+            restore(&host, &backup),
+            Err(InstallError::BackupDir(_))
+        ));
     }
 
     #[test]

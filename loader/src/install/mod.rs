@@ -11,7 +11,15 @@
 //! every mapping of the old file).
 //!
 //! The first install keeps what was there before in `<host-dir>/.vgpu-backup/`
-//! so `--uninstall` can restore it exactly.
+//! so `--uninstall` can restore it exactly, mode included.
+//!
+//! The host directory's files are mounted into every GPU container, so
+//! nothing in it is followed or waited on: a symlink or anything but a
+//! regular file where vgpu reads (`libvgpu.so`, `ld.so.preload`, the
+//! backup) is refused, never read through (a symlinked `ld.so.preload`
+//! would copy its target, say a root-only file, into the backup), and a
+//! FIFO is never opened. The library given is a regular file (`--from` may
+//! be an operator's symlink) and a shared library (`elf`).
 //!
 //! On HAMi ≥ 2.5 nodes the device plugin mounts a versioned file first;
 //! `hami` says how vgpu takes its place without writing over it.
@@ -22,9 +30,11 @@ mod hami;
 mod watch;
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::io::{Read as _, Write};
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use crate::regions::open::{open_file_in, open_followed, Access, OpenError};
 
 pub use elf::{running_libc, ElfError};
 pub use watch::DirWatch;
@@ -45,6 +55,10 @@ pub enum InstallError {
     },
     #[error(transparent)]
     Elf(#[from] ElfError),
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error("{0} is a symbolic link or not a directory: refusing to use it as vgpu's backup")]
+    BackupDir(PathBuf),
     #[error("the backup in {0} is damaged: {1}")]
     Backup(PathBuf, String),
 }
@@ -95,17 +109,68 @@ pub struct Plan {
     pub hami: bool,
 }
 
+/// A regular file's bytes and permission bits.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct HostFile {
+    pub bytes: Vec<u8>,
+    pub mode: u32,
+}
+
+fn read_all(mut f: fs::File, path: &Path) -> Result<HostFile, InstallError> {
+    let mode = f
+        .metadata()
+        .map_err(io_err("stat", path))?
+        .permissions()
+        .mode()
+        & 0o7777;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(io_err("read", path))?;
+    Ok(HostFile { bytes, mode })
+}
+
+/// `name` in `dir`, `None` if it (or `dir`) does not exist; a symlink or
+/// anything but a regular file is an error, and is never opened.
+pub(crate) fn read_in(dir: &Path, name: &str) -> Result<Option<HostFile>, InstallError> {
+    match open_file_in(dir, name, Access::ReadOnly) {
+        Ok(f) => read_all(f, &dir.join(name)).map(Some),
+        Err(OpenError::Missing { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The library an operator named: a regular file (through the operator's
+/// symlinks), never a FIFO waited on, and a shared library.
+fn read_library(path: &Path) -> Result<Vec<u8>, InstallError> {
+    let bytes = read_all(open_followed(path)?, path)?.bytes;
+    elf::check_shared_library(path, &bytes)?;
+    Ok(bytes)
+}
+
+/// Refuses a backup directory that is a symlink or not a directory (what
+/// is written into it, and read back at uninstall, would go elsewhere).
+pub(crate) fn check_backup_dir(dir: &Path) -> Result<(), InstallError> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if !m.file_type().is_dir() => Err(InstallError::BackupDir(dir.to_owned())),
+        _ => Ok(()),
+    }
+}
+
 /// Installs the hook; a second run with the same library changes nothing
-/// (and reads, but does not check, the library again: cheap enough to run
-/// every few seconds with `--watch`).
+/// (and reads, but does not check against the C library, the library
+/// again: cheap enough to run every few seconds with `--watch`).
 pub fn install(plan: &Plan) -> Result<Report, InstallError> {
-    let new = fs::read(&plan.lib).map_err(io_err("read", &plan.lib))?;
+    let new = read_library(&plan.lib)?;
     let lib_dst = plan.host_dir.join(LIB_NAME);
     let preload_dst = plan.host_dir.join(PRELOAD_NAME);
     let preload = format!("{}\n", plan.container_path.display());
-    let same_lib = fs::read(&lib_dst).is_ok_and(|old| old == new);
-    let same_preload = fs::read(&preload_dst).is_ok_and(|old| old == preload.as_bytes());
+    let old_lib = read_in(&plan.host_dir, LIB_NAME)?;
+    let old_preload = read_in(&plan.host_dir, PRELOAD_NAME)?;
+    let same_lib = old_lib.as_ref().is_some_and(|old| old.bytes == new);
+    let same_preload = old_preload
+        .as_ref()
+        .is_some_and(|old| old.bytes == preload.as_bytes());
     let backup_dir = plan.host_dir.join(BACKUP_DIR);
+    check_backup_dir(&backup_dir)?;
 
     let outcome = if same_lib && same_preload {
         Outcome::AlreadyInstalled
@@ -114,7 +179,13 @@ pub fn install(plan: &Plan) -> Result<Report, InstallError> {
             elf::check_compatible(&plan.lib, &new, &plan.libc)?;
         }
         fs::create_dir_all(&plan.host_dir).map_err(io_err("create", &plan.host_dir))?;
-        backup::save_once(&backup_dir, &[&lib_dst, &preload_dst])?;
+        backup::save_once(
+            &backup_dir,
+            &[
+                (LIB_NAME, old_lib.as_ref()),
+                (PRELOAD_NAME, old_preload.as_ref()),
+            ],
+        )?;
         if !same_lib {
             write_atomic(&lib_dst, &new, 0o755)?;
         }
@@ -152,11 +223,11 @@ pub fn mounted(host_dir: &Path, lib: &Path) -> Result<Mounted, InstallError> {
     if !versioned.is_empty() {
         return Ok(Mounted::Versioned(versioned));
     }
-    let ours = fs::read(lib).map_err(io_err("read", lib))?;
-    Ok(match fs::read(host_dir.join(LIB_NAME)) {
-        Ok(bytes) if bytes == ours => Mounted::Vgpu,
-        Ok(_) => Mounted::Other,
-        Err(_) => Mounted::Nothing,
+    let ours = read_library(lib)?;
+    Ok(match read_in(host_dir, LIB_NAME)? {
+        Some(f) if f.bytes == ours => Mounted::Vgpu,
+        Some(_) => Mounted::Other,
+        None => Mounted::Nothing,
     })
 }
 
@@ -164,7 +235,8 @@ pub fn mounted(host_dir: &Path, lib: &Path) -> Result<Mounted, InstallError> {
 /// was nothing), HAMi's versioned files first, then drops the backup.
 pub fn uninstall(host_dir: &Path) -> Result<Report, InstallError> {
     let dir = host_dir.join(BACKUP_DIR);
-    if !dir.exists() {
+    check_backup_dir(&dir)?;
+    if fs::symlink_metadata(&dir).is_err() {
         return Ok(Report {
             outcome: Outcome::NothingToUninstall,
             versioned: Vec::new(),
@@ -184,14 +256,33 @@ pub fn uninstall(host_dir: &Path) -> Result<Report, InstallError> {
 
 /// Writes `bytes` to a temporary file in the same directory, syncs it, and
 /// renames it over `dst`: readers see the old file or the new one, whole.
+/// The temporary file is new (`O_EXCL`: never a symlink or file left
+/// there) and has `mode` from its creation, so a root-only file's bytes are
+/// never readable by others, not even for a moment.
 pub(crate) fn write_atomic(dst: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
     let name = dst
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dst.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+    let create = || {
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+    };
     let result = (|| {
-        let mut f = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
+        let mut f = match create() {
+            // Left by an earlier run of this PID that died: not ours to keep.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                fs::remove_file(&tmp).map_err(io_err("remove", &tmp))?;
+                create()
+            }
+            other => other,
+        }
+        .map_err(io_err("create", &tmp))?;
         f.write_all(bytes).map_err(io_err("write", &tmp))?;
         f.set_permissions(fs::Permissions::from_mode(mode))
             .map_err(io_err("chmod", &tmp))?;

@@ -228,6 +228,27 @@ fn open_named(path: &Path, what: &'static str, access: Access) -> Result<File, O
     reopen(fd, path, access)
 }
 
+/// A file an operator named that may lie behind symlinks of the operator's
+/// own (`vgpu install-hook --from`): followed, but it must be a regular
+/// file, and nothing else (a FIFO, a device) is ever opened.
+pub fn open_followed(path: &Path) -> Result<File, OpenError> {
+    let fd = rustix::fs::open(path, OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| open_err(path, "file", e))?;
+    reopen(fd, path, Access::ReadOnly)
+}
+
+/// The file `name` of the directory `dir` (which the caller trusts, e.g.
+/// the hook's host directory an operator named), as a regular file: a
+/// symlink there is refused, never followed, and a FIFO or device is never
+/// opened.
+pub fn open_file_in(dir: &Path, name: &str, access: Access) -> Result<File, OpenError> {
+    let at = anchor(dir)?;
+    let shown = dir.join(name);
+    let fd = rustix::fs::openat2(&at, name, path_flags(), Mode::empty(), CONFINED)
+        .map_err(|e| open_err(&shown, "file", e))?;
+    reopen(fd, &shown, access)
+}
+
 /// The region an operator named, opened like [`open_file`].
 pub fn open_region(path: &Path, access: Access) -> Result<RegionIo, OpenError> {
     let file = open_named(path, REGION, access)?;

@@ -6,6 +6,7 @@ use std::cmp::Reverse;
 use std::collections::HashMap;
 
 use super::summary::{bytes, RegionSummary};
+use crate::printable::escape_controls;
 
 /// A process of a row.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -234,8 +235,9 @@ pub fn sort(rows: &mut [Row], key: SortKey) {
     }
 }
 
-/// Plain text lines (no escape codes), widest name first trimmed to fit
-/// `width` columns.
+/// Plain text lines (no escape codes: names and findings, which tenants
+/// choose through their paths, are escaped), widest name first trimmed to
+/// fit `width` columns.
 pub fn table(rows: &[Row], width: usize) -> Vec<String> {
     const FIXED: usize = 4 + 24 + 12 + 6 + 10 + 2;
     let name_w = width.saturating_sub(FIXED + 16).clamp(12, 60);
@@ -244,7 +246,7 @@ pub fn table(rows: &[Row], width: usize) -> Vec<String> {
         "CONTAINER", "DEV", "MEMORY USED / LIMIT", "SM % / LIM", "PROCS", "LAUNCH/S"
     )];
     for r in rows {
-        let mut name = r.name();
+        let mut name = escape_controls(&r.name()).into_owned();
         if name.chars().count() > name_w {
             let tail: String = name.chars().rev().take(name_w - 1).collect();
             name = format!("…{}", tail.chars().rev().collect::<String>());
@@ -262,7 +264,7 @@ pub fn table(rows: &[Row], width: usize) -> Vec<String> {
         let findings = if r.findings.is_empty() {
             "-".to_owned()
         } else {
-            r.findings.join(",")
+            escape_controls(&r.findings.join(",")).into_owned()
         };
         let launches = match r.launches_per_sec {
             None => "-".to_owned(),

@@ -7,6 +7,7 @@ use vgpu_common::event::{CallEvent, Func, FuncClass, RESULT_NONE};
 
 use super::devices::{DeviceNames, Label};
 use crate::cgroup::{CgroupIndex, ContainerInfo};
+use crate::printable::escape_controls;
 
 /// Writes per-call records to stdout.
 pub struct EventWriter {
@@ -174,7 +175,8 @@ pub fn to_text(ev: &CallEvent, device: Option<&Label>) -> String {
         c.ns_pid,
         c.pidns_inum,
         c.cgroup_id,
-        c.comm_str(),
+        // A process names itself: no newline or escape reaches the terminal.
+        escape_controls(&c.comm_str()),
     )
 }
 
@@ -249,5 +251,16 @@ mod tests {
         );
         assert_eq!(device_ordinal(&context(Func::Init, 0)), None);
         assert_eq!(args_json(&context(Func::Init, 0), None), json!({}));
+    }
+
+    /// A process named with a newline and an escape sequence stays on its
+    /// line and drives no terminal.
+    #[test]
+    fn a_process_name_is_escaped() {
+        let mut ev = context(Func::Init, 0);
+        let name = b"x\nFAKE\x1b[2J";
+        ev.caller.comm[..name.len()].copy_from_slice(name);
+        let line = to_text(&ev, None);
+        assert!(line.contains(r"comm x\nFAKE\x1b[2J"), "{line:?}");
     }
 }

@@ -12,6 +12,7 @@ use vgpu_common::event::{Caller, Func, LaunchKey, ProcCounters};
 use super::{devices::DeviceNames, filter::Filter};
 use crate::{
     cgroup::{CgroupIndex, ContainerInfo},
+    printable::escape_controls,
     probes::{ProbeError, ProbeSet},
 };
 
@@ -166,7 +167,7 @@ impl Table {
                 r.caller.ns_tgid,
                 r.caller.cgroup_id,
                 r.container.short(),
-                r.caller.comm_str(),
+                escape_controls(&r.caller.comm_str()),
                 launch_rate,
                 graph_rate,
                 c.launches,
