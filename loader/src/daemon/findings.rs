@@ -115,6 +115,10 @@ pub struct Finding {
     /// What the daemon did about it (`restored`, `killed`, or why not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
+    /// Unix milliseconds of the first scan that no longer found it; absent
+    /// while it holds. Kept for `--findings-retention` (`retention`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolved_unix_ms: Option<u64>,
 }
 
 /// The process a cross-check finding is about.
@@ -202,6 +206,7 @@ pub fn cross_check(
         message,
         limits: Vec::new(),
         action: None,
+        resolved_unix_ms: None,
     }
 }
 
@@ -312,6 +317,7 @@ mod tests {
             message: "m".into(),
             limits: Vec::new(),
             action: None,
+            resolved_unix_ms: None,
         };
         write_state(&state, &to_json(&[f.clone(), f], 7)).unwrap();
         write_state(&state, &to_json(&[], 8)).unwrap();
@@ -437,6 +443,7 @@ mod tests {
             message: String::new(),
             limits: Vec::new(),
             action: None,
+            resolved_unix_ms: None,
         }
     }
 }
