@@ -119,10 +119,9 @@ impl Retention {
     /// given, then the resolved ones, newest first.
     pub fn update(&mut self, current: &[Finding], now_ms: u64) -> Vec<Finding> {
         let keys: HashSet<Key> = current.iter().map(Key::of).collect();
-        let (still, mut gone): (Vec<(Key, Finding)>, Vec<(Key, Finding)>) =
-            std::mem::take(&mut self.open)
-                .into_iter()
-                .partition(|(k, _)| keys.contains(k));
+        let (still, mut gone): (Vec<_>, Vec<_>) = std::mem::take(&mut self.open)
+            .into_iter()
+            .partition(|(k, _)| keys.contains(k));
         self.open.extend(still);
         gone.sort_by_key(|(k, _)| (k.since, k.kind.name(), k.pid));
         for (_, mut f) in gone {
