@@ -430,7 +430,8 @@ fn a_daemon_outside_the_host_pid_namespace_frees_no_slot() {
 /// finding stays in `/findings` and `vgpu findings`, marked resolved with
 /// its action, for at least a minute's worth of default scans (120; here
 /// 0.1 s apart, the default 15 min retention); `vgpu_violations_total`
-/// counts it, and a second tampering once more.
+/// counts it, and a second tampering once more; a restarted daemon keeps
+/// both records.
 #[test]
 fn a_restored_tampering_stays_on_record() {
     let fx = Fixture::new();
@@ -524,5 +525,19 @@ fn a_restored_tampering_stays_on_record() {
         assert!(t.elapsed() < WITHIN, "{}", daemon.metrics());
         std::thread::sleep(Duration::from_millis(20));
     }
+    // A restarted daemon (same state directory) keeps the record.
+    drop(daemon);
+    let again = fx.daemon(&gpu, &["--interval", "0.1"]);
+    let (_, list) = findings(&again);
+    let kept = list
+        .iter()
+        .filter(|f| {
+            f["kind"] == "limit_tampered"
+                && f["container_id"] == ctr.id.as_str()
+                && f["action"] == "restored"
+                && f["resolved_unix_ms"].is_u64()
+        })
+        .count();
+    assert_eq!(kept, 2, "{list:#?}\n{}", again.log_text());
     p.wait();
 }

@@ -13,7 +13,7 @@ use vgpu_common::event::sizes;
 use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
 
 use crate::daemon::check::{Thresholds, MIB};
-use crate::daemon::findings::{write_state, write_state_file, FILE_NAME};
+use crate::daemon::findings::{read_earlier, write_state, write_state_file, FILE_NAME};
 use crate::daemon::http::{self, Published, Shared};
 use crate::daemon::integrity::decide::Policy;
 use crate::daemon::integrity::spec::{SpecPattern, DEFAULT_SPECS};
@@ -234,6 +234,8 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     };
     let libs = LibWatch::new(Procfs::default(), args.libcuda.clone());
     let mut obs = Observer::new(settings, probes, libs, nvml);
+    let (earlier, written) = read_earlier(&args.state_dir);
+    obs.carry_over_findings(earlier, written);
     obs.attach_new_libs().map_err(sentence)?;
     if obs.attached_libs() == 0 {
         tracing::warn!("no libcuda found yet; looking again every {}s", args.rescan);

@@ -62,7 +62,7 @@ impl Kind {
 }
 
 /// Which limit of a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LimitName {
     MemoryBytes,
@@ -70,7 +70,7 @@ pub enum LimitName {
 }
 
 /// One limit that is not what the container was given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LimitMismatch {
     pub device: usize,
     pub limit: LimitName,
@@ -79,7 +79,7 @@ pub struct LimitMismatch {
 }
 
 /// One finding about one process.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Finding {
     pub kind: Kind,
     /// Host PID.
@@ -110,14 +110,14 @@ pub struct Finding {
     /// One sentence for people.
     pub message: String,
     /// Limits that differ from the container's (integrity findings).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<LimitMismatch>,
     /// What the daemon did about it (`restored`, `killed`, or why not).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
     /// Unix milliseconds of the first scan that no longer found it; absent
     /// while it holds. Kept for `--findings-retention` (`retention`).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved_unix_ms: Option<u64>,
 }
 
@@ -268,6 +268,20 @@ pub fn write_state_file(dir: &Path, name: &str, json: &str) -> Result<(), StateE
     f.write_all(json.as_bytes()).map_err(werr)?;
     f.sync_data().map_err(werr)?;
     std::fs::rename(&tmp, &path).map_err(werr)
+}
+
+/// The findings a previous daemon left in `<dir>/findings.json` and when
+/// it last wrote it (empty when absent or unreadable).
+pub fn read_earlier(dir: &Path) -> (Vec<Finding>, u64) {
+    #[derive(serde::Deserialize)]
+    struct Earlier {
+        #[serde(default)]
+        updated_unix_ms: u64,
+        #[serde(default)]
+        findings: Vec<Finding>,
+    }
+    read_state_file::<Earlier>(dir, FILE_NAME)
+        .map_or((Vec::new(), 0), |e| (e.findings, e.updated_unix_ms))
 }
 
 /// The findings file under `dir` as JSON, if present and valid (for

@@ -174,6 +174,13 @@ impl Observer {
         }
     }
 
+    /// Keeps the record a previous daemon published (see
+    /// [`Retention::carry_over`]).
+    pub fn carry_over_findings(&mut self, earlier: Vec<Finding>, written_ms: u64) {
+        self.retention
+            .carry_over(earlier, written_ms, findings::now_ms());
+    }
+
     /// Libraries with probes attached so far.
     pub fn attached_libs(&self) -> usize {
         let mut libs: Vec<&String> = self.attached.iter().map(|(_, l)| l).collect();

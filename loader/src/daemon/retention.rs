@@ -145,6 +145,30 @@ impl Retention {
         out
     }
 
+    /// Takes over what the previous daemon published (`earlier`, written
+    /// at `written_ms`): its resolved findings, and its open ones as
+    /// resolved when it last wrote (if they still hold, this daemon finds
+    /// them anew). A restart does not erase the record; it is not counted
+    /// again.
+    pub fn carry_over(&mut self, earlier: Vec<Finding>, written_ms: u64, now_ms: u64) {
+        let horizon = now_ms.saturating_sub(self.keep_ms);
+        let mut earlier: Vec<Finding> = earlier
+            .into_iter()
+            .map(|mut f| {
+                f.resolved_unix_ms = Some(f.resolved_unix_ms.unwrap_or(written_ms));
+                f
+            })
+            .filter(|f| {
+                f.resolved_unix_ms
+                    .is_some_and(|t| t >= horizon && t <= now_ms)
+            })
+            .collect();
+        earlier.sort_by_key(|f| f.resolved_unix_ms);
+        for f in earlier {
+            self.keep(f);
+        }
+    }
+
     /// Keeps a resolved finding within the bounds.
     fn keep(&mut self, f: Finding) {
         let mine = self
@@ -274,6 +298,39 @@ mod tests {
         let out = r.update(&[], 5_000);
         assert_eq!(out.len(), MAX_RESOLVED_PER_CGROUP + 1);
         assert!(out.iter().any(|f| f.cgroup == "/victim"));
+    }
+
+    #[test]
+    fn a_restart_keeps_the_record() {
+        let fam = Family::<Labels, Counter>::default();
+        let mut r = Retention::new(Duration::from_secs(60), fam.clone());
+        let mut old = finding(Kind::LimitTampered, 0, "/a", 1_000, Some("restored"));
+        old.resolved_unix_ms = Some(2_000);
+        let open = finding(Kind::OverLimit, 0, "/b", 3_000, Some("killed host pid 9"));
+        let mut expired = finding(Kind::NoRegion, 5, "/c", 1, None);
+        expired.resolved_unix_ms = Some(10);
+        r.carry_over(vec![old, open, expired], 4_000, 61_000);
+        let out = r.update(&[], 61_500);
+        let got: Vec<(Kind, Option<u64>)> =
+            out.iter().map(|f| (f.kind, f.resolved_unix_ms)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Kind::OverLimit, Some(4_000)),
+                (Kind::LimitTampered, Some(2_000))
+            ]
+        );
+        // Carried over, not counted again.
+        assert_eq!(count(&fam, Kind::OverLimit, "killed"), 0);
+        // And the file it came from reads back.
+        let dir = tempfile::tempdir().unwrap();
+        crate::daemon::findings::write_state(
+            dir.path(),
+            &crate::daemon::findings::to_json(&out, 7),
+        )
+        .unwrap();
+        let (back, at) = crate::daemon::findings::read_earlier(dir.path());
+        assert_eq!((back, at), (out, 7));
     }
 
     #[test]
