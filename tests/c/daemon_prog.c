@@ -1,14 +1,16 @@
 /*
  * daemon_prog: a CUDA process for the vgpu daemon tests.
  *
- *   daemon_prog <out-file> <hooked-MiB> [<hidden-MiB>]
+ *   daemon_prog <out-file> <hooked-MiB> [<hidden-MiB> [<libcuda>]]
  *
  * Waits for a line on stdin, writes "first_call <unix-ns>" to <out-file>,
  * then cuInit, primary context on device 0, cuMemAlloc_v2(<hooked-MiB>).
  * With <hidden-MiB>, loads a second copy of libcuda.so.1 with
  * dlmopen(LM_ID_NEWLM) -- a link-map namespace the preloaded hook is not
  * in -- and allocates <hidden-MiB> through it: the kernel (uprobes are per
- * file) and the driver see it, the hook does not. Then writes
+ * file) and the driver see it, the hook does not. With <libcuda> (a path),
+ * that file is loaded instead: a copy the daemon does not probe, so only
+ * the driver sees the hidden bytes. Then writes
  * "allocated <unix-ns>" and holds everything until stdin closes.
  */
 #define _GNU_SOURCE
@@ -56,6 +58,7 @@ int main(int argc, char **argv) {
     out_path = out;
     size_t hooked = (size_t)atol(argv[2]) << 20;
     size_t hidden = argc > 3 ? (size_t)atol(argv[3]) << 20 : 0;
+    const char *hidden_lib = argc > 4 ? argv[4] : "libcuda.so.1";
     char line[16];
     if (!fgets(line, sizeof line, stdin)) return 2;
 
@@ -68,7 +71,7 @@ int main(int argc, char **argv) {
     if (hooked) TRY(cuMemAlloc(&p, hooked), 6);
 
     if (hidden) {
-        void *h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        void *h = dlmopen(LM_ID_NEWLM, hidden_lib, RTLD_NOW | RTLD_LOCAL);
         if (!h) {
             fprintf(stderr, "dlmopen: %s\n", dlerror());
             return fail(7, 0);

@@ -126,16 +126,21 @@ pub struct Running {
 }
 
 impl Running {
-    /// Spawns `cmd` (its stderr goes to `log`) and waits up to 30 s for
-    /// `/readyz`; panics with the log if the daemon exits or never gets
-    /// ready.
-    pub fn start(mut cmd: Command, port: u16, log: PathBuf) -> Running {
+    /// Spawns `cmd` (its stderr goes to `log`) without waiting for it.
+    pub fn spawn(mut cmd: Command, port: u16, log: PathBuf) -> Running {
         let child = cmd
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("spawn vgpu daemon");
-        let mut d = Running { child, port, log };
+        Running { child, port, log }
+    }
+
+    /// Spawns `cmd` (its stderr goes to `log`) and waits up to 30 s for
+    /// `/readyz`; panics with the log if the daemon exits or never gets
+    /// ready.
+    pub fn start(cmd: Command, port: u16, log: PathBuf) -> Running {
+        let mut d = Running::spawn(cmd, port, log);
         let t = Instant::now();
         while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
             d.assert_alive();

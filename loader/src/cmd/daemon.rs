@@ -13,7 +13,7 @@ use vgpu_common::event::sizes;
 use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
 
 use crate::daemon::check::{Thresholds, MIB};
-use crate::daemon::findings::{write_state, write_state_file, FILE_NAME};
+use crate::daemon::findings::{read_earlier, write_state, write_state_file, FILE_NAME};
 use crate::daemon::http::{self, Published, Shared};
 use crate::daemon::integrity::decide::Policy;
 use crate::daemon::integrity::spec::{SpecPattern, DEFAULT_SPECS};
@@ -22,6 +22,8 @@ use crate::daemon::libs::LibWatch;
 use crate::daemon::nvml::NvmlView;
 use crate::daemon::observer::{Observer, Settings};
 use crate::daemon::procfs::Procfs;
+use crate::daemon::retention::DEFAULT_RETENTION;
+use crate::host_pidns;
 use crate::logging;
 use crate::printable::escape_controls;
 use crate::probes::{btf, Options, ProbeError, ProbeSet};
@@ -60,7 +62,8 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 ///
 /// HTTP (default 0.0.0.0:9396): /metrics (Prometheus text, HAMi monitor's
 /// metric names plus vgpu_*), /readyz (200 once probes are attached and the
-/// first scan is done), /healthz, /findings. Served on its own thread with
+/// first scan is done; 503 with the reason when not in the host's PID
+/// namespace, where it frees no slot), /healthz, /findings. Served on its own thread with
 /// a 3 s header timeout, 10 s per connection, 16 KiB requests and at most
 /// 256 connections (16 per client address). See docs/daemon.md.
 ///
@@ -149,6 +152,12 @@ pub struct Args {
     /// sets ACTIVE_OOM_KILLER=true gets kill whatever this says.
     #[arg(long, value_name = "POLICY", value_enum, default_value_t = Policy::Restore)]
     on_violation: Policy,
+
+    /// Seconds a resolved finding (a restored limit, a killed process, one
+    /// the tenant undid) stays in /findings and `vgpu findings`, marked
+    /// resolved. Every violation is also counted in vgpu_violations_total.
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_RETENTION.as_secs_f64())]
+    findings_retention: f64,
 }
 
 /// Runs `vgpu daemon`.
@@ -174,6 +183,13 @@ fn secs(s: f64, min: f64) -> Duration {
 
 async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     let listener = http::bind(args.listen).context("vgpu daemon")?;
+    let host_pids = host_pidns::check(std::path::Path::new("/proc"));
+    if let Err(e) = &host_pids {
+        tracing::error!(
+            "vgpu daemon cannot see host PIDs: {e}. It will free no slot, fill no host PID and \
+             track no process; /readyz answers 503"
+        );
+    }
     let offsets = match btf::running_kernel_offsets() {
         Ok(o) => Some(o),
         Err(e) => {
@@ -214,15 +230,24 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             state_dir: args.state_dir.clone(),
             policy: args.on_violation,
         }),
+        host_pids: host_pids.clone(),
+        findings_retention: secs(args.findings_retention, 0.0),
     };
     let libs = LibWatch::new(Procfs::default(), args.libcuda.clone());
     let mut obs = Observer::new(settings, probes, libs, nvml);
+    let (earlier, written) = read_earlier(&args.state_dir);
+    obs.carry_over_findings(earlier, written);
     obs.attach_new_libs().map_err(sentence)?;
     if obs.attached_libs() == 0 {
         tracing::warn!("no libcuda found yet; looking again every {}s", args.rescan);
     }
 
-    let shared: Shared = Arc::new(Mutex::new(Published::default()));
+    let shared: Shared = Arc::new(Mutex::new(Published {
+        not_ready: host_pids
+            .err()
+            .map(|e| format!("{e}; no slot is freed and no host PID filled\n").into()),
+        ..Published::default()
+    }));
     http::spawn(listener, shared.clone()).context("vgpu daemon")?;
     logging::notice(&format!(
         "vgpu daemon: {} libcuda file(s) probed; http://{}; state {}",
@@ -288,9 +313,12 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
 /// Show what `vgpu daemon` found: untracked allocations, CUDA processes
 /// without a region, and limit integrity findings (tampered limits,
 /// processes without their container's limit or region, containers past
-/// their limit). Reads the daemon's state file (format in docs/daemon.md).
+/// their limit), open ones and those resolved within the daemon's
+/// --findings-retention. Reads the daemon's state file (format in
+/// docs/daemon.md).
 ///
-/// Exits 0 when there are no findings, 3 when there are, 1 on error.
+/// Exits 0 when there are no findings, 3 when there are (resolved ones
+/// included: a restored tampering is still one), 1 on error.
 #[derive(clap::Args, Debug)]
 pub struct FindingsArgs {
     /// The daemon's --state-dir.
@@ -315,10 +343,14 @@ pub fn run_findings(args: FindingsArgs) -> anyhow::Result<ExitCode> {
     } else if list.is_empty() {
         println!("no findings");
     } else {
+        let now = crate::daemon::findings::now_ms();
         for f in &list {
+            let resolved = f["resolved_unix_ms"].as_u64().map_or(String::new(), |t| {
+                format!(" [resolved {} s ago]", now.saturating_sub(t) / 1000)
+            });
             // Messages quote process names and paths tenants chose.
             println!(
-                "{:<22} {}",
+                "{:<22} {}{resolved}",
                 escape_controls(f["kind"].as_str().unwrap_or("?")),
                 escape_controls(f["message"].as_str().unwrap_or(""))
             );

@@ -53,7 +53,7 @@ pub struct Observation {
 }
 
 /// Which view saw more than the hook tracked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     /// The uprobes on libcuda (compared with `data_size`).

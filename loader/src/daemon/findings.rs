@@ -62,7 +62,7 @@ impl Kind {
 }
 
 /// Which limit of a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LimitName {
     MemoryBytes,
@@ -70,7 +70,7 @@ pub enum LimitName {
 }
 
 /// One limit that is not what the container was given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LimitMismatch {
     pub device: usize,
     pub limit: LimitName,
@@ -79,7 +79,7 @@ pub struct LimitMismatch {
 }
 
 /// One finding about one process.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Finding {
     pub kind: Kind,
     /// Host PID.
@@ -110,11 +110,15 @@ pub struct Finding {
     /// One sentence for people.
     pub message: String,
     /// Limits that differ from the container's (integrity findings).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<LimitMismatch>,
     /// What the daemon did about it (`restored`, `killed`, or why not).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<String>,
+    /// Unix milliseconds of the first scan that no longer found it; absent
+    /// while it holds. Kept for `--findings-retention` (`retention`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_unix_ms: Option<u64>,
 }
 
 /// The process a cross-check finding is about.
@@ -202,6 +206,7 @@ pub fn cross_check(
         message,
         limits: Vec::new(),
         action: None,
+        resolved_unix_ms: None,
     }
 }
 
@@ -265,6 +270,20 @@ pub fn write_state_file(dir: &Path, name: &str, json: &str) -> Result<(), StateE
     std::fs::rename(&tmp, &path).map_err(werr)
 }
 
+/// The findings a previous daemon left in `<dir>/findings.json` and when
+/// it last wrote it (empty when absent or unreadable).
+pub fn read_earlier(dir: &Path) -> (Vec<Finding>, u64) {
+    #[derive(serde::Deserialize)]
+    struct Earlier {
+        #[serde(default)]
+        updated_unix_ms: u64,
+        #[serde(default)]
+        findings: Vec<Finding>,
+    }
+    read_state_file::<Earlier>(dir, FILE_NAME)
+        .map_or((Vec::new(), 0), |e| (e.findings, e.updated_unix_ms))
+}
+
 /// The findings file under `dir` as JSON, if present and valid (for
 /// `vgpu inspect --json`).
 pub fn read_state(dir: &Path) -> Option<serde_json::Value> {
@@ -312,6 +331,7 @@ mod tests {
             message: "m".into(),
             limits: Vec::new(),
             action: None,
+            resolved_unix_ms: None,
         };
         write_state(&state, &to_json(&[f.clone(), f], 7)).unwrap();
         write_state(&state, &to_json(&[], 8)).unwrap();
@@ -437,6 +457,7 @@ mod tests {
             message: String::new(),
             limits: Vec::new(),
             action: None,
+            resolved_unix_ms: None,
         }
     }
 }

@@ -53,6 +53,9 @@ pub struct Published {
     pub findings: Bytes,
     /// Probes attached and the first scan done.
     pub ready: bool,
+    /// Why the daemon cannot do its job whatever it attaches (`/readyz`
+    /// answers 503 with this body).
+    pub not_ready: Option<Bytes>,
     pub last_poll: Instant,
 }
 
@@ -62,6 +65,7 @@ impl Default for Published {
             metrics: Bytes::new(),
             findings: Bytes::from_static(b"{\"version\":1,\"findings\":[]}\n"),
             ready: false,
+            not_ready: None,
             last_poll: Instant::now(),
         }
     }
@@ -216,6 +220,11 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
             StatusCode::OK,
             p.metrics.clone(),
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+        READY_PATH if p.not_ready.is_some() => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            p.not_ready.clone().unwrap_or_default(),
+            "text/plain",
         ),
         READY_PATH if p.ready => plain(StatusCode::OK, b"ready\n"),
         READY_PATH => plain(StatusCode::SERVICE_UNAVAILABLE, b"starting\n"),

@@ -86,6 +86,9 @@ pub struct Counters {
     pub probe_events: Family<Labels, Counter>,
     /// Calls the probes could not record, by reason.
     pub probe_lost: Family<Labels, Counter>,
+    /// Violations found, by kind and the action taken
+    /// (`super::retention`).
+    pub violations: Family<Labels, Counter>,
 }
 
 impl Counters {
@@ -335,6 +338,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "vgpu_probe_lost_events",
         "libcuda calls the probes could not record, by reason",
         c.probe_lost.clone(),
+    );
+    reg.register(
+        "vgpu_violations",
+        "Findings that appeared, by kind and the action the daemon took (kept across scans)",
+        c.violations.clone(),
     );
 
     let mut out = String::new();

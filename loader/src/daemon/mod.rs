@@ -5,7 +5,8 @@
 //!   keeps the region files open and their last snapshots, [`procfs`] reads
 //!   what `/proc` says; what a region means is `crate::regions`');
 //! - [`reclaim`] frees the slots of processes proven dead;
-//! - [`check`] decides when usage escaped the hook, [`findings`] records it;
+//! - [`check`] decides when usage escaped the hook, [`findings`] records it,
+//!   [`retention`] keeps it once resolved and counts violations;
 //! - [`integrity`] knows each container's limits and reports and acts on
 //!   tampering;
 //! - [`nvml`] samples the driver's own view, [`utilization`] turns its
@@ -35,4 +36,5 @@ pub mod reclaim;
 pub mod region_cache;
 pub mod region_owner;
 pub mod region_view;
+pub mod retention;
 pub mod utilization;

@@ -24,7 +24,9 @@ use super::procfs::{ProcIdentity, Procfs};
 use super::reclaim::Reclaimer;
 use super::region_cache::RegionCache;
 use super::region_view;
+use super::retention::Retention;
 use super::utilization::{self, SlotProc, Utilization};
+use crate::host_pidns::NotHost;
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
 use crate::regions::open::{open_under, Access};
@@ -65,6 +67,10 @@ pub struct Settings {
     pub node: String,
     /// Limit integrity checks (`None`: off).
     pub integrity: Option<integrity::Config>,
+    /// Whether this process sees host PIDs; if not, no slot is freed.
+    pub host_pids: Result<(), NotHost>,
+    /// How long a resolved finding stays published.
+    pub findings_retention: Duration,
 }
 
 /// One process the daemon knows.
@@ -128,6 +134,7 @@ pub struct Observer {
     skipped: usize,
     reclaimer: Reclaimer,
     launches: Ledger,
+    retention: Retention,
 }
 
 impl Observer {
@@ -141,6 +148,9 @@ impl Observer {
             .integrity
             .clone()
             .map(|c| Integrity::new(c, Procfs::default()));
+        let counters = Counters::default();
+        let retention = Retention::new(settings.findings_retention, counters.violations.clone());
+        let reclaimer = Reclaimer::new(settings.host_pids.clone());
         Self {
             pods: PodNames::new(settings.pods_log_dir.clone()),
             settings,
@@ -153,14 +163,22 @@ impl Observer {
             procs: HashMap::new(),
             streaks: Streaks::default(),
             since: HashMap::new(),
-            counters: Counters::default(),
+            counters,
             lost_seen: HashMap::new(),
             attached: Vec::new(),
             integrity,
             skipped: 0,
-            reclaimer: Reclaimer::default(),
+            reclaimer,
             launches: Ledger::default(),
+            retention,
         }
+    }
+
+    /// Keeps the record a previous daemon published (see
+    /// [`Retention::carry_over`]).
+    pub fn carry_over_findings(&mut self, earlier: Vec<Finding>, written_ms: u64) {
+        self.retention
+            .carry_over(earlier, written_ms, findings::now_ms());
     }
 
     /// Libraries with probes attached so far.
@@ -211,6 +229,11 @@ impl Observer {
     /// re-checks, forgetting the dead.
     pub fn poll(&mut self) -> Result<(), ProbeError> {
         self.probes.flush_diagnostics();
+        // Host PIDs name other processes here (or none): nothing to track,
+        // and "gone" proves nothing.
+        if self.settings.host_pids.is_err() {
+            return Ok(());
+        }
         for (caller, counts) in self.probes.procs()? {
             let tgid = caller.host_tgid;
             let p = self
@@ -365,6 +388,7 @@ impl Observer {
         let mut untracked: Vec<_> = untracked.into_iter().collect();
         untracked.sort();
         out.extend(self.check_integrity(nv.as_ref(), now_ms));
+        let published = self.retention.update(&out, now_ms);
         let snap = Snapshot {
             regions,
             host: nv.map(|s| s.devices).unwrap_or_default(),
@@ -378,7 +402,7 @@ impl Observer {
         };
         ScanOutput {
             metrics: metrics::render(&snap, &self.counters),
-            findings_json: findings::to_json(&out, now_ms),
+            findings_json: findings::to_json(&published, now_ms),
             findings: out.len(),
             utilization_json: serde_json::to_string(&utilization::State {
                 version: 1,
@@ -418,12 +442,16 @@ impl Observer {
                     unhooked: p.slot.is_none()
                         && p.first_seen.elapsed() >= self.settings.slot_grace,
                     probe_bytes: obs.probe_bytes,
+                    nvml_bytes: obs.nvml_bytes,
                     tracked_bytes: obs.tracked_total,
                 }
             })
             .collect();
         match self.integrity.as_mut() {
-            Some(integ) => integ.scan(&inputs, &self.cache, now_ms),
+            Some(integ) => {
+                let gpus = nv.map(|s| s.devices.len()).filter(|&n| n > 0);
+                integ.scan(&inputs, &self.cache, gpus, now_ms)
+            }
             None => Vec::new(),
         }
     }
@@ -431,7 +459,9 @@ impl Observer {
     /// Processes NVML lists that the probes never saw (a libcuda we do not
     /// probe, or static linking): tracked too, so a missing region shows.
     fn adopt_nvml_processes(&mut self, nv: Option<&Sample>) {
-        let Some(nv) = nv else { return };
+        let Some(nv) = nv.filter(|_| self.settings.host_pids.is_ok()) else {
+            return;
+        };
         for &pid in nv.processes.keys() {
             if self.procs.contains_key(&pid) || !self.procfs.alive(pid) {
                 continue;

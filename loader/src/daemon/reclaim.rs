@@ -15,6 +15,11 @@
 //! one frees a slot of the tenant's own region, which it can zero anyway
 //! (its usage still shows as `over_limit` by the kernel's count).
 //!
+//! Outside the host's PID namespace (a daemon started without `hostPID`)
+//! every host PID looks gone: nothing is judged and nothing freed
+//! ([`Reclaimer::new`]), and the daemon says so at start-up and in
+//! `/readyz`.
+//!
 //! Work is bounded: at most [`MAX_CHECKS`] slots are judged and
 //! [`MAX_FREES`] freed per scan, each scan going on where the last one
 //! stopped. The region lock is tried, never waited for: a tenant can hold
@@ -31,6 +36,7 @@ use vgpu_common::region_io::RegionIo;
 use super::hostpid::SlotRef;
 use super::procfs::{ProcIdentity, Procfs};
 use super::region_cache::{RegionCache, RegionKey};
+use crate::host_pidns::NotHost;
 use vgpu_common::reclaim;
 
 /// Slots judged (a `/proc` look-up each) per scan.
@@ -52,9 +58,20 @@ struct Dead {
 #[derive(Debug, Default)]
 pub struct Reclaimer {
     cursor: Option<(RegionKey, usize)>,
+    /// Why this process cannot judge host PIDs, if it cannot: then it
+    /// frees nothing.
+    refused: Option<NotHost>,
 }
 
 impl Reclaimer {
+    /// A reclaimer for a process that sees host PIDs (`Ok`) or not.
+    pub fn new(host_pids: Result<(), NotHost>) -> Self {
+        Self {
+            cursor: None,
+            refused: host_pids.err(),
+        }
+    }
+
     /// One scan's share: judges and frees slots of the regions in `cache`,
     /// skipping those in `tracked` (slots of live processes the daemon
     /// knows). Returns how many were freed; their regions are read anew.
@@ -64,6 +81,9 @@ impl Reclaimer {
         procfs: &Procfs,
         tracked: &HashSet<SlotRef>,
     ) -> usize {
+        if self.refused.is_some() {
+            return 0;
+        }
         let mut keys: Vec<RegionKey> = cache.iter().map(|(k, _)| *k).collect();
         keys.sort_unstable();
         let (first, mut from) = match self.cursor.take() {
@@ -323,6 +343,19 @@ mod tests {
         let snap = fx.cache.get(&fx.key).unwrap().last_snapshot().unwrap();
         assert_eq!(snap.procs[1].pid.load(Relaxed), 0);
         assert_eq!(fx.run(&mut r, &tracked), 0);
+    }
+
+    #[test]
+    fn outside_the_host_pid_namespace_nothing_is_freed() {
+        let mut fx = fixture();
+        let ns = fake_proc(fx.dir.path(), 100, 5000);
+        fx.slot(0, ns, 4000, 200); // no /proc/200: dead, seen from the host
+        fx.slot(1, ns, 4000, 100); // 100 started later
+        let mut r = Reclaimer::new(Err(NotHost::OtherNamespace { ino: 0xF000_0001 }));
+        assert_eq!(fx.run(&mut r, &HashSet::new()), 0);
+        assert_eq!(fx.pids(), vec![1, 1]);
+        let mut r = Reclaimer::new(Ok(()));
+        assert_eq!(fx.run(&mut r, &HashSet::new()), 2);
     }
 
     #[test]

@@ -49,9 +49,11 @@ pub struct Alive {
 }
 
 impl Alive {
-    /// Whether "dead" can be trusted enough to reclaim the slot.
+    /// Whether "dead" can be trusted enough to reclaim the slot. Never
+    /// outside the host's PID namespace: there every host PID looks gone,
+    /// and the processes mapping the region are only this namespace's.
     pub fn is_certainly_dead(&self) -> bool {
-        !self.alive && self.by != AliveBy::Pid
+        !self.alive && self.by != AliveBy::Pid && crate::host_pidns::sees_host_pids()
     }
 }
 

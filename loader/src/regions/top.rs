@@ -133,6 +133,8 @@ pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
             findings.extend(
                 daemon_findings
                     .iter()
+                    // A live view: what is wrong now, not the record.
+                    .filter(|f| f.get("resolved_unix_ms").is_none())
                     .filter(|f| daemon_finding_matches(f, s))
                     .filter_map(|f| f.get("kind").and_then(|k| k.as_str()))
                     .map(str::to_owned),

@@ -12,7 +12,7 @@ use crate::daemon::findings::LimitMismatch;
 use crate::daemon::region_cache::RegionCache;
 
 impl RegionAccess for RegionCache {
-    fn limits(&self, key: &FileKey) -> Option<(Limits, u64)> {
+    fn limits(&self, key: &FileKey) -> Option<Limits> {
         let r = self.get(key)?.last_snapshot()?;
         if !r.is_initialized() {
             return None;
@@ -25,7 +25,7 @@ impl RegionAccess for RegionCache {
             l.mem[d] = r.limit[d].load(SeqCst);
             l.sm[d] = normal_sm(r.sm_limit[d].load(SeqCst));
         }
-        Some((l, r.device_num.load(SeqCst)))
+        Some(l)
     }
 
     fn shown(&self, key: &FileKey) -> Option<PathBuf> {

@@ -33,7 +33,7 @@ impl Integrity {
             // Region first, then the admin's record: `set-*-limit` writes
             // the record before the region, so a new value is never seen
             // without it.
-            let Some((found, _)) = regions.limits(&key) else {
+            let Some(found) = regions.limits(&key) else {
                 continue;
             };
             let want = self.effective(exp, &key, &found);
@@ -42,8 +42,14 @@ impl Integrity {
                 continue;
             }
             let plan = decide::plan(self.cfg.policy, exp.oom_killer, Kind::LimitTampered);
+            let ctr = first.identity.container_id.clone().unwrap_or_default();
+            let subject = Subject::Region(key, ctr);
             let action = plan.restore.then(|| {
                 let n = regions.restore(&key, &m);
+                if n > 0 {
+                    // Undone: seeing it again is the tenant's next write.
+                    self.ended.insert((Kind::LimitTampered, subject.clone()));
+                }
                 let shown = regions.shown(&key).unwrap_or_default();
                 // The finding itself is logged once; a tenant rewriting the
                 // limit continuously makes this line repeat, so not a warning.
@@ -71,8 +77,7 @@ impl Integrity {
             f.region = region;
             f.limits = m;
             f.action = action;
-            let ctr = first.identity.container_id.clone().unwrap_or_default();
-            out.push((Subject::Region(key, ctr), f));
+            out.push((subject, f));
         }
     }
 
@@ -92,7 +97,7 @@ impl Integrity {
         if !loose.is_empty() {
             // An admin may have raised the container's limit since.
             if let Some(key) = p.region {
-                if let Some((have, _)) = regions.limits(&key) {
+                if let Some(have) = regions.limits(&key) {
                     let want = self.effective(exp, &key, &have);
                     loose = decide::looser(&want, &own.limits);
                 }
@@ -167,41 +172,45 @@ impl Integrity {
         have.is_none() || have != want
     }
 
+    /// `over_limit`: what the container holds by the kernel's and the
+    /// driver's count (never a region field) against what its spec allows
+    /// on the GPUs the runtime gave it.
     pub(super) fn check_usage(
         &mut self,
         exp: &Expected,
         id: &str,
         members: &[&ProcInput<'_>],
         regions: &impl RegionAccess,
+        node_gpus: Option<usize>,
         out: &mut Vec<(Subject, Finding)>,
     ) {
         let Some(&first) = members.first() else {
             return;
         };
-        let held: u64 = members
+        let usage: Vec<decide::Usage> = members
             .iter()
-            .filter_map(|p| p.probe_bytes)
-            .fold(0, u64::saturating_add);
-        let mut keys: Vec<FileKey> = members.iter().filter_map(|p| p.region).collect();
-        keys.sort();
-        keys.dedup();
-        let device_num = keys
-            .iter()
-            .filter_map(|k| regions.limits(k).map(|(_, n)| n))
-            .max()
-            .unwrap_or(1);
-        let devices = exp.devices.unwrap_or(device_num.min(16) as usize);
+            .map(|p| decide::Usage {
+                probe_bytes: p.probe_bytes,
+                nvml_bytes: p.nvml_bytes,
+            })
+            .collect();
+        let held = decide::Held::of(&usage);
+        let devices = decide::devices(exp.devices, node_gpus);
         let mut limit = decide::allowance(&exp.limits, devices);
-        if limit.is_some_and(|l| held > l) {
+        let over = |l: Option<u64>| l.is_some_and(|l| held.over(l));
+        if over(limit) {
             // Admins may have raised it: take the largest recorded.
+            let mut keys: Vec<FileKey> = members.iter().filter_map(|p| p.region).collect();
+            keys.sort();
+            keys.dedup();
             for key in &keys {
-                if let Some((have, _)) = regions.limits(key) {
+                if let Some(have) = regions.limits(key) {
                     let want = self.effective(exp, key, &have);
                     limit = limit.max(decide::allowance(&want, devices));
                 }
             }
         }
-        let Some(limit) = limit.filter(|&l| held > l) else {
+        let Some(limit) = limit.filter(|&l| over(Some(l))) else {
             self.over.remove(id);
             return;
         };
@@ -216,7 +225,7 @@ impl Integrity {
             .filter(|p| !self.tried.contains_key(&p.pid))
             .map(|p| Holder {
                 pid: p.pid,
-                probe_bytes: p.probe_bytes.unwrap_or(0),
+                held_bytes: p.probe_bytes.max(p.nvml_bytes).unwrap_or(0),
                 tracked_bytes: p.tracked_bytes,
             })
             .collect();
@@ -228,14 +237,20 @@ impl Integrity {
             _ => None,
         };
         let message = format!(
-            "over limit: container {} holds {} of device memory by the kernel's count, past its limit of {}{}",
+            "over limit: container {} holds {} of device memory ({}), past its limit of {} \
+             ({} GPU(s)){}",
             short(id),
-            bytes(held),
+            bytes(held.bytes),
+            held.describe(),
             bytes(limit),
-            action.as_deref().map_or(String::new(), |a| format!("; {a}")),
+            devices,
+            action
+                .as_deref()
+                .map_or(String::new(), |a| format!("; {a}")),
         );
         let mut f = base(Kind::OverLimit, None, first.identity, message);
-        f.probe_bytes = Some(held);
+        f.probe_bytes = Some(held.probes);
+        f.nvml_bytes = held.nvml;
         f.action = action;
         out.push((Subject::Container(id.to_owned()), f));
     }

@@ -109,12 +109,82 @@ pub fn allowance(expected: &Limits, devices: usize) -> Option<u64> {
         .try_fold(0u64, |acc, &m| (m != 0).then(|| acc.saturating_add(m)))
 }
 
+/// How many GPUs a container's limits apply to, from facts the tenant
+/// cannot write: the GPUs its runtime spec names, else the node's GPUs
+/// (NVML; a container given `all` may use each), else one (fail closed).
+/// Never the region's `device_num`, which the tenant writes.
+pub fn devices(spec: Option<usize>, node_gpus: Option<usize>) -> usize {
+    spec.or(node_gpus).unwrap_or(1).clamp(1, MAX_DEVICES)
+}
+
+/// What the driver's count may exceed a limit by before it is `over_limit`:
+/// max(16 MiB, 2 %), as the cross-check allows (the hook sizes the context
+/// it counts by a measurement; allocations are rounded to pages).
+pub fn slack(limit: u64) -> u64 {
+    (limit / 50).max(16 << 20)
+}
+
+/// One process's usage by the kernel's and the driver's count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// What the probes saw it allocate minus free (data only).
+    pub probe_bytes: Option<u64>,
+    /// What NVML says it uses (its contexts included; also what no probe
+    /// sees: an unprobed copy of libcuda, arrays).
+    pub nvml_bytes: Option<u64>,
+}
+
+/// A container's usage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Σ of the probes' counts.
+    pub probes: u64,
+    /// Σ of NVML's counts (`None`: NVML listed none of its processes).
+    pub nvml: Option<u64>,
+    /// Σ per process of the larger of the two.
+    pub bytes: u64,
+}
+
+impl Held {
+    pub fn of(procs: &[Usage]) -> Held {
+        let mut h = Held::default();
+        for p in procs {
+            let probe = p.probe_bytes.unwrap_or(0);
+            h.probes = h.probes.saturating_add(probe);
+            if let Some(n) = p.nvml_bytes {
+                h.nvml = Some(h.nvml.unwrap_or(0).saturating_add(n));
+            }
+            h.bytes = h.bytes.saturating_add(probe.max(p.nvml_bytes.unwrap_or(0)));
+        }
+        h
+    }
+
+    /// Whether this is past `limit`: the probes (data alone) past it, or
+    /// the larger count past it by more than [`slack`].
+    pub fn over(&self, limit: u64) -> bool {
+        self.probes > limit || self.bytes > limit.saturating_add(slack(limit))
+    }
+
+    /// `kernel's count X, driver's count Y`.
+    pub fn describe(&self) -> String {
+        let probes = crate::regions::summary::bytes(self.probes);
+        match self.nvml {
+            Some(n) => format!(
+                "kernel's count {probes}, driver's count {}",
+                crate::regions::summary::bytes(n)
+            ),
+            None => format!("kernel's count {probes}"),
+        }
+    }
+}
+
 /// A container's process, as `over_limit` chooses whom to stop.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Holder {
     pub pid: u32,
-    /// What the kernel saw it allocate minus free.
-    pub probe_bytes: u64,
+    /// The larger of what the kernel saw it allocate minus free and what
+    /// the driver says it uses.
+    pub held_bytes: u64,
     /// What its slot accounts.
     pub tracked_bytes: u64,
 }
@@ -124,11 +194,11 @@ pub struct Holder {
 pub fn victim(holders: &[Holder]) -> Option<u32> {
     holders
         .iter()
-        .filter(|h| h.probe_bytes > 0)
+        .filter(|h| h.held_bytes > 0)
         .max_by_key(|h| {
             (
-                h.probe_bytes.saturating_sub(h.tracked_bytes),
-                h.probe_bytes,
+                h.held_bytes.saturating_sub(h.tracked_bytes),
+                h.held_bytes,
                 std::cmp::Reverse(h.pid),
             )
         })
@@ -215,6 +285,50 @@ mod tests {
     }
 
     #[test]
+    fn no_region_field_widens_the_allowance() {
+        // The spec's GPUs, else the node's, else one; never more than 16.
+        assert_eq!(devices(Some(2), Some(8)), 2);
+        assert_eq!(devices(None, Some(8)), 8);
+        assert_eq!(devices(None, None), 1);
+        assert_eq!(devices(Some(99), None), MAX_DEVICES);
+        assert_eq!(devices(Some(0), None), 1);
+    }
+
+    #[test]
+    fn the_driver_count_holds_what_the_probes_miss() {
+        let mib = 1u64 << 20;
+        let u = |probe, nvml| Usage {
+            probe_bytes: probe,
+            nvml_bytes: nvml,
+        };
+        // Allocated through an unprobed copy of libcuda: NVML alone sees it.
+        let h = Held::of(&[u(Some(64 * mib), Some(1664 * mib))]);
+        assert_eq!(
+            (h.probes, h.nvml, h.bytes),
+            (64 * mib, Some(1664 * mib), 1664 * mib)
+        );
+        assert!(h.over(G));
+        // A process NVML does not list still counts by the probes, and
+        // one only NVML lists by NVML.
+        let h = Held::of(&[u(Some(700 * mib), None), u(None, Some(600 * mib))]);
+        assert_eq!(
+            (h.probes, h.nvml, h.bytes),
+            (700 * mib, Some(600 * mib), 1300 * mib)
+        );
+        assert!(h.over(G));
+        // At the limit by NVML (context included), within the slack: fine.
+        let h = Held::of(&[u(Some(500 * mib), Some(G + 10 * mib))]);
+        assert!(!h.over(G));
+        // The probes past the limit need no slack (they see no context).
+        assert!(Held::of(&[u(Some(G + 1), None)]).over(G));
+        assert_eq!(slack(G), G / 50);
+        assert_eq!(slack(G / 2), 16 * mib);
+        assert!(Held::of(&[u(Some(1), Some(2))])
+            .describe()
+            .contains("driver's count"));
+    }
+
+    #[test]
     fn policy_plans() {
         use Kind::*;
         for k in [LimitTampered, UnlimitedProcess, PrivateRegion, OverLimit] {
@@ -239,9 +353,9 @@ mod tests {
 
     #[test]
     fn the_victim_holds_the_most_untracked_memory() {
-        let h = |pid, probe_bytes, tracked_bytes| Holder {
+        let h = |pid, held_bytes, tracked_bytes| Holder {
             pid,
-            probe_bytes,
+            held_bytes,
             tracked_bytes,
         };
         assert_eq!(victim(&[]), None);

@@ -11,7 +11,7 @@ use vgpu_common::region::MAX_DEVICES;
 /// HAMi's per-container opt-in to having processes over their limit killed
 /// (its library reads it and never acts on it).
 pub const ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
-pub use vgpu_common::env::NVIDIA_VISIBLE_DEVICES;
+pub use vgpu_common::env::{CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES};
 
 /// No SM limit, as the hook stores it.
 pub const SM_NONE: u64 = 100;
@@ -69,7 +69,9 @@ pub struct Expected {
     pub region: PathBuf,
     /// `ACTIVE_OOM_KILLER` is `true` or `1`.
     pub oom_killer: bool,
-    /// How many GPUs `NVIDIA_VISIBLE_DEVICES` lists (`None`: unset, `all`, …).
+    /// How many GPUs the spec gives it: the fewer of those
+    /// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` list (`None`:
+    /// neither names any: unset, `all`, …).
     pub devices: Option<usize>,
     /// Limit variables of the spec that did not parse (the hook refuses
     /// them too, so the device has no limit).
@@ -90,11 +92,10 @@ impl Expected {
             .unwrap_or_else(|| SHARED_CACHE_DEFAULT.to_owned());
         let oom_killer = lookup(records.clone(), ACTIVE_OOM_KILLER)
             .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
-        let devices = lookup(records, NVIDIA_VISIBLE_DEVICES).and_then(|v| {
-            let n = v.split(',').filter(|d| !d.trim().is_empty()).count();
-            let named = !matches!(v.trim(), "all" | "none" | "void" | "");
-            (named && n > 0).then_some(n.min(MAX_DEVICES))
-        });
+        let devices = [NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES]
+            .into_iter()
+            .filter_map(|name| lookup(records.clone(), name).and_then(|v| listed(&v)))
+            .min();
         Some(Expected {
             limits,
             region: PathBuf::from(region),
@@ -128,6 +129,14 @@ pub struct Overrides {
     pub mem: std::collections::BTreeMap<usize, u64>,
     #[serde(default)]
     pub sm: std::collections::BTreeMap<usize, u64>,
+}
+
+/// How many devices a `*_VISIBLE_DEVICES` value names; `None` for a
+/// value that names none (`all`, `none`, `void`, empty).
+fn listed(v: &str) -> Option<usize> {
+    let n = v.split(',').filter(|d| !d.trim().is_empty()).count();
+    let named = !matches!(v.trim(), "all" | "none" | "void" | "");
+    (named && n > 0).then_some(n.min(MAX_DEVICES))
 }
 
 /// The value of the first `name=` record.
@@ -165,6 +174,20 @@ mod tests {
         assert_eq!(e.region, PathBuf::from("/usr/local/vgpu/a.cache"));
         assert_eq!(e.devices, Some(2));
         assert!(!e.oom_killer);
+        let narrowed = Expected::from_env(&env(&[
+            "CUDA_DEVICE_MEMORY_LIMIT=1g",
+            "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b,GPU-c",
+            "CUDA_VISIBLE_DEVICES=0",
+        ]))
+        .unwrap();
+        assert_eq!(narrowed.devices, Some(1));
+        let all = Expected::from_env(&env(&[
+            "CUDA_DEVICE_MEMORY_LIMIT=1g",
+            "NVIDIA_VISIBLE_DEVICES=all",
+            "CUDA_VISIBLE_DEVICES=0,1",
+        ]))
+        .unwrap();
+        assert_eq!(all.devices, Some(2));
         assert!(e.errors.is_empty());
     }
 

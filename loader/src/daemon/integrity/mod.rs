@@ -73,15 +73,17 @@ pub struct ProcInput<'a> {
     pub unhooked: bool,
     /// Bytes the kernel saw it allocate minus free.
     pub probe_bytes: Option<u64>,
+    /// Bytes the driver says it uses (NVML, by host PID; context included).
+    pub nvml_bytes: Option<u64>,
     /// Bytes its slot accounts.
     pub tracked_bytes: u64,
 }
 
 /// What a region holds, and writing limits back.
 pub trait RegionAccess {
-    /// The region's limits (normalised as the hook stores them) and
-    /// `device_num`, if it is open and initialised.
-    fn limits(&self, key: &FileKey) -> Option<(Limits, u64)>;
+    /// The region's limits (normalised as the hook stores them), if it is
+    /// open and initialised.
+    fn limits(&self, key: &FileKey) -> Option<Limits>;
     /// The path to report.
     fn shown(&self, key: &FileKey) -> Option<PathBuf>;
     /// Writes the expected values of `m` back (see [`enforce::restore`]).
@@ -124,6 +126,12 @@ pub struct Integrity {
     tried: HashMap<u32, String>,
     /// Admin records already warned about.
     bad_records: HashSet<FileKey>,
+    /// Findings of this scan that an action ended (a restored limit): the
+    /// next scan finding them again is a new violation.
+    ended: HashSet<(Kind, Subject)>,
+    /// Those the last scan ended: found again at once, the tenant rewrites
+    /// continuously, which is logged at `info` (the first one warned).
+    undone: HashSet<(Kind, Subject)>,
 }
 
 impl Integrity {
@@ -137,15 +145,18 @@ impl Integrity {
             over: HashMap::new(),
             tried: HashMap::new(),
             bad_records: HashSet::new(),
+            ended: HashSet::new(),
+            undone: HashSet::new(),
         }
     }
 
     /// One scan over the observer's processes: findings, and the policy's
-    /// actions.
+    /// actions. `node_gpus`: how many GPUs NVML lists on the node.
     pub fn scan(
         &mut self,
         procs: &[ProcInput<'_>],
         regions: &impl RegionAccess,
+        node_gpus: Option<usize>,
         now_ms: u64,
     ) -> Vec<Finding> {
         let live: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
@@ -170,7 +181,7 @@ impl Integrity {
             for p in members {
                 self.check_process(&exp, p, regions, &mut out);
             }
-            self.check_usage(&exp, id, members, regions, &mut out);
+            self.check_usage(&exp, id, members, regions, node_gpus, &mut out);
         }
         let now = Instant::now();
         self.specs
@@ -186,14 +197,21 @@ impl Integrity {
         for (subject, mut f) in found {
             let key = (f.kind, subject);
             let since = *self.since.entry(key.clone()).or_insert(now_ms);
-            if since == now_ms {
+            if since == now_ms && self.undone.contains(&key) {
+                tracing::info!("{}", f.message);
+            } else if since == now_ms {
                 tracing::warn!("{}", f.message);
             }
             f.since_unix_ms = since;
             keys.insert(key);
             out.push(f);
         }
+        let ended = std::mem::take(&mut self.ended);
+        self.undone.clone_from(&ended);
         self.since.retain(|k, _| {
+            if ended.contains(k) {
+                return false;
+            }
             let keep = keys.contains(k);
             if !keep {
                 tracing::info!("finding {} for {:?} cleared", k.0.name(), k.1);

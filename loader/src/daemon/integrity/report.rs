@@ -33,6 +33,7 @@ pub(super) fn base(
         message,
         limits: Vec::new(),
         action: None,
+        resolved_unix_ms: None,
     }
 }
 

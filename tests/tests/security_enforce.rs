@@ -1,0 +1,543 @@
+//! Enforcement a tenant cannot dodge (issue 25, items 3, 5, 6), end to end
+//! as root on the simulated GPU, with containers as in `security_integrity`
+//! (a kubepods cgroup ending in a 64-hex id, a PID namespace, a fixture
+//! runtime spec saying 1 GiB):
+//!
+//! - `over_limit` and `--on-violation kill` use the kernel's and the
+//!   driver's counts against the GPUs the runtime gave the container: a
+//!   forged `device_num` widens nothing, and memory allocated through a
+//!   libcuda the daemon does not probe still counts;
+//! - a daemon outside the host's PID namespace frees no slot and says so;
+//! - a restored tampering stays in `/findings` (resolved) and is counted.
+#![allow(
+    clippy::expect_used,
+    reason = "test helpers panic with a message when the test machine misbehaves"
+)]
+
+use std::ffi::OsStr;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vgpu_common::view::{Access, RegionFile};
+use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::daemon::{Running, Workdir};
+use vgpu_tests::dist;
+use vgpu_tests::http::{free_port, get, now_ns};
+use vgpu_tests::sim::SimGpu;
+
+const G: u64 = 1 << 30;
+/// `device_num` and `limit[0]` in the v1.2 region.
+const DEVICE_NUM_OFFSET: u64 = 56;
+const LIMIT0_OFFSET: u64 = 1600;
+/// Found and stopped within this long.
+const WITHIN: Duration = Duration::from_secs(2);
+
+fn container_id(salt: u64) -> String {
+    let a =
+        now_ns() ^ (u64::from(std::process::id()) << 32) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    format!(
+        "{a:016x}{:016x}{:016x}{:016x}",
+        a.rotate_left(13),
+        a.rotate_left(29),
+        !a
+    )
+}
+
+struct Fixture(Workdir);
+
+impl std::ops::Deref for Fixture {
+    type Target = Workdir;
+    fn deref(&self) -> &Workdir {
+        &self.0
+    }
+}
+
+/// One test container: its cgroup (kubepods layout) and id.
+struct Ctr {
+    cg: Cgroup,
+    id: String,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture(Workdir::new(
+            "vgpu-enforce-",
+            &["regions", "out", "runtime/k8s.io"],
+        ))
+    }
+
+    fn state(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    /// A container whose spec gives it 1 GiB and `region` (no GPU list:
+    /// how many it may use is not the spec's to say here).
+    fn container(&self, salt: u64, region: &Path, extra: &[&str]) -> Ctr {
+        let id = container_id(salt);
+        let uid = format!(
+            "{:08x}-5678-4abc-8def-{:012x}",
+            salt,
+            now_ns() & 0xffff_ffff_ffff
+        );
+        let cg = Cgroup::create(&format!("vgpu-test/kubepods/burstable/pod{uid}/{id}"));
+        let bundle = self.path("runtime/k8s.io").join(&id);
+        std::fs::create_dir_all(&bundle).expect("bundle");
+        let mut env = vec![
+            "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+            "CUDA_DEVICE_MEMORY_LIMIT=1g".to_owned(),
+            format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}", region.display()),
+        ];
+        env.extend(extra.iter().map(|s| (*s).to_owned()));
+        let spec = serde_json::json!({
+            "ociVersion": "1.1.0",
+            "process": { "args": ["/bin/app"], "env": env, "cwd": "/" },
+            "root": { "path": "rootfs" },
+        });
+        std::fs::write(bundle.join("config.json"), spec.to_string()).expect("config.json");
+        Ctr { cg, id }
+    }
+
+    /// `daemon_prog <out> <args…>` in `ctr`, hooked, limited as its spec
+    /// says, waiting for "go".
+    fn spawn(
+        &self,
+        gpu: &SimGpu,
+        ctr: &Ctr,
+        name: &str,
+        region: &Path,
+        args: &[&str],
+    ) -> ContainerProcess {
+        let base = self.envs(gpu);
+        let hook = dist::hook_lib();
+        let region = region.display().to_string();
+        let mut all: Vec<(&str, &OsStr)> = base
+            .iter()
+            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
+            .collect();
+        all.push(("LD_PRELOAD", hook.as_os_str()));
+        all.push(("CUDA_DEVICE_MEMORY_LIMIT", OsStr::new("1g")));
+        all.push(("CUDA_DEVICE_MEMORY_SHARED_CACHE", OsStr::new(&region)));
+        let out = self.out(name);
+        let mut argv: Vec<&OsStr> = vec![self.prog.as_os_str(), out.as_os_str()];
+        argv.extend(args.iter().map(OsStr::new));
+        ctr.cg.spawn(&argv, &all)
+    }
+
+    /// The value of `what` in the program's marks (waits up to `timeout`).
+    fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
+            {
+                return v;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "{name}: no {what:?} line after {timeout:?}; its output: {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// A daemon on the host reading the fixture's runtime specs.
+    fn daemon(&self, gpu: &SimGpu, extra: &[&str]) -> Running {
+        let spec = format!("{}/runtime/*/{{id}}/config.json", self.root().display());
+        let mut args = vec!["--runtime-spec", spec.as_str()];
+        args.extend_from_slice(extra);
+        self.start_daemon(gpu, &self.state(), &self.path("no-hami-dir"), &args)
+    }
+}
+
+fn findings(d: &Running) -> (u64, Vec<Value>) {
+    let (code, body) = get(d.port, "/findings").expect("findings");
+    assert_eq!(code, 200);
+    let v: Value = serde_json::from_str(&body).expect("json");
+    (
+        v["updated_unix_ms"].as_u64().unwrap_or(0),
+        v["findings"].as_array().cloned().unwrap_or_default(),
+    )
+}
+
+/// The first finding `pick` accepts, polled every 20 ms up to `limit`.
+fn wait_finding(d: &Running, what: &str, limit: Duration, pick: impl Fn(&Value) -> bool) -> Value {
+    let t = Instant::now();
+    loop {
+        let (_, list) = findings(d);
+        if let Some(f) = list.iter().find(|f| pick(f)) {
+            return f.clone();
+        }
+        assert!(
+            t.elapsed() < limit,
+            "no {what} finding after {limit:?}: {list:#?}\n{}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until some slot of `path` records host PID `host`.
+fn wait_hostpid(path: &Path, host: u32, d: &Running) {
+    let t = Instant::now();
+    loop {
+        if let Ok(f) = RegionFile::open(path, Access::ReadOnly) {
+            if f.region()
+                .active_slots()
+                .iter()
+                .any(|s| s.hostpid.load(SeqCst) == host as i32)
+            {
+                return;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "slot never filled: {}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether host process `pid` is gone (or a zombie).
+fn dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
+}
+
+/// The time from `since_ns` (a program's mark) until `pid` is dead, if it
+/// dies within `limit` of now.
+fn died_after(pid: u32, since_ns: u64, limit: Duration) -> Option<Duration> {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if dead(pid) {
+            return Some(Duration::from_nanos(now_ns().saturating_sub(since_ns)));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// (a) A tenant writes `device_num` = 16 into its own region, then
+/// allocates 8000 MiB around the hook (through the probed libcuda, loaded
+/// a second time with dlmopen) under its 1 GiB limit: `over_limit` and,
+/// under `kill`, the process is dead within 2 s of the allocation. The
+/// allowance comes from the GPUs the node has (the spec names none), not
+/// from the 16 devices the region claims.
+#[test]
+fn a_forged_device_num_widens_nothing_under_kill() {
+    let fx = Fixture::new();
+    // Small contexts: two processes' contexts fit the 1 GiB the hook counts.
+    let gpu = SimGpu::builder().memory("16g").context_bytes("64m").build();
+    let daemon = fx.daemon(&gpu, &["--on-violation", "kill"]);
+    let region = fx.region("forged");
+    let ctr = fx.container(1, &region, &[]);
+    // A first process creates and registers the region.
+    let mut first = fx.spawn(&gpu, &ctr, "first", &region, &["64"]);
+    let first_pid = first.host_pid();
+    first.send_line("go");
+    fx.mark("first", "allocated", Duration::from_secs(10));
+    wait_hostpid(&region, first_pid, &daemon);
+    // The tenant's write (the region is read-write in its container),
+    // repeated every 2 ms: a process's registration writes its own count.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&region)
+        .expect("open region");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let forger = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                f.write_all_at(&16u64.to_le_bytes(), DEVICE_NUM_OFFSET)
+                    .expect("pwrite device_num");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+    };
+    // The second process holds 8000 MiB the hook never saw.
+    let mut big = fx.spawn(&gpu, &ctr, "big", &region, &["64", "8000"]);
+    let big_pid = big.host_pid();
+    big.send_line("go");
+    let t_alloc = fx.mark("big", "allocated", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(10));
+    let rf = RegionFile::open(&region, Access::ReadOnly).expect("region");
+    assert_eq!(
+        rf.region().device_num.load(SeqCst),
+        16,
+        "the forgery must hold for the test to mean anything"
+    );
+    let found = wait_finding(&daemon, "over_limit", Duration::from_secs(10), |f| {
+        f["kind"] == "over_limit" && f["container_id"] == ctr.id.as_str()
+    });
+    eprintln!("over_limit: {found:#}");
+    assert_eq!(
+        found["action"],
+        format!("killed host pid {big_pid}"),
+        "{found:#}"
+    );
+    let after = died_after(big_pid, t_alloc, Duration::from_secs(5));
+    eprintln!("stopped {after:?} after the allocation");
+    assert!(
+        after.is_some_and(|a| a <= WITHIN),
+        "not stopped within {WITHIN:?}: {after:?}\n{}",
+        daemon.log_text()
+    );
+    assert!(!dead(first_pid), "the process within the limit was killed");
+    stop.store(true, SeqCst);
+    forger.join().expect("forger");
+    first.wait();
+    big.wait();
+}
+
+/// (b) 1100 MiB allocated through a copy of libcuda under another name
+/// (a file the daemon does not probe) under a 1 GiB limit: the probes see
+/// 64 MiB, NVML sees it all; `over_limit` by the driver's count and, under
+/// `kill`, the process is dead within 2 s of the allocation.
+#[test]
+fn an_unprobed_allocation_path_is_over_limit_and_killed() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::builder().memory("16g").build();
+    let daemon = fx.daemon(&gpu, &["--on-violation", "kill"]);
+    let copy = fx.path("lib/libnvcuda-copy.so");
+    std::fs::copy(fx.libcuda(), &copy).expect("copy libcuda");
+    let region = fx.region("unprobed");
+    let ctr = fx.container(2, &region, &[]);
+    let copy_arg = copy.display().to_string();
+    let mut p = fx.spawn(&gpu, &ctr, "hidden", &region, &["64", "1100", &copy_arg]);
+    let pid = p.host_pid();
+    p.send_line("go");
+    let t_alloc = fx.mark("hidden", "allocated", Duration::from_secs(20));
+    let found = wait_finding(&daemon, "over_limit", Duration::from_secs(10), |f| {
+        f["kind"] == "over_limit" && f["container_id"] == ctr.id.as_str()
+    });
+    eprintln!("over_limit: {found:#}");
+    assert!(
+        found["probe_bytes"].as_u64().unwrap_or(u64::MAX) < G,
+        "the probes must not see it: {found:#}"
+    );
+    assert!(found["nvml_bytes"].as_u64().unwrap_or(0) > G, "{found:#}");
+    assert_eq!(
+        found["action"],
+        format!("killed host pid {pid}"),
+        "{found:#}"
+    );
+    let after = died_after(pid, t_alloc, Duration::from_secs(5));
+    eprintln!("stopped {after:?} after the allocation");
+    assert!(
+        after.is_some_and(|a| a <= WITHIN),
+        "not stopped within {WITHIN:?}: {after:?}\n{}",
+        daemon.log_text()
+    );
+    p.wait();
+}
+
+/// A daemon started in its own PID namespace (no `hostPID`) sees every
+/// host PID as gone: it must free no slot (sampled for 3 s, many scans),
+/// log an error at start-up and answer `/readyz` 503 saying why.
+#[test]
+fn a_daemon_outside_the_host_pid_namespace_frees_no_slot() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::builder().memory("16g").build();
+    let region = fx.region("live");
+    let ctr = fx.container(3, &region, &[]);
+    let mut p = fx.spawn(&gpu, &ctr, "live", &region, &["64"]);
+    let host = p.host_pid();
+    p.send_line("go");
+    fx.mark("live", "allocated", Duration::from_secs(10));
+    // What a daemon on the host wrote earlier: the slot's host PID.
+    let rf = RegionFile::open(&region, Access::ReadWrite).expect("region");
+    let r = rf.region();
+    let slot = r
+        .active_slots()
+        .iter()
+        .position(|s| s.pid.load(SeqCst) == 1)
+        .expect("the process's slot");
+    let s = &r.procs[slot];
+    s.hostpid.store(host as i32, SeqCst);
+    assert!(s.pidns.load(SeqCst) != 0 && s.start.load(SeqCst) != 0);
+    let used = s.used[0].total.load(SeqCst);
+    assert!(used > 0);
+
+    let port = free_port();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "--mount-proc"])
+        .arg(dist::vgpu_bin())
+        .args(["-v", "daemon", "--libcuda"])
+        .arg(fx.libcuda())
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--state-dir")
+        .arg(fx.state())
+        .arg("--regions-root")
+        .arg(fx.path("regions"))
+        .args(["--interval", "0.1"])
+        .envs(fx.envs(&gpu));
+    let mut d = Running::spawn(cmd, port, fx.path("daemon.log"));
+    let t = Instant::now();
+    let ready = loop {
+        if let Some(r) = get(port, "/readyz") {
+            break r;
+        }
+        d.assert_alive();
+        assert!(t.elapsed() < Duration::from_secs(30), "{}", d.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Many scans (0.1 s each) over the region, whose process the daemon
+    // cannot see: the slot stays as it is.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            (
+                s.pid.load(SeqCst),
+                s.hostpid.load(SeqCst),
+                s.used[0].total.load(SeqCst)
+            ),
+            (1, host as i32, used),
+            "slot {slot} was freed: {}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let m = d.metrics();
+    assert!(
+        m.lines().any(|l| l == "vgpu_slots_reclaimed_total 0"),
+        "{m}"
+    );
+    eprintln!("/readyz: {ready:?}");
+    assert_eq!(ready.0, 503, "{ready:?}");
+    assert!(ready.1.contains("host's PID namespace"), "{ready:?}");
+    let log = d.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("ERROR") && l.contains("cannot see host PIDs")),
+        "{log}"
+    );
+    drop(d);
+    p.wait();
+}
+
+/// A limit raised 1 GiB -> 64 GiB is restored within a scan, and the
+/// finding stays in `/findings` and `vgpu findings`, marked resolved with
+/// its action, for at least a minute's worth of default scans (120; here
+/// 0.1 s apart, the default 15 min retention); `vgpu_violations_total`
+/// counts it, and a second tampering once more; a restarted daemon keeps
+/// both records.
+#[test]
+fn a_restored_tampering_stays_on_record() {
+    let fx = Fixture::new();
+    let gpu = SimGpu::builder().memory("16g").build();
+    let daemon = fx.daemon(&gpu, &["--interval", "0.1"]);
+    let region = fx.region("tamper");
+    let ctr = fx.container(4, &region, &[]);
+    let mut p = fx.spawn(&gpu, &ctr, "t", &region, &["64"]);
+    let host = p.host_pid();
+    p.send_line("go");
+    fx.mark("t", "allocated", Duration::from_secs(10));
+    wait_hostpid(&region, host, &daemon);
+    let limit0 = || {
+        RegionFile::open(&region, Access::ReadOnly)
+            .expect("region")
+            .region()
+            .limit[0]
+            .load(SeqCst)
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&region)
+        .expect("open region");
+    let tamper = || {
+        f.write_all_at(&(64 * G).to_le_bytes(), LIMIT0_OFFSET)
+            .expect("pwrite");
+        let t = Instant::now();
+        while limit0() != G {
+            assert!(t.elapsed() < WITHIN, "not restored: {}", daemon.log_text());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    tamper();
+    // 120 scans later.
+    let (mut last, _) = findings(&daemon);
+    let mut scans = 0;
+    let t = Instant::now();
+    while scans < 120 {
+        let (at, _) = findings(&daemon);
+        if at != last {
+            scans += 1;
+            last = at;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(90),
+            "scans stalled at {scans}"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    eprintln!("{scans} scans in {:?}", t.elapsed());
+    let (_, list) = findings(&daemon);
+    let kept = list
+        .iter()
+        .find(|f| f["kind"] == "limit_tampered" && f["container_id"] == ctr.id.as_str())
+        .unwrap_or_else(|| panic!("the restored tampering is gone: {list:#?}"));
+    eprintln!("kept: {kept:#}");
+    assert_eq!(kept["action"], "restored", "{kept:#}");
+    assert_eq!(kept["limits"][0]["found"], 64 * G, "{kept:#}");
+    let resolved = kept["resolved_unix_ms"].as_u64().expect("resolved_unix_ms");
+    assert!(resolved >= kept["since_unix_ms"].as_u64().unwrap_or(u64::MAX));
+    let m = daemon.metrics();
+    let violations = |m: &str| {
+        m.lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"vgpu_violations_total{kind="limit_tampered",action="restored"} "#)
+            })
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    assert_eq!(violations(&m), Some(1), "{m}");
+    assert!(
+        m.lines()
+            .any(|l| l == r#"vgpu_findings{kind="limit_tampered"} 0"#),
+        "the gauge says what is wrong now: {m}"
+    );
+    let out = Command::new(dist::vgpu_bin())
+        .args(["findings", "--state-dir"])
+        .arg(fx.state())
+        .output()
+        .expect("vgpu findings");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("limit_tampered") && l.contains("[resolved")),
+        "{text}"
+    );
+    // The next tampering is another violation.
+    tamper();
+    let t = Instant::now();
+    while violations(&daemon.metrics()) != Some(2) {
+        assert!(t.elapsed() < WITHIN, "{}", daemon.metrics());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A restarted daemon (same state directory) keeps the record.
+    drop(daemon);
+    let again = fx.daemon(&gpu, &["--interval", "0.1"]);
+    let (_, list) = findings(&again);
+    let kept = list
+        .iter()
+        .filter(|f| {
+            f["kind"] == "limit_tampered"
+                && f["container_id"] == ctr.id.as_str()
+                && f["action"] == "restored"
+                && f["resolved_unix_ms"].is_u64()
+        })
+        .count();
+    assert_eq!(kept, 2, "{list:#?}\n{}", again.log_text());
+    p.wait();
+}
