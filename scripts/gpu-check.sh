@@ -26,6 +26,9 @@
 #                                        PRIO_EXTRA=1: also with HAMi's monitor's feedback loop
 #                                        emulated, and with `vgpu daemon` running)
 #   bash scripts/gpu-check.sh prioab     priority 0 / 1 only, VARIANTS alternated over ROUNDS rounds
+#   bash scripts/gpu-check.sh hamish     as HAMi deploys it (CUDA_DEVICE_SM_LIMIT always set): priority
+#                                        0 / 1 at limits 0, 100 and unset; a limit-30 matmul beside
+#                                        a limit-0 one in another container
 #
 # Every figure printed is measured in this run.
 set -uo pipefail
@@ -556,6 +559,41 @@ phase_prioab() {
             svc_run "round $r: $name, priority 0 / 1" "$hook CUDA_TASK_PRIORITY=0" "$hook CUDA_TASK_PRIORITY=1"
         done
     done
+    rm -rf /tmp/vgpulock
+}
+
+# HAMi's device plugin always sets CUDA_DEVICE_SM_LIMIT: 0 for a pod without
+# gpucores, 100 for a whole share. Both must mean "no cap", with priority kept.
+phase_hamish() {
+    say "service (priority 0) beside a trainer (priority 1) with the limit variable as HAMi sets it"
+    local hook="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+    rm -rf /tmp/vgpulock && mkdir -m 0777 /tmp/vgpulock
+    SOLO=""
+    svc_run "trainer alone" - "X=1"
+    SOLO=$(awk '{print $2}' "$W/svc-t.txt")
+    echo "| configuration | service | trainer (of alone) |"
+    echo "|---|---|---|"
+    svc_run "service alone" "X=1" -
+    svc_run "both unhooked" "X=1" "X=1"
+    local lim
+    for lim in 0 100; do
+        svc_run "priority 0 / 1, CUDA_DEVICE_SM_LIMIT=$lim" \
+            "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=$lim" \
+            "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=$lim"
+    done
+    svc_run "priority 0 / 1, limit unset" "$hook CUDA_TASK_PRIORITY=0" "$hook CUDA_TASK_PRIORITY=1"
+    svc_run "equal priority, CUDA_DEVICE_SM_LIMIT=0" "$hook CUDA_DEVICE_SM_LIMIT=0" "$hook CUDA_DEVICE_SM_LIMIT=0"
+
+    say "a limit-30 bf16 matmul beside a limit-0 one (another container, both hooked, /tmp/vgpulock shared)"
+    python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
+    for lim in 30 0; do
+        LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_SM_LIMIT=$lim GPU_CORE_UTILIZATION_POLICY=force \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/mix.XXXX")/$lim.cache" LIBCUDA_LOG_LEVEL=3 \
+            python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 20 --no-smi \
+            --baseline "$W/base.json" >"$W/mix-$lim.txt" 2>"$W/mix-$lim.log" &
+    done
+    wait
+    for lim in 30 0; do echo "limit $lim: $(grep 'of unlimited' "$W/mix-$lim.txt")"; done
     rm -rf /tmp/vgpulock
 }
 
