@@ -17,6 +17,7 @@ use vgpu_common::event::ProcCounters;
 use super::findings::{Finding, Kind};
 use super::identity::Identity;
 use super::nvml::DeviceSample;
+use super::region_cache::Overruns;
 
 /// Label pairs.
 pub type Labels = Vec<(String, String)>;
@@ -52,6 +53,13 @@ pub struct RegionView {
     pub dead_slots: u64,
 }
 
+/// How long one scan took, all of it and its render.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanTiming {
+    pub scan: std::time::Duration,
+    pub render: std::time::Duration,
+}
+
 /// Everything one scan exports besides the counters.
 #[derive(Debug, Default)]
 pub struct Snapshot<'a> {
@@ -66,6 +74,12 @@ pub struct Snapshot<'a> {
     pub processes: usize,
     /// Region files under the regions root the scan bounds left out.
     pub region_files_skipped: usize,
+    /// Containers over a per-container bound of the region cache.
+    pub overruns: Overruns,
+    /// Containers whose label values were shortened to their bound.
+    pub labels_shortened: usize,
+    /// How long the previous scan took (this one's is not over).
+    pub timing: ScanTiming,
     pub now_unix: u64,
     /// This node's name for HAMi's `node` label of host series (empty: left out).
     pub node: &'a str,
@@ -311,6 +325,29 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "Region files under the regions root left out of the last scan by its bounds",
         skipped,
     );
+    let over = Family::<Labels, GaugeU>::default();
+    for (bound, n) in [
+        ("regions", s.overruns.regions_refused),
+        ("slots", s.overruns.slots_capped),
+        ("label_bytes", s.labels_shortened),
+    ] {
+        over.get_or_create(&one("bound", bound)).set(n as u64);
+    }
+    reg.register(
+        "vgpu_containers_over_bound",
+        "Containers over one of the daemon's per-container bounds at the last scan (regions \
+         open, slots read, label bytes): what is past the bound is left out",
+        over,
+    );
+    let timing = Family::<Labels, GaugeF>::default();
+    for (phase, d) in [("scan", s.timing.scan), ("render", s.timing.render)] {
+        timing.get_or_create(&one("phase", phase)).set(d.as_secs_f64());
+    }
+    reg.register(
+        "vgpu_last_scan_seconds",
+        "How long the previous scan took (phase=scan: all of it, render: rendering /metrics)",
+        timing,
+    );
     reg.register(
         "vgpu_hostpid_fills",
         "Host PIDs written into region slots",
@@ -373,6 +410,10 @@ mod tests {
             }],
             now_unix: 100,
             region_files_skipped: 996,
+            overruns: Overruns {
+                regions_refused: 1,
+                slots_capped: 0,
+            },
             ..Snapshot::default()
         };
         c.slots_reclaimed.inc_by(2);
@@ -386,6 +427,8 @@ mod tests {
             r#"vgpu_dead_slots{zone="vGPU",pod_uid="p",container="c"} 2"#,
             "vgpu_hostpid_fills_total 3",
             "vgpu_region_files_skipped 996",
+            r#"vgpu_containers_over_bound{bound="regions"} 1"#,
+            r#"vgpu_containers_over_bound{bound="slots"} 0"#,
             "vgpu_slots_reclaimed_total 2",
             r#"vgpu_findings{kind="untracked_allocation"} 0"#,
         ] {

@@ -22,7 +22,7 @@ use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::{ProcIdentity, Procfs};
 use super::reclaim::Reclaimer;
-use super::region_cache::RegionCache;
+use super::region_cache::{RegionCache, RegionKey, Tenant, MAX_OPEN};
 use super::region_view;
 use super::utilization::{self, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
@@ -35,7 +35,7 @@ use crate::regions::open::{open_under, Access};
 /// or push other containers' series out.
 pub const SCAN_BOUNDS: Bounds = Bounds {
     per_dir: 4,
-    total: 512,
+    total: MAX_OPEN,
 };
 
 /// Entry points the daemon probes: driver init, context creation, every
@@ -126,6 +126,12 @@ pub struct Observer {
     integrity: Option<Integrity>,
     /// Region files left out by [`SCAN_BOUNDS`] at the last scan.
     skipped: usize,
+    /// Regions opened from the regions root, by path: an open one is not
+    /// opened again at every scan (a replaced file is a new inode, dropped
+    /// from the cache when the old one's last name goes).
+    root_open: HashMap<PathBuf, RegionKey>,
+    /// How long the last scan and its render took.
+    last_timing: metrics::ScanTiming,
     reclaimer: Reclaimer,
     launches: Ledger,
 }
@@ -158,6 +164,8 @@ impl Observer {
             attached: Vec::new(),
             integrity,
             skipped: 0,
+            root_open: HashMap::new(),
+            last_timing: metrics::ScanTiming::default(),
             reclaimer: Reclaimer::default(),
             launches: Ledger::default(),
         }
@@ -286,6 +294,7 @@ impl Observer {
 
     /// Slow job: NVML, the cross-check, findings, metrics.
     pub fn scan(&mut self) -> ScanOutput {
+        let started = Instant::now();
         self.open_root_regions();
         self.cache.refresh();
         self.reclaim_dead_slots();
@@ -350,8 +359,7 @@ impl Observer {
         });
         out.sort_by(|a, b| (a.kind.name(), a.pid).cmp(&(b.kind.name(), b.pid)));
 
-        let (regions, measured) =
-            self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
+        let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
         self.cache.evict_idle(Duration::from_secs(60));
         let mut untracked: HashMap<Identity, u64> = HashMap::new();
         for f in &out {
@@ -366,24 +374,33 @@ impl Observer {
         untracked.sort();
         out.extend(self.check_integrity(nv.as_ref(), now_ms));
         let snap = Snapshot {
-            regions,
+            regions: views.regions,
             host: nv.map(|s| s.devices).unwrap_or_default(),
             findings: &out,
             untracked,
             probes: self.attached.clone(),
             processes: self.procs.len(),
             region_files_skipped: self.skipped,
+            overruns: self.cache.overruns(),
+            labels_shortened: views.labels_shortened,
+            timing: self.last_timing,
             now_unix: now_ms / 1000,
             node: &self.settings.node,
         };
+        let rendering = Instant::now();
+        let metrics = metrics::render(&snap, &self.counters);
+        self.last_timing = metrics::ScanTiming {
+            render: rendering.elapsed(),
+            scan: started.elapsed(),
+        };
         ScanOutput {
-            metrics: metrics::render(&snap, &self.counters),
+            metrics,
             findings_json: findings::to_json(&out, now_ms),
             findings: out.len(),
             utilization_json: serde_json::to_string(&utilization::State {
                 version: 1,
                 updated_unix_ms: now_ms,
-                regions: measured,
+                regions: views.measured,
             })
             .unwrap_or_default(),
         }
@@ -495,7 +512,15 @@ impl Observer {
             }
             self.skipped = found.skipped;
         }
+        let mut still = HashMap::with_capacity(found.regions.len());
         for f in found.regions {
+            if let Some(key) = self.root_open.get(&f.path) {
+                if self.cache.contains(key) {
+                    self.cache.touch(key);
+                    still.insert(f.path, *key);
+                    continue;
+                }
+            }
             let file = match open_under(&root, &f.path, Access::ReadWrite) {
                 Ok(file) => file,
                 Err(e) => {
@@ -503,21 +528,25 @@ impl Observer {
                     continue;
                 }
             };
-            if let Ok((_, r)) = self.cache.insert(file, &f.path) {
-                if r.owner.is_none() {
-                    r.owner = f.owner;
+            // HAMi's container directory: named by the device plugin.
+            let tenant = Tenant::Dir(f.path.parent().unwrap_or(&root).to_owned());
+            match self.cache.insert(file, &f.path, tenant) {
+                Ok((key, r)) => {
+                    if r.owner.is_none() {
+                        r.owner = f.owner;
+                    }
+                    still.insert(f.path, key);
                 }
+                Err(e) => tracing::debug!("{e}"),
             }
         }
+        self.root_open = still;
     }
 
     /// One view per open region. `devices` (NVML) gives each container's
     /// utilization; it is also written into the slots of devices the region
     /// does not SM-limit.
-    fn region_views(
-        &mut self,
-        devices: &[DeviceSample],
-    ) -> (Vec<RegionView>, Vec<utilization::Measured>) {
+    fn region_views(&mut self, devices: &[DeviceSample]) -> region_view::Views {
         self.pods.refresh();
         let util = Utilization::new(
             devices,

@@ -212,6 +212,7 @@ fn free_dead(file: &RegionIo, procfs: &Procfs, dead: &[Dead]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::region_cache::Tenant;
     use std::os::unix::fs::MetadataExt;
     use std::path::Path;
     use std::sync::atomic::Ordering::Relaxed;
@@ -254,7 +255,7 @@ mod tests {
         )
         .unwrap();
         let mut cache = RegionCache::default();
-        let key = cache.insert(io, &path).unwrap().0;
+        let key = cache.insert(io, &path, Tenant::Cgroup(1)).unwrap().0;
         Fx {
             dir,
             file,

@@ -3,11 +3,19 @@
 //! the host is that file too, so each is opened once.
 //!
 //! Nothing is mapped (a tenant truncating its file must not SIGBUS a root
-//! daemon): each region holds its descriptor and the copy of its last
-//! [`RegionIo::snapshot`]. A region whose file was deleted, truncated or
-//! turned into something else is dropped at the next refresh.
+//! daemon): each region holds its descriptor and a copy of what it really
+//! holds (header, device table, the slots in use; see
+//! [`RegionSnapshot`]), re-read in place at every refresh. A region whose
+//! file was deleted, truncated or turned into something else is dropped at
+//! the next refresh.
+//!
+//! What one container (a [`Tenant`]) costs is bounded: at most
+//! [`TENANT_REGIONS`] open regions and [`TENANT_SLOTS`] slots read over all
+//! of them. A region past the first bound is not opened; slots past the
+//! second are not read (its processes get no host-PID fill, which only
+//! hurts that container). Both are counted in [`Overruns`] for the metrics.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -20,15 +28,50 @@ use crate::regions::discover::ContainerRef;
 /// (st_dev, st_ino) of a region file.
 pub type RegionKey = (u64, u64);
 
-/// At most this many regions are kept open: every process names one file,
-/// so a node never has that many containers' worth of them legitimately.
-pub const MAX_OPEN: usize = 1024;
+/// At most this many regions are kept open on the node: [`TENANT_REGIONS`]
+/// for 1000 containers with room to spare; each costs a descriptor and a
+/// few pages.
+pub const MAX_OPEN: usize = 4096;
+
+/// Regions one container may have open. HAMi gives a container one; a
+/// process may name its own, so a few more are legitimate, a hundred not.
+pub const TENANT_REGIONS: usize = 8;
+
+/// Slots read per container, over all its regions: a container with more
+/// CUDA processes than this is far past what a shared GPU serves, and each
+/// slot read costs 1960 bytes.
+pub const TENANT_SLOTS: usize = 128;
+
+/// Who a region is charged to: the container directory HAMi made for it
+/// (under the regions root, a name the device plugin chose), or the cgroup
+/// of the first process found using it (the kernel's word). Never a path a
+/// tenant names.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tenant {
+    Dir(PathBuf),
+    Cgroup(u64),
+}
+
+/// Tenants that hit a bound, per bound, at the last refresh.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overruns {
+    /// Containers refused a region since the last refresh because they
+    /// had [`TENANT_REGIONS`] open.
+    pub regions_refused: usize,
+    /// Containers whose regions claim more than [`TENANT_SLOTS`] slots.
+    pub slots_capped: usize,
+}
 
 /// One open region.
 #[derive(Debug)]
 pub struct OpenRegion {
     pub file: RegionIo,
-    snap: Option<(RegionSnapshot, Instant)>,
+    /// The copy, reused by every read; valid when `read_at` is set.
+    copy: RegionSnapshot,
+    read_at: Option<Instant>,
+    /// Slots a read may copy: this region's share of its tenant's budget.
+    slot_cap: usize,
+    tenant: Tenant,
     /// The path as its processes name it (`CUDA_DEVICE_MEMORY_SHARED_CACHE`),
     /// or the host path for a region found under HAMi's directory.
     pub shown_path: PathBuf,
@@ -42,21 +85,23 @@ pub struct OpenRegion {
 impl OpenRegion {
     /// A copy of the region no older than `max_age`, read anew if needed.
     pub fn snapshot(&mut self, max_age: Duration) -> Result<&RegionSnapshot, IoError> {
-        if let Some((_, at)) = &self.snap {
-            if at.elapsed() > max_age {
-                self.snap = None;
-            }
+        let fresh = self.read_at.is_some_and(|at| at.elapsed() <= max_age);
+        if !fresh {
+            self.read_at = None;
+            self.file.refresh(&mut self.copy, self.slot_cap)?;
+            self.read_at = Some(Instant::now());
         }
-        let (s, _) = match self.snap.take() {
-            Some(fresh) => self.snap.insert(fresh),
-            None => self.snap.insert((self.file.snapshot()?, Instant::now())),
-        };
-        Ok(s)
+        Ok(&self.copy)
     }
 
     /// The copy the last refresh read, if any.
     pub fn last_snapshot(&self) -> Option<&RegionSnapshot> {
-        self.snap.as_ref().map(|(s, _)| s)
+        self.read_at.map(|_| &self.copy)
+    }
+
+    /// Who the region is charged to.
+    pub fn tenant(&self) -> &Tenant {
+        &self.tenant
     }
 
     /// Stores a process's SM utilization of device `dev` in slot `slot`,
@@ -87,42 +132,76 @@ impl OpenRegion {
 
 /// Why a region could not be added.
 #[derive(Debug, thiserror::Error)]
-#[error("{MAX_OPEN} regions are open already; {0} is not tracked")]
-pub struct Full(pub PathBuf);
+pub enum Full {
+    #[error("{MAX_OPEN} regions are open already; {0} is not tracked")]
+    Node(PathBuf),
+    #[error(
+        "its container has {TENANT_REGIONS} regions open already (the most one container \
+         may have); {0} is not tracked"
+    )]
+    Tenant(PathBuf),
+}
 
 /// The cache.
 #[derive(Debug, Default)]
 pub struct RegionCache {
     open: HashMap<RegionKey, OpenRegion>,
+    /// Open regions per tenant.
+    per_tenant: HashMap<Tenant, usize>,
+    overruns: Overruns,
+    /// Tenants refused a region since the last refresh.
+    refused: BTreeSet<Tenant>,
 }
 
 impl RegionCache {
-    /// Adds the opened region `file` unless its inode is open already (then
-    /// the new descriptor is dropped and the entry kept). `shown` is the
-    /// path to report.
+    /// Adds the opened region `file`, charged to `tenant`, unless its inode
+    /// is open already (then the new descriptor is dropped and the entry
+    /// kept, whoever names it). `shown` is the path to report.
     pub fn insert(
         &mut self,
         file: RegionIo,
         shown: &Path,
+        tenant: Tenant,
     ) -> Result<(RegionKey, &mut OpenRegion), Full> {
+        use std::collections::hash_map::Entry;
         let key = file.key();
         let n = self.open.len();
         let entry = match self.open.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(_) if n >= MAX_OPEN => {
-                return Err(Full(shown.to_owned()))
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(_) if n >= MAX_OPEN => return Err(Full::Node(shown.to_owned())),
+            Entry::Vacant(v) => {
+                let held = self.per_tenant.entry(tenant.clone()).or_insert(0);
+                if *held >= TENANT_REGIONS {
+                    self.refused.insert(tenant);
+                    return Err(Full::Tenant(shown.to_owned()));
+                }
+                *held += 1;
+                v.insert(OpenRegion {
+                    file,
+                    copy: RegionSnapshot::zeroed(),
+                    read_at: None,
+                    // Until the next refresh shares the budget out.
+                    slot_cap: TENANT_SLOTS,
+                    tenant,
+                    shown_path: shown.to_owned(),
+                    owner: ContainerRef::of_file(shown),
+                    cgroup_id: None,
+                    last_used: Instant::now(),
+                })
             }
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(OpenRegion {
-                file,
-                snap: None,
-                shown_path: shown.to_owned(),
-                owner: ContainerRef::of_file(shown),
-                cgroup_id: None,
-                last_used: Instant::now(),
-            }),
         };
         entry.last_used = Instant::now();
         Ok((key, entry))
+    }
+
+    /// Whether a region is open.
+    pub fn contains(&self, key: &RegionKey) -> bool {
+        self.open.contains_key(key)
+    }
+
+    /// Tenants over a bound (see [`Overruns`]).
+    pub fn overruns(&self) -> Overruns {
+        self.overruns
     }
 
     /// An open region.
@@ -149,24 +228,73 @@ impl RegionCache {
 
     /// Re-reads every region; drops those whose file is deleted or can no
     /// longer be read as a region (truncated, rewritten as something else).
+    /// Each tenant's [`TENANT_SLOTS`] are shared out over its regions in
+    /// key order, so which slots are read is stable from scan to scan.
     pub fn refresh(&mut self) {
-        self.open.retain(|_, r| {
+        let mut order: Vec<(Tenant, RegionKey)> = self
+            .open
+            .iter()
+            .map(|(k, r)| (r.tenant.clone(), *k))
+            .collect();
+        order.sort_unstable();
+        let mut left: BTreeMap<&Tenant, usize> = BTreeMap::new();
+        let mut capped: BTreeMap<&Tenant, bool> = BTreeMap::new();
+        let mut gone = Vec::new();
+        for (tenant, key) in &order {
+            let Some(r) = self.open.get_mut(key) else {
+                continue;
+            };
             if r.file.is_deleted() {
                 tracing::debug!("{}: deleted, no longer tracked", r.shown_path.display());
-                return false;
+                gone.push(*key);
+                continue;
             }
+            let budget = left.entry(tenant).or_insert(TENANT_SLOTS);
+            r.slot_cap = *budget;
             match r.snapshot(Duration::ZERO) {
-                Ok(_) => true,
+                Ok(copy) => {
+                    let read = copy.proc_count();
+                    *budget -= read.min(*budget);
+                    let over = copy.claimed_slots() > read;
+                    *capped.entry(tenant).or_default() |= over;
+                }
                 Err(e) => {
                     tracing::info!("{e}; no longer tracked");
-                    false
+                    gone.push(*key);
                 }
             }
-        });
+        }
+        let slots_capped = capped.values().filter(|&&c| c).count();
+        for key in gone {
+            self.remove(&key);
+        }
+        self.overruns = Overruns {
+            regions_refused: std::mem::take(&mut self.refused).len(),
+            slots_capped,
+        };
     }
 
     /// Closes regions nobody used for `idle`.
     pub fn evict_idle(&mut self, idle: Duration) {
-        self.open.retain(|_, r| r.last_used.elapsed() < idle);
+        let idle: Vec<RegionKey> = self
+            .open
+            .iter()
+            .filter(|(_, r)| r.last_used.elapsed() >= idle)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in idle {
+            self.remove(&key);
+        }
+    }
+
+    fn remove(&mut self, key: &RegionKey) {
+        if let Some(r) = self.open.remove(key) {
+            if let Some(n) = self.per_tenant.get_mut(&r.tenant) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.per_tenant.remove(&r.tenant);
+                }
+            }
+        }
     }
 }

@@ -15,6 +15,35 @@ use super::utilization::{daemon_publishes, Measured, Utilization};
 use crate::regions::discover::ContainerRef;
 use crate::regions::liveness::Mappers;
 
+/// The longest `region` label value: a path a tenant names may be 4 KB, and
+/// it repeats on every series of its region.
+pub const REGION_LABEL_BYTES: usize = 64;
+
+/// The longest value of any other label (a Kubernetes container's cgroup
+/// path is about 170 bytes).
+pub const LABEL_BYTES: usize = 256;
+
+/// `v` unchanged when it has at most `max` bytes; else `…`, its tail (a
+/// path's most telling part) and `#` with a hash of the whole value, `max`
+/// bytes in all, so two long values stay two series. A tenant can make its
+/// own values collide, which only merges its own series. The second value
+/// says whether `v` was shortened.
+pub fn bounded_label(v: String, max: usize) -> (String, bool) {
+    use std::hash::{Hash, Hasher};
+    if v.len() <= max {
+        return (v, false);
+    }
+    let mut h = std::hash::DefaultHasher::new();
+    v.hash(&mut h);
+    let suffix = format!("#{:08x}", h.finish() as u32);
+    let keep = max.saturating_sub(suffix.len() + '…'.len_utf8());
+    let mut from = v.len() - keep.min(v.len());
+    while !v.is_char_boundary(from) {
+        from += 1;
+    }
+    (format!("…{}{suffix}", &v[from..]), true)
+}
+
 /// A region's labels: HAMi's monitor's first (namespace, pod, container;
 /// the device's `vdevice_index` and `device_uuid` follow per device), then
 /// vgpu's. `name` is the pod's, `owner` the container directory the region
@@ -49,19 +78,49 @@ pub fn labels(
     ]
 }
 
+/// `labels` with every value within its bound; whether one was shortened.
+fn bound_labels(labels: Labels) -> (Labels, bool) {
+    let mut cut = false;
+    let labels = labels
+        .into_iter()
+        .map(|(k, v)| {
+            let max = if k == "region" {
+                REGION_LABEL_BYTES
+            } else {
+                LABEL_BYTES
+            };
+            let (v, c) = bounded_label(v, max);
+            cut |= c;
+            (k, v)
+        })
+        .collect();
+    (labels, cut)
+}
+
+/// What [`views`] makes of the cache.
+#[derive(Debug, Default)]
+pub struct Views {
+    pub regions: Vec<RegionView>,
+    pub measured: Vec<Measured>,
+    /// Containers with a label value shortened to its bound.
+    pub labels_shortened: usize,
+}
+
 /// One view per open, initialised region of `cache`, and each container's
-/// measured utilization: labels (`ids`, `pods`), per-device sums, launches
-/// (`launches` keeps them monotonic) and the utilization `util` gives, which
-/// is also written into the slots of devices the region does not SM-limit.
+/// measured utilization: labels (`ids`, `pods`, each value within its
+/// bound), per-device sums, launches (`launches` keeps them monotonic) and
+/// the utilization `util` gives, which is also written into the slots of
+/// devices the region does not SM-limit.
 pub fn views(
     cache: &RegionCache,
     ids: &mut Identities,
     pods: &PodNames,
     launches: &mut Ledger,
     util: &Utilization<'_>,
-) -> (Vec<RegionView>, Vec<Measured>) {
+) -> Views {
     let mut views = Vec::new();
     let mut measured = Vec::new();
+    let mut shortened = std::collections::HashSet::new();
     launches.begin_scan();
     for (key, r) in cache.iter() {
         let Some(region) = r.last_snapshot() else {
@@ -77,13 +136,16 @@ pub fn views(
             .map(|o| o.pod_uid.clone())
             .or(id.pod_uid.clone())
             .unwrap_or_default();
-        let labels = labels(
+        let (labels, cut) = bound_labels(labels(
             pods.get(&pod_uid),
             r.owner.as_ref(),
             pod_uid,
             &id,
             &r.shown_path,
-        );
+        ));
+        if cut {
+            shortened.insert(r.tenant());
+        }
         let mut devices = devices(region);
         let counted = launches.observe(*key, region);
         let mut m = Measured {
@@ -119,7 +181,11 @@ pub fn views(
     launches.end_scan();
     views.sort_by(|a, b| a.labels.cmp(&b.labels));
     measured.sort_by(|a, b| a.region.cmp(&b.region));
-    (views, measured)
+    Views {
+        regions: views,
+        measured,
+        labels_shortened: shortened.len(),
+    }
 }
 
 /// Per-device sums over slots with status != 0, as HAMi's monitor makes them.
@@ -177,6 +243,25 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering::Relaxed;
     use vgpu_common::region_io::RegionSnapshot;
+
+    /// A long value keeps its tail and a hash within the bound; two long
+    /// values that share the tail stay apart; a short one is unchanged.
+    #[test]
+    fn long_label_values_are_bounded_and_stay_distinct() {
+        let long = |c: char| format!("/{}/x{}.cache", "d".repeat(3800), c);
+        let (a, cut) = bounded_label(long('a'), REGION_LABEL_BYTES);
+        assert!(cut && a.len() <= REGION_LABEL_BYTES, "{a}");
+        assert!(a.starts_with('…') && a.contains("xa.cache#"), "{a}");
+        let (b, _) = bounded_label(format!("/e{}", long('a')), REGION_LABEL_BYTES);
+        assert_ne!(a, b);
+        let multibyte = "é".repeat(100);
+        let (m, _) = bounded_label(multibyte, 64);
+        assert!(m.len() <= 64, "{m}");
+        assert_eq!(
+            bounded_label("/tmp/r.cache".into(), REGION_LABEL_BYTES),
+            ("/tmp/r.cache".into(), false)
+        );
+    }
 
     /// Sums count slots that are not exited, as HAMi's monitor does; a
     /// device shows when the region has it, or has usage or a limit on it.
