@@ -17,7 +17,7 @@ use super::identity::{Identities, Identity};
 use super::integrity::{self, Integrity, ProcInput};
 use super::launches::Ledger;
 use super::libs::LibWatch;
-use super::metrics::{self, Counters, RegionView, Snapshot};
+use super::metrics::{self, Counters, Snapshot};
 use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::{ProcIdentity, Procfs};

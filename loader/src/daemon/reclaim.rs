@@ -216,7 +216,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
     use std::path::Path;
     use std::sync::atomic::Ordering::Relaxed;
-    use vgpu_common::region::{status, MAGIC, MAJOR_VERSION};
+    use vgpu_common::region::{status, MAGIC, MAJOR_VERSION, MAX_PROCS};
     use vgpu_common::view::RegionFile;
 
     /// A fake `/proc/<pid>` with a PID namespace (a file's inode stands for
@@ -254,7 +254,8 @@ mod tests {
             true,
         )
         .unwrap();
-        let mut cache = RegionCache::default();
+        // Every slot: the tests fill more than one container may use.
+        let mut cache = RegionCache::with_tenant_slots(MAX_PROCS);
         let key = cache.insert(io, &path, Tenant::Cgroup(1)).unwrap().0;
         Fx {
             dir,

@@ -143,8 +143,10 @@ pub enum Full {
 }
 
 /// The cache.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RegionCache {
+    /// Slots read per tenant ([`TENANT_SLOTS`] but in tests).
+    tenant_slots: usize,
     open: HashMap<RegionKey, OpenRegion>,
     /// Open regions per tenant.
     per_tenant: HashMap<Tenant, usize>,
@@ -153,7 +155,25 @@ pub struct RegionCache {
     refused: BTreeSet<Tenant>,
 }
 
+impl Default for RegionCache {
+    fn default() -> Self {
+        Self::with_tenant_slots(TENANT_SLOTS)
+    }
+}
+
 impl RegionCache {
+    /// A cache that reads `slots` slots per tenant: [`TENANT_SLOTS`] in the
+    /// daemon, more where a test needs a region with more slots in use.
+    pub fn with_tenant_slots(slots: usize) -> Self {
+        Self {
+            tenant_slots: slots.min(MAX_PROCS),
+            open: HashMap::new(),
+            per_tenant: HashMap::new(),
+            overruns: Overruns::default(),
+            refused: BTreeSet::new(),
+        }
+    }
+
     /// Adds the opened region `file`, charged to `tenant`, unless its inode
     /// is open already (then the new descriptor is dropped and the entry
     /// kept, whoever names it). `shown` is the path to report.
@@ -181,7 +201,7 @@ impl RegionCache {
                     copy: RegionSnapshot::zeroed(),
                     read_at: None,
                     // Until the next refresh shares the budget out.
-                    slot_cap: TENANT_SLOTS,
+                    slot_cap: self.tenant_slots,
                     tenant,
                     shown_path: shown.to_owned(),
                     owner: ContainerRef::of_file(shown),
@@ -249,7 +269,7 @@ impl RegionCache {
                 gone.push(*key);
                 continue;
             }
-            let budget = left.entry(tenant).or_insert(TENANT_SLOTS);
+            let budget = left.entry(tenant).or_insert(self.tenant_slots);
             r.slot_cap = *budget;
             match r.snapshot(Duration::ZERO) {
                 Ok(copy) => {
@@ -296,5 +316,76 @@ impl RegionCache {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+    use vgpu_common::region::{MAGIC, MAJOR_VERSION};
+    use vgpu_common::view::RegionFile;
+
+    fn region(dir: &Path, name: &str, proc_num: i32) -> (PathBuf, RegionIo) {
+        let path = dir.join(name);
+        let f = RegionFile::create_or_open(&path).unwrap();
+        let r = f.region();
+        r.major_version.store(MAJOR_VERSION, Relaxed);
+        r.initialized_flag.store(MAGIC, Relaxed);
+        for i in 0..proc_num as usize {
+            r.procs[i].pid.store(i as i32 + 1, Relaxed);
+        }
+        r.proc_num.store(proc_num, Relaxed);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let io = RegionIo::new(file, &path, true).unwrap();
+        (path, io)
+    }
+
+    /// A tenant gets `TENANT_REGIONS` regions and its slot budget shared
+    /// over them; another tenant is not affected; closing one frees room.
+    #[test]
+    fn a_tenant_is_held_to_its_regions_and_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cache = RegionCache::with_tenant_slots(10);
+        let greedy = Tenant::Cgroup(7);
+        let mut keys = Vec::new();
+        for i in 0..TENANT_REGIONS {
+            let (p, io) = region(dir.path(), &format!("g{i}"), 4);
+            keys.push(cache.insert(io, &p, greedy.clone()).unwrap().0);
+        }
+        let (p, io) = region(dir.path(), "g-extra", 4);
+        assert!(matches!(
+            cache.insert(io, &p, greedy.clone()),
+            Err(Full::Tenant(_))
+        ));
+        let (p, io) = region(dir.path(), "fair", 3);
+        let fair = cache.insert(io, &p, Tenant::Cgroup(8)).unwrap().0;
+        cache.refresh();
+        let read: usize = keys
+            .iter()
+            .map(|k| cache.get(k).unwrap().last_snapshot().unwrap().proc_count())
+            .sum();
+        assert_eq!(read, 10, "the greedy tenant's budget");
+        let fair_copy = cache.get(&fair).unwrap().last_snapshot().unwrap();
+        assert_eq!(fair_copy.proc_count(), 3);
+        assert_eq!(
+            cache.overruns(),
+            Overruns {
+                regions_refused: 1,
+                slots_capped: 1
+            }
+        );
+        // Refusals are counted once per refresh.
+        cache.refresh();
+        assert_eq!(cache.overruns().regions_refused, 0);
+        // A deleted region gives its place back.
+        std::fs::remove_file(dir.path().join("g0")).unwrap();
+        cache.refresh();
+        let (p, io) = region(dir.path(), "g-next", 1);
+        assert!(cache.insert(io, &p, greedy).is_ok());
     }
 }

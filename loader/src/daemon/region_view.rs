@@ -188,7 +188,12 @@ pub fn views(
     }
 }
 
-/// Per-device sums over slots with status != 0, as HAMi's monitor makes them.
+/// Per-device sums over slots with status != 0, as HAMi's monitor makes them,
+/// for the devices the region has (`i < device_num`, as HAMi's monitor) and
+/// any other with usage on it. A limit alone shows a device only while
+/// `device_num` is unset: a container-wide limit is written for all 16
+/// indexes, and 16 devices' series for a one-GPU container would make
+/// `/metrics` grow with what a region claims, not with its devices.
 pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
     let device_num = region.device_num.load(SeqCst).min(MAX_DEVICES as u64) as usize;
     let mut devs: Vec<RegionDevice> = (0..MAX_DEVICES)
@@ -221,7 +226,7 @@ pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
                 .saturating_add(s.device_util[d].sm_util.load(SeqCst));
         }
     }
-    devs.retain(|d| d.index < device_num || d.total != 0 || d.limit != 0);
+    devs.retain(|d| d.index < device_num || d.total != 0 || (device_num == 0 && d.limit != 0));
     devs
 }
 
@@ -264,8 +269,9 @@ mod tests {
     }
 
     /// Sums count slots that are not exited, as HAMi's monitor does; a
-    /// device shows when the region has it, or has usage or a limit on it.
-    /// A slot whose host PID is gone is a dead slot.
+    /// device shows when the region has it or usage on it, or a limit
+    /// while `device_num` is unset. A slot whose host PID is gone is a dead
+    /// slot.
     #[test]
     fn devices_sum_live_slots_and_dead_slots_are_counted() {
         let r = RegionSnapshot::zeroed();
@@ -297,15 +303,19 @@ mod tests {
             s.used[0].total.store(110, Relaxed);
             s.device_util[0].sm_util.store(20, Relaxed);
         }
+        r.procs[0].used[3].total.store(7, Relaxed);
         let devs = devices(&r);
-        assert_eq!(devs.iter().map(|d| d.index).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(devs.iter().map(|d| d.index).collect::<Vec<_>>(), vec![0, 3]);
         let d0 = &devs[0];
         assert_eq!(d0.uuid, "GPU-0");
         assert_eq!(
             (d0.total, d0.data, d0.context, d0.sm_util),
             (220, 200, 20, 40)
         );
-        assert_eq!((devs[1].limit, devs[1].total), (1 << 30, 0));
+        assert_eq!((devs[1].limit, devs[1].total), (0, 7));
         assert_eq!(dead_slots(&r), 1);
+        r.device_num.store(0, Relaxed);
+        let limited: Vec<usize> = devices(&r).iter().map(|d| d.index).collect();
+        assert_eq!(limited, vec![0, 2, 3], "before device_num is set");
     }
 }
