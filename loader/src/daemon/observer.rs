@@ -134,6 +134,7 @@ pub struct Observer {
     last_timing: metrics::ScanTiming,
     reclaimer: Reclaimer,
     launches: Ledger,
+    dead_slots: region_view::DeadSlots,
 }
 
 impl Observer {
@@ -168,6 +169,7 @@ impl Observer {
             last_timing: metrics::ScanTiming::default(),
             reclaimer: Reclaimer::default(),
             launches: Ledger::default(),
+            dead_slots: region_view::DeadSlots::default(),
         }
     }
 
@@ -563,6 +565,7 @@ impl Observer {
             &mut self.ids,
             &self.pods,
             &mut self.launches,
+            &mut self.dead_slots,
             &util,
         )
     }

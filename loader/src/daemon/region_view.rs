@@ -1,16 +1,18 @@
 //! What the metrics show of each open region (one container): its labels,
 //! its per-device sums and launches, its utilization, and its dead slots.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
 
-use vgpu_common::region::{status, SharedRegion, MAX_DEVICES};
+use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES};
 
 use super::identity::{Identities, Identity};
 use super::launches::Ledger;
 use super::metrics::{Labels, RegionDevice, RegionView};
 use super::pods::{PodName, PodNames};
-use super::region_cache::RegionCache;
+use super::region_cache::{RegionCache, RegionKey};
 use super::utilization::{daemon_publishes, Measured, Utilization};
 use crate::regions::discover::ContainerRef;
 use crate::regions::liveness::Mappers;
@@ -116,12 +118,14 @@ pub fn views(
     ids: &mut Identities,
     pods: &PodNames,
     launches: &mut Ledger,
+    dead: &mut DeadSlots,
     util: &Utilization<'_>,
 ) -> Views {
     let mut views = Vec::new();
     let mut measured = Vec::new();
     let mut shortened = std::collections::HashSet::new();
     launches.begin_scan();
+    dead.begin_scan();
     for (key, r) in cache.iter() {
         let Some(region) = r.last_snapshot() else {
             continue;
@@ -174,11 +178,12 @@ pub fn views(
         views.push(RegionView {
             labels,
             devices,
-            dead_slots: dead_slots(region),
+            dead_slots: dead.count(*key, region),
             last_kernel_time: region.last_kernel_time.load(SeqCst),
         });
     }
     launches.end_scan();
+    dead.end_scan();
     views.sort_by(|a, b| a.labels.cmp(&b.labels));
     measured.sort_by(|a, b| a.region.cmp(&b.region));
     Views {
@@ -230,17 +235,74 @@ pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
     devs
 }
 
-/// Slots in use whose process is certainly gone, judged by host PID alone
-/// (the region's `hostpid` is the tenant's to write: a wrong one only
-/// miscounts its own container).
-pub fn dead_slots(region: &SharedRegion) -> u64 {
-    let none = Mappers::none();
+/// Slots in use (pid set, not exited), with their index.
+fn in_use(region: &SharedRegion) -> impl Iterator<Item = (usize, &ProcSlot)> {
     region
         .active_slots()
         .iter()
-        .filter(|s| s.pid.load(SeqCst) != 0 && s.status.load(SeqCst) != status::EXITED)
-        .filter(|s| none.slot_liveness(s).is_certainly_dead())
-        .count() as u64
+        .enumerate()
+        .filter(|(_, s)| s.pid.load(SeqCst) != 0 && s.status.load(SeqCst) != status::EXITED)
+}
+
+/// A live slot's process is looked at again this long after it was last
+/// found alive: judging one costs a few `/proc` reads, and a node has
+/// thousands of slots in use while a scan runs every half second.
+pub const RECHECK_ALIVE: Duration = Duration::from_secs(5);
+
+/// A slot as judged: region, index, and what it records (pid, host PID,
+/// PID namespace, start time). Another process in the slot is another key.
+type SlotKey = (RegionKey, usize, i32, i32, u64, u64);
+
+/// Slots in use whose process is certainly gone, judged by host PID alone
+/// (the region's `hostpid` is the tenant's to write: a wrong one only
+/// miscounts its own container), remembered across scans: a slot found
+/// dead stays dead (its record names a process that is gone, and the record
+/// is the key), one found alive is judged again after [`RECHECK_ALIVE`]. A
+/// process that exits is then counted dead within that long.
+#[derive(Debug, Default)]
+pub struct DeadSlots {
+    seen: HashMap<SlotKey, (bool, Instant, u64)>,
+    scan: u64,
+}
+
+impl DeadSlots {
+    fn count(&mut self, key: RegionKey, region: &SharedRegion) -> u64 {
+        let none = Mappers::none();
+        let scan = self.scan;
+        in_use(region)
+            .filter(|(i, s)| {
+                let k = (
+                    key,
+                    *i,
+                    s.pid.load(SeqCst),
+                    s.hostpid.load(SeqCst),
+                    s.pidns.load(SeqCst),
+                    s.start.load(SeqCst),
+                );
+                let v = self.seen.entry(k).or_insert((false, Instant::now(), 0));
+                let fresh = v.2 != 0 && (v.0 || v.1.elapsed() < RECHECK_ALIVE);
+                if !fresh {
+                    *v = (
+                        none.slot_liveness(s).is_certainly_dead(),
+                        Instant::now(),
+                        scan,
+                    );
+                }
+                v.2 = scan;
+                v.0
+            })
+            .count() as u64
+    }
+
+    fn begin_scan(&mut self) {
+        self.scan = self.scan.wrapping_add(1).max(1);
+    }
+
+    /// Forgets slots this scan did not see (freed, retaken, region closed).
+    fn end_scan(&mut self) {
+        let scan = self.scan;
+        self.seen.retain(|_, v| v.2 == scan);
+    }
 }
 
 #[cfg(test)]
@@ -313,7 +375,20 @@ mod tests {
             (220, 200, 20, 40)
         );
         assert_eq!((devs[1].limit, devs[1].total), (0, 7));
-        assert_eq!(dead_slots(&r), 1);
+        let mut dead = DeadSlots::default();
+        dead.begin_scan();
+        assert_eq!(dead.count((0, 0), &r), 1);
+        // Remembered: the next scan reads no `/proc` for it, and a slot
+        // that leaves use is forgotten.
+        dead.end_scan();
+        dead.begin_scan();
+        assert_eq!(dead.count((0, 0), &r), 1);
+        dead.end_scan();
+        r.procs[2].status.store(status::EXITED, Relaxed);
+        dead.begin_scan();
+        assert_eq!(dead.count((0, 0), &r), 0);
+        dead.end_scan();
+        assert_eq!(dead.seen.len(), 1, "the live slot only");
         r.device_num.store(0, Relaxed);
         let limited: Vec<usize> = devices(&r).iter().map(|d| d.index).collect();
         assert_eq!(limited, vec![0, 2, 3], "before device_num is set");
