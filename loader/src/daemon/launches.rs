@@ -101,17 +101,21 @@ impl Ledger {
     pub fn observe(&mut self, key: (u64, u64), region: &SharedRegion) -> [u64; MAX_DEVICES] {
         let r = self.regions.entry(key).or_default();
         r.seen = self.scan;
-        let slots = region.active_slots().iter().enumerate().filter_map(|(i, s)| {
-            let pid = s.pid.load(SeqCst);
-            (pid != 0).then(|| {
-                let id = (pid, s.pidns.load(SeqCst), s.start.load(SeqCst));
-                (
-                    i,
-                    id,
-                    std::array::from_fn(|d| s.used[d].launches.load(SeqCst)),
-                )
-            })
-        });
+        let slots = region
+            .active_slots()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let pid = s.pid.load(SeqCst);
+                (pid != 0).then(|| {
+                    let id = (pid, s.pidns.load(SeqCst), s.start.load(SeqCst));
+                    (
+                        i,
+                        id,
+                        std::array::from_fn(|d| s.used[d].launches.load(SeqCst)),
+                    )
+                })
+            });
         r.observe(slots)
     }
 

@@ -5,8 +5,10 @@
 //! series of gone containers disappear; counters live across scans.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -129,12 +131,6 @@ pub fn one(k: &str, v: &str) -> Labels {
     vec![(k.to_owned(), v.to_owned())]
 }
 
-fn with(base: &Labels, more: &[(&str, String)]) -> Labels {
-    let mut l = base.clone();
-    l.extend(more.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
-    l
-}
-
 fn identity_labels(id: &Identity) -> Labels {
     vec![
         ("pod_uid".into(), id.pod_uid.clone().unwrap_or_default()),
@@ -160,32 +156,73 @@ fn sm_limit_percent(raw: u64) -> i64 {
     }
 }
 
+/// One series of a region: its labels, shared by every series of the
+/// region (one copy per region, not one per series), then the device's.
+/// A family keys it by the region's place in the snapshot and the device
+/// index, so adding a series hashes two integers, not nine strings: the
+/// render stays linear and cheap at thousands of regions.
+#[derive(Clone, Debug)]
+struct Series {
+    region: usize,
+    labels: Arc<Labels>,
+    device: Option<(usize, Arc<str>)>,
+}
+
+impl PartialEq for Series {
+    fn eq(&self, o: &Self) -> bool {
+        self.region == o.region
+            && self.device.as_ref().map(|d| d.0) == o.device.as_ref().map(|d| d.0)
+    }
+}
+
+impl Eq for Series {}
+
+impl std::hash::Hash for Series {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.region.hash(h);
+        self.device.as_ref().map(|d| d.0).hash(h);
+    }
+}
+
+impl EncodeLabelSet for Series {
+    fn encode(&self, e: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.labels.as_slice().encode(e)?;
+        if let Some((index, uuid)) = &self.device {
+            [("vdevice_index", *index)].encode(e)?;
+            [("device_uuid", &**uuid)].encode(e)?;
+        }
+        Ok(())
+    }
+}
+
 /// Renders the snapshot and the counters as Prometheus (OpenMetrics) text.
 pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let mut reg = Registry::default();
     let hami = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
 
-    let vused = Family::<Labels, GaugeU>::default();
-    let vlimit = Family::<Labels, GaugeU>::default();
-    let cmem = Family::<Labels, GaugeU>::default();
-    let cutil = Family::<Labels, GaugeF>::default();
-    let clast = Family::<Labels, GaugeF>::default();
-    let vctx = Family::<Labels, GaugeU>::default();
-    let vmod = Family::<Labels, GaugeU>::default();
-    let vbuf = Family::<Labels, GaugeU>::default();
-    let smlimit = Family::<Labels, Gauge>::default();
-    let launches = Family::<Labels, Counter>::default();
-    let dead = Family::<Labels, Gauge>::default();
-    for r in &s.regions {
-        dead.get_or_create(&r.labels).set(r.dead_slots as i64);
+    let vused = Family::<Series, GaugeU>::default();
+    let vlimit = Family::<Series, GaugeU>::default();
+    let cmem = Family::<Series, GaugeU>::default();
+    let cutil = Family::<Series, GaugeF>::default();
+    let clast = Family::<Series, GaugeF>::default();
+    let vctx = Family::<Series, GaugeU>::default();
+    let vmod = Family::<Series, GaugeU>::default();
+    let vbuf = Family::<Series, GaugeU>::default();
+    let smlimit = Family::<Series, Gauge>::default();
+    let launches = Family::<Series, Counter>::default();
+    let dead = Family::<Series, Gauge>::default();
+    for (at, r) in s.regions.iter().enumerate() {
+        let region = Series {
+            region: at,
+            labels: Arc::new(r.labels.clone()),
+            device: None,
+        };
+        dead.get_or_create(&region).set(r.dead_slots as i64);
         for d in &r.devices {
-            let l = with(
-                &r.labels,
-                &[
-                    ("vdevice_index", d.index.to_string()),
-                    ("device_uuid", d.uuid.clone()),
-                ],
-            );
+            let l = Series {
+                device: Some((d.index, Arc::from(d.uuid.as_str()))),
+                ..region.clone()
+            };
             vused.get_or_create(&l).set(d.total);
             cmem.get_or_create(&l).set(d.total);
             vlimit.get_or_create(&l).set(d.limit);
@@ -341,7 +378,9 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     );
     let timing = Family::<Labels, GaugeF>::default();
     for (phase, d) in [("scan", s.timing.scan), ("render", s.timing.render)] {
-        timing.get_or_create(&one("phase", phase)).set(d.as_secs_f64());
+        timing
+            .get_or_create(&one("phase", phase))
+            .set(d.as_secs_f64());
     }
     reg.register(
         "vgpu_last_scan_seconds",
