@@ -238,8 +238,14 @@ impl RegionIo {
     pub fn refresh(&self, snap: &mut RegionSnapshot, max_slots: usize) -> Result<(), IoError> {
         let head = offset_of!(SharedRegion, procs);
         let tail = offset_of!(SharedRegion, proc_num);
+        let slot = size_of::<ProcSlot>();
+        // The header and as many slots as last time in one read (the count
+        // rarely changes), then the tail with `proc_num`, then any slots
+        // it adds: two reads in the common case.
+        let was = snap.slots_read;
+        let guess = was.min(max_slots);
         let bytes = snap.bytes_mut();
-        self.read_exact_at(&mut bytes[..head], 0)?;
+        self.read_exact_at(&mut bytes[..head + guess * slot], 0)?;
         self.read_exact_at(&mut bytes[tail..], tail as u64)?;
         let claimed = snap.proc_count();
         let count = claimed.min(max_slots);
@@ -248,13 +254,20 @@ impl RegionIo {
             // (`active_slots`, `proc_count`) sees only real bytes.
             snap.proc_num.store(count as i32, SeqCst);
         }
-        let was = std::mem::replace(&mut snap.slots_read, count);
-        let end = head + count * size_of::<ProcSlot>();
-        let bytes = snap.bytes_mut();
-        self.read_exact_at(&mut bytes[head..end], head as u64)?;
-        if was > count {
-            bytes[end..head + was * size_of::<ProcSlot>()].fill(0);
+        let (end, read_to) = (head + count * slot, head + guess * slot);
+        if end > read_to {
+            // Should this read fail, the next one still zeroes what it
+            // may have written.
+            snap.slots_read = count;
+            let bytes = snap.bytes_mut();
+            self.read_exact_at(&mut bytes[read_to..end], read_to as u64)?;
         }
+        let bytes = snap.bytes_mut();
+        let stale_to = head + was.max(guess) * slot;
+        if stale_to > end {
+            bytes[end..stale_to].fill(0);
+        }
+        snap.slots_read = count;
         snap.claimed = claimed;
         Ok(())
     }

@@ -448,7 +448,11 @@ fn bench_one(containers: usize, regions: usize, live: usize, window: Duration) -
     scrapes.sort_by(f64::total_cmp);
     let interval = 0.5;
     let phase = |p: &str| {
-        sample(&metrics, &format!("vgpu_last_scan_seconds{{phase=\"{p}\"}}")).unwrap_or(f64::NAN)
+        sample(
+            &metrics,
+            &format!("vgpu_last_scan_seconds{{phase=\"{p}\"}}"),
+        )
+        .unwrap_or(f64::NAN)
             * 1e3
     };
     let row = Row {

@@ -29,6 +29,11 @@ use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
 use crate::regions::open::{open_under, Access};
 
+/// The regions root is listed at most this often (a thousand container
+/// directories cost a listing each); a region found through a process needs
+/// no listing, and a deleted one is dropped at the next scan whatever.
+pub const ROOT_RELIST: Duration = Duration::from_secs(1);
+
 /// Region files read per container directory and per scan under the
 /// regions root. HAMi puts one region in each container's directory; a
 /// tenant filling its directory with files must not cost the node a core
@@ -130,6 +135,7 @@ pub struct Observer {
     /// opened again at every scan (a replaced file is a new inode, dropped
     /// from the cache when the old one's last name goes).
     root_open: HashMap<PathBuf, RegionKey>,
+    root_listed: Option<Instant>,
     /// How long the last scan and its render took.
     last_timing: metrics::ScanTiming,
     reclaimer: Reclaimer,
@@ -166,6 +172,7 @@ impl Observer {
             integrity,
             skipped: 0,
             root_open: HashMap::new(),
+            root_listed: None,
             last_timing: metrics::ScanTiming::default(),
             reclaimer: Reclaimer::default(),
             launches: Ledger::default(),
@@ -297,7 +304,14 @@ impl Observer {
     /// Slow job: NVML, the cross-check, findings, metrics.
     pub fn scan(&mut self) -> ScanOutput {
         let started = Instant::now();
-        self.open_root_regions();
+        if self.root_listed.is_none_or(|t| t.elapsed() >= ROOT_RELIST) {
+            self.root_listed = Some(started);
+            self.open_root_regions();
+        } else {
+            for key in self.root_open.values() {
+                self.cache.touch(key);
+            }
+        }
         self.cache.refresh();
         self.reclaim_dead_slots();
         let nv = self.nvml.as_mut().map(NvmlView::sample);

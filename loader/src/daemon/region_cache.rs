@@ -15,7 +15,7 @@
 //! second are not read (its processes get no host-PID fill, which only
 //! hurts that container). Both are counted in [`Overruns`] for the metrics.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -72,6 +72,8 @@ pub struct OpenRegion {
     /// Slots a read may copy: this region's share of its tenant's budget.
     slot_cap: usize,
     tenant: Tenant,
+    /// `tenant`'s number in the cache (cheap to sort and key by).
+    tenant_no: u32,
     /// The path as its processes name it (`CUDA_DEVICE_MEMORY_SHARED_CACHE`),
     /// or the host path for a region found under HAMi's directory.
     pub shown_path: PathBuf,
@@ -148,8 +150,9 @@ pub struct RegionCache {
     /// Slots read per tenant ([`TENANT_SLOTS`] but in tests).
     tenant_slots: usize,
     open: HashMap<RegionKey, OpenRegion>,
-    /// Open regions per tenant.
-    per_tenant: HashMap<Tenant, usize>,
+    /// Per tenant: its number and how many regions it has open.
+    per_tenant: HashMap<Tenant, (u32, usize)>,
+    next_tenant_no: u32,
     overruns: Overruns,
     /// Tenants refused a region since the last refresh.
     refused: BTreeSet<Tenant>,
@@ -169,6 +172,7 @@ impl RegionCache {
             tenant_slots: slots.min(MAX_PROCS),
             open: HashMap::new(),
             per_tenant: HashMap::new(),
+            next_tenant_no: 0,
             overruns: Overruns::default(),
             refused: BTreeSet::new(),
         }
@@ -190,12 +194,17 @@ impl RegionCache {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(_) if n >= MAX_OPEN => return Err(Full::Node(shown.to_owned())),
             Entry::Vacant(v) => {
-                let held = self.per_tenant.entry(tenant.clone()).or_insert(0);
+                let next = &mut self.next_tenant_no;
+                let (no, held) = self.per_tenant.entry(tenant.clone()).or_insert_with(|| {
+                    *next = next.wrapping_add(1);
+                    (*next, 0)
+                });
                 if *held >= TENANT_REGIONS {
                     self.refused.insert(tenant);
                     return Err(Full::Tenant(shown.to_owned()));
                 }
                 *held += 1;
+                let tenant_no = *no;
                 v.insert(OpenRegion {
                     file,
                     copy: RegionSnapshot::zeroed(),
@@ -203,6 +212,7 @@ impl RegionCache {
                     // Until the next refresh shares the budget out.
                     slot_cap: self.tenant_slots,
                     tenant,
+                    tenant_no,
                     shown_path: shown.to_owned(),
                     owner: ContainerRef::of_file(shown),
                     cgroup_id: None,
@@ -251,14 +261,11 @@ impl RegionCache {
     /// Each tenant's [`TENANT_SLOTS`] are shared out over its regions in
     /// key order, so which slots are read is stable from scan to scan.
     pub fn refresh(&mut self) {
-        let mut order: Vec<(Tenant, RegionKey)> = self
-            .open
-            .iter()
-            .map(|(k, r)| (r.tenant.clone(), *k))
-            .collect();
+        let mut order: Vec<(u32, RegionKey)> =
+            self.open.iter().map(|(k, r)| (r.tenant_no, *k)).collect();
         order.sort_unstable();
-        let mut left: BTreeMap<&Tenant, usize> = BTreeMap::new();
-        let mut capped: BTreeMap<&Tenant, bool> = BTreeMap::new();
+        let mut left: HashMap<u32, usize> = HashMap::new();
+        let mut capped: HashMap<u32, bool> = HashMap::new();
         let mut gone = Vec::new();
         for (tenant, key) in &order {
             let Some(r) = self.open.get_mut(key) else {
@@ -269,14 +276,14 @@ impl RegionCache {
                 gone.push(*key);
                 continue;
             }
-            let budget = left.entry(tenant).or_insert(self.tenant_slots);
+            let budget = left.entry(*tenant).or_insert(self.tenant_slots);
             r.slot_cap = *budget;
             match r.snapshot(Duration::ZERO) {
                 Ok(copy) => {
                     let read = copy.proc_count();
                     *budget -= read.min(*budget);
                     let over = copy.claimed_slots() > read;
-                    *capped.entry(tenant).or_default() |= over;
+                    *capped.entry(*tenant).or_default() |= over;
                 }
                 Err(e) => {
                     tracing::info!("{e}; no longer tracked");
@@ -309,7 +316,7 @@ impl RegionCache {
 
     fn remove(&mut self, key: &RegionKey) {
         if let Some(r) = self.open.remove(key) {
-            if let Some(n) = self.per_tenant.get_mut(&r.tenant) {
+            if let Some((_, n)) = self.per_tenant.get_mut(&r.tenant) {
                 *n = n.saturating_sub(1);
                 if *n == 0 {
                     self.per_tenant.remove(&r.tenant);

@@ -247,7 +247,7 @@ fn in_use(region: &SharedRegion) -> impl Iterator<Item = (usize, &ProcSlot)> {
 /// A live slot's process is looked at again this long after it was last
 /// found alive: judging one costs a few `/proc` reads, and a node has
 /// thousands of slots in use while a scan runs every half second.
-pub const RECHECK_ALIVE: Duration = Duration::from_secs(5);
+pub const RECHECK_ALIVE: Duration = Duration::from_secs(10);
 
 /// A slot as judged: region, index, and what it records (pid, host PID,
 /// PID namespace, start time). Another process in the slot is another key.
