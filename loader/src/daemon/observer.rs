@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
+use hyper::body::Bytes;
+
 use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
@@ -28,6 +30,12 @@ use super::utilization::{self, SlotProc, Utilization};
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
 use crate::regions::open::{open_under, Access};
+
+/// `/metrics` is rendered anew at most this often while the set of regions
+/// and findings stays the same (values then lag by at most this much); a
+/// region or finding that comes or goes is rendered at the next scan.
+/// Rendering thousands of regions' series is most of a scan's work.
+pub const RENDER_EVERY: Duration = Duration::from_secs(1);
 
 /// The regions root is listed at most this often (a thousand container
 /// directories cost a listing each); a region found through a process needs
@@ -105,7 +113,9 @@ impl Proc {
 /// What one scan publishes.
 #[derive(Debug)]
 pub struct ScanOutput {
-    pub metrics: String,
+    /// The `/metrics` text: shared with the previous scan's when it was
+    /// not rendered anew (see [`RENDER_EVERY`]).
+    pub metrics: Bytes,
     pub findings_json: String,
     pub findings: usize,
     /// [`super::utilization::State`] as JSON.
@@ -138,6 +148,9 @@ pub struct Observer {
     root_listed: Option<Instant>,
     /// How long the last scan and its render took.
     last_timing: metrics::ScanTiming,
+    /// The last render: when, what it showed (a fingerprint of the regions
+    /// and findings), the text.
+    rendered: Option<(Instant, u64, Bytes)>,
     reclaimer: Reclaimer,
     launches: Ledger,
     dead_slots: region_view::DeadSlots,
@@ -174,6 +187,7 @@ impl Observer {
             root_open: HashMap::new(),
             root_listed: None,
             last_timing: metrics::ScanTiming::default(),
+            rendered: None,
             reclaimer: Reclaimer::default(),
             launches: Ledger::default(),
             dead_slots: region_view::DeadSlots::default(),
@@ -403,11 +417,19 @@ impl Observer {
             now_unix: now_ms / 1000,
             node: &self.settings.node,
         };
-        let rendering = Instant::now();
-        let metrics = metrics::render(&snap, &self.counters);
-        self.last_timing = metrics::ScanTiming {
-            render: rendering.elapsed(),
-            scan: started.elapsed(),
+        let shown = self.shown_fingerprint(&out);
+        let metrics = match &self.rendered {
+            Some((at, fp, text)) if *fp == shown && at.elapsed() < RENDER_EVERY => text.clone(),
+            _ => {
+                let rendering = Instant::now();
+                let text = Bytes::from(metrics::render(&snap, &self.counters));
+                self.last_timing = metrics::ScanTiming {
+                    render: rendering.elapsed(),
+                    scan: started.elapsed(),
+                };
+                self.rendered = Some((rendering, shown, text.clone()));
+                text
+            }
         };
         ScanOutput {
             metrics,
@@ -420,6 +442,23 @@ impl Observer {
             })
             .unwrap_or_default(),
         }
+    }
+
+    /// What decides whether `/metrics` must be rendered at once: the open
+    /// regions and the findings (order-independent).
+    fn shown_fingerprint(&self, findings: &[Finding]) -> u64 {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let state = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+        let mut fp = self
+            .cache
+            .iter()
+            .fold(0u64, |acc, (k, _)| acc.wrapping_add(state.hash_one(k)));
+        for f in findings {
+            let mut h = state.build_hasher();
+            (f.kind.name(), f.pid).hash(&mut h);
+            fp = fp.wrapping_add(h.finish());
+        }
+        fp ^ self.procs.len() as u64
     }
 
     /// Frees slots whose processes are proven dead (see [`Reclaimer`]);

@@ -126,7 +126,11 @@ pub fn views(
     let mut shortened = std::collections::HashSet::new();
     launches.begin_scan();
     dead.begin_scan();
-    for (key, r) in cache.iter() {
+    // In file order, so the views come out the same at every scan without
+    // sorting thousands of label sets.
+    let mut open: Vec<_> = cache.iter().collect();
+    open.sort_unstable_by_key(|(k, _)| **k);
+    for (key, r) in open {
         let Some(region) = r.last_snapshot() else {
             continue;
         };
@@ -184,7 +188,6 @@ pub fn views(
     }
     launches.end_scan();
     dead.end_scan();
-    views.sort_by(|a, b| a.labels.cmp(&b.labels));
     measured.sort_by(|a, b| a.region.cmp(&b.region));
     Views {
         regions: views,
