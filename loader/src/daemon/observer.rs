@@ -447,18 +447,13 @@ impl Observer {
     /// What decides whether `/metrics` must be rendered at once: the open
     /// regions and the findings (order-independent).
     fn shown_fingerprint(&self, findings: &[Finding]) -> u64 {
-        use std::hash::{BuildHasher, Hash, Hasher};
+        use std::hash::BuildHasher;
         let state = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
-        let mut fp = self
-            .cache
+        let regions = self.cache.iter().map(|(k, _)| state.hash_one(k));
+        let found = findings
             .iter()
-            .fold(0u64, |acc, (k, _)| acc.wrapping_add(state.hash_one(k)));
-        for f in findings {
-            let mut h = state.build_hasher();
-            (f.kind.name(), f.pid).hash(&mut h);
-            fp = fp.wrapping_add(h.finish());
-        }
-        fp ^ self.procs.len() as u64
+            .map(|f| state.hash_one((f.kind.name(), f.pid)));
+        regions.chain(found).fold(0u64, u64::wrapping_add) ^ self.procs.len() as u64
     }
 
     /// Frees slots whose processes are proven dead (see [`Reclaimer`]);
