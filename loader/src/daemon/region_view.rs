@@ -205,18 +205,11 @@ pub fn views(
 pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
     let device_num = region.device_num.load(SeqCst).min(MAX_DEVICES as u64) as usize;
     let mut devs: Vec<RegionDevice> = (0..MAX_DEVICES)
-        .map(|d| {
-            let (uuid, len) = region.uuid(d);
-            RegionDevice {
-                index: d,
-                uuid: String::from_utf8_lossy(&uuid[..len])
-                    .chars()
-                    .take(40)
-                    .collect(),
-                limit: region.limit[d].load(SeqCst),
-                sm_limit: region.sm_limit[d].load(SeqCst),
-                ..RegionDevice::default()
-            }
+        .map(|d| RegionDevice {
+            index: d,
+            limit: region.limit[d].load(SeqCst),
+            sm_limit: region.sm_limit[d].load(SeqCst),
+            ..RegionDevice::default()
         })
         .collect();
     for s in region.active_slots() {
@@ -235,6 +228,15 @@ pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
         }
     }
     devs.retain(|d| d.index < device_num || d.total != 0 || (device_num == 0 && d.limit != 0));
+    // Only for the devices shown: a scan of thousands of regions makes
+    // no string for the other 15.
+    for d in &mut devs {
+        let (uuid, len) = region.uuid(d.index);
+        d.uuid = String::from_utf8_lossy(&uuid[..len])
+            .chars()
+            .take(40)
+            .collect();
+    }
     devs
 }
 
