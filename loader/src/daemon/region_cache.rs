@@ -28,9 +28,8 @@ use crate::regions::discover::ContainerRef;
 /// (st_dev, st_ino) of a region file.
 pub type RegionKey = (u64, u64);
 
-/// At most this many regions are kept open on the node: [`TENANT_REGIONS`]
-/// for 1000 containers with room to spare; each costs a descriptor and a
-/// few pages.
+/// At most this many regions are kept open on the node: four for each of
+/// 1000 containers; each costs a descriptor and a few pages.
 pub const MAX_OPEN: usize = 4096;
 
 /// Regions one container may have open. HAMi gives a container one; a
