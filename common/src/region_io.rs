@@ -13,13 +13,16 @@
 //! loader confines the lookup to a container's root) and hands the
 //! descriptor over. No message carries bytes read from the file.
 
-use std::alloc::{alloc_zeroed, Layout};
+use std::alloc::Layout;
 use std::fs::File;
 use std::io;
 use std::mem::{offset_of, size_of};
 use std::ops::Deref;
 use std::os::unix::fs::{FileExt as _, FileTypeExt as _, MetadataExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::SeqCst;
+
+use memmap2::{Advice, MmapMut};
 
 use crate::identity::Identity;
 use crate::region::{ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_PROCS, REGION_SIZE};
@@ -220,15 +223,53 @@ impl RegionIo {
     /// At most one region's bytes are read, whatever the file says.
     pub fn snapshot(&self) -> Result<RegionSnapshot, IoError> {
         let mut snap = RegionSnapshot::zeroed();
-        let bytes = snap.bytes_mut();
+        self.refresh(&mut snap, MAX_PROCS)?;
+        Ok(snap)
+    }
+
+    /// Re-reads `snap` in place: the header, the fields after the slots,
+    /// and the slots below `proc_num`, at most `max_slots` of them (a
+    /// tenant's `proc_num` must not decide how much the daemon reads).
+    /// Slots read last time and not now are zeroed, so the copy always
+    /// shows `min(proc_num, max_slots)` slots and nothing else. Nothing is
+    /// allocated: a daemon refreshing thousands of regions every scan
+    /// reuses their copies. On error the copy is partly updated; callers
+    /// drop it.
+    pub fn refresh(&self, snap: &mut RegionSnapshot, max_slots: usize) -> Result<(), IoError> {
         let head = offset_of!(SharedRegion, procs);
         let tail = offset_of!(SharedRegion, proc_num);
-        self.read_exact_at(&mut bytes[..head], 0)?;
+        let slot = size_of::<ProcSlot>();
+        // The header and as many slots as last time in one read (the count
+        // rarely changes), then the tail with `proc_num`, then any slots
+        // it adds: two reads in the common case.
+        let was = snap.slots_read;
+        let guess = was.min(max_slots);
+        let bytes = snap.bytes_mut();
+        self.read_exact_at(&mut bytes[..head + guess * slot], 0)?;
         self.read_exact_at(&mut bytes[tail..], tail as u64)?;
-        let count = snap.proc_count();
-        let end = head + count * size_of::<ProcSlot>();
-        self.read_exact_at(&mut snap.bytes_mut()[head..end], head as u64)?;
-        Ok(snap)
+        let claimed = snap.proc_count();
+        let count = claimed.min(max_slots);
+        if count < claimed {
+            // The copy's `proc_num` says what was read, so every accessor
+            // (`active_slots`, `proc_count`) sees only real bytes.
+            snap.proc_num.store(count as i32, SeqCst);
+        }
+        let (end, read_to) = (head + count * slot, head + guess * slot);
+        if end > read_to {
+            // Should this read fail, the next one still zeroes what it
+            // may have written.
+            snap.slots_read = count;
+            let bytes = snap.bytes_mut();
+            self.read_exact_at(&mut bytes[read_to..end], read_to as u64)?;
+        }
+        let bytes = snap.bytes_mut();
+        let stale_to = head + was.max(guess) * slot;
+        if stale_to > end {
+            bytes[end..stale_to].fill(0);
+        }
+        snap.slots_read = count;
+        snap.claimed = claimed;
+        Ok(())
     }
 
     /// The identity words of slot `i`: (`pid`, `hostpid`, `status`).
@@ -311,16 +352,31 @@ impl RegionIo {
     }
 }
 
-/// A copy of a region, read by [`RegionIo::snapshot`]. Derefs to
-/// [`SharedRegion`]; stores into it change only the copy.
+/// A copy of a region, read by [`RegionIo::snapshot`] or
+/// [`RegionIo::refresh`]. Derefs to [`SharedRegion`]; stores into it change
+/// only the copy.
+///
+/// The copy lives in its own anonymous private mapping, never populated
+/// up front: a page costs memory only once a read writes into it, so a
+/// region whose processes use two slots costs about four pages (header,
+/// slots, tail), not the 2 MB the layout spans. Reading a page never
+/// written maps the kernel's shared zero page, which costs nothing either.
+/// Transparent huge pages are refused on the mapping, or the kernel could
+/// back a sparse copy with a whole 2 MB page.
 pub struct RegionSnapshot {
-    region: Box<SharedRegion>,
+    map: MmapMut,
+    /// Slots the last read copied (what a smaller re-read must zero).
+    slots_read: usize,
+    /// Slots the file's `proc_num` claimed at the last read (clamped to
+    /// [`MAX_PROCS`]); more than the copy holds when a bound cut it.
+    claimed: usize,
 }
 
 impl std::fmt::Debug for RegionSnapshot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegionSnapshot")
-            .field("proc_num", &self.region.proc_num)
+            .field("proc_num", &self.proc_num)
+            .field("claimed", &self.claimed)
             .finish_non_exhaustive()
     }
 }
@@ -328,35 +384,44 @@ impl std::fmt::Debug for RegionSnapshot {
 impl RegionSnapshot {
     /// An all-zero region (every field is an atomic integer: valid).
     pub fn zeroed() -> Self {
-        let layout = Layout::new::<SharedRegion>();
-        // SAFETY: the layout has a nonzero size; all-zero bytes are a valid
-        // `SharedRegion` (only atomic integers and arrays of them), and the
-        // pointer comes from the global allocator with this very layout, as
-        // `Box::from_raw` requires. A null return is handled.
-        let region = unsafe {
-            let p = alloc_zeroed(layout) as *mut SharedRegion;
-            if p.is_null() {
-                std::alloc::handle_alloc_error(layout);
-            }
-            Box::from_raw(p)
+        let map = match MmapMut::map_anon(REGION_SIZE) {
+            Ok(m) => m,
+            // Out of address space: as fatal as a failed allocation.
+            Err(_) => std::alloc::handle_alloc_error(Layout::new::<SharedRegion>()),
         };
-        Self { region }
+        // Only a hint: without it the copy is still correct, just larger.
+        let _hint = map.advise(Advice::NoHugePage);
+        Self {
+            map,
+            slots_read: 0,
+            claimed: 0,
+        }
+    }
+
+    /// Slots the file's `proc_num` claimed at the last read, clamped to
+    /// [`MAX_PROCS`]: above [`SharedRegion::proc_count`] of the copy when
+    /// the read was bounded.
+    pub fn claimed_slots(&self) -> usize {
+        self.claimed
     }
 
     /// The bytes of the copy. Exclusive access, so writing them races with
     /// nothing.
     fn bytes_mut(&mut self) -> &mut [u8] {
-        let p = &mut *self.region as *mut SharedRegion as *mut u8;
-        // SAFETY: `p` points at `REGION_SIZE` bytes we own exclusively
-        // (`&mut self`); any bytes are a valid `SharedRegion`.
-        unsafe { std::slice::from_raw_parts_mut(p, REGION_SIZE) }
+        &mut self.map[..REGION_SIZE]
     }
 }
 
 impl Deref for RegionSnapshot {
     type Target = SharedRegion;
     fn deref(&self) -> &SharedRegion {
-        &self.region
+        let p = self.map.as_ptr().cast::<SharedRegion>();
+        // SAFETY: the mapping is page-aligned (more than `SharedRegion`'s
+        // 8) and at least `REGION_SIZE` bytes long, lives as long as
+        // `self`, and any bytes are a valid `SharedRegion` (only atomic
+        // integers and arrays of them), so shared references to it are
+        // sound; writes go through `&mut self` only.
+        unsafe { &*p }
     }
 }
 
@@ -424,6 +489,34 @@ mod tests {
         ));
         let ro = open(&path, false).unwrap();
         assert!(matches!(ro.write_i32(0, 1), Err(IoError::ReadOnly { .. })));
+    }
+
+    /// A bounded re-read copies at most `max_slots` slots and says what the
+    /// file claimed; a smaller re-read zeroes what the last one copied.
+    #[test]
+    fn refresh_in_place_is_bounded_and_forgets_freed_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.cache");
+        let mut bytes = region_bytes(6);
+        for i in 0..6 {
+            let at = 1856 + i * 1960;
+            bytes[at..at + 4].copy_from_slice(&(i as i32 + 1).to_le_bytes());
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let io = open(&path, true).unwrap();
+        let mut snap = RegionSnapshot::zeroed();
+        io.refresh(&mut snap, 4).unwrap();
+        assert_eq!((snap.proc_count(), snap.claimed_slots()), (4, 6));
+        assert_eq!(snap.procs[3].pid.load(Relaxed), 4);
+        assert_eq!(snap.procs[4].pid.load(Relaxed), 0, "past the bound");
+        let at = offset_of!(SharedRegion, proc_num);
+        bytes[at..at + 4].copy_from_slice(&1i32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        io.refresh(&mut snap, 4).unwrap();
+        assert_eq!((snap.proc_count(), snap.claimed_slots()), (1, 1));
+        assert_eq!(snap.procs[0].pid.load(Relaxed), 1);
+        assert_eq!(snap.procs[1].pid.load(Relaxed), 0, "no longer in use");
+        assert_eq!(snap.procs[3].pid.load(Relaxed), 0, "no longer in use");
     }
 
     #[test]

@@ -2,6 +2,11 @@
 //! as a ratio to the bare driver measured in the same run. Without a GPU it
 //! runs on the simulated driver, which measures the hook's own overhead (the
 //! simulated calls are cheap); real-GPU figures come from `gpu-check`.
+//!
+//! `cargo xtask bench daemon`: the node daemon at N containers × 3 regions ×
+//! 2 live processes (RSS, CPU per scan, `/metrics` size and timings,
+//! `/healthz` latency), run by the integration suite's `daemon_scale`
+//! benchmark so it shares the tests' fixtures (needs root).
 
 use std::path::Path;
 use std::process::Command;
@@ -12,12 +17,53 @@ use crate::{build, util};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Interleaved repetitions of each configuration.
+    /// What to measure.
+    #[arg(value_enum, default_value_t = Target::Hook)]
+    pub target: Target,
+    /// Interleaved repetitions of each configuration (hook).
     #[arg(long, default_value_t = 7)]
     pub reps: usize,
+    /// Container counts to load the daemon with (daemon).
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    pub containers: Vec<usize>,
+    /// Seconds measured at each load (daemon).
+    #[arg(long, default_value_t = 15)]
+    pub secs: u64,
+}
+
+/// What `cargo xtask bench` measures.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Target {
+    /// The hook's launch and allocation paths against the bare driver.
+    Hook,
+    /// The node daemon at node scale.
+    Daemon,
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    match args.target {
+        Target::Hook => hook(args),
+        Target::Daemon => daemon(args),
+    }
+}
+
+fn daemon(args: &Args) -> Result<()> {
+    if !util::is_root() {
+        bail!("cargo xtask bench daemon loads eBPF probes and cgroups; run it as root");
+    }
+    let dist = build::run(&build::Args::default())?;
+    let ns: Vec<String> = args.containers.iter().map(usize::to_string).collect();
+    util::run(
+        util::cargo()
+            .args(["test", "-p", "vgpu-tests", "--test", "daemon_scale"])
+            .args(["--", "--ignored", "--exact", "bench_daemon", "--nocapture"])
+            .env("VGPU_DIST", &dist)
+            .env("VGPU_BENCH_N", ns.join(","))
+            .env("VGPU_BENCH_SECS", args.secs.to_string()),
+    )
+}
+
+fn hook(args: &Args) -> Result<()> {
     let dist = build::run(&build::Args::default())?;
     let work = std::env::temp_dir().join(format!("vgpu-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;

@@ -293,7 +293,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
                     Err(_) => {}
                 }
                 if let Ok(mut p) = shared.lock() {
-                    p.metrics = out.metrics.into();
+                    p.metrics = out.metrics;
                     p.findings = out.findings_json.into();
                     p.ready = obs.attached_libs() > 0;
                 }

@@ -13,7 +13,7 @@ use vgpu_common::region::{status, ProcSlot};
 use vgpu_common::region_io::{slot_offset, IoError, RegionIo};
 
 use super::procfs::{ProcIdentity, Procfs};
-use super::region_cache::{Full, RegionCache, RegionKey};
+use super::region_cache::{Full, RegionCache, RegionKey, Tenant};
 use crate::regions::open::{open_in_process, Access, OpenError};
 
 /// Processes of one region found in one poll share one read of it.
@@ -98,7 +98,9 @@ pub fn fill(
             OpenError::Missing { .. } => Miss::NoRegion(shown.clone()),
             e => bad(e.into()),
         })?;
-    let (key, open) = cache.insert(file, &shown).map_err(|e| bad(e.into()))?;
+    let (key, open) = cache
+        .insert(file, &shown, Tenant::Cgroup(cgroup_id))
+        .map_err(|e| bad(e.into()))?;
     if open.cgroup_id.is_none() {
         open.cgroup_id = Some(cgroup_id);
     }

@@ -95,22 +95,27 @@ impl Ledger {
         self.scan = self.scan.wrapping_add(1);
     }
 
-    /// The container's launch totals per device, from this scan of `region`
-    /// (every slot, whatever `proc_num` says).
+    /// The container's launch totals per device, from this scan of
+    /// `region`'s slots in use (a copy holds no others: reading the rest
+    /// would only fault in zero pages).
     pub fn observe(&mut self, key: (u64, u64), region: &SharedRegion) -> [u64; MAX_DEVICES] {
         let r = self.regions.entry(key).or_default();
         r.seen = self.scan;
-        let slots = region.procs.iter().enumerate().filter_map(|(i, s)| {
-            let pid = s.pid.load(SeqCst);
-            (pid != 0).then(|| {
-                let id = (pid, s.pidns.load(SeqCst), s.start.load(SeqCst));
-                (
-                    i,
-                    id,
-                    std::array::from_fn(|d| s.used[d].launches.load(SeqCst)),
-                )
-            })
-        });
+        let slots = region
+            .active_slots()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let pid = s.pid.load(SeqCst);
+                (pid != 0).then(|| {
+                    let id = (pid, s.pidns.load(SeqCst), s.start.load(SeqCst));
+                    (
+                        i,
+                        id,
+                        std::array::from_fn(|d| s.used[d].launches.load(SeqCst)),
+                    )
+                })
+            });
         r.observe(slots)
     }
 
@@ -161,6 +166,7 @@ mod tests {
         let region = f.region();
         region.procs[5].pid.store(3, SeqCst);
         region.procs[5].used[1].launches.store(9, SeqCst);
+        region.proc_num.store(6, SeqCst);
         let mut l = Ledger::default();
         l.begin_scan();
         assert_eq!(l.observe((1, 2), region)[1], 9);

@@ -5,8 +5,10 @@
 //! series of gone containers disappear; counters live across scans.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -17,6 +19,7 @@ use vgpu_common::event::ProcCounters;
 use super::findings::{Finding, Kind};
 use super::identity::Identity;
 use super::nvml::DeviceSample;
+use super::region_cache::Overruns;
 
 /// Label pairs.
 pub type Labels = Vec<(String, String)>;
@@ -52,6 +55,13 @@ pub struct RegionView {
     pub dead_slots: u64,
 }
 
+/// How long one scan took, all of it and its render.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScanTiming {
+    pub scan: std::time::Duration,
+    pub render: std::time::Duration,
+}
+
 /// Everything one scan exports besides the counters.
 #[derive(Debug, Default)]
 pub struct Snapshot<'a> {
@@ -66,6 +76,12 @@ pub struct Snapshot<'a> {
     pub processes: usize,
     /// Region files under the regions root the scan bounds left out.
     pub region_files_skipped: usize,
+    /// Containers over a per-container bound of the region cache.
+    pub overruns: Overruns,
+    /// Containers whose label values were shortened to their bound.
+    pub labels_shortened: usize,
+    /// How long the previous scan took (this one's is not over).
+    pub timing: ScanTiming,
     pub now_unix: u64,
     /// This node's name for HAMi's `node` label of host series (empty: left out).
     pub node: &'a str,
@@ -118,12 +134,6 @@ pub fn one(k: &str, v: &str) -> Labels {
     vec![(k.to_owned(), v.to_owned())]
 }
 
-fn with(base: &Labels, more: &[(&str, String)]) -> Labels {
-    let mut l = base.clone();
-    l.extend(more.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
-    l
-}
-
 fn identity_labels(id: &Identity) -> Labels {
     vec![
         ("pod_uid".into(), id.pod_uid.clone().unwrap_or_default()),
@@ -149,32 +159,73 @@ fn sm_limit_percent(raw: u64) -> i64 {
     }
 }
 
+/// One series of a region: its labels, shared by every series of the
+/// region (one copy per region, not one per series), then the device's.
+/// A family keys it by the region's place in the snapshot and the device
+/// index, so adding a series hashes two integers, not nine strings: the
+/// render stays linear and cheap at thousands of regions.
+#[derive(Clone, Debug)]
+struct Series {
+    region: usize,
+    labels: Arc<Labels>,
+    device: Option<(usize, Arc<str>)>,
+}
+
+impl PartialEq for Series {
+    fn eq(&self, o: &Self) -> bool {
+        self.region == o.region
+            && self.device.as_ref().map(|d| d.0) == o.device.as_ref().map(|d| d.0)
+    }
+}
+
+impl Eq for Series {}
+
+impl std::hash::Hash for Series {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.region.hash(h);
+        self.device.as_ref().map(|d| d.0).hash(h);
+    }
+}
+
+impl EncodeLabelSet for Series {
+    fn encode(&self, e: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        self.labels.as_slice().encode(e)?;
+        if let Some((index, uuid)) = &self.device {
+            [("vdevice_index", *index)].encode(e)?;
+            [("device_uuid", &**uuid)].encode(e)?;
+        }
+        Ok(())
+    }
+}
+
 /// Renders the snapshot and the counters as Prometheus (OpenMetrics) text.
 pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let mut reg = Registry::default();
     let hami = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
 
-    let vused = Family::<Labels, GaugeU>::default();
-    let vlimit = Family::<Labels, GaugeU>::default();
-    let cmem = Family::<Labels, GaugeU>::default();
-    let cutil = Family::<Labels, GaugeF>::default();
-    let clast = Family::<Labels, GaugeF>::default();
-    let vctx = Family::<Labels, GaugeU>::default();
-    let vmod = Family::<Labels, GaugeU>::default();
-    let vbuf = Family::<Labels, GaugeU>::default();
-    let smlimit = Family::<Labels, Gauge>::default();
-    let launches = Family::<Labels, Counter>::default();
-    let dead = Family::<Labels, Gauge>::default();
-    for r in &s.regions {
-        dead.get_or_create(&r.labels).set(r.dead_slots as i64);
+    let vused = Family::<Series, GaugeU>::default();
+    let vlimit = Family::<Series, GaugeU>::default();
+    let cmem = Family::<Series, GaugeU>::default();
+    let cutil = Family::<Series, GaugeF>::default();
+    let clast = Family::<Series, GaugeF>::default();
+    let vctx = Family::<Series, GaugeU>::default();
+    let vmod = Family::<Series, GaugeU>::default();
+    let vbuf = Family::<Series, GaugeU>::default();
+    let smlimit = Family::<Series, Gauge>::default();
+    let launches = Family::<Series, Counter>::default();
+    let dead = Family::<Series, Gauge>::default();
+    for (at, r) in s.regions.iter().enumerate() {
+        let region = Series {
+            region: at,
+            labels: Arc::new(r.labels.clone()),
+            device: None,
+        };
+        dead.get_or_create(&region).set(r.dead_slots as i64);
         for d in &r.devices {
-            let l = with(
-                &r.labels,
-                &[
-                    ("vdevice_index", d.index.to_string()),
-                    ("device_uuid", d.uuid.clone()),
-                ],
-            );
+            let l = Series {
+                device: Some((d.index, Arc::from(d.uuid.as_str()))),
+                ..region.clone()
+            };
             vused.get_or_create(&l).set(d.total);
             cmem.get_or_create(&l).set(d.total);
             vlimit.get_or_create(&l).set(d.limit);
@@ -314,6 +365,31 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "Region files under the regions root left out of the last scan by its bounds",
         skipped,
     );
+    let over = Family::<Labels, GaugeU>::default();
+    for (bound, n) in [
+        ("regions", s.overruns.regions_refused),
+        ("slots", s.overruns.slots_capped),
+        ("label_bytes", s.labels_shortened),
+    ] {
+        over.get_or_create(&one("bound", bound)).set(n as u64);
+    }
+    reg.register(
+        "vgpu_containers_over_bound",
+        "Containers over one of the daemon's per-container bounds at the last scan (regions \
+         open, slots read, label bytes): what is past the bound is left out",
+        over,
+    );
+    let timing = Family::<Labels, GaugeF>::default();
+    for (phase, d) in [("scan", s.timing.scan), ("render", s.timing.render)] {
+        timing
+            .get_or_create(&one("phase", phase))
+            .set(d.as_secs_f64());
+    }
+    reg.register(
+        "vgpu_last_scan_seconds",
+        "How long the previous scan took (phase=scan: all of it, render: rendering /metrics)",
+        timing,
+    );
     reg.register(
         "vgpu_hostpid_fills",
         "Host PIDs written into region slots",
@@ -381,6 +457,10 @@ mod tests {
             }],
             now_unix: 100,
             region_files_skipped: 996,
+            overruns: Overruns {
+                regions_refused: 1,
+                slots_capped: 0,
+            },
             ..Snapshot::default()
         };
         c.slots_reclaimed.inc_by(2);
@@ -394,6 +474,8 @@ mod tests {
             r#"vgpu_dead_slots{zone="vGPU",pod_uid="p",container="c"} 2"#,
             "vgpu_hostpid_fills_total 3",
             "vgpu_region_files_skipped 996",
+            r#"vgpu_containers_over_bound{bound="regions"} 1"#,
+            r#"vgpu_containers_over_bound{bound="slots"} 0"#,
             "vgpu_slots_reclaimed_total 2",
             r#"vgpu_findings{kind="untracked_allocation"} 0"#,
         ] {

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
+use hyper::body::Bytes;
+
 use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
@@ -17,12 +19,12 @@ use super::identity::{Identities, Identity};
 use super::integrity::{self, Integrity, ProcInput};
 use super::launches::Ledger;
 use super::libs::LibWatch;
-use super::metrics::{self, Counters, RegionView, Snapshot};
+use super::metrics::{self, Counters, Snapshot};
 use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::{ProcIdentity, Procfs};
 use super::reclaim::Reclaimer;
-use super::region_cache::RegionCache;
+use super::region_cache::{RegionCache, RegionKey, Tenant, MAX_OPEN};
 use super::region_view;
 use super::retention::Retention;
 use super::utilization::{self, SlotProc, Utilization};
@@ -31,13 +33,24 @@ use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
 use crate::regions::open::{open_under, Access};
 
+/// `/metrics` is rendered anew at most this often while the set of regions
+/// and findings stays the same (values then lag by at most this much); a
+/// region or finding that comes or goes is rendered at the next scan.
+/// Rendering thousands of regions' series is most of a scan's work.
+pub const RENDER_EVERY: Duration = Duration::from_secs(1);
+
+/// The regions root is listed at most this often (a thousand container
+/// directories cost a listing each); a region found through a process needs
+/// no listing, and a deleted one is dropped at the next scan whatever.
+pub const ROOT_RELIST: Duration = Duration::from_secs(1);
+
 /// Region files read per container directory and per scan under the
 /// regions root. HAMi puts one region in each container's directory; a
 /// tenant filling its directory with files must not cost the node a core
 /// or push other containers' series out.
 pub const SCAN_BOUNDS: Bounds = Bounds {
     per_dir: 4,
-    total: 512,
+    total: MAX_OPEN,
 };
 
 /// Entry points the daemon probes: driver init, context creation, every
@@ -106,7 +119,9 @@ impl Proc {
 /// What one scan publishes.
 #[derive(Debug)]
 pub struct ScanOutput {
-    pub metrics: String,
+    /// The `/metrics` text: shared with the previous scan's when it was
+    /// not rendered anew (see [`RENDER_EVERY`]).
+    pub metrics: Bytes,
     pub findings_json: String,
     pub findings: usize,
     /// [`super::utilization::State`] as JSON.
@@ -132,9 +147,20 @@ pub struct Observer {
     integrity: Option<Integrity>,
     /// Region files left out by [`SCAN_BOUNDS`] at the last scan.
     skipped: usize,
+    /// Regions opened from the regions root, by path: an open one is not
+    /// opened again at every scan (a replaced file is a new inode, dropped
+    /// from the cache when the old one's last name goes).
+    root_open: HashMap<PathBuf, RegionKey>,
+    root_listed: Option<Instant>,
+    /// How long the last scan and its render took.
+    last_timing: metrics::ScanTiming,
+    /// The last render: when, what it showed (a fingerprint of the regions
+    /// and findings), the text.
+    rendered: Option<(Instant, u64, Bytes)>,
     reclaimer: Reclaimer,
     launches: Ledger,
     retention: Retention,
+    dead_slots: region_view::DeadSlots,
 }
 
 impl Observer {
@@ -168,8 +194,13 @@ impl Observer {
             attached: Vec::new(),
             integrity,
             skipped: 0,
+            root_open: HashMap::new(),
+            root_listed: None,
+            last_timing: metrics::ScanTiming::default(),
+            rendered: None,
             reclaimer,
             launches: Ledger::default(),
+            dead_slots: region_view::DeadSlots::default(),
             retention,
         }
     }
@@ -309,7 +340,15 @@ impl Observer {
 
     /// Slow job: NVML, the cross-check, findings, metrics.
     pub fn scan(&mut self) -> ScanOutput {
-        self.open_root_regions();
+        let started = Instant::now();
+        if self.root_listed.is_none_or(|t| t.elapsed() >= ROOT_RELIST) {
+            self.root_listed = Some(started);
+            self.open_root_regions();
+        } else {
+            for key in self.root_open.values() {
+                self.cache.touch(key);
+            }
+        }
         self.cache.refresh();
         self.reclaim_dead_slots();
         let nv = self.nvml.as_mut().map(NvmlView::sample);
@@ -373,8 +412,7 @@ impl Observer {
         });
         out.sort_by(|a, b| (a.kind.name(), a.pid).cmp(&(b.kind.name(), b.pid)));
 
-        let (regions, measured) =
-            self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
+        let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
         self.cache.evict_idle(Duration::from_secs(60));
         let mut untracked: HashMap<Identity, u64> = HashMap::new();
         for f in &out {
@@ -390,27 +428,56 @@ impl Observer {
         out.extend(self.check_integrity(nv.as_ref(), now_ms));
         let published = self.retention.update(&out, now_ms);
         let snap = Snapshot {
-            regions,
+            regions: views.regions,
             host: nv.map(|s| s.devices).unwrap_or_default(),
             findings: &out,
             untracked,
             probes: self.attached.clone(),
             processes: self.procs.len(),
             region_files_skipped: self.skipped,
+            overruns: self.cache.overruns(),
+            labels_shortened: views.labels_shortened,
+            timing: self.last_timing,
             now_unix: now_ms / 1000,
             node: &self.settings.node,
         };
+        let shown = self.shown_fingerprint(&out);
+        let metrics = match &self.rendered {
+            Some((at, fp, text)) if *fp == shown && at.elapsed() < RENDER_EVERY => text.clone(),
+            _ => {
+                let rendering = Instant::now();
+                let text = Bytes::from(metrics::render(&snap, &self.counters));
+                self.last_timing = metrics::ScanTiming {
+                    render: rendering.elapsed(),
+                    scan: started.elapsed(),
+                };
+                self.rendered = Some((rendering, shown, text.clone()));
+                text
+            }
+        };
         ScanOutput {
-            metrics: metrics::render(&snap, &self.counters),
+            metrics,
             findings_json: findings::to_json(&published, now_ms),
             findings: out.len(),
             utilization_json: serde_json::to_string(&utilization::State {
                 version: 1,
                 updated_unix_ms: now_ms,
-                regions: measured,
+                regions: views.measured,
             })
             .unwrap_or_default(),
         }
+    }
+
+    /// What decides whether `/metrics` must be rendered at once: the open
+    /// regions and the findings (order-independent).
+    fn shown_fingerprint(&self, findings: &[Finding]) -> u64 {
+        use std::hash::BuildHasher;
+        let state = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+        let regions = self.cache.iter().map(|(k, _)| state.hash_one(k));
+        let found = findings
+            .iter()
+            .map(|f| state.hash_one((f.kind.name(), f.pid)));
+        regions.chain(found).fold(0u64, u64::wrapping_add) ^ self.procs.len() as u64
     }
 
     /// Frees slots whose processes are proven dead (see [`Reclaimer`]);
@@ -525,7 +592,15 @@ impl Observer {
             }
             self.skipped = found.skipped;
         }
+        let mut still = HashMap::with_capacity(found.regions.len());
         for f in found.regions {
+            if let Some(key) = self.root_open.get(&f.path) {
+                if self.cache.contains(key) {
+                    self.cache.touch(key);
+                    still.insert(f.path, *key);
+                    continue;
+                }
+            }
             let file = match open_under(&root, &f.path, Access::ReadWrite) {
                 Ok(file) => file,
                 Err(e) => {
@@ -533,21 +608,25 @@ impl Observer {
                     continue;
                 }
             };
-            // The device plugin's directory names the region, whatever
-            // path its processes opened it by first.
-            if let Ok((_, r)) = self.cache.insert(file, &f.path) {
-                r.owner = f.owner;
+            // HAMi's container directory: named by the device plugin.
+            let tenant = Tenant::Dir(f.path.parent().unwrap_or(&root).to_owned());
+            match self.cache.insert(file, &f.path, tenant) {
+                Ok((key, r)) => {
+                    // The device plugin's directory names the region,
+                    // whatever path its processes opened it by first.
+                    r.owner = f.owner;
+                    still.insert(f.path, key);
+                }
+                Err(e) => tracing::debug!("{e}"),
             }
         }
+        self.root_open = still;
     }
 
     /// One view per open region. `devices` (NVML) gives each container's
     /// utilization; it is also written into the slots of devices the region
     /// does not SM-limit.
-    fn region_views(
-        &mut self,
-        devices: &[DeviceSample],
-    ) -> (Vec<RegionView>, Vec<utilization::Measured>) {
+    fn region_views(&mut self, devices: &[DeviceSample]) -> region_view::Views {
         self.pods.refresh();
         let util = Utilization::new(
             devices,
@@ -564,6 +643,7 @@ impl Observer {
             &mut self.ids,
             &self.pods,
             &mut self.launches,
+            &mut self.dead_slots,
             &util,
         )
     }

@@ -232,10 +232,11 @@ fn free_dead(file: &RegionIo, procfs: &Procfs, dead: &[Dead]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::region_cache::Tenant;
     use std::os::unix::fs::MetadataExt;
     use std::path::Path;
     use std::sync::atomic::Ordering::Relaxed;
-    use vgpu_common::region::{status, MAGIC, MAJOR_VERSION};
+    use vgpu_common::region::{status, MAGIC, MAJOR_VERSION, MAX_PROCS};
     use vgpu_common::view::RegionFile;
 
     /// A fake `/proc/<pid>` with a PID namespace (a file's inode stands for
@@ -273,8 +274,9 @@ mod tests {
             true,
         )
         .unwrap();
-        let mut cache = RegionCache::default();
-        let key = cache.insert(io, &path).unwrap().0;
+        // Every slot: the tests fill more than one container may use.
+        let mut cache = RegionCache::with_tenant_slots(MAX_PROCS);
+        let key = cache.insert(io, &path, Tenant::Cgroup(1)).unwrap().0;
         Fx {
             dir,
             file,

@@ -1,19 +1,50 @@
 //! What the metrics show of each open region (one container): its labels,
 //! its per-device sums and launches, its utilization, and its dead slots.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant};
 
-use vgpu_common::region::{status, SharedRegion, MAX_DEVICES};
+use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES};
 
 use super::identity::{Identities, Identity};
 use super::launches::Ledger;
 use super::metrics::{Labels, RegionDevice, RegionView};
 use super::pods::{PodName, PodNames};
-use super::region_cache::RegionCache;
+use super::region_cache::{RegionCache, RegionKey};
 use super::region_owner::{region_owner, RegionOwner};
 use super::utilization::{daemon_publishes, Measured, Utilization};
 use crate::regions::liveness::Mappers;
+
+/// The longest `region` label value: a path a tenant names may be 4 KB, and
+/// it repeats on every series of its region.
+pub const REGION_LABEL_BYTES: usize = 64;
+
+/// The longest value of any other label (a Kubernetes container's cgroup
+/// path is about 170 bytes).
+pub const LABEL_BYTES: usize = 256;
+
+/// `v` unchanged when it has at most `max` bytes; else `…`, its tail (a
+/// path's most telling part) and `#` with a hash of the whole value, `max`
+/// bytes in all, so two long values stay two series. A tenant can make its
+/// own values collide, which only merges its own series. The second value
+/// says whether `v` was shortened.
+pub fn bounded_label(v: String, max: usize) -> (String, bool) {
+    use std::hash::{Hash, Hasher};
+    if v.len() <= max {
+        return (v, false);
+    }
+    let mut h = std::hash::DefaultHasher::new();
+    v.hash(&mut h);
+    let suffix = format!("#{:08x}", h.finish() as u32);
+    let keep = max.saturating_sub(suffix.len() + '…'.len_utf8());
+    let mut from = v.len() - keep.min(v.len());
+    while !v.is_char_boundary(from) {
+        from += 1;
+    }
+    (format!("…{}{suffix}", &v[from..]), true)
+}
 
 /// A region's labels: HAMi's monitor's first (namespace, pod, container;
 /// the device's `vdevice_index` and `device_uuid` follow per device), then
@@ -40,21 +71,57 @@ pub fn labels(name: Option<&PodName>, owner: RegionOwner, id: &Identity, region:
     ]
 }
 
+/// `labels` with every value within its bound; whether one was shortened.
+fn bound_labels(labels: Labels) -> (Labels, bool) {
+    let mut cut = false;
+    let labels = labels
+        .into_iter()
+        .map(|(k, v)| {
+            let max = if k == "region" {
+                REGION_LABEL_BYTES
+            } else {
+                LABEL_BYTES
+            };
+            let (v, c) = bounded_label(v, max);
+            cut |= c;
+            (k, v)
+        })
+        .collect();
+    (labels, cut)
+}
+
+/// What [`views`] makes of the cache.
+#[derive(Debug, Default)]
+pub struct Views {
+    pub regions: Vec<RegionView>,
+    pub measured: Vec<Measured>,
+    /// Containers with a label value shortened to its bound.
+    pub labels_shortened: usize,
+}
+
 /// One view per open, initialised region of `cache`, and each container's
-/// measured utilization: labels (`ids`, `pods`), per-device sums, launches
-/// (`launches` keeps them monotonic) and the utilization `util` gives, which
-/// is also written into the slots of devices the region does not SM-limit.
+/// measured utilization: labels (`ids`, `pods`, each value within its
+/// bound), per-device sums, launches (`launches` keeps them monotonic) and
+/// the utilization `util` gives, which is also written into the slots of
+/// devices the region does not SM-limit.
 pub fn views(
     cache: &RegionCache,
     ids: &mut Identities,
     pods: &PodNames,
     launches: &mut Ledger,
+    dead: &mut DeadSlots,
     util: &Utilization<'_>,
-) -> (Vec<RegionView>, Vec<Measured>) {
+) -> Views {
     let mut views = Vec::new();
     let mut measured = Vec::new();
+    let mut shortened = std::collections::HashSet::new();
     launches.begin_scan();
-    for (key, r) in cache.iter() {
+    dead.begin_scan();
+    // In file order, so the views come out the same at every scan without
+    // sorting thousands of label sets.
+    let mut open: Vec<_> = cache.iter().collect();
+    open.sort_unstable_by_key(|(k, _)| **k);
+    for (key, r) in open {
         let Some(region) = r.last_snapshot() else {
             continue;
         };
@@ -64,7 +131,10 @@ pub fn views(
         let id = r.cgroup_id.map(|c| ids.of(c)).unwrap_or_default();
         let owner = region_owner(r.owner.as_ref(), &id);
         let name = pods.get(&owner.pod_uid);
-        let labels = labels(name, owner, &id, &r.shown_path);
+        let (labels, cut) = bound_labels(labels(name, owner, &id, &r.shown_path));
+        if cut {
+            shortened.insert(r.tenant());
+        }
         let mut devices = devices(region);
         let counted = launches.observe(*key, region);
         let mut m = Measured {
@@ -93,32 +163,34 @@ pub fn views(
         views.push(RegionView {
             labels,
             devices,
-            dead_slots: dead_slots(region),
+            dead_slots: dead.count(*key, region),
             last_kernel_time: region.last_kernel_time.load(SeqCst),
         });
     }
     launches.end_scan();
-    views.sort_by(|a, b| a.labels.cmp(&b.labels));
+    dead.end_scan();
     measured.sort_by(|a, b| a.region.cmp(&b.region));
-    (views, measured)
+    Views {
+        regions: views,
+        measured,
+        labels_shortened: shortened.len(),
+    }
 }
 
-/// Per-device sums over slots with status != 0, as HAMi's monitor makes them.
+/// Per-device sums over slots with status != 0, as HAMi's monitor makes them,
+/// for the devices the region has (`i < device_num`, as HAMi's monitor) and
+/// any other with usage on it. A limit alone shows a device only while
+/// `device_num` is unset: a container-wide limit is written for all 16
+/// indexes, and 16 devices' series for a one-GPU container would make
+/// `/metrics` grow with what a region claims, not with its devices.
 pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
     let device_num = region.device_num.load(SeqCst).min(MAX_DEVICES as u64) as usize;
     let mut devs: Vec<RegionDevice> = (0..MAX_DEVICES)
-        .map(|d| {
-            let (uuid, len) = region.uuid(d);
-            RegionDevice {
-                index: d,
-                uuid: String::from_utf8_lossy(&uuid[..len])
-                    .chars()
-                    .take(40)
-                    .collect(),
-                limit: region.limit[d].load(SeqCst),
-                sm_limit: region.sm_limit[d].load(SeqCst),
-                ..RegionDevice::default()
-            }
+        .map(|d| RegionDevice {
+            index: d,
+            limit: region.limit[d].load(SeqCst),
+            sm_limit: region.sm_limit[d].load(SeqCst),
+            ..RegionDevice::default()
         })
         .collect();
     for s in region.active_slots() {
@@ -136,21 +208,87 @@ pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
                 .saturating_add(s.device_util[d].sm_util.load(SeqCst));
         }
     }
-    devs.retain(|d| d.index < device_num || d.total != 0 || d.limit != 0);
+    devs.retain(|d| d.index < device_num || d.total != 0 || (device_num == 0 && d.limit != 0));
+    // Only for the devices shown: a scan of thousands of regions makes
+    // no string for the other 15.
+    for d in &mut devs {
+        let (uuid, len) = region.uuid(d.index);
+        d.uuid = String::from_utf8_lossy(&uuid[..len])
+            .chars()
+            .take(40)
+            .collect();
+    }
     devs
 }
 
-/// Slots in use whose process is certainly gone, judged by host PID alone
-/// (the region's `hostpid` is the tenant's to write: a wrong one only
-/// miscounts its own container).
-pub fn dead_slots(region: &SharedRegion) -> u64 {
-    let none = Mappers::none();
+/// Slots in use (pid set, not exited), with their index.
+fn in_use(region: &SharedRegion) -> impl Iterator<Item = (usize, &ProcSlot)> {
     region
         .active_slots()
         .iter()
-        .filter(|s| s.pid.load(SeqCst) != 0 && s.status.load(SeqCst) != status::EXITED)
-        .filter(|s| none.slot_liveness(s).is_certainly_dead())
-        .count() as u64
+        .enumerate()
+        .filter(|(_, s)| s.pid.load(SeqCst) != 0 && s.status.load(SeqCst) != status::EXITED)
+}
+
+/// A live slot's process is looked at again this long after it was last
+/// found alive: judging one costs a few `/proc` reads, and a node has
+/// thousands of slots in use while a scan runs every half second.
+pub const RECHECK_ALIVE: Duration = Duration::from_secs(10);
+
+/// A slot as judged: region, index, and what it records (pid, host PID,
+/// PID namespace, start time). Another process in the slot is another key.
+type SlotKey = (RegionKey, usize, i32, i32, u64, u64);
+
+/// Slots in use whose process is certainly gone, judged by host PID alone
+/// (the region's `hostpid` is the tenant's to write: a wrong one only
+/// miscounts its own container), remembered across scans: a slot found
+/// dead stays dead (its record names a process that is gone, and the record
+/// is the key), one found alive is judged again after [`RECHECK_ALIVE`]. A
+/// process that exits is then counted dead within that long.
+#[derive(Debug, Default)]
+pub struct DeadSlots {
+    seen: HashMap<SlotKey, (bool, Instant, u64)>,
+    scan: u64,
+}
+
+impl DeadSlots {
+    fn count(&mut self, key: RegionKey, region: &SharedRegion) -> u64 {
+        let none = Mappers::none();
+        let scan = self.scan;
+        in_use(region)
+            .filter(|(i, s)| {
+                let k = (
+                    key,
+                    *i,
+                    s.pid.load(SeqCst),
+                    s.hostpid.load(SeqCst),
+                    s.pidns.load(SeqCst),
+                    s.start.load(SeqCst),
+                );
+                let v = self.seen.entry(k).or_insert((false, Instant::now(), 0));
+                let fresh = v.2 != 0 && (v.0 || v.1.elapsed() < RECHECK_ALIVE);
+                if !fresh {
+                    *v = (
+                        none.slot_liveness(s).is_certainly_dead(),
+                        Instant::now(),
+                        scan,
+                    );
+                }
+                v.2 = scan;
+                v.0
+            })
+            .count() as u64
+    }
+
+    fn begin_scan(&mut self) {
+        self.scan = self.scan.wrapping_add(1).max(1);
+    }
+
+    /// Forgets slots this scan did not see (freed, retaken, region closed).
+    fn end_scan(&mut self) {
+        let scan = self.scan;
+        self.seen.retain(|_, v| v.2 == scan);
+    }
 }
 
 #[cfg(test)]
@@ -159,9 +297,29 @@ mod tests {
     use std::sync::atomic::Ordering::Relaxed;
     use vgpu_common::region_io::RegionSnapshot;
 
+    /// A long value keeps its tail and a hash within the bound; two long
+    /// values that share the tail stay apart; a short one is unchanged.
+    #[test]
+    fn long_label_values_are_bounded_and_stay_distinct() {
+        let long = |c: char| format!("/{}/x{}.cache", "d".repeat(3800), c);
+        let (a, cut) = bounded_label(long('a'), REGION_LABEL_BYTES);
+        assert!(cut && a.len() <= REGION_LABEL_BYTES, "{a}");
+        assert!(a.starts_with('…') && a.contains("xa.cache#"), "{a}");
+        let (b, _) = bounded_label(format!("/e{}", long('a')), REGION_LABEL_BYTES);
+        assert_ne!(a, b);
+        let multibyte = "é".repeat(100);
+        let (m, _) = bounded_label(multibyte, 64);
+        assert!(m.len() <= 64, "{m}");
+        assert_eq!(
+            bounded_label("/tmp/r.cache".into(), REGION_LABEL_BYTES),
+            ("/tmp/r.cache".into(), false)
+        );
+    }
+
     /// Sums count slots that are not exited, as HAMi's monitor does; a
-    /// device shows when the region has it, or has usage or a limit on it.
-    /// A slot whose host PID is gone is a dead slot.
+    /// device shows when the region has it or usage on it, or a limit
+    /// while `device_num` is unset. A slot whose host PID is gone is a dead
+    /// slot.
     #[test]
     fn devices_sum_live_slots_and_dead_slots_are_counted() {
         let r = RegionSnapshot::zeroed();
@@ -193,15 +351,32 @@ mod tests {
             s.used[0].total.store(110, Relaxed);
             s.device_util[0].sm_util.store(20, Relaxed);
         }
+        r.procs[0].used[3].total.store(7, Relaxed);
         let devs = devices(&r);
-        assert_eq!(devs.iter().map(|d| d.index).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(devs.iter().map(|d| d.index).collect::<Vec<_>>(), vec![0, 3]);
         let d0 = &devs[0];
         assert_eq!(d0.uuid, "GPU-0");
         assert_eq!(
             (d0.total, d0.data, d0.context, d0.sm_util),
             (220, 200, 20, 40)
         );
-        assert_eq!((devs[1].limit, devs[1].total), (1 << 30, 0));
-        assert_eq!(dead_slots(&r), 1);
+        assert_eq!((devs[1].limit, devs[1].total), (0, 7));
+        let mut dead = DeadSlots::default();
+        dead.begin_scan();
+        assert_eq!(dead.count((0, 0), &r), 1);
+        // Remembered: the next scan reads no `/proc` for it, and a slot
+        // that leaves use is forgotten.
+        dead.end_scan();
+        dead.begin_scan();
+        assert_eq!(dead.count((0, 0), &r), 1);
+        dead.end_scan();
+        r.procs[2].status.store(status::EXITED, Relaxed);
+        dead.begin_scan();
+        assert_eq!(dead.count((0, 0), &r), 0);
+        dead.end_scan();
+        assert_eq!(dead.seen.len(), 1, "the live slot only");
+        r.device_num.store(0, Relaxed);
+        let limited: Vec<usize> = devices(&r).iter().map(|d| d.index).collect();
+        assert_eq!(limited, vec![0, 2, 3], "before device_num is set");
     }
 }
