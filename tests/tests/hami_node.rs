@@ -230,8 +230,9 @@ impl Node {
         // The scratch directory must not lie under /tmp, which the
         // container replaces: a checkout (and so CARGO_TARGET_TMPDIR) may.
         let scratch = PathBuf::from(format!(
-            "/run/vgpu-hami-node-{}-{}",
-            std::process::id(),
+            "/run/vgpu-{}-{}",
+            // Unique per node (tests run in parallel) and per container.
+            self.root.file_name().unwrap_or_default().to_string_lossy(),
             self.seq
         ));
         std::fs::create_dir_all(&scratch).unwrap();
