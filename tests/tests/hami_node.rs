@@ -227,6 +227,22 @@ impl Node {
     /// can be made without touching the machine's), and a private /tmp
     /// that keeps only the simulated GPU's directory.
     fn run(&self, a: &Allocation, gpu: &SimGpu, exe: &Path) -> Output {
+        let (mut cmd, scratch) = self.container(a, gpu, exe, &[]);
+        let out = cmd.output().expect("run container");
+        // Only the mount point is left on the machine (the mounts ended
+        // with the namespace).
+        let _ = std::fs::remove_dir(&scratch);
+        out
+    }
+
+    /// `run`'s container, not started yet, and its scratch mount point.
+    fn container(
+        &self,
+        a: &Allocation,
+        gpu: &SimGpu,
+        exe: &Path,
+        args: &[&str],
+    ) -> (Command, PathBuf) {
         // The scratch directory must not lie under /tmp, which the
         // container replaces: a checkout (and so CARGO_TARGET_TMPDIR) may.
         let scratch = PathBuf::from(format!(
@@ -291,7 +307,7 @@ impl Node {
                 script.push_str(&format!("mount -o remount,bind,ro {ctr}\n"));
             }
         }
-        script.push_str(&format!("exec {}\n", exe.display()));
+        script.push_str(&format!("exec {} {}\n", exe.display(), args.join(" ")));
         let mut cmd = Command::new("unshare");
         cmd.args(["--mount", "--pid", "--fork", "sh", "-c", &script])
             .env_clear()
@@ -299,11 +315,7 @@ impl Node {
         for (k, v) in gpu.envs().into_iter().chain(a.env.iter().cloned()) {
             cmd.env(k, v);
         }
-        let out = cmd.output().expect("run container");
-        // Only the mount point is left on the machine (the mounts ended
-        // with the namespace).
-        let _ = std::fs::remove_dir(&scratch);
-        out
+        (cmd, scratch)
     }
 }
 
@@ -525,9 +537,25 @@ fn lifecycle(gen: Gen) {
     );
     assert_runs_vgpu(&mut node, &gpu, &exe, "after install-hook --hami");
 
-    // A process keeps vgpu's library mapped across two device-plugin
-    // restarts; the keeper moves each copied-back file aside, woken by
-    // inotify long before its 60 s period.
+    // A hooked container keeps running across two device-plugin restarts
+    // and the uninstall, and works after them; so does a mapping of the
+    // library (its pages must stay vgpu's). The keeper moves each
+    // copied-back file aside, woken by inotify long before its 60 s period.
+    let go = node.root.join("go");
+    let long = node.allocate("long");
+    let longrun_exe = dist::compile_c("hook_longrun", &node.root, false);
+    let (mut cmd, long_scratch) =
+        node.container(&long, &gpu, &longrun_exe, &[&go.display().to_string()]);
+    let mut longrun = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut long_out = std::io::BufReader::new(longrun.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    long_out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n", "the long-running container started");
     let running = Mapped::new(&node.lib_path());
     let keeper = Watcher(
         install_hook(&node, &["--watch", "60"])
@@ -588,11 +616,31 @@ fn lifecycle(gen: Gen) {
         hami_preload
     );
     assert!(running.unchanged(), "uninstall: mapped pages kept");
+    std::fs::write(&go, b"").unwrap();
+    let status = longrun.wait().unwrap();
+    let mut rest = String::new();
+    use std::io::Read as _;
+    long_out.read_to_string(&mut rest).unwrap();
+    let mut long_err = String::new();
+    longrun
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut long_err)
+        .unwrap();
+    let _ = std::fs::remove_dir(&long_scratch);
+    assert!(
+        status.success() && rest.contains("total 256 MiB") && rest.contains("still working"),
+        "the hooked container kept working through two restarts and the uninstall: {rest}{long_err}"
+    );
+    assert!(
+        long_err.contains(VGPU_SAYS) && !long_err.contains(STANDIN_SAYS),
+        "{long_err}"
+    );
     let mut keeper = keeper;
     let _ = keeper.0.kill();
     let _ = keeper.0.wait();
     let mut said = String::new();
-    use std::io::Read as _;
     keeper
         .0
         .stdout
