@@ -1,12 +1,18 @@
-//! An emulated HAMi node, written from what HAMi v2.10's device plugin does
-//! (docs/kubernetes.md cites the source):
-//! - its start (postStart `vgpu-init.sh <hookPath>/vgpu/`) copies each file
-//!   of its image's `/k8s-vgpu/lib/nvidia/` to the host directory when the
-//!   host file is missing or its MD5 differs (`cp`: an existing file is
-//!   rewritten in place), then writes `ld.so.preload` naming
+//! An emulated HAMi node, written from what HAMi's device plugin does
+//! (docs/kubernetes.md cites the source), in three generations:
+//! - 2.10: its start (postStart `vgpu-init.sh <hookPath>/vgpu/`) copies each
+//!   file of its image's `/k8s-vgpu/lib/nvidia/` (`libvgpu.so.<version>`)
+//!   to the host directory when the host file is missing or its MD5 differs
+//!   (`cp`: an existing file is rewritten in place), skipping
+//!   `ld.so.preload`, then writes `ld.so.preload` naming
 //!   `<hookPath>/vgpu/libvgpu.so`;
-//! - `Allocate` picks `<hookPath>/vgpu/libvgpu.so.<version>` if it exists,
-//!   else `<hookPath>/vgpu/libvgpu.so`, and mounts it read-only at
+//! - 2.5 to 2.9: the same, but the image's `ld.so.preload` (no newline) is
+//!   copied by the MD5 rule like the library, and nothing is regenerated;
+//! - 2.4: the image ships an unversioned `libvgpu.so`, and the chart's
+//!   postStart `cp -f /k8s-vgpu/lib/nvidia/* <hookPath>/vgpu/` rewrites every
+//!   file in place on every start; `Allocate` always mounts `libvgpu.so`;
+//! - `Allocate` (2.5 and later) picks `<hookPath>/vgpu/libvgpu.so.<version>`
+//!   if it exists, else `<hookPath>/vgpu/libvgpu.so`, and mounts it read-only at
 //!   `<hookPath>/vgpu/libvgpu.so`, the container's own directory
 //!   `<hookPath>/vgpu/containers/<podUID>_<ctr>` at `<hookPath>/vgpu`, the
 //!   host's `/tmp/vgpulock` at `/tmp/vgpulock` and `<hookPath>/vgpu/ld.so.preload`
@@ -26,13 +32,39 @@ use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::dist::{self, vgpu_bin};
 use vgpu_tests::sim::SimGpu;
 
-const VERSION: &str = "v2.10.0";
+/// A HAMi release whose device-plugin start and `Allocate` are emulated.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Gen {
+    V2_4,
+    V2_5,
+    V2_10,
+}
+
+impl Gen {
+    fn version(self) -> &'static str {
+        match self {
+            Gen::V2_4 => "v2.4.1",
+            Gen::V2_5 => "v2.5.0",
+            Gen::V2_10 => "v2.10.0",
+        }
+    }
+
+    /// The library's name in the image and on the host.
+    fn lib_name(self) -> String {
+        match self {
+            Gen::V2_4 => "libvgpu.so".into(),
+            _ => format!("libvgpu.so.{}", self.version()),
+        }
+    }
+}
+
 /// HAMi's default `global.gpuHookPath`, as containers see it.
 const HOOK_PATH: &str = "/usr/local";
 const STANDIN_SAYS: &str = "hami-standin loaded";
 const VGPU_SAYS: &str = "[vgpu pid=";
 
 struct Node {
+    gen: Gen,
     root: PathBuf,
     /// The host's `<hookPath>/vgpu`.
     vgpu_dir: PathBuf,
@@ -69,7 +101,7 @@ fn text(b: &[u8]) -> String {
 }
 
 impl Node {
-    fn new(name: &str) -> Node {
+    fn new(name: &str, gen: Gen) -> Node {
         // Not under /tmp: containers get their own /tmp.
         let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("hami-node-{name}-{}", std::process::id()));
@@ -89,11 +121,16 @@ impl Node {
         .unwrap();
         sh(Command::new("cc")
             .args(["-shared", "-fPIC", "-o"])
-            .arg(image_lib.join(format!("libvgpu.so.{VERSION}")))
+            .arg(image_lib.join(gen.lib_name()))
             .arg(&src));
-        // HAMi's image also ships an ld.so.preload its start script skips.
-        std::fs::write(image_lib.join("ld.so.preload"), "stale\n").unwrap();
+        // HAMi's image also ships an ld.so.preload (no newline at the end).
+        std::fs::write(
+            image_lib.join("ld.so.preload"),
+            format!("{HOOK_PATH}/vgpu/libvgpu.so"),
+        )
+        .unwrap();
         Node {
+            gen,
             vgpulock: root.join("host/tmp/vgpulock"),
             root,
             vgpu_dir,
@@ -102,38 +139,43 @@ impl Node {
         }
     }
 
+    /// HAMi's library on the host (2.4: the unversioned name).
     fn versioned(&self) -> PathBuf {
-        self.vgpu_dir.join(format!("libvgpu.so.{VERSION}"))
+        self.vgpu_dir.join(self.gen.lib_name())
     }
 
-    /// The device plugin's start: HAMi's copy-back rule, then ld.so.preload.
+    /// The device plugin's start: HAMi's copy-back rule, then (2.10)
+    /// ld.so.preload.
     fn device_plugin_start(&self) {
         std::fs::create_dir_all(&self.vgpu_dir).unwrap();
         for e in std::fs::read_dir(&self.image_lib).unwrap() {
             let e = e.unwrap();
             let name = e.file_name();
-            if name == "ld.so.preload" {
+            if name == "ld.so.preload" && self.gen == Gen::V2_10 {
                 continue;
             }
             let dst = self.vgpu_dir.join(&name);
             let src = std::fs::read(e.path()).unwrap();
-            // Equal bytes, equal MD5; `fs::copy` truncates and rewrites an
-            // existing file in place, as `cp` does.
-            if std::fs::read(&dst).ok().as_deref() != Some(&src[..]) {
+            // Equal bytes, equal MD5 (2.4's `cp -f` copies regardless);
+            // `fs::copy` truncates and rewrites an existing file in place,
+            // as `cp` does.
+            if self.gen == Gen::V2_4 || std::fs::read(&dst).ok().as_deref() != Some(&src[..]) {
                 std::fs::copy(e.path(), &dst).unwrap();
             }
         }
-        std::fs::write(
-            self.vgpu_dir.join("ld.so.preload"),
-            format!("{HOOK_PATH}/vgpu/libvgpu.so\n"),
-        )
-        .unwrap();
+        if self.gen == Gen::V2_10 {
+            std::fs::write(
+                self.vgpu_dir.join("ld.so.preload"),
+                format!("{HOOK_PATH}/vgpu/libvgpu.so\n"),
+            )
+            .unwrap();
+        }
     }
 
-    /// `GetLibPath()`.
+    /// `GetLibPath()` (2.4: always `libvgpu.so`).
     fn lib_path(&self) -> PathBuf {
         let v = self.versioned();
-        if v.exists() {
+        if self.gen != Gen::V2_4 && v.exists() {
             v
         } else {
             self.vgpu_dir.join("libvgpu.so")
@@ -185,11 +227,28 @@ impl Node {
     /// can be made without touching the machine's), and a private /tmp
     /// that keeps only the simulated GPU's directory.
     fn run(&self, a: &Allocation, gpu: &SimGpu, exe: &Path) -> Output {
+        let (mut cmd, scratch) = self.container(a, gpu, exe, &[]);
+        let out = cmd.output().expect("run container");
+        // Only the mount point is left on the machine (the mounts ended
+        // with the namespace).
+        let _ = std::fs::remove_dir(&scratch);
+        out
+    }
+
+    /// `run`'s container, not started yet, and its scratch mount point.
+    fn container(
+        &self,
+        a: &Allocation,
+        gpu: &SimGpu,
+        exe: &Path,
+        args: &[&str],
+    ) -> (Command, PathBuf) {
         // The scratch directory must not lie under /tmp, which the
         // container replaces: a checkout (and so CARGO_TARGET_TMPDIR) may.
         let scratch = PathBuf::from(format!(
-            "/run/vgpu-hami-node-{}-{}",
-            std::process::id(),
+            "/run/vgpu-{}-{}",
+            // Unique per node (tests run in parallel) and per container.
+            self.root.file_name().unwrap_or_default().to_string_lossy(),
             self.seq
         ));
         std::fs::create_dir_all(&scratch).unwrap();
@@ -248,7 +307,7 @@ impl Node {
                 script.push_str(&format!("mount -o remount,bind,ro {ctr}\n"));
             }
         }
-        script.push_str(&format!("exec {}\n", exe.display()));
+        script.push_str(&format!("exec {} {}\n", exe.display(), args.join(" ")));
         let mut cmd = Command::new("unshare");
         cmd.args(["--mount", "--pid", "--fork", "sh", "-c", &script])
             .env_clear()
@@ -256,20 +315,23 @@ impl Node {
         for (k, v) in gpu.envs().into_iter().chain(a.env.iter().cloned()) {
             cmd.env(k, v);
         }
-        let out = cmd.output().expect("run container");
-        // Only the mount point is left on the machine (the mounts ended
-        // with the namespace).
-        let _ = std::fs::remove_dir(&scratch);
-        out
+        (cmd, scratch)
     }
 }
 
 /// `vgpu install-hook --hami` for the node, with extra arguments.
 fn install_hook(node: &Node, extra: &[&str]) -> Command {
+    hook_cmd(node, true, extra)
+}
+
+/// `vgpu install-hook` for the node, with `--hami` or without.
+fn hook_cmd(node: &Node, hami: bool, extra: &[&str]) -> Command {
     let mut c = Command::new(vgpu_bin());
-    c.arg("install-hook")
-        .arg("--hami")
-        .arg("--host-dir")
+    c.arg("install-hook");
+    if hami {
+        c.arg("--hami");
+    }
+    c.arg("--host-dir")
         .arg(&node.vgpu_dir)
         .arg("--from")
         .arg(dist::hook_lib())
@@ -337,22 +399,130 @@ impl Drop for Watcher {
     }
 }
 
-#[test]
-fn hami_node_loads_vgpu_survives_device_plugin_restarts_and_uninstalls_back_to_hami() {
+/// A process's read-only mapping of a library, as a container that loaded
+/// it has (the mounted inode, `MAP_PRIVATE`: a rewrite in place shows).
+struct Mapped {
+    file: std::fs::File,
+    addr: *mut libc::c_void,
+    len: usize,
+    bytes: Vec<u8>,
+}
+
+impl Mapped {
+    fn new(path: &Path) -> Mapped {
+        use std::os::fd::AsRawFd as _;
+        let f = std::fs::File::open(path).unwrap();
+        let bytes = std::fs::read(path).unwrap();
+        let len = bytes.len();
+        // SAFETY: a fresh private read-only mapping of an open file, unmapped in Drop.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(addr, libc::MAP_FAILED);
+        Mapped {
+            file: f,
+            addr,
+            len,
+            bytes,
+        }
+    }
+
+    /// The mapped pages still hold the bytes the process loaded.
+    fn unchanged(&self) -> bool {
+        // A page past a shortened file's end would raise SIGBUS: a file
+        // that shrank has changed (the copies here are complete when this
+        // runs, so the length is final).
+        if self.file.metadata().unwrap().len() < self.len as u64 {
+            return false;
+        }
+        // SAFETY: the mapping is `len` bytes, live until Drop, and the
+        // file is at least that long.
+        let now = unsafe { std::slice::from_raw_parts(self.addr.cast::<u8>(), self.len) };
+        now == &self.bytes[..]
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped.
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
+/// The host directory's files (names and bytes), HAMi's per-container
+/// directories left out.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(dir: &Path, prefix: &str, out: &mut Vec<(String, Vec<u8>)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries {
+            let e = e.unwrap();
+            let name = format!("{prefix}{}", e.file_name().to_string_lossy());
+            if name == "containers" {
+                continue;
+            }
+            if e.file_type().unwrap().is_dir() {
+                walk(&e.path(), &format!("{name}/"), out);
+            } else {
+                out.push((name, std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, "", &mut out);
+    out.sort();
+    out
+}
+
+fn uninstall(node: &Node) -> Output {
+    sh(Command::new(vgpu_bin())
+        .args(["install-hook", "--uninstall", "--host-dir"])
+        .arg(&node.vgpu_dir))
+}
+
+/// HAMi 2.5 or later: install, `--check`, a keeper across two device-plugin
+/// restarts under a process that has vgpu's library mapped, then the
+/// documented uninstall while the keeper still runs.
+fn lifecycle(gen: Gen) {
     let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
-    let mut node = Node::new("lifecycle");
+    let mut node = Node::new(&format!("lifecycle-{}", gen.version()), gen);
     let exe = dist::compile_c("demo_workload", &node.root, false);
+    let version = gen.version();
 
     // HAMi alone: its library is mounted and loaded.
     node.device_plugin_start();
     assert_eq!(node.lib_path(), node.versioned());
     assert_runs_hami(&mut node, &gpu, &exe, "HAMi before vgpu");
     let hami_bytes = std::fs::read(node.versioned()).unwrap();
+    let hami_preload = std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap();
+
+    // Without --hami: refused, naming --hami; nothing changes.
+    let before = snapshot(&node.vgpu_dir);
+    let plain = hook_cmd(&node, false, &[]).output().unwrap();
+    assert!(
+        !plain.status.success() && text(&plain.stderr).contains("--hami"),
+        "plain install-hook on HAMi {version}: {}{}",
+        text(&plain.stdout),
+        text(&plain.stderr)
+    );
+    assert_eq!(
+        snapshot(&node.vgpu_dir),
+        before,
+        "a refusal changes nothing"
+    );
 
     // Install: HAMi's versioned file moves aside, vgpu's is mounted.
     let out = sh(&mut install_hook(&node, &[]));
     assert!(
-        text(&out.stdout).contains(&format!("moved aside HAMi's libvgpu.so.{VERSION}")),
+        text(&out.stdout).contains(&format!("moved aside HAMi's libvgpu.so.{version}")),
         "{}",
         text(&out.stdout)
     );
@@ -360,63 +530,130 @@ fn hami_node_loads_vgpu_survives_device_plugin_restarts_and_uninstalls_back_to_h
     let out = install_hook(&node, &["--check"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
     assert!(text(&out.stdout).contains("get vgpu's hook"));
+    assert!(
+        text(&out.stdout).contains(&format!("HAMi {version}")),
+        "--check names the HAMi release: {}",
+        text(&out.stdout)
+    );
     assert_runs_vgpu(&mut node, &gpu, &exe, "after install-hook --hami");
 
-    // The device plugin restarts: its copy-back puts HAMi's file back (a new
-    // file: the name did not exist) and the watcher moves it aside again,
-    // woken by inotify long before its 60 s period.
-    let watcher = Watcher(
+    // A hooked container keeps running across two device-plugin restarts
+    // and the uninstall, and works after them; so does a mapping of the
+    // library (its pages must stay vgpu's). The keeper moves each
+    // copied-back file aside, woken by inotify long before its 60 s period.
+    let go = node.root.join("go");
+    let long = node.allocate("long");
+    let longrun_exe = dist::compile_c("hook_longrun", &node.root, false);
+    let (mut cmd, long_scratch) =
+        node.container(&long, &gpu, &longrun_exe, &[&go.display().to_string()]);
+    let mut longrun = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut long_out = std::io::BufReader::new(longrun.stdout.take().unwrap());
+    let mut line = String::new();
+    use std::io::BufRead as _;
+    long_out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n", "the long-running container started");
+    let running = Mapped::new(&node.lib_path());
+    let keeper = Watcher(
         install_hook(&node, &["--watch", "60"])
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap(),
     );
     // Let it start watching first.
     std::thread::sleep(Duration::from_millis(500));
     let ours = std::fs::metadata(node.vgpu_dir.join("libvgpu.so")).unwrap();
-    node.device_plugin_start();
-    wait_until(
-        "the watcher moves the copied-back library aside",
-        Duration::from_secs(2),
-        || !node.versioned().exists(),
-    );
-    // HAMi's copy created a new file: the library running containers
-    // have mapped was not written to.
+    for restart in ["first", "second"] {
+        node.device_plugin_start();
+        wait_until(
+            &format!("the keeper moves the library copied back at the {restart} restart aside"),
+            Duration::from_secs(2),
+            || !node.versioned().exists(),
+        );
+        assert!(running.unchanged(), "{restart} restart: mapped pages kept");
+        assert_runs_vgpu(
+            &mut node,
+            &gpu,
+            &exe,
+            &format!("after the {restart} restart"),
+        );
+    }
+    // HAMi's copy created new files: the library running containers have
+    // mapped was not written to.
     use std::os::unix::fs::MetadataExt as _;
     let now = std::fs::metadata(node.vgpu_dir.join("libvgpu.so")).unwrap();
     assert_eq!(
         (now.ino(), now.mtime_nsec()),
         (ours.ino(), ours.mtime_nsec())
     );
-    assert_eq!(
-        std::fs::read(node.vgpu_dir.join("libvgpu.so")).unwrap(),
-        std::fs::read(dist::hook_lib()).unwrap()
-    );
-    assert_runs_vgpu(&mut node, &gpu, &exe, "after a device-plugin restart");
-    node.device_plugin_start();
-    wait_until("again", Duration::from_secs(2), || {
-        !node.versioned().exists()
-    });
-    assert_runs_vgpu(&mut node, &gpu, &exe, "after a second restart");
-    drop(watcher);
 
-    // Uninstall: HAMi's file is back under its name, vgpu's is gone.
-    let out = sh(Command::new(vgpu_bin())
-        .args(["install-hook", "--uninstall", "--host-dir"])
-        .arg(&node.vgpu_dir));
+    // The documented uninstall: `kubectl exec … hook-keeper -- vgpu
+    // install-hook --uninstall` with the keeper running, then a while for
+    // it to react (and a device-plugin restart), then the DaemonSet deleted.
+    let out = uninstall(&node);
     assert!(
-        text(&out.stdout).contains(&format!("put back HAMi's libvgpu.so.{VERSION}")),
+        text(&out.stdout).contains(&format!("put back HAMi's libvgpu.so.{version}")),
         "{}",
         text(&out.stdout)
     );
+    std::thread::sleep(Duration::from_millis(1500));
+    node.device_plugin_start();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        node.versioned().exists(),
+        "the keeper stood down: HAMi's file stays"
+    );
     assert_eq!(std::fs::read(node.versioned()).unwrap(), hami_bytes);
-    assert!(!node.vgpu_dir.join("libvgpu.so").exists());
-    assert!(!node.vgpu_dir.join(".vgpu-backup").exists());
+    assert!(
+        !node.vgpu_dir.join("libvgpu.so").exists(),
+        "vgpu's library is gone and stays gone"
+    );
+    assert_eq!(
+        std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap(),
+        hami_preload
+    );
+    assert!(running.unchanged(), "uninstall: mapped pages kept");
+    std::fs::write(&go, b"").unwrap();
+    let status = longrun.wait().unwrap();
+    let mut rest = String::new();
+    use std::io::Read as _;
+    long_out.read_to_string(&mut rest).unwrap();
+    let mut long_err = String::new();
+    longrun
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut long_err)
+        .unwrap();
+    let _ = std::fs::remove_dir(&long_scratch);
+    assert!(
+        status.success() && rest.contains("total 256 MiB") && rest.contains("still working"),
+        "the hooked container kept working through two restarts and the uninstall: {rest}{long_err}"
+    );
+    assert!(
+        long_err.contains(VGPU_SAYS) && !long_err.contains(STANDIN_SAYS),
+        "{long_err}"
+    );
+    let mut keeper = keeper;
+    let _ = keeper.0.kill();
+    let _ = keeper.0.wait();
+    let mut said = String::new();
+    keeper
+        .0
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
+    assert!(said.contains("stands down"), "keeper said: {said}");
     let out = install_hook(&node, &["--check"]).output().unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
     assert!(
         text(&out.stdout).contains(&format!(
-            "HAMi's library ({}/libvgpu.so.{VERSION})",
+            "HAMi's library ({}/libvgpu.so.{version})",
             node.vgpu_dir.display()
         )),
         "{}",
@@ -425,5 +662,100 @@ fn hami_node_loads_vgpu_survives_device_plugin_restarts_and_uninstalls_back_to_h
     assert_runs_hami(&mut node, &gpu, &exe, "after uninstall");
     node.device_plugin_start();
     assert_runs_hami(&mut node, &gpu, &exe, "after uninstall and a restart");
+    // A new install clears the keeper's stand-down.
+    sh(&mut install_hook(&node, &[]));
+    let keeper = Watcher(
+        install_hook(&node, &["--watch", "60"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    node.device_plugin_start();
+    wait_until(
+        "a keeper after a new install",
+        Duration::from_secs(2),
+        || !node.versioned().exists(),
+    );
+    drop(keeper);
+    let _ = std::fs::remove_dir_all(&node.root);
+}
+
+#[test]
+fn hami_2_10_node_loads_vgpu_survives_restarts_and_uninstalls_with_the_keeper_running() {
+    lifecycle(Gen::V2_10);
+}
+
+#[test]
+fn hami_2_5_node_loads_vgpu_survives_restarts_and_uninstalls_with_the_keeper_running() {
+    lifecycle(Gen::V2_5);
+}
+
+/// HAMi 2.4 rewrites `libvgpu.so` in place on every device-plugin start:
+/// vgpu refuses to install (with and without --hami), changing nothing,
+/// HAMi's containers keep working, and `--check` never calls vgpu's library
+/// there served.
+#[test]
+fn hami_2_4_node_is_refused_and_never_reported_served() {
+    let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
+    let mut node = Node::new("v2.4", Gen::V2_4);
+    let exe = dist::compile_c("demo_workload", &node.root, false);
+    node.device_plugin_start();
+    assert_runs_hami(&mut node, &gpu, &exe, "HAMi 2.4 before vgpu");
+
+    let before = snapshot(&node.vgpu_dir);
+    for hami in [true, false] {
+        let out = hook_cmd(&node, hami, &[]).output().unwrap();
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            !out.status.success(),
+            "install-hook (--hami: {hami}) on HAMi 2.4: {said}"
+        );
+        assert!(
+            said.contains("2.4") && said.contains("in place"),
+            "--hami: {hami}: the refusal says why: {said}"
+        );
+        assert_eq!(
+            snapshot(&node.vgpu_dir),
+            before,
+            "--hami: {hami}: nothing changed"
+        );
+    }
+    let out = install_hook(&node, &["--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
+
+    // HAMi's containers keep working across two restarts.
+    for restart in ["first", "second"] {
+        node.device_plugin_start();
+        assert_runs_hami(&mut node, &gpu, &exe, &format!("{restart} restart"));
+    }
+
+    // vgpu's library at the unversioned name (as an older vgpu installed
+    // it): `--check` says it is not served, and rightly so, since the next
+    // restart rewrites it under the process that mapped it.
+    let tmp = node.vgpu_dir.join(".vgpu-by-hand");
+    std::fs::copy(dist::hook_lib(), &tmp).unwrap();
+    std::fs::rename(&tmp, node.vgpu_dir.join("libvgpu.so")).unwrap();
+    for hami in [true, false] {
+        let out = hook_cmd(&node, hami, &["--check"]).output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(4),
+            "--hami: {hami}: {}",
+            text(&out.stdout)
+        );
+        assert!(
+            text(&out.stdout).contains("in place"),
+            "--hami: {hami}: {}",
+            text(&out.stdout)
+        );
+    }
+    let running = Mapped::new(&node.lib_path());
+    node.device_plugin_start();
+    assert!(
+        !running.unchanged(),
+        "HAMi 2.4's restart rewrote the mapped library: exit 4 was right"
+    );
+    drop(running);
     let _ = std::fs::remove_dir_all(&node.root);
 }

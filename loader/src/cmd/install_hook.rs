@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::install::{self, Mounted, Outcome, Plan, Report};
+use crate::install::{self, HamiSeen, Mounted, Outcome, Plan, Report};
 
 /// Install the hook on this node: copy libvgpu.so into the host directory
 /// (atomically: write a temporary file, then rename, so running containers
@@ -22,7 +22,11 @@ use crate::install::{self, Mounted, Outcome, Plan, Report};
 /// `--hami` every `libvgpu.so.<version>` is moved into the backup (never
 /// overwritten), so the device plugin mounts vgpu's `libvgpu.so`; with
 /// `--watch` it keeps doing so after a device-plugin restart copies HAMi's
-/// file back. docs/kubernetes.md explains the design.
+/// file back. HAMi 2.4 and earlier (no versioned file) are refused: their
+/// device plugin rewrites `libvgpu.so` in place on every start. Without
+/// `--hami` a node HAMi serves is refused. After `--uninstall` a running
+/// `--watch` stands down until the next install without `--watch`.
+/// docs/kubernetes.md explains the design.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Host directory HAMi mounts into containers (its `${HOOK_PATH}/vgpu`).
@@ -49,12 +53,15 @@ pub struct Args {
     #[arg(long, value_name = "SECS")]
     watch: Option<f64>,
     /// Restore what the first install replaced (HAMi's versioned files
-    /// included), and remove vgpu's files.
+    /// included), and remove vgpu's files; a running --watch stands down.
     #[arg(long, conflicts_with = "watch")]
     uninstall: bool,
     /// Change nothing; say which library HAMi's device plugin mounts into
-    /// new containers now. Exits 0 when it is vgpu's (the --from library),
-    /// 3 otherwise.
+    /// new containers now, and which HAMi release the directory shows.
+    /// Exits 0 when it is vgpu's (the --from library) and stays so, 3 when
+    /// it is another, 4 when it is vgpu's but HAMi ≥ 2.5 is not proven (with
+    /// --hami, or where HAMi has allocated containers): HAMi ≤ 2.4 rewrites
+    /// it in place on its next start.
     #[arg(long, conflicts_with_all = ["watch", "uninstall"])]
     check: bool,
 }
@@ -73,7 +80,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             .with_file_name(install::LIB_NAME),
     };
     if args.check {
-        return check(&args.host_dir, &lib);
+        return check(&args.host_dir, &lib, args.hami);
     }
     let libc = match args.libc {
         Some(p) => p,
@@ -86,12 +93,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         container_path: args.container_path,
         libc,
         hami: args.hami,
+        keeper: args.watch.is_some(),
     };
     let report = install::install(&plan)?;
     println!("{}", describe(&report, &dir));
     let Some(secs) = args.watch else {
         return Ok(ExitCode::SUCCESS);
     };
+    let mut last = report.outcome;
     let period = Duration::try_from_secs_f64(secs.max(0.1)).unwrap_or(Duration::from_secs(2));
     let watch = match install::DirWatch::new(&args.host_dir) {
         Ok(w) => Some(w),
@@ -116,9 +125,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
         match install::install(&plan) {
             Ok(r) => {
                 failing = false;
-                if r.outcome == Outcome::Installed || !r.versioned.is_empty() {
+                let stood_down = r.outcome == Outcome::StoodDown;
+                if r.outcome == Outcome::Installed
+                    || !r.versioned.is_empty()
+                    || (stood_down && last != Outcome::StoodDown)
+                {
                     println!("{}", describe(&r, &dir));
                 }
+                last = r.outcome;
             }
             // Once per run of failures: the next success says it recovered.
             Err(e) if !failing => {
@@ -130,37 +144,59 @@ pub fn run(args: Args) -> Result<ExitCode> {
     }
 }
 
-fn check(host_dir: &std::path::Path, lib: &std::path::Path) -> Result<ExitCode> {
+fn check(host_dir: &std::path::Path, lib: &std::path::Path, hami: bool) -> Result<ExitCode> {
     let dir = host_dir.display();
-    let (line, ok) = match install::mounted(host_dir, lib)? {
-        Mounted::Vgpu => (
+    let seen = install::hami_seen(host_dir)?;
+    let release = match &seen {
+        HamiSeen::Versioned(v) => {
+            format!("HAMi {} (2.5 or later: versioned library)", v.join(", "))
+        }
+        HamiSeen::Unversioned => {
+            "HAMi 2.4 or earlier (its containers, no versioned library ever)".to_owned()
+        }
+        HamiSeen::Nothing => "no HAMi seen".to_owned(),
+    };
+    let proven = match seen {
+        HamiSeen::Versioned(_) => true,
+        HamiSeen::Unversioned => false,
+        HamiSeen::Nothing => !hami,
+    };
+    let (line, code) = match install::mounted(host_dir, lib)? {
+        Mounted::Vgpu if proven => (
             format!("new GPU containers get vgpu's hook ({dir}/libvgpu.so)"),
-            true,
+            0,
+        ),
+        Mounted::Vgpu => (
+            format!(
+                "{dir}/libvgpu.so is vgpu's, but HAMi 2.5 or later is not proven: the next start \
+                 of a HAMi 2.4 device plugin rewrites it in place under running containers; \
+                 not served"
+            ),
+            4,
         ),
         Mounted::Versioned(names) => (
             format!(
                 "new GPU containers get HAMi's library ({dir}/{}); run install-hook --hami",
                 names.join(", ")
             ),
-            false,
+            3,
         ),
         Mounted::Other => (
             format!("{dir}/libvgpu.so is not the library of {}", lib.display()),
-            false,
+            3,
         ),
-        Mounted::Nothing => (format!("no hook library in {dir}"), false),
+        Mounted::Nothing => (format!("no hook library in {dir}"), 3),
     };
-    println!("{line}");
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(3)
-    })
+    println!("{line}\n{dir}: {release}");
+    Ok(ExitCode::from(code))
 }
 
 fn describe(r: &Report, dir: &str) -> String {
     let mut line = match r.outcome {
         Outcome::Installed => format!("installed the vgpu hook in {dir}"),
+        Outcome::StoodDown => format!(
+            "vgpu was uninstalled from {dir}: the keeper stands down until the next install-hook"
+        ),
         Outcome::AlreadyInstalled => format!("the vgpu hook in {dir} is already up to date"),
         Outcome::Restored => format!("restored {dir} to its state before vgpu"),
         Outcome::NothingToUninstall => format!("nothing to uninstall in {dir}"),

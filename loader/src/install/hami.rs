@@ -14,6 +14,14 @@
 //! - a rename keeps the inode that containers started earlier have mounted;
 //! - uninstall renames the files back, and a device plugin restarted after
 //!   vgpu is gone copies HAMi's library back by itself.
+//!
+//! HAMi 2.4 and earlier ship only an unversioned `libvgpu.so`, always
+//! mount it, and `cp -f` it over the host file (in place) on every device
+//! plugin start: there vgpu cannot take any name without a restart
+//! rewriting the pages running containers have mapped. A versioned file,
+//! in the host directory or set aside by an earlier install, is the proof
+//! of 2.5 or later that installing needs; `seen` says what the directory
+//! proves.
 
 use std::fs;
 use std::path::Path;
@@ -22,6 +30,53 @@ use super::{check_backup_dir, io_err, InstallError, LIB_NAME};
 
 /// Where the versioned files wait, inside the backup directory.
 const SET_ASIDE: &str = "hami";
+
+/// The directory HAMi's device plugin (every version) makes for each
+/// container it allocates.
+const CONTAINERS: &str = "containers";
+
+/// What the host directory says of the HAMi release that serves it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HamiSeen {
+    /// `libvgpu.so.<version>` files, in the host directory or set aside by
+    /// vgpu: HAMi 2.5 or later; the versions, sorted.
+    Versioned(Vec<String>),
+    /// HAMi's per-container directories but no versioned file ever: HAMi
+    /// 2.4 or earlier, whose device plugin rewrites `libvgpu.so` in place.
+    Unversioned,
+    /// Nothing of HAMi's.
+    Nothing,
+}
+
+/// Reads what `host_dir` (and the set-aside directory in `backup`) prove of
+/// HAMi; nothing is followed through a symlink.
+pub fn seen(host_dir: &Path, backup: &Path) -> Result<HamiSeen, InstallError> {
+    let mut names = match fs::symlink_metadata(host_dir) {
+        Ok(_) => versioned_in(host_dir)?,
+        Err(_) => Vec::new(),
+    };
+    let aside = backup.join(SET_ASIDE);
+    check_backup_dir(&aside)?;
+    if fs::symlink_metadata(&aside).is_ok() {
+        names.extend(versioned_in(&aside)?);
+    }
+    let mut versions: Vec<String> = names
+        .iter()
+        .filter_map(|n| n.strip_prefix(LIB_NAME).and_then(|v| v.strip_prefix('.')))
+        .map(str::to_owned)
+        .collect();
+    versions.sort();
+    versions.dedup();
+    if !versions.is_empty() {
+        return Ok(HamiSeen::Versioned(versions));
+    }
+    let containers = fs::symlink_metadata(host_dir.join(CONTAINERS));
+    Ok(if containers.is_ok_and(|m| m.is_dir()) {
+        HamiSeen::Unversioned
+    } else {
+        HamiSeen::Nothing
+    })
+}
 
 /// Is `name` one of HAMi's versioned library names (`libvgpu.so.<version>`)?
 fn is_versioned(name: &str) -> bool {
@@ -103,6 +158,24 @@ pub fn restore(host_dir: &Path, backup: &Path) -> Result<Vec<String>, InstallErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The proof of HAMi ≥ 2.5 survives the install that moves the file
+    /// away; per-container directories alone say 2.4 or earlier.
+    #[test]
+    fn what_the_directory_proves() {
+        let d = tempfile::tempdir().unwrap();
+        let host = d.path().join("vgpu");
+        let backup = host.join(".vgpu-backup");
+        assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Nothing);
+        fs::create_dir_all(host.join(CONTAINERS)).unwrap();
+        fs::write(host.join("libvgpu.so"), b"hami 2.4").unwrap();
+        assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Unversioned);
+        fs::write(host.join("libvgpu.so.v2.10.0"), b"hami").unwrap();
+        let v = HamiSeen::Versioned(vec!["v2.10.0".into()]);
+        assert_eq!(seen(&host, &backup).unwrap(), v);
+        set_aside(&host, &backup).unwrap();
+        assert_eq!(seen(&host, &backup).unwrap(), v);
+    }
 
     #[test]
     fn versioned_names() {

@@ -22,7 +22,15 @@
 //! be an operator's symlink) and a shared library (`elf`).
 //!
 //! On HAMi ≥ 2.5 nodes the device plugin mounts a versioned file first;
-//! `hami` says how vgpu takes its place without writing over it.
+//! `hami` says how vgpu takes its place without writing over it, and why
+//! HAMi ≤ 2.4 nodes are refused. A plain install on a node HAMi serves is
+//! refused too: the file it writes would never be mounted.
+//!
+//! `--uninstall` leaves a marker (`.vgpu-uninstalled`) that a keeper
+//! (`--watch`) honours: it stands down instead of installing again, until
+//! an install without `--watch` (a new deployment's init container) clears
+//! the marker. Install and uninstall hold an exclusive `flock` on the host
+//! directory, so a keeper's install never interleaves with an uninstall.
 
 mod backup;
 mod elf;
@@ -31,18 +39,22 @@ mod watch;
 
 use std::fs;
 use std::io::{Read as _, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::regions::open::{open_file_in, open_followed, Access, OpenError};
 
 pub use elf::{running_libc, ElfError};
+pub use hami::HamiSeen;
 pub use watch::DirWatch;
 
 /// The files vgpu manages in the host directory.
 pub const LIB_NAME: &str = "libvgpu.so";
 pub const PRELOAD_NAME: &str = "ld.so.preload";
 const BACKUP_DIR: &str = ".vgpu-backup";
+/// Left by `--uninstall`; a keeper stands down while it exists.
+const UNINSTALLED: &str = ".vgpu-uninstalled";
 
 /// Why installing or uninstalling failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +73,21 @@ pub enum InstallError {
     BackupDir(PathBuf),
     #[error("the backup in {0} is damaged: {1}")]
     Backup(PathBuf, String),
+    #[error(
+        "refusing to install in {0}: it holds no HAMi libvgpu.so.<version> and vgpu set none \
+         aside, so this is HAMi 2.4 or earlier (or its device plugin has not started yet). \
+         HAMi 2.4's device plugin copies its libvgpu.so over the host file in place on every \
+         start, which would rewrite vgpu's library under the containers that have it mapped. \
+         vgpu installs on HAMi 2.5 or later: upgrade HAMi, then run install-hook --hami \
+         (docs/kubernetes.md, \"HAMi versions\"). Nothing was changed."
+    )]
+    HamiUnversioned(PathBuf),
+    #[error(
+        "refusing to install in {0}: HAMi's device plugin serves it and mounts its {1} before \
+         libvgpu.so, so a plain install would write a file no container gets; run \
+         install-hook --hami. Nothing was changed."
+    )]
+    HamiServes(PathBuf, String),
 }
 
 pub(crate) fn io_err(
@@ -76,9 +103,11 @@ pub(crate) fn io_err(
 }
 
 /// What an install or uninstall did.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Installed,
+    /// A keeper found the uninstall marker and changed nothing.
+    StoodDown,
     AlreadyInstalled,
     Restored,
     NothingToUninstall,
@@ -107,6 +136,9 @@ pub struct Plan {
     /// Also move HAMi's `libvgpu.so.<version>` files aside, so that its
     /// device plugin falls back to vgpu's `libvgpu.so`.
     pub hami: bool,
+    /// A keeper's install (`--watch`): honours the uninstall marker instead
+    /// of clearing it.
+    pub keeper: bool,
 }
 
 /// A regular file's bytes and permission bits.
@@ -159,6 +191,29 @@ pub(crate) fn check_backup_dir(dir: &Path) -> Result<(), InstallError> {
 /// (and reads, but does not check against the C library, the library
 /// again: cheap enough to run every few seconds with `--watch`).
 pub fn install(plan: &Plan) -> Result<Report, InstallError> {
+    let _lock = lock(&plan.host_dir)?;
+    let marker = plan.host_dir.join(UNINSTALLED);
+    if plan.keeper && fs::symlink_metadata(&marker).is_ok() {
+        return Ok(Report {
+            outcome: Outcome::StoodDown,
+            versioned: Vec::new(),
+        });
+    }
+    let backup_dir = plan.host_dir.join(BACKUP_DIR);
+    check_backup_dir(&backup_dir)?;
+    match (plan.hami, hami::seen(&plan.host_dir, &backup_dir)?) {
+        (true, HamiSeen::Versioned(_)) | (false, HamiSeen::Nothing) => {}
+        (true, _) | (false, HamiSeen::Unversioned) => {
+            return Err(InstallError::HamiUnversioned(plan.host_dir.clone()))
+        }
+        (false, HamiSeen::Versioned(versions)) => {
+            let names: Vec<String> = versions.iter().map(|v| format!("{LIB_NAME}.{v}")).collect();
+            return Err(InstallError::HamiServes(
+                plan.host_dir.clone(),
+                names.join(", "),
+            ));
+        }
+    }
     let new = read_library(&plan.lib)?;
     let lib_dst = plan.host_dir.join(LIB_NAME);
     let preload_dst = plan.host_dir.join(PRELOAD_NAME);
@@ -166,11 +221,11 @@ pub fn install(plan: &Plan) -> Result<Report, InstallError> {
     let old_lib = read_in(&plan.host_dir, LIB_NAME)?;
     let old_preload = read_in(&plan.host_dir, PRELOAD_NAME)?;
     let same_lib = old_lib.as_ref().is_some_and(|old| old.bytes == new);
+    // HAMi's own file names the same library (2.5 to 2.9 ship it without
+    // the newline): rewriting it would only fight each device-plugin start.
     let same_preload = old_preload
         .as_ref()
-        .is_some_and(|old| old.bytes == preload.as_bytes());
-    let backup_dir = plan.host_dir.join(BACKUP_DIR);
-    check_backup_dir(&backup_dir)?;
+        .is_some_and(|old| old.bytes.trim_ascii_end() == preload.trim_end().as_bytes());
 
     let outcome = if same_lib && same_preload {
         Outcome::AlreadyInstalled
@@ -200,7 +255,35 @@ pub fn install(plan: &Plan) -> Result<Report, InstallError> {
     } else {
         Vec::new()
     };
+    // Only an operator's install (not a keeper's) ends an uninstall.
+    match fs::remove_file(&marker) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("remove", &marker)(e)),
+    }
     Ok(Report { outcome, versioned })
+}
+
+/// What `host_dir` proves of the HAMi release serving it.
+pub fn hami_seen(host_dir: &Path) -> Result<HamiSeen, InstallError> {
+    hami::seen(host_dir, &host_dir.join(BACKUP_DIR))
+}
+
+/// An exclusive `flock` on `host_dir`, held until dropped; `None` when
+/// the directory does not exist (nothing there for a keeper to race).
+fn lock(host_dir: &Path) -> Result<Option<OwnedFd>, InstallError> {
+    use rustix::fs::{flock, open, FlockOperation, Mode, OFlags};
+    let fd = match open(
+        host_dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(io_err("open", host_dir)(e.into())),
+    };
+    flock(&fd, FlockOperation::LockExclusive).map_err(|e| io_err("lock", host_dir)(e.into()))?;
+    Ok(Some(fd))
 }
 
 /// Which library HAMi's device plugin mounts into new containers now.
@@ -234,6 +317,18 @@ pub fn mounted(host_dir: &Path, lib: &Path) -> Result<Mounted, InstallError> {
 /// Puts back what the first install found (or removes the files if there
 /// was nothing), HAMi's versioned files first, then drops the backup.
 pub fn uninstall(host_dir: &Path) -> Result<Report, InstallError> {
+    let Some(_lock) = lock(host_dir)? else {
+        return Ok(Report {
+            outcome: Outcome::NothingToUninstall,
+            versioned: Vec::new(),
+        });
+    };
+    // First: a keeper woken by what follows must already find it.
+    write_atomic(
+        &host_dir.join(UNINSTALLED),
+        b"vgpu install-hook --uninstall ran here; keepers (--watch) stand down until the next install-hook\n",
+        0o644,
+    )?;
     let dir = host_dir.join(BACKUP_DIR);
     check_backup_dir(&dir)?;
     if fs::symlink_metadata(&dir).is_err() {
