@@ -48,6 +48,12 @@ int main(int argc, char **argv) {
     /* Warm up, then time launches with one sync at the end: the per-launch
      * cost without a sync per launch. */
     for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    /* BENCH_WARM_S: keep launching that many seconds first (an SM
+     * limiter's correction settles within a few). */
+    const char *warm_s = getenv("BENCH_WARM_S");
+    double warm = warm_s ? atof(warm_s) : 0.0;
+    for (double w0 = now_ns(); now_ns() - w0 < warm * 1e9;)
+        for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuCtxSynchronize());
     unsigned long long c0 = simgpu_driver_calls ? simgpu_driver_calls() : 0;
     double t0 = now_ns();
