@@ -78,10 +78,7 @@ fn priority_holds_at(limit: Option<&str>) {
         }
         failed.push(format!("high {:.1}%, low {:.1}%", s[0], s[1]));
     }
-    panic!(
-        "{what}: {} (not > 85 and 0.2..10)",
-        failed.join("; ")
-    );
+    panic!("{what}: {} (not > 85 and 0.2..10)", failed.join("; "));
 }
 
 #[test]

@@ -51,7 +51,9 @@ impl Coast {
     /// Whether `dev` has a window open at `now` (any clock of the launch
     /// path: the coarse one lags the window's end by at most its tick).
     pub(crate) fn open(&self, dev: usize, now: u64) -> bool {
-        self.devs.get(dev).is_some_and(|d| now < d.until.load(Relaxed))
+        self.devs
+            .get(dev)
+            .is_some_and(|d| now < d.until.load(Relaxed))
     }
 
     /// Coasts a launch of `cost` on `dev` if the window's budget has room.
@@ -115,7 +117,10 @@ impl Coast {
             return;
         }
         // One thread measures.
-        if d.mark_at.compare_exchange(at, now, Relaxed, Relaxed).is_err() {
+        if d.mark_at
+            .compare_exchange(at, now, Relaxed, Relaxed)
+            .is_err()
+        {
             return;
         }
         let before = d.mark_charged.swap(charged, Relaxed);
@@ -125,7 +130,8 @@ impl Coast {
         let share = f64::from(pct) / 100.0;
         let rate = charged.wrapping_sub(before) as i64 as f64 / (now - at).max(1) as f64;
         if rate < share * COAST_BELOW {
-            let budget = share * COAST_BELOW * COAST_WINDOW_NS as f64 / factor.max(f64::MIN_POSITIVE);
+            let budget =
+                share * COAST_BELOW * COAST_WINDOW_NS as f64 / factor.max(f64::MIN_POSITIVE);
             d.budget.store(budget as u64, Relaxed);
             d.spent.store(0, Relaxed);
             d.until.store(now.saturating_add(COAST_WINDOW_NS), Relaxed);
