@@ -56,6 +56,11 @@ impl Coast {
             .is_some_and(|d| now < d.until.load(Relaxed))
     }
 
+    /// Whether any device has a window open at `now`.
+    pub(crate) fn any_open(&self, now: u64) -> bool {
+        self.devs.iter().any(|d| now < d.until.load(Relaxed))
+    }
+
     /// Coasts a launch of `cost` on `dev` if the window's budget has room.
     pub(crate) fn take(&self, dev: usize, cost: u64) -> bool {
         let Some(d) = self.devs.get(dev) else {
@@ -156,6 +161,7 @@ mod tests {
         // 10 % of the window charged at limit 50: far under, a window.
         c.plan(0, 110 * MS, MS, 50, 1.0, true);
         assert!(c.open(0, 115 * MS) && !c.open(0, 120 * MS));
+        assert!(c.any_open(115 * MS) && !c.open(1, 115 * MS));
         // Budget: 0.75 × 50 % × 10 ms = 3.75 ms.
         assert!(c.take(0, 3 * MS));
         assert!(!c.take(0, MS), "over the window's budget");

@@ -137,10 +137,13 @@ impl<S: Sys> Controller<S> {
     /// only one, else the current context's (the query an unlimited launch
     /// makes to count it). `None`: the full path.
     fn coasting(&self, w: &Work, now: u64) -> Option<Ticket> {
-        let dev = self
-            .sys
-            .only_device()
-            .or_else(|| self.sys.current().map(|(_, d)| d))?;
+        // With several devices, ask for the context only when coasting is
+        // possible at all: otherwise the full path asks once.
+        let dev = match self.sys.only_device() {
+            Some(d) => d,
+            None if self.coast.any_open(now) => self.sys.current()?.1,
+            None => return None,
+        };
         if dev >= MAX_DEVICES
             || self.settings.limited() & (1 << dev) == 0
             || !self.coast.open(dev, now)
