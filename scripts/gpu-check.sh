@@ -495,7 +495,7 @@ svc_run() {
     local share=""
     [ -n "$t" ] && [ -n "${SOLO:-}" ] && share=$(awk -v a="$t" -v b="$SOLO" 'BEGIN {printf "%.1f %%", 100 * a / b}')
     printf '| %s | %s | %s matmuls/s %s |\n' "$label" "${s:--}" "${t:--}" "$share"
-    grep -hi 'higher priority\|panicked\|error' "$W/svc-s.log" "$W/svc-t.log" 2>/dev/null | sort | uniq -c | head -n 4
+    grep -hi 'higher priority\|not a directory\|panicked\|error' "$W/svc-s.log" "$W/svc-t.log" 2>/dev/null | sort | uniq -c | head -n 4
 }
 
 phase_prio() {
@@ -518,6 +518,18 @@ phase_prio() {
     done
     hook="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
     svc_run "priority 0 / 1, no limits" "$hook CUDA_TASK_PRIORITY=0" "$hook CUDA_TASK_PRIORITY=1"
+    # As HAMi's device plugin sets it: 0 without `gpucores`, 100 for a whole
+    # share; both mean "no cap" and priority must work as above.
+    svc_run "priority 0 / 1, SM limit 0 / 0" "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=0" \
+        "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=0"
+    svc_run "priority 0 / 1, SM limit 100 / 100" "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=100" \
+        "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=100"
+    # Without the node's shared directory priority cannot work (the hook
+    # warns once per process): the row shows what that looks like.
+    rm -rf /tmp/vgpulock
+    svc_run "priority 0 / 1, SM limit 100 / 100, no /tmp/vgpulock" \
+        "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=100" "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=100"
+    mkdir -m 0777 /tmp/vgpulock
     svc_run "priority 0 / 1, 30 / 70" "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=30" \
         "$hook CUDA_TASK_PRIORITY=1 CUDA_DEVICE_SM_LIMIT=70"
     svc_run "service stops: trainer priority 1 alone" - "$hook CUDA_TASK_PRIORITY=1"

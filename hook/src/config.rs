@@ -103,6 +103,21 @@ impl Config {
         for e in &self.other_errors {
             vlog!(crate::log::ERROR, "{e}");
         }
+        // Priority works through the directory the node's containers share
+        // (HAMi mounts `/tmp/vgpulock` into each): without it a stated
+        // priority silently does nothing, whatever the SM limit.
+        if let Some(d) = self
+            .node_dir
+            .as_ref()
+            .filter(|d| self.priority_stated && !d.is_dir())
+        {
+            vlog!(
+                crate::log::WARN,
+                "{} is set but {} is not a directory: this container neither holds nor is held by others' priorities",
+                names::TASK_PRIORITY,
+                d.display()
+            );
+        }
     }
 }
 

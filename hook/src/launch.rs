@@ -10,8 +10,6 @@
 #![forbid(unsafe_code)]
 
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::region::ProcSlot;
 
@@ -35,21 +33,12 @@ fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     rc
 }
 
-/// 1 + the container index of the process's only CUDA device (read at
-/// `cuInit`); 0 = several devices, or not known yet.
-static SINGLE: AtomicUsize = AtomicUsize::new(0);
-
-/// Records the container index of the process's only device (at `cuInit`).
-pub fn see_single_device(index: Option<usize>) {
-    SINGLE.store(index.map_or(0, |i| i + 1), Relaxed);
-}
-
 /// The device a launch runs on: the only one when the process sees one (a
 /// container is most often given one GPU: no driver query), else the
 /// current context's.
 #[inline]
 fn launch_device() -> Option<usize> {
-    if let Some(i) = SINGLE.load(Relaxed).checked_sub(1) {
+    if let Some(i) = crate::sm::single_device() {
         return Some(i);
     }
     crate::sm::current_context_device().map(|(_, dev)| dev)

@@ -1,6 +1,9 @@
 /* Host cost of an empty-kernel launch and of a 1 MiB alloc+free pair, for
  * `cargo xtask bench` (simulated GPU) and scripts/gpu-check.sh (real GPU).
- * Prints `launch_ns_per_call N` and `alloc_free_ns_per_pair N`. */
+ * Prints `launch_ns_per_call N` and `alloc_free_ns_per_pair N`; on the
+ * simulated driver also `driver_calls_per_launch N`: every driver call made
+ * in the timed loop (the program's own launches and whatever an interposer
+ * adds), per launch. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +22,9 @@ static const char PTX[] =
             return 1;                                                 \
         }                                                             \
     } while (0)
+
+/* The simulated driver's count of driver calls; absent (NULL) elsewhere. */
+extern unsigned long long simgpu_driver_calls(void) __attribute__((weak));
 
 static double now_ns(void) {
     struct timespec ts;
@@ -42,12 +48,21 @@ int main(int argc, char **argv) {
     /* Warm up, then time launches with one sync at the end: the per-launch
      * cost without a sync per launch. */
     for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    /* BENCH_WARM_S: keep launching that many seconds first (an SM
+     * limiter's correction settles within a few). */
+    const char *warm_s = getenv("BENCH_WARM_S");
+    double warm = warm_s ? atof(warm_s) : 0.0;
+    for (double w0 = now_ns(); now_ns() - w0 < warm * 1e9;)
+        for (int i = 0; i < 1000; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
     CHECK(cuCtxSynchronize());
+    unsigned long long c0 = simgpu_driver_calls ? simgpu_driver_calls() : 0;
     double t0 = now_ns();
     for (int i = 0; i < launches; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    unsigned long long c1 = simgpu_driver_calls ? simgpu_driver_calls() : 0;
     CHECK(cuCtxSynchronize());
     double t1 = now_ns();
     printf("launch_ns_per_call %.1f\n", (t1 - t0) / launches);
+    if (simgpu_driver_calls) printf("driver_calls_per_launch %.4f\n", (double)(c1 - c0) / launches);
 
     CUdeviceptr p;
     for (int i = 0; i < 50; i++) {

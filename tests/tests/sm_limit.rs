@@ -670,3 +670,41 @@ fn sm_every_launch_entry_point_is_counted_once_in_the_slot() {
         }
     }
 }
+
+/// A limit far from binding costs the launch path nothing the driver sees:
+/// a loop of empty kernels at limit 90 makes as many driver calls per launch
+/// as the same loop without a limit (within 0.1: the occasional launch that
+/// is priced, timed or admitted on the bucket), not the two or more per
+/// launch of full accounting. The loop runs 3 s first: an empty kernel's
+/// timing is the host's launch latency, charged until the feedback loop's
+/// correction (NVML: the device idle) brings it down, as on a real GPU.
+#[test]
+fn sm_a_limit_far_from_binding_adds_no_driver_calls_per_launch() {
+    let _s = serial();
+    let per_launch = |name: &str, limit: Option<&str>| -> f64 {
+        let gpu = SimGpu::new();
+        let env = HookEnv::new(name, "1g");
+        let exe = env.build("bench_launch");
+        let mut c = env.hooked(&exe, &["200000", "10"]);
+        gpu.apply(&mut c);
+        c.env("GPU_CORE_UTILIZATION_POLICY", "force")
+            .env("BENCH_WARM_S", "3");
+        if let Some(l) = limit {
+            c.env("CUDA_DEVICE_SM_LIMIT", l);
+        }
+        let out = c.output().expect("run bench_launch");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "bench_launch: {text}");
+        text.lines()
+            .find_map(|l| l.strip_prefix("driver_calls_per_launch "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no driver_calls_per_launch in {text:?}"))
+    };
+    let none = per_launch("sm-calls-none", None);
+    let limited = per_launch("sm-calls-90", Some("90"));
+    eprintln!("driver calls per launch: no limit {none:.3}, limit 90 {limited:.3}");
+    assert!(
+        limited <= none + 0.1,
+        "a limit far from binding made {limited:.3} driver calls per launch, {none:.3} without"
+    );
+}

@@ -253,7 +253,7 @@ pub fn fill_device_info(p: &Process) {
     } else {
         None
     };
-    crate::launch::see_single_device(single);
+    crate::sm::see_single_device(single);
     let Some(devices) = crate::devices::get() else {
         return;
     };

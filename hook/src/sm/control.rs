@@ -7,7 +7,9 @@
 //! takes the charge back.
 //!
 //! The fast path (no device limited) is a coarse clock read and three
-//! relaxed loads.
+//! relaxed loads. Far under its limit a container coasts (`coast`): a
+//! launch of known cost adds it to what the window owes, with no driver
+//! call, clock read or shared write beyond the unlimited path's.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +19,7 @@ use vgpu_common::region::MAX_DEVICES;
 
 use super::admit::{self, Admission};
 use super::bucket::Admit;
+use super::coast::Coast;
 use super::correction;
 use super::cost::Key;
 use super::feedback::Feedback;
@@ -44,6 +47,8 @@ pub(crate) struct Ticket {
     /// Held by a higher-priority container: record a marker after it
     /// (context).
     mark: Option<usize>,
+    /// Coasted: its cost is owed to the window, nothing else was done.
+    coasted: bool,
 }
 
 impl Ticket {
@@ -84,6 +89,7 @@ pub(crate) struct Controller<S: Sys> {
     turns: turns::Meter,
     feedback: Feedback,
     share: Share,
+    coast: Coast,
 }
 
 impl<S: Sys> Controller<S> {
@@ -97,6 +103,7 @@ impl<S: Sys> Controller<S> {
             turns: turns::Meter::default(),
             feedback: Feedback::default(),
             share: Share::default(),
+            coast: Coast::default(),
         }
     }
 
@@ -118,7 +125,43 @@ impl<S: Sys> Controller<S> {
         if self.settings.limited() == 0 {
             return None;
         }
+        if let Some(t) = self.coasting(w, now) {
+            return Some(t);
+        }
         self.limited_launch(w)
+    }
+
+    /// A launch of a container far under its limit on a device with a
+    /// window open (`coast`), priced from the thread's cache with no timing
+    /// due: its cost is owed to the window. The device is the process's
+    /// only one, else the current context's (the query an unlimited launch
+    /// makes to count it). `None`: the full path.
+    fn coasting(&self, w: &Work, now: u64) -> Option<Ticket> {
+        // With several devices, ask for the context only when coasting is
+        // possible at all: otherwise the full path asks once.
+        let dev = match self.sys.only_device() {
+            Some(d) => d,
+            None if self.coast.any_open(now) => self.sys.current()?.1,
+            None => return None,
+        };
+        if dev >= MAX_DEVICES
+            || self.settings.limited() & (1 << dev) == 0
+            || !self.coast.open(dev, now)
+        {
+            return None;
+        }
+        let cost = self.learner.cached(&w.key, |c| self.coast.take(dev, c))?;
+        Some(Ticket {
+            dev,
+            key: w.key,
+            cost_ns: cost,
+            billed_ns: 0,
+            pct: 0,
+            stream: w.stream,
+            sample: None,
+            mark: None,
+            coasted: true,
+        })
     }
 
     fn refresh(&self, now: u64) {
@@ -139,12 +182,25 @@ impl<S: Sys> Controller<S> {
             return None;
         }
         let now = self.sys.now();
+        self.settle_coasted(dev, now);
         self.learner
             .poll_due(&self.sys, now, |dev, owed| self.settle(dev, owed));
         let priced = self.learner.price(&self.sys, dev, ctx, w.key, now);
         self.share.add(dev, priced.cost_ns as i64);
         let a = self.admit(dev, priced.cost_ns, now, (ctx, w.stream));
         self.learner.note_slept(a.slept, priced.slept);
+        // Coast on while the bucket neither held this launch nor is shared
+        // with the node (turns, priorities: those publish every launch).
+        let b = &self.sys.buckets().devs[dev];
+        let eligible = !a.slept && !self.settings.ranked() && self.sharing.turn(dev).is_none();
+        self.coast.plan(
+            dev,
+            now,
+            b.charged_ns.load(Relaxed),
+            a.pct,
+            correction::factor(b),
+            eligible,
+        );
         Some(Ticket {
             dev,
             key: w.key,
@@ -156,6 +212,7 @@ impl<S: Sys> Controller<S> {
                 .sample
                 .and_then(|s| self.learner.start(&self.sys, s, w.stream)),
             mark: a.held.then_some(ctx),
+            coasted: false,
         })
     }
 
@@ -257,6 +314,12 @@ impl<S: Sys> Controller<S> {
 
     /// After the launch returned `ok` (CUDA_SUCCESS or not).
     pub(crate) fn after(&self, t: Ticket, ok: bool) {
+        if t.coasted {
+            if !ok {
+                self.coast.give_back(t.dev, t.cost_ns);
+            }
+            return;
+        }
         if ok {
             if let Some(ctx) = t.mark {
                 self.sharing.mark(&self.sys, ctx, t.stream, t.cost_ns);
@@ -272,6 +335,23 @@ impl<S: Sys> Controller<S> {
         if t.pct > 0 {
             let b = &self.sys.buckets().devs[t.dev];
             self.admission.refund(b, self.sys.now(), t.billed_ns, t.pct);
+        }
+    }
+
+    /// Charges what the launches coasted on `dev` owe, at the bucket's time
+    /// like a settlement: they ran within the window behind it.
+    fn settle_coasted(&self, dev: usize, now: u64) {
+        let owed = self.coast.take_owed(dev);
+        if owed == 0 {
+            return;
+        }
+        let owed = i64::try_from(owed).unwrap_or(i64::MAX);
+        self.share.add(dev, owed);
+        let pct = self.settings.enforced(dev);
+        if pct != 0 {
+            let b = &self.sys.buckets().devs[dev];
+            let turns = self.sharing.turn(dev).is_some();
+            self.admission.settle(b, now, owed, pct, turns);
         }
     }
 

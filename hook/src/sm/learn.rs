@@ -117,6 +117,13 @@ impl Learner {
         }
     }
 
+    /// The cost of `key` from the thread's cache, when no timing is due
+    /// and `fits(cost)` agrees; counted as a launch of the key. No lock,
+    /// no driver call.
+    pub(crate) fn cached(&self, key: &Key, fits: impl FnOnce(u64) -> bool) -> Option<u64> {
+        local::take_if(self.id, key, fits)
+    }
+
     /// Notes whether this thread's launch waited for the bucket (its next
     /// launch's timing would hold the launch latency of an idle stream).
     pub(crate) fn note_slept(&self, slept: bool, was: bool) {

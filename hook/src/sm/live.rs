@@ -149,6 +149,22 @@ impl Clock for Real {
     }
 }
 
+/// 1 + the container index of the process's only CUDA device (read at
+/// `cuInit`); 0 = several devices, or not known yet.
+static SINGLE: AtomicUsize = AtomicUsize::new(0);
+
+/// Records the container index of the process's only device (at `cuInit`).
+pub(crate) fn see_single_device(index: Option<usize>) {
+    SINGLE.store(index.map_or(0, |i| i + 1), Relaxed);
+}
+
+/// The process's only device, when it sees one (a container is most often
+/// given one GPU): the launch path's device without a driver query.
+#[inline]
+pub(crate) fn single_device() -> Option<usize> {
+    SINGLE.load(Relaxed).checked_sub(1)
+}
+
 /// The calling thread's current context and its device (the device cached
 /// per thread while the context stays the same: one driver query, no
 /// syscall, in the common case).
@@ -170,6 +186,10 @@ pub(crate) fn current_context_device() -> Option<(usize, usize)> {
 impl Events for Real {
     fn current(&self) -> Option<(usize, usize)> {
         current_context_device()
+    }
+
+    fn only_device(&self) -> Option<usize> {
+        single_device()
     }
 
     fn create_event(&self) -> Option<usize> {

@@ -112,6 +112,22 @@ pub fn lookup(owner: u64, key: &Key) -> Lookup {
 }
 
 /// Keeps the table's answer for `key` (while no sample is due for it).
+/// The entry's cost for a launch of `key` when it serves one more (no
+/// sample due) and `fits(cost)` agrees, counted as a use; otherwise
+/// `None`, the entry untouched (the launch then `lookup`s as usual).
+pub fn take_if(owner: u64, key: &Key, fits: impl FnOnce(u64) -> bool) -> Option<u64> {
+    with_local(|l| {
+        let e = &mut l.entries[slot(key)];
+        if e.owner != owner || e.key != *key || e.left == 0 || !fits(e.cost_ns) {
+            return None;
+        }
+        e.left -= 1;
+        e.used += 1;
+        Some(e.cost_ns)
+    })
+    .flatten()
+}
+
 pub fn store(owner: u64, key: &Key, c: &Charge) {
     with_local(|l| {
         l.entries[slot(key)] = if c.until_due > 0 {

@@ -15,9 +15,11 @@
 //! The tuned constants are in `tuning`.
 //!
 //! With no limit the launch path is a coarse clock read and a few relaxed
-//! loads: no lock, no syscall, no driver call. With a limit, a launch whose
-//! cost is known adds two driver queries (context, capture), one clock read
-//! and one CAS on the bucket, still no lock (`local`).
+//! loads: no lock, no syscall, no driver call. With a limit far from
+//! binding, the same plus a lookup in the thread's cache of costs and two
+//! relaxed atomics of the process (`coast`). Near the limit, a launch
+//! whose cost is known adds two driver queries (context, capture), one
+//! clock read and one CAS on the bucket, still no lock (`local`).
 //!
 //! Limited containers that share a GPU and each use most of their share
 //! (`demand`) take turns on it (`phase`), agreed through a table in a
@@ -26,6 +28,7 @@
 
 mod admit;
 mod bucket;
+mod coast;
 mod control;
 mod correction;
 mod cost;
@@ -55,7 +58,7 @@ use crate::ffi::{CUfunction, CUresult, CUstream, CUDA_SUCCESS};
 
 use control::{Controller, Ticket, Work};
 use cost::Key;
-pub(crate) use live::current_context_device;
+pub(crate) use live::{current_context_device, see_single_device, single_device};
 
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD: usize = 0x2;

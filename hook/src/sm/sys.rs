@@ -44,6 +44,10 @@ pub(crate) trait Events: Sync {
     /// The current context (as an opaque key) and its device's container
     /// index (`crate::devices`).
     fn current(&self) -> Option<(usize, usize)>;
+    /// The process's only device, when it sees one (no driver query).
+    fn only_device(&self) -> Option<usize> {
+        None
+    }
     /// A timing event in the current context.
     fn create_event(&self) -> Option<usize>;
     fn destroy_event(&self, ev: usize);

@@ -86,6 +86,8 @@ struct Fake {
     own_pid: AtomicU32,
     /// The buckets are this process's own, not the container's.
     private_buckets: std::sync::atomic::AtomicBool,
+    /// Context and capture queries made (driver calls of the launch path).
+    queries: AtomicU32,
 }
 
 /// `Fake::unix_us` at fake time 0.
@@ -128,6 +130,7 @@ impl Fake {
             offload: std::sync::atomic::AtomicBool::new(false),
             own_pid: AtomicU32::new(0),
             private_buckets: std::sync::atomic::AtomicBool::new(false),
+            queries: AtomicU32::new(0),
         }
     }
 
@@ -165,7 +168,12 @@ impl Clock for Fake {
 
 impl Events for Fake {
     fn current(&self) -> Option<(usize, usize)> {
+        self.queries.fetch_add(1, Relaxed);
         Some((7, 0))
+    }
+
+    fn only_device(&self) -> Option<usize> {
+        Some(0)
     }
 
     fn create_event(&self) -> Option<usize> {
@@ -200,6 +208,7 @@ impl Events for Fake {
     }
 
     fn capturing(&self, _stream: usize) -> bool {
+        self.queries.fetch_add(1, Relaxed);
         self.capturing.load(Relaxed)
     }
 }
@@ -1455,4 +1464,43 @@ fn feedback_stays_open_when_nvml_shows_only_the_namespace() {
         .sm_util
         .load(Relaxed);
     assert!((25..=40).contains(&u), "published sm_util {u}");
+}
+
+/// Far under its limit a container coasts: its launches make no driver
+/// call (no context or capture query, no event) but the occasional one
+/// that is priced, timed or admitted on the bucket. When its use grows past
+/// the limit, the bucket holds it at the limit as before.
+#[test]
+fn a_container_far_under_its_limit_coasts_then_is_held_when_its_use_grows() {
+    let c = Controller::new(Fake::new(50, policy::DEFAULT));
+    let f = &c.sys;
+    let w = Work {
+        key: kernel(1),
+        stream: 0,
+    };
+    // 10 µs kernels every 100 µs: 10 % of the device, far under 50 %.
+    let light_until = f.now() + SEC;
+    while f.now() < light_until {
+        launch_once(&c, &w, 10_000, 90_000);
+    }
+    let calls = || f.queries.load(Relaxed) + f.records.load(Relaxed);
+    let (before, t0) = (calls(), f.now());
+    let mut n = 0u32;
+    while f.now() < t0 + SEC {
+        launch_once(&c, &w, 10_000, 90_000);
+        n += 1;
+    }
+    let per_launch = f64::from(calls() - before) / f64::from(n);
+    assert!(
+        per_launch < 0.1,
+        "{per_launch:.3} driver calls per launch far under the limit"
+    );
+    assert!(
+        (c.charged_ns(0) as f64 / (f.now() - 1_000_000_000) as f64 - 0.1).abs() < 0.015,
+        "the coasted launches are charged: {} ns",
+        c.charged_ns(0)
+    );
+    // The same kernels back to back: the limit holds.
+    let s = run(&c, kernel(1), 10_000, 3 * SEC, SEC / 2);
+    assert!((s - 50.0).abs() < 2.0, "{s:.1}% at limit 50 after coasting");
 }

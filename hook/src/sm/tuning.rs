@@ -270,3 +270,18 @@ pub const MARK_POOL: usize = 64;
 /// How often the background thread looks for a feedback step due: a tenth
 /// of the period, so a due step waits at most that long.
 pub const BACKGROUND_NS: u64 = PERIOD_NS / 10;
+
+// `coast.rs`
+/// A coasting window: launches of known cost go uncharged on the bucket
+/// this long at most, then one launch is admitted in full, which charges
+/// what they owe and measures the container's rate. A fifth of a frame: the
+/// coarse clock's tick (1–4 ms) is well inside it, and a container whose
+/// use grows is back on the bucket within it.
+pub const COAST_WINDOW_NS: u64 = 10_000_000;
+
+/// A container coasts while its charged rate over the last window is under
+/// this fraction of its limit, and each window's coasted charges stay
+/// under this fraction of the window at the limit: the limit is then at
+/// least a quarter away, and the bucket, when it takes over, starts with
+/// room for the burst a window could have held.
+pub const COAST_BELOW: f64 = 0.75;

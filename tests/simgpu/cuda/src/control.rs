@@ -33,6 +33,23 @@ pub extern "C" fn simgpu_busy_ns(dev: u32) -> u64 {
     slot_counter(dev, |s, d| s.busy_ns[d].load(Ordering::Relaxed))
 }
 
+/// Driver entry points this process called (every `cu…` export that runs
+/// through `guard`).
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one driver call (`guard`).
+pub(crate) fn count_call() {
+    CALLS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// `simgpu_driver_calls()`: the driver API calls this process made so far,
+/// the application's and any interposer's alike (what a hook adds per
+/// launch is the difference from a run without it).
+#[no_mangle]
+pub extern "C" fn simgpu_driver_calls() -> u64 {
+    CALLS.load(Ordering::Relaxed)
+}
+
 /// `simgpu_host_pid()`: this process's PID as the simulated driver (and
 /// NVML) reports it, i.e. the host PID; 0 before `cuInit`.
 #[no_mangle]

@@ -43,6 +43,7 @@ pub type Handle = usize;
 /// Runs an entry point's body: maps `Err` to its code and a panic to
 /// `CUDA_ERROR_UNKNOWN`.
 pub(crate) fn guard(f: impl FnOnce() -> Result<(), CuErr>) -> CUresult {
+    control::count_call();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => e as CUresult,

@@ -1,0 +1,100 @@
+//! Priority (`CUDA_TASK_PRIORITY`) as HAMi deploys it: its device plugin
+//! always sets `CUDA_DEVICE_SM_LIMIT`, 0 when the pod asks no `gpucores`
+//! and 100 for a whole share. Both mean "no cap", like the variable unset,
+//! and priority must work the same in all three: a trainer at priority 1
+//! beside a service at priority 0 keeps its queue short while the service is
+//! active. Timing-sensitive, so the tests run one at a time. Needs the built
+//! artifacts (`cargo xtask test`).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use vgpu_tests::hook::{HookEnv, Running};
+use vgpu_tests::sim::SimGpu;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Starts `sm_loop kernel busy_500us 8` under the hook at `priority`, with
+/// `CUDA_DEVICE_SM_LIMIT` set to `limit` (unset: `None`) and the policy
+/// HAMi's monitor runs most clusters with (`force`).
+fn start(env: &HookEnv, gpu: &SimGpu, limit: Option<&str>, priority: &str) -> Running {
+    let exe = env.build("sm_loop");
+    let mut c = env.hooked(&exe, &["kernel", "busy_500us", "8"]);
+    gpu.apply(&mut c);
+    c.env_remove("CUDA_DEVICE_SM_LIMIT");
+    if let Some(l) = limit {
+        c.env("CUDA_DEVICE_SM_LIMIT", l);
+    }
+    c.env("CUDA_TASK_PRIORITY", priority)
+        .env("GPU_CORE_UTILIZATION_POLICY", "force");
+    let mut r = Running::start(c);
+    let l = r.wait_for("ready");
+    assert_eq!(l, "ready", "sm_loop did not start");
+    r
+}
+
+/// Each process's busy share (percent) of device 0 over the next `window`.
+fn process_shares(gpu: &SimGpu, window: Duration, pids: &[u32]) -> Vec<f64> {
+    let from = simgpu::clock::mono_ns();
+    std::thread::sleep(window);
+    let w = simgpu::clock::mono_ns() - from;
+    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
+    pids.iter()
+        .map(|pid| {
+            busy.iter()
+                .find(|p| p.pid == *pid)
+                .map_or(0.0, |p| p.busy_ns as f64 * 100.0 / w as f64)
+        })
+        .collect()
+}
+
+/// The service (priority 0) and the trainer (priority 1), both at `limit`:
+/// the service gets nearly all of the device, the trainer a little (held,
+/// not starved). Equal shares would mean priority did nothing. Up to three
+/// tries, since a loaded host can delay either process.
+fn priority_holds_at(limit: Option<&str>) {
+    let what = format!("priority 0 beside 1, CUDA_DEVICE_SM_LIMIT={limit:?}");
+    let mut failed = Vec::new();
+    for _ in 0..3 {
+        let gpu = SimGpu::new();
+        let tag = limit.unwrap_or("unset");
+        let a = HookEnv::new(&format!("prio-hi-{tag}"), "0");
+        let b = HookEnv::new(&format!("prio-lo-{tag}"), "0");
+        let hi = start(&a, &gpu, limit, "0");
+        let lo = start(&b, &gpu, limit, "1");
+        std::thread::sleep(Duration::from_millis(600));
+        let s = process_shares(
+            &gpu,
+            Duration::from_secs(2),
+            &[hi.child.id(), lo.child.id()],
+        );
+        eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
+        if s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0 {
+            return;
+        }
+        failed.push(format!("high {:.1}%, low {:.1}%", s[0], s[1]));
+    }
+    panic!("{what}: {} (not > 85 and 0.2..10)", failed.join("; "));
+}
+
+#[test]
+fn sm_priority_holds_with_the_limit_unset() {
+    let _s = serial();
+    priority_holds_at(None);
+}
+
+#[test]
+fn sm_priority_holds_at_limit_0_as_hami_sets_it_without_gpucores() {
+    let _s = serial();
+    priority_holds_at(Some("0"));
+}
+
+#[test]
+fn sm_priority_holds_at_limit_100_as_hami_sets_it_for_a_whole_share() {
+    let _s = serial();
+    priority_holds_at(Some("100"));
+}
