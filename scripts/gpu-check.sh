@@ -10,6 +10,7 @@
 #   bash scripts/gpu-check.sh daemon     host-PID fill in 8 containers, untracked process, launch cost
 #   bash scripts/gpu-check.sh sm         SM limit sweep 10/30/60/90 (SM_WORKLOADS, default all four)
 #   bash scripts/gpu-check.sh smtiny     the launch-bound tiny loop's sweep, an unlimited run between limits
+#                                        (TINY_ELEMS: its tensor's size, default 4096)
 #                                        (VARIANTS="name=/path/libvgpu.so ...": those builds instead,
 #                                        each at every limit; ROUNDS=n repeats, with medians)
 #   bash scripts/gpu-check.sh pair       two containers at 30 / 70, taking turns and time-sliced
@@ -325,7 +326,8 @@ phase_smtiny() {
     for v in ${VARIANTS:-}; do hooks+=(--hook "$v"); done
     [ ${#hooks[@]} -gt 0 ] || hooks=(--hook "$DIST/libvgpu.so")
     cd "$W/sm" && python3 "$ROOT/scripts/gpu/sm_bench.py" --sweep "${SM_SWEEP:-10,30,60,90}" \
-        --workloads tiny --interleave "${hooks[@]}" --rounds "${ROUNDS:-1}" --seconds "$secs"
+        --workloads tiny --interleave "${hooks[@]}" --rounds "${ROUNDS:-1}" --seconds "$secs" \
+        --tiny-elems "${TINY_ELEMS:-4096}"
 }
 
 phase_pair() {

@@ -148,7 +148,7 @@ def run_all(args):
         results["matmul"] = timed("matmul", mm, args.seconds, 2 * n**3 / 1e12, "TFLOP/s", args.smi, args.device)
 
     if "tiny" in args.workloads:
-        x = torch.zeros(4096, device=dev)
+        x = torch.zeros(args.tiny_elems, device=dev)
 
         def tiny():
             x.add_(1.0)
@@ -195,7 +195,7 @@ def sweep(args):
     """Baseline without the hook, then each limit under it; prints a table."""
     me = os.path.abspath(__file__)
     base_cmd = [sys.executable, me, "--seconds", str(args.seconds), "--json", "--device", str(args.device)]
-    base_cmd += ["--workloads", ",".join(args.workloads)]
+    base_cmd += ["--workloads", ",".join(args.workloads), "--tiny-elems", str(args.tiny_elems)]
     if not args.smi:
         base_cmd.append("--no-smi")
 
@@ -324,6 +324,9 @@ def main():
         default=[],
         type=lambda s: tuple(s.split("=", 1)) if "=" in s else ("hook", s),
         help="libvgpu.so for --sweep; with --interleave, repeat as name=path to compare builds",
+    )
+    p.add_argument(
+        "--tiny-elems", type=int, default=4096, help="elements of the tiny loop's tensor (65536: issue 28's loop)"
     )
     p.add_argument("--rounds", type=int, default=1, help="with --interleave: repeat the sweep")
     p.add_argument(
