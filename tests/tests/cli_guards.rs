@@ -17,6 +17,39 @@ fn vgpu(args: &[&str]) -> Output {
         .expect("run vgpu")
 }
 
+/// Runs vgpu for at most 10 s. A `daemon` or `trace` is confined to a
+/// library path that does not exist (never the machine's processes), a
+/// loopback port of its own and a scratch state directory, so that a guard
+/// that fails lets nothing loose on the machine.
+fn vgpu_confined(args: &[&str]) -> Output {
+    let scratch = tempfile::tempdir().unwrap();
+    let lib = scratch.path().join("no-libcuda.so.1");
+    let mut c = Command::new(vgpu_bin());
+    c.args(args);
+    if args.contains(&"daemon") || args.contains(&"trace") {
+        c.arg("--libcuda").arg(&lib);
+    }
+    if args.contains(&"daemon") {
+        c.args(["--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(scratch.path());
+    }
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run vgpu");
+    let t = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!("{args:?} ran on (accepted): {}", text(&out.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -29,7 +62,7 @@ fn numbers_out_of_bounds_are_refused_with_the_range() {
     for (args, want) in [
         (vec!["daemon", "--interval", "0"], "from 0.05 to 3600"),
         (vec!["daemon", "--interval", "NaN"], "from 0.05 to 3600"),
-        (vec!["daemon", "--interval", "-1"], "from 0.05 to 3600"),
+        (vec!["daemon", "--interval=-1"], "from 0.05 to 3600"),
         (vec!["daemon", "--rescan", "0"], "from 0.5 to 3600"),
         (vec!["daemon", "--poll-ms", "0"], "10..=10000"),
         (vec!["daemon", "--scans", "0"], "1..=1000"),
@@ -45,7 +78,7 @@ fn numbers_out_of_bounds_are_refused_with_the_range() {
             "from 0 to 3600",
         ),
     ] {
-        let out = vgpu(&args);
+        let out = vgpu_confined(&args);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?} accepted: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
@@ -181,7 +214,7 @@ fn errors_are_json_under_log_format_json() {
             "/nonexistent/region",
         ),
     ] {
-        let out = vgpu(&args);
+        let out = vgpu_confined(&args);
         assert_eq!(out.status.code(), Some(code), "{args:?}");
         let err = text(&out.stderr);
         assert_eq!(err.lines().count(), 1, "{args:?}: one line: {err}");
@@ -293,7 +326,9 @@ fn completions_and_man_pages_are_present_and_current() {
         assert!(bash.contains(sub.as_str()), "bash lacks {sub}");
         assert!(zsh.contains(&format!("'{sub}:")), "zsh lacks {sub}");
         assert!(fish.contains(&format!("-a \"{sub}\"")), "fish lacks {sub}");
-        assert!(main_page.contains(sub.as_str()), "vgpu.1 lacks {sub}");
+        // roff escapes the hyphens of names.
+        let roff = format!("vgpu\\-{}(1)", sub.replace('-', "\\-"));
+        assert!(main_page.contains(&roff), "vgpu.1 lacks {roff}");
         let page = file(&format!("man/man1/vgpu-{sub}.1"));
         assert!(
             page.starts_with(".ie") || page.contains(".TH"),
