@@ -708,6 +708,8 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         .arg(&root)
         .arg("--state-dir")
         .arg(&state)
+        .arg("--pods-log-dir")
+        .arg(&logs)
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -723,6 +725,8 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
             .find(|r| r["pod_uid"] == p.uid)
             .unwrap_or_else(|| panic!("no row for {}: {top:#}", p.name));
         assert_eq!(row["container"], p.container);
+        // Named as the daemon's labels name it, not by UID.
+        assert_eq!(row["pod"], format!("{}/{}", p.namespace, p.name), "{row:#}");
         assert_eq!(row["memory_limit_bytes"], p.limit_bytes);
         assert!(
             row["memory_used_bytes"].as_u64().unwrap() >= 64 << 20,
