@@ -10,7 +10,7 @@
 //! `vgpu_common::paths`, the metrics port and probe paths).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -46,10 +46,6 @@ const HOST_PATH_ALLOWLIST: [&str; 6] = [
     "/run/containerd/io.containerd.runtime.v2.task",
     "/run/containers/storage/overlay-containers",
 ];
-
-fn overlay_dir(name: &str) -> PathBuf {
-    workspace_root().join("deploy/overlays").join(name)
-}
 
 fn read_docs(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
