@@ -107,7 +107,7 @@ pub fn run(args: &Args) -> Result<()> {
     if let Ok(o) = inspect {
         if o.status.success() {
             println!(
-                "vgpu inspect {}:\n{}",
+                "\nvgpu inspect {}:\n{}",
                 region.display(),
                 String::from_utf8_lossy(&o.stdout)
             );
