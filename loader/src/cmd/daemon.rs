@@ -65,9 +65,10 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 /// HTTP (default 0.0.0.0:9396): /metrics (Prometheus text, HAMi monitor's
 /// metric names plus vgpu_*), /readyz (200 once the probes are loaded and
 /// the first scan is done, whether or not a libcuda was found yet; 503 with
-/// the reason when not in the host's PID namespace, where it frees no slot), /healthz, /findings. Served on its own thread with
-/// a 3 s header timeout, 10 s per connection, 16 KiB requests and at most
-/// 256 connections (16 per client address). See docs/daemon.md.
+/// the reason when not in the host's PID namespace, where it frees no
+/// slot), /healthz, /findings. Served on its own thread with a 3 s header
+/// timeout, 10 s per connection, 16 KiB requests and at most 256
+/// connections (16 per client address). See docs/daemon.md.
 ///
 /// Region files and paths that containers control are treated as hostile:
 /// opened with openat2 inside the process's root, never through a symlink,
