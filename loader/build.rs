@@ -6,10 +6,16 @@
 //! - `VGPU_EBPF_TOOLCHAIN` names the rustup toolchain for the nested build
 //!   (default `debian-1.96`: Debian's `rustc-web` with its prebuilt `core`
 //!   for bpfel, linked by `cargo xtask setup`; docs/trace.md).
+//!
+//! It also sets `VGPU_VERSION`, what `vgpu --version` prints: the crate
+//! version and the commit, `0.1.0 (abc1234)`. The commit comes from
+//! `VGPU_COMMIT` (a build from a tarball can name it), else from git; with
+//! neither, the version alone.
 
 use anyhow::Context as _;
 
 fn main() -> anyhow::Result<()> {
+    version();
     println!("cargo:rerun-if-env-changed=VGPU_EBPF_TOOLCHAIN");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     let out_dir = std::env::var("OUT_DIR").context("OUT_DIR not set")?;
@@ -38,4 +44,48 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::Custom(&toolchain),
     )
+}
+
+/// Sets `VGPU_VERSION` for the crate.
+fn version() {
+    println!("cargo:rerun-if-env-changed=VGPU_COMMIT");
+    let pkg = env!("CARGO_PKG_VERSION");
+    let commit = std::env::var("VGPU_COMMIT")
+        .ok()
+        .filter(|c| !c.trim().is_empty())
+        .or_else(git_commit);
+    let version = match commit {
+        Some(c) => format!("{pkg} ({})", c.trim()),
+        None => pkg.to_owned(),
+    };
+    println!("cargo:rustc-env=VGPU_VERSION={version}");
+}
+
+/// The short commit of the checkout this crate is in, `None` without git or
+/// outside a repository. Asks cargo to run this again when HEAD moves (the
+/// HEAD file, the branch it names, packed refs), found through git because
+/// a worktree keeps them apart from `.git`.
+fn git_commit() -> Option<String> {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .output()
+            .ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_owned())
+    };
+    let commit = git(&["rev-parse", "--short=7", "HEAD"])?;
+    let mut watched = vec!["HEAD".to_owned(), "packed-refs".to_owned()];
+    watched.extend(git(&["symbolic-ref", "-q", "HEAD"]));
+    for name in watched {
+        if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &name]) {
+            if std::path::Path::new(&path).exists() {
+                println!("cargo:rerun-if-changed={path}");
+            }
+        }
+    }
+    Some(commit)
 }

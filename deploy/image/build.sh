@@ -7,7 +7,8 @@
 #   deploy/image/build.sh <dist-dir> <image-name> [<staging-dir>]
 #
 # `cargo xtask image` runs it. Layout: /usr/local/bin/vgpu, /opt/vgpu/libvgpu.so
-# (what the install-hook containers copy to the node), the loader's
+# (what the install-hook containers copy to the node), the completions and
+# man pages under /usr/local/share (from <dist>/share), the loader's
 # libraries under their usual paths, an empty /etc and /tmp.
 set -eu
 dist=$1
@@ -21,6 +22,10 @@ mkdir -p "$root/usr/local/bin" "$root/opt/vgpu" "$root/etc" "$root/tmp"
 chmod 1777 "$root/tmp"
 cp "$dist/vgpu" "$root/usr/local/bin/vgpu"
 cp "$dist/libvgpu.so" "$root/opt/vgpu/libvgpu.so"
+# `cargo xtask build` writes them; an image without them is a broken build.
+[ -d "$dist/share/man/man1" ] || { echo "$dist/share is missing: run cargo xtask build" >&2; exit 1; }
+mkdir -p "$root/usr/local/share"
+cp -R "$dist/share/." "$root/usr/local/share/"
 
 # Every library the loader needs, and the dynamic loader itself, at the
 # paths the binary names them by (ldd prints "name => path (addr)" or,

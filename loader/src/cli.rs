@@ -9,11 +9,16 @@ use clap::{Parser, Subcommand};
 use crate::cmd;
 use crate::logging::LogFormat;
 
+/// `vgpu --version`: the crate version and, when the build saw a git
+/// checkout, its commit (`0.1.0 (abc1234)`), so two builds on a node can be
+/// told apart (loader/build.rs).
+pub const VERSION: &str = env!("VGPU_VERSION");
+
 /// vgpu: share one NVIDIA GPU between containers safely. This is the node
 /// daemon and CLI; it observes libcuda with eBPF uprobes (needs root or
 /// CAP_BPF+CAP_PERFMON).
 #[derive(Parser, Debug)]
-#[command(name = "vgpu", version, propagate_version = true)]
+#[command(name = "vgpu", version = VERSION, propagate_version = true)]
 pub struct Cli {
     /// More logging on stderr (-v info, -vv debug, -vvv trace); `VGPU_LOG` overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -56,6 +61,8 @@ pub enum Command {
     Unlock(cmd::unlock::Args),
     Suspend(cmd::suspend::SuspendArgs),
     Resume(cmd::suspend::ResumeArgs),
+    #[command(hide = true)]
+    GenerateAssets(cmd::generate_assets::Args),
 }
 
 impl Command {
@@ -75,6 +82,7 @@ impl Command {
             Command::Unlock(a) => cmd::unlock::run(a),
             Command::Suspend(a) => cmd::suspend::run_suspend(a),
             Command::Resume(a) => cmd::suspend::run_resume(a),
+            Command::GenerateAssets(a) => cmd::generate_assets::run(a),
         }
     }
 }

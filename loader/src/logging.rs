@@ -90,17 +90,97 @@ pub fn sentence(e: &anyhow::Error) -> String {
 /// A line that is always shown: plain text, or a JSON object like
 /// tracing's (`level` INFO, `fields.message`).
 pub fn notice(message: &str) {
+    line("INFO", message);
+}
+
+/// The error a command ended with: plain text, or under `--log-format
+/// json` a JSON object like tracing's, so a collector parses every line.
+pub fn error(message: &str) {
+    line("ERROR", message);
+}
+
+/// A JSON log line with tracing's keys in tracing's order (`timestamp`,
+/// `level`, `fields`, `target`), so that every line of one stream has the
+/// same shape whoever wrote it.
+#[derive(serde::Serialize)]
+struct JsonLine<'a> {
+    timestamp: String,
+    level: &'a str,
+    fields: JsonFields<'a>,
+    target: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct JsonFields<'a> {
+    message: &'a str,
+}
+
+fn json_line(level: &str, message: &str) -> String {
+    let line = JsonLine {
+        timestamp: timestamp(),
+        level,
+        fields: JsonFields { message },
+        target: "vgpu",
+    };
+    // Serializing strings into a String cannot fail; the fallback keeps
+    // the line whatever happens.
+    serde_json::to_string(&line).unwrap_or_else(|_| {
+        format!("{{\"level\":{level:?},\"fields\":{{\"message\":\"unprintable\"}}}}")
+    })
+}
+
+fn line(level: &str, message: &str) {
     let line = match FORMAT.get() {
-        Some(LogFormat::Json) => serde_json::json!({
-            "timestamp": timestamp(),
-            "level": "INFO",
-            "fields": { "message": message },
-            "target": "vgpu",
-        })
-        .to_string(),
+        Some(LogFormat::Json) => json_line(level, message),
         _ => escape_controls(message).into_owned(),
     };
     let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// Reports a command line clap refused, and the status to exit with.
+/// Help and `--version` go to stdout as clap prints them; an error is
+/// clap's text, or one JSON line when the command line asked for
+/// `--log-format json` (read from the raw arguments: they did not parse).
+pub fn usage_error(e: &clap::Error) -> std::process::ExitCode {
+    let code = std::process::ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+    if !e.use_stderr() || !json_requested(std::env::args_os().skip(1)) {
+        let _ = e.print();
+        return code;
+    }
+    let text = e.render().to_string();
+    // The first paragraph says what is wrong; the rest is usage and the
+    // hint to try --help, for a person at a terminal.
+    let first = text.split("\n\n").next().unwrap_or(&text).trim_end();
+    let message = first.strip_prefix("error: ").unwrap_or(first);
+    let _ = writeln!(std::io::stderr().lock(), "{}", json_line("ERROR", message));
+    code
+}
+
+/// Whether raw arguments ask for JSON logs (`--log-format json` or
+/// `--log-format=json`; the last one wins, as clap would decide).
+fn json_requested(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    let mut json = false;
+    let mut args = args.into_iter();
+    while let Some(a) = args.next() {
+        match a.to_str() {
+            Some("--log-format") => json = args.next().is_some_and(|v| v == "json"),
+            Some(s) if s.starts_with("--log-format=") => json = s == "--log-format=json",
+            Some("--") => break,
+            _ => {}
+        }
+    }
+    json
+}
+
+/// Whether the error is stdout's reader going away (EPIPE): a listing cut
+/// short by `head` is not a failure.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || c.downcast_ref::<serde_json::Error>()
+                .is_some_and(|j| j.io_error_kind() == Some(std::io::ErrorKind::BrokenPipe))
+    })
 }
 
 /// The timestamp tracing's own lines carry.
@@ -184,6 +264,34 @@ mod tests {
             v["fields"]["message"],
             "no region: pid 7 (x\nFORGED \x1b[2J)"
         );
+    }
+
+    #[test]
+    fn own_json_lines_have_tracings_key_order() {
+        let line = json_line("ERROR", "no \"region\"");
+        let at = |k: &str| line.find(&format!("\"{k}\":")).unwrap();
+        assert!(line.starts_with("{\"timestamp\":"), "{line}");
+        assert!(at("timestamp") < at("level"), "{line}");
+        assert!(at("level") < at("fields"), "{line}");
+        assert!(at("fields") < at("target"), "{line}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["fields"]["message"], "no \"region\"");
+        assert_eq!(v["level"], "ERROR");
+    }
+
+    #[test]
+    fn json_is_asked_for_either_way_and_the_last_word_wins() {
+        let ask = |a: &[&str]| json_requested(a.iter().map(std::ffi::OsString::from));
+        assert!(ask(&["--log-format", "json", "daemon", "--interval", "0"]));
+        assert!(ask(&["daemon", "--log-format=json"]));
+        assert!(!ask(&[
+            "daemon",
+            "--log-format=json",
+            "--log-format",
+            "text"
+        ]));
+        assert!(!ask(&["inspect", "--", "--log-format=json"]));
+        assert!(!ask(&["daemon"]));
     }
 
     #[test]

@@ -16,14 +16,19 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return logging::usage_error(&e),
+    };
     logging::init(cli.log_format, cli.log_level());
     match cli.command.run() {
         Ok(code) => code,
+        // `vgpu inspect | head`: the reader has what it wanted.
+        Err(e) if logging::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // One sentence (with its causes), no backtrace; it may quote a
             // path a tenant named.
-            eprintln!("{}", printable::escape_controls(&logging::sentence(&e)));
+            logging::error(&logging::sentence(&e));
             ExitCode::FAILURE
         }
     }

@@ -114,10 +114,46 @@ fn set_sm_limit_writes_the_region() {
         out.stdout
     );
     assert_eq!(region(&path).region().sm_limit[0].load(SeqCst), 30);
-    let out = vgpu(&["set-sm-limit", s(&path), "--all", "0"]);
+    let out = vgpu(&["set-sm-limit", s(&path), "--all", "none"]);
     assert!(out.ok, "{}", out.stderr);
     // device_num is 1: --all is device 0 only.
     assert_eq!(region(&path).region().sm_limit[0].load(SeqCst), 100);
+}
+
+/// A zero would lift the limit (the region's "no limit"): `... --all 0`
+/// reads like "allow nothing", so it is refused and the limit stays;
+/// removing a limit takes the word `none`.
+#[test]
+fn removing_a_limit_takes_the_word_none() {
+    let env = HookEnv::new("admin-none", "1g");
+    let exe = env.build("admin_prog");
+    let path = env.region_path();
+    let _p = Prog::start(&env, &exe);
+    let before = std::fs::read(&path).expect("read");
+    for args in [
+        ["set-mem-limit", s(&path), "--all", "0"],
+        ["set-mem-limit", s(&path), "--all", "0m"],
+        ["set-sm-limit", s(&path), "--all", "0"],
+    ] {
+        let out = vgpu(&args);
+        assert!(!out.ok, "{args:?} accepted: {}", out.stdout);
+        assert!(
+            out.stderr.contains("would remove the limit") && out.stderr.contains("`none`"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    assert_eq!(region(&path).region().limit[0].load(SeqCst), G);
+    assert_eq!(
+        std::fs::read(&path).expect("read"),
+        before,
+        "a refused zero writes nothing"
+    );
+
+    let out = vgpu(&["set-mem-limit", s(&path), "--all", "none"]);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(out.stdout.contains("1 GiB -> none"), "{}", out.stdout);
+    assert_eq!(region(&path).region().limit[0].load(SeqCst), 0);
 }
 
 /// cleanup frees the slots of SIGKILLed programs and nothing else: the live

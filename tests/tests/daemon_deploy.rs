@@ -270,6 +270,14 @@ fn logs_have_no_escape_codes_in_a_file_and_are_json_on_request() {
         assert!(v["fields"]["message"].is_string(), "{line}");
         assert!(v["timestamp"].is_string(), "{line}");
         levels.push(v["level"].as_str().unwrap().to_owned());
+        // One shape for every line, tracing's and the daemon's own (start,
+        // stop): a collector may key on the order.
+        let at = |k: &str| line.find(&format!("\"{k}\":")).unwrap();
+        assert!(line.starts_with("{\"timestamp\":"), "{line}");
+        assert!(
+            at("level") < at("fields") && at("fields") < at("target"),
+            "keys out of order: {line}"
+        );
     }
     // The missing pods directory is warned about once; start and stop lines.
     assert!(levels.iter().any(|l| l == "WARN"), "{text}");
@@ -380,6 +388,59 @@ fn promql_names_are_told_apart() {
             vec!["namespace".to_owned(), "pod".to_owned()]
         )
     );
+}
+
+/// Labels Prometheus adds to every scraped series (the target's), which
+/// alert rules may group by though `/metrics` does not carry them.
+const TARGET_LABELS: [&str; 5] = ["instance", "job", "namespace", "pod", "service"];
+
+/// Every alert of deploy/components/prometheusrule names only metrics of
+/// the daemon's `/metrics` (`metrics`), or `up`, and label names they carry
+/// or a target's; every `kind` it matches is one the daemon exports.
+fn check_alert_rules(metrics: &str) {
+    let path = dist::workspace_root().join("deploy/components/prometheusrule/prometheusrule.yaml");
+    let rule: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut checked = 0;
+    for g in rule["spec"]["groups"].as_sequence().unwrap() {
+        for a in g["rules"].as_sequence().unwrap() {
+            let expr = a["expr"].as_str().unwrap();
+            let (names, labels) = promql_names(expr);
+            assert!(!names.is_empty(), "no metric in {expr}");
+            for n in names.iter().filter(|n| *n != "up") {
+                assert!(
+                    metrics.lines().any(
+                        |l| l.starts_with(&format!("{n}{{")) || l.starts_with(&format!("{n} "))
+                    ),
+                    "{expr}: no metric {n} in /metrics:\n{metrics}"
+                );
+            }
+            for l in &labels {
+                assert!(
+                    TARGET_LABELS.contains(&l.as_str())
+                        || metrics.contains(&format!("{{{l}=\""))
+                        || metrics.contains(&format!(",{l}=\"")),
+                    "{expr}: label {l} is on no series"
+                );
+            }
+            for quoted in expr.split("kind=").skip(1) {
+                let values = quoted
+                    .trim_start_matches('~')
+                    .trim_start_matches('"')
+                    .split('"')
+                    .next()
+                    .unwrap();
+                for v in values.split('|') {
+                    assert!(
+                        metrics.contains(&format!("kind=\"{v}\"")),
+                        "{expr}: kind {v} is not exported"
+                    );
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "{checked} alerts");
 }
 
 /// Every query of deploy/grafana/vgpu-dashboard.json names only metrics
@@ -647,6 +708,8 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         .arg(&root)
         .arg("--state-dir")
         .arg(&state)
+        .arg("--pods-log-dir")
+        .arg(&logs)
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
@@ -662,6 +725,8 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
             .find(|r| r["pod_uid"] == p.uid)
             .unwrap_or_else(|| panic!("no row for {}: {top:#}", p.name));
         assert_eq!(row["container"], p.container);
+        // Named as the daemon's labels name it, not by UID.
+        assert_eq!(row["pod"], format!("{}/{}", p.namespace, p.name), "{row:#}");
         assert_eq!(row["memory_limit_bytes"], p.limit_bytes);
         assert!(
             row["memory_used_bytes"].as_u64().unwrap() >= 64 << 20,
@@ -693,6 +758,7 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         assert!(n > 0.0, "no launches counted for {}:\n{body}", p.name);
     }
     check_dashboard(&body);
+    check_alert_rules(&body);
 
     // Each program's own launch rate (its launches over its run) against
     // what vgpu top measured over its window.
@@ -713,4 +779,40 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
     }
     d.stop();
     bare.kill();
+}
+
+/// An idle node: no GPU process and not even a libcuda yet (the driver's
+/// library comes with the first GPU pod). The daemon is ready anyway, so a
+/// rollout does not wait for a workload, and probes the library once it
+/// appears.
+#[test]
+fn ready_on_a_node_with_no_gpu_process_and_no_libcuda_yet() {
+    let gpu = SimGpu::new();
+    let dir = tempfile::Builder::new()
+        .prefix("vgpu-idle-")
+        .tempdir()
+        .unwrap();
+    let lib = dir.path().join("lib/libcuda.so.1");
+    assert!(!lib.exists());
+    // start() waits for /readyz 200 (30 s at most) and fails otherwise.
+    let d = Daemon::start(dir.path(), &gpu, &["--no-nvml", "--rescan", "0.5"]);
+    let (status, body) = get(d.port, "/readyz").unwrap();
+    assert_eq!(status, 200, "{body}");
+
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    std::fs::copy(dist::sim_dir().join("libcuda.so.1"), &lib).unwrap();
+    let t = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+        if log.contains("probing") && log.contains("libcuda.so.1") {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the library that appeared was not probed:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(get(d.port, "/readyz").unwrap().0, 200);
+    d.stop();
 }

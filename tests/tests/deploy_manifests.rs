@@ -1,14 +1,16 @@
 //! The Kubernetes manifests in `deploy/`, rendered for both overlays
-//! (`hami`, `standalone`) by a small Kustomize renderer below, which is
-//! checked against `kubectl kustomize` where kubectl is installed. Each
-//! rendering parses into the typed API structs and passes the structural
-//! checks: host paths only from an allowlist every node has, the Pod
+//! (`hami`, `standalone`) with the optional components (`deploy/components`:
+//! ServiceMonitor, PrometheusRule) by a small Kustomize renderer below, which
+//! is checked against `kubectl kustomize`. Every overlay with every
+//! combination of components renders with kubectl and is valid against
+//! Kubernetes' schemas (kubernetes-validate, strict). Each rendering parses
+//! into the typed API structs and passes the structural checks: host paths only from an allowlist every node has, the Pod
 //! Security label, the documented node selector, the hook installer, and
 //! what the daemon's code uses (host PID, capabilities, every host path in
 //! `vgpu_common::paths`, the metrics port and probe paths).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -19,6 +21,17 @@ use vgpu_common::paths;
 use vgpu_tests::dist::workspace_root;
 
 const OVERLAYS: [&str; 2] = ["hami", "standalone"];
+
+/// deploy/components: what needs the Prometheus Operator's CRDs.
+const COMPONENTS: [&str; 2] = ["servicemonitor", "prometheusrule"];
+
+/// The kinds those components add: Kubernetes' own schemas do not have
+/// them (the operator's CRDs define them), so kubernetes-validate skips
+/// them; their content is checked below and in daemon_deploy.rs.
+const CRD_KINDS: [&str; 2] = ["ServiceMonitor", "PrometheusRule"];
+
+/// Kubernetes versions the rendered manifests must be valid for.
+const KUBERNETES_VERSIONS: [&str; 2] = ["1.29.0", "1.37.0"];
 
 /// Host paths every node has, or that the DaemonSet creates: HAMi's hook
 /// directory, the cgroup mount, the kubelet's pod logs, vgpu's state, and
@@ -33,10 +46,6 @@ const HOST_PATH_ALLOWLIST: [&str; 6] = [
     "/run/containerd/io.containerd.runtime.v2.task",
     "/run/containers/storage/overlay-containers",
 ];
-
-fn overlay_dir(name: &str) -> PathBuf {
-    workspace_root().join("deploy/overlays").join(name)
-}
 
 fn read_docs(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -89,8 +98,8 @@ fn id(v: &Value) -> (String, String) {
 }
 
 /// Renders the kustomization in `dir`: its resources (files, or
-/// directories with their own kustomization), then its patches, then its
-/// image replacements.
+/// directories with their own kustomization), then its components, then
+/// its patches, then its image replacements.
 fn render(dir: &Path) -> Vec<Value> {
     let k = &read_docs(&dir.join("kustomization.yaml"))[0];
     let mut docs = Vec::new();
@@ -101,6 +110,9 @@ fn render(dir: &Path) -> Vec<Value> {
         } else {
             docs.extend(read_docs(&path));
         }
+    }
+    for c in k["components"].as_sequence().into_iter().flatten() {
+        docs.extend(render(&dir.join(c.as_str().unwrap())));
     }
     for p in k["patches"].as_sequence().into_iter().flatten() {
         for patch in read_docs(&dir.join(p["path"].as_str().expect("patch path"))) {
@@ -178,10 +190,12 @@ struct Rendered {
 }
 
 impl Rendered {
+    /// The overlay with every component, as docs/kubernetes.md enables them.
     fn of(overlay: &'static str) -> Rendered {
+        let copy = with_components(overlay, &COMPONENTS);
         Rendered {
             overlay,
-            docs: render(&overlay_dir(overlay)),
+            docs: render(&copy.path().join("overlays").join(overlay)),
         }
     }
 
@@ -201,6 +215,52 @@ impl Rendered {
             .find(|d| d["kind"].as_str() == Some(kind))
             .unwrap_or_else(|| panic!("{}: no {kind}", self.overlay))
     }
+}
+
+/// A copy of deploy/ whose `overlay` lists `components` (the documented
+/// edit of docs/kubernetes.md, "Monitoring").
+fn with_components(overlay: &str, components: &[&str]) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(workspace_root().join("deploy/."))
+        .arg(tmp.path())
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let k = tmp
+        .path()
+        .join("overlays")
+        .join(overlay)
+        .join("kustomization.yaml");
+    let mut doc = read_docs(&k).remove(0);
+    if !components.is_empty() {
+        let list = components
+            .iter()
+            .map(|c| Value::String(format!("../../components/{c}")))
+            .collect();
+        doc.as_mapping_mut()
+            .unwrap()
+            .insert("components".into(), Value::Sequence(list));
+    }
+    std::fs::write(&k, serde_yaml::to_string(&doc).unwrap()).unwrap();
+    tmp
+}
+
+/// `kubectl kustomize` of an overlay directory, as YAML text.
+fn kubectl_kustomize(dir: &Path) -> String {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl (with kustomize) is needed to render the overlays");
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 fn all() -> Vec<Rendered> {
@@ -241,32 +301,14 @@ fn arg_after<'a>(args: &'a [String], flag: &str) -> &'a str {
 
 #[test]
 fn the_renderer_agrees_with_kubectl_kustomize() {
-    let Ok(out) = Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-    else {
-        eprintln!("kubectl is not installed: the renderer is not cross-checked");
-        return;
-    };
-    assert!(out.status.success());
     for o in OVERLAYS {
-        let out = Command::new("kubectl")
-            .arg("kustomize")
-            .arg(overlay_dir(o))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let theirs: Vec<Value> =
-            serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
-                .map(|d| normalize(&Value::deserialize(d).unwrap()))
-                .collect();
-        let mut ours: Vec<Value> = render(&overlay_dir(o)).iter().map(normalize).collect();
-        let mut theirs = theirs;
+        let copy = with_components(o, &COMPONENTS);
+        let dir = copy.path().join("overlays").join(o);
+        let text = kubectl_kustomize(&dir);
+        let mut theirs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| normalize(&Value::deserialize(d).unwrap()))
+            .collect();
+        let mut ours: Vec<Value> = render(&dir).iter().map(normalize).collect();
         let key = |v: &Value| serde_yaml::to_string(v).unwrap();
         ours.sort_by_key(key);
         theirs.sort_by_key(key);
@@ -275,6 +317,132 @@ fn the_renderer_agrees_with_kubectl_kustomize() {
             assert_eq!(a, b, "{o}: rendered differently from kubectl kustomize");
         }
     }
+}
+
+/// Every overlay, alone and with each combination of components, renders
+/// with `kubectl kustomize` and passes kubernetes-validate in strict mode
+/// (unknown fields are errors) for each supported Kubernetes version,
+/// offline (the schemas ship with it; `cargo xtask setup` installs it).
+/// Without components nothing needs the Prometheus Operator's CRDs, so
+/// `kubectl apply -k` works on a cluster without them.
+#[test]
+fn every_overlay_with_every_component_is_schema_valid() {
+    let combos: [&[&str]; 4] = [
+        &[],
+        &["servicemonitor"],
+        &["prometheusrule"],
+        &["servicemonitor", "prometheusrule"],
+    ];
+    let out = Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--version"])
+        .output();
+    assert!(
+        out.is_ok_and(|o| o.status.success()),
+        "kubernetes-validate is needed: run `cargo xtask setup`"
+    );
+    for o in OVERLAYS {
+        for combo in combos {
+            let copy = with_components(o, combo);
+            let text = kubectl_kustomize(&copy.path().join("overlays").join(o));
+            let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+                .map(|d| Value::deserialize(d).unwrap())
+                .collect();
+            let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+            for (component, kind) in COMPONENTS.iter().zip(CRD_KINDS) {
+                assert_eq!(
+                    kinds.contains(&kind),
+                    combo.contains(component),
+                    "{o} {combo:?}: {kind} only with its component: {kinds:?}"
+                );
+            }
+            // kubectl's own text is validated (a YAML round trip here
+            // could change how a value reads, `on` for "on"), without the
+            // documents of the CRD kinds.
+            let core: Vec<&str> = text
+                .split("\n---\n")
+                .filter(|d| {
+                    !d.lines().any(|l| {
+                        l.strip_prefix("kind: ")
+                            .is_some_and(|k| CRD_KINDS.contains(&k.trim()))
+                    })
+                })
+                .collect();
+            assert_eq!(
+                core.len(),
+                kinds.len() - combo.len(),
+                "{o} {combo:?}: {kinds:?}"
+            );
+            let file = copy.path().join("rendered.yaml");
+            std::fs::write(&file, core.join("\n---\n")).unwrap();
+            for version in KUBERNETES_VERSIONS {
+                let out = Command::new("python3")
+                    .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
+                    .args(["-k", version])
+                    .arg(&file)
+                    .output()
+                    .unwrap();
+                let said = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                // --quiet prints only failures and warnings (a kind without
+                // a schema is a warning: none is expected here).
+                assert!(
+                    out.status.success() && said.trim().is_empty(),
+                    "{o} {combo:?} against Kubernetes {version}:\n{said}"
+                );
+            }
+        }
+    }
+}
+
+/// The PrometheusRule: one group of alerts, each named once, with an
+/// expression, a severity and a summary; one for each of over-limit,
+/// tampering, untracked memory and a dead daemon. (That the expressions
+/// name the daemon's real metrics and kinds is checked against a running
+/// daemon in daemon_deploy.rs.)
+#[test]
+fn the_alert_rules_cover_what_the_daemon_finds() {
+    let r = Rendered::of("hami");
+    let rule = r.raw("PrometheusRule");
+    assert_eq!(
+        rule["apiVersion"].as_str(),
+        Some("monitoring.coreos.com/v1")
+    );
+    let mut names = Vec::new();
+    let mut exprs = String::new();
+    for g in rule["spec"]["groups"].as_sequence().unwrap() {
+        for a in g["rules"].as_sequence().unwrap() {
+            let name = a["alert"].as_str().expect("an alerting rule").to_owned();
+            assert!(!names.contains(&name), "{name} twice");
+            let expr = a["expr"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: no expr"));
+            assert!(
+                matches!(
+                    a["labels"]["severity"].as_str(),
+                    Some("warning" | "critical")
+                ),
+                "{name}"
+            );
+            assert!(a["annotations"]["summary"].as_str().is_some(), "{name}");
+            exprs.push_str(expr);
+            exprs.push('\n');
+            names.push(name);
+        }
+    }
+    for want in [
+        "kind=\"over_limit\"",
+        "limit_tampered",
+        "untracked_allocation",
+        "up{job=\"vgpu-metrics\"}",
+    ] {
+        assert!(exprs.contains(want), "no alert on {want}:\n{exprs}");
+    }
+    // The job the ServiceMonitor scrapes is the Service's name.
+    let svc: Service = r.get("Service");
+    assert_eq!(svc.metadata.name.as_deref(), Some("vgpu-metrics"));
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The vgpu image (root; buildah and podman, no daemon, no registry): built
 //! from scratch by deploy/image/build.sh from target/dist, it runs
-//! `vgpu --version`, and `install-hook --hami` into a host directory
+//! `vgpu --version` (with the commit), ships the completions and man
+//! pages, and `install-hook --hami` into a host directory
 //! mounted into it installs the hook there.
 //!
 //! podman runs it with runc (crun refuses hybrid-cgroup hosts such as CI's)
@@ -9,7 +10,7 @@
 
 use std::process::{Command, Output};
 
-use vgpu_tests::dist::{dist_dir, hook_lib, workspace_root};
+use vgpu_tests::dist::{dist_dir, hook_lib, vgpu_bin, workspace_root};
 
 struct Image(String);
 
@@ -69,10 +70,29 @@ fn image_builds_from_scratch_runs_and_installs_the_hook() {
     );
 
     let out = podman_run(&image.0, None, &["--version"]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        format!("vgpu {}", env!("CARGO_PKG_VERSION"))
+    let built = Command::new(vgpu_bin()).arg("--version").output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with(&format!("vgpu {} (", env!("CARGO_PKG_VERSION"))),
+        "the version names the commit: {said}"
     );
+    assert_eq!(said, String::from_utf8_lossy(&built.stdout));
+    // Completions and man pages ship, as `cargo xtask build` made them.
+    let share = dir.path().join("stage/rootfs/usr/local/share");
+    for f in [
+        "man/man1/vgpu.1",
+        "man/man1/vgpu-daemon.1",
+        "bash-completion/completions/vgpu",
+        "zsh/site-functions/_vgpu",
+        "fish/vendor_completions.d/vgpu.fish",
+    ] {
+        assert_eq!(
+            std::fs::read(share.join(f)).ok(),
+            std::fs::read(dist_dir().join("share").join(f)).ok(),
+            "{f} in the image"
+        );
+        assert!(share.join(f).exists(), "{f} missing from the image");
+    }
 
     let host = dir.path().join("host-vgpu");
     std::fs::create_dir_all(&host).unwrap();

@@ -6,6 +6,8 @@
 //! target/dist/sim/libcuda.so.1      the simulated driver
 //! target/dist/sim/libnvidia-ml.so.1 the simulated NVML
 //! target/dist/sim/simgpu-server     its background server (started on demand)
+//! target/dist/share/                completions (bash, zsh, fish) and man pages,
+//!                                   written by the built `vgpu` from its clap tree
 //! ```
 
 use std::fs;
@@ -75,6 +77,7 @@ pub fn run(args: &Args) -> Result<PathBuf> {
             split_debug_info(&dist, shipped)?;
         }
     }
+    generate_assets(&dist)?;
     // Linking test programs with `-lcuda` wants the unversioned names too.
     for (link, target) in [
         ("sim/libcuda.so", "libcuda.so.1"),
@@ -89,8 +92,21 @@ pub fn run(args: &Args) -> Result<PathBuf> {
     Ok(dist)
 }
 
-/// Copies to a temporary name and renames, so a process that has the old
-/// file mapped keeps a whole file.
+/// Completions and man pages, from the binary just built (its hidden
+/// `generate-assets`), into a fresh `dist/share`: a subcommand removed
+/// leaves no stale page behind.
+fn generate_assets(dist: &Path) -> Result<()> {
+    let share = dist.join("share");
+    if share.exists() {
+        fs::remove_dir_all(&share).with_context(|| format!("remove {}", share.display()))?;
+    }
+    util::run(
+        std::process::Command::new(dist.join("vgpu"))
+            .arg("generate-assets")
+            .arg(&share),
+    )
+}
+
 /// Moves the debug info of `dist/<name>` into `dist/debug/<name>.debug`
 /// (linked back by `.gnu_debuglink`, so gdb finds it): the shipped file
 /// keeps its symbol table, so backtraces still name functions, at a
@@ -115,6 +131,8 @@ fn split_debug_info(dist: &Path, name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Copies to a temporary name and renames, so a process that has the old
+/// file mapped keeps a whole file.
 fn install(from: &Path, to: &Path) -> Result<()> {
     let tmp = to.with_extension("tmp-install");
     fs::copy(from, &tmp)

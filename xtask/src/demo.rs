@@ -99,6 +99,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     summarize(&workload_pid_lines, &seen, &args.limit);
+    free_finished_slot(&dist, &region);
     let inspect = Command::new(dist.join("vgpu"))
         .args(["inspect"])
         .arg(&region)
@@ -106,7 +107,7 @@ pub fn run(args: &Args) -> Result<()> {
     if let Ok(o) = inspect {
         if o.status.success() {
             println!(
-                "vgpu inspect {}:\n{}",
+                "\nvgpu inspect {}:\n{}",
                 region.display(),
                 String::from_utf8_lossy(&o.stdout)
             );
@@ -143,6 +144,31 @@ fn summarize(workload: &str, seen: &BTreeMap<String, u64>, limit: &str) {
              {allocs} successful cuMemAlloc_v2 calls and {launches} kernel launches: the refused \
              call never reached the driver"
         );
+    }
+}
+
+/// The finished workload's slot stays registered after its exit (the hook
+/// keeps counting until the process is dead: docs/hook.md); on a node
+/// `vgpu daemon` frees it, here `vgpu cleanup` does, so that the slot table
+/// below is clean, or its line says why a slot remains.
+fn free_finished_slot(dist: &Path, region: &Path) {
+    let out = Command::new(dist.join("vgpu"))
+        .arg("cleanup")
+        .arg(region)
+        .output();
+    println!("\nThe workload has exited; `vgpu cleanup` frees its slot, as `vgpu daemon` does on a node:");
+    match out {
+        Ok(o) => {
+            let said = if o.status.success() {
+                &o.stdout
+            } else {
+                &o.stderr
+            };
+            for line in String::from_utf8_lossy(said).lines() {
+                println!("  {line}");
+            }
+        }
+        Err(e) => println!("  vgpu cleanup could not run ({e}): the slot remains"),
     }
 }
 

@@ -38,6 +38,9 @@ const ZIGBUILD_VERSION: &str = "0.24.1";
 /// wheel, and the dependency policy checker.
 const TYPOS_VERSION: &str = "1.52.0";
 const CARGO_DENY_VERSION: &str = "0.20.2";
+/// Validates the rendered manifests against Kubernetes' schemas, which it
+/// bundles: tests/tests/deploy_manifests.rs runs it offline.
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 /// The rustup name of Debian's toolchain, used by loader/build.rs.
 pub const EBPF_TOOLCHAIN: &str = "debian-1.96";
 
@@ -176,6 +179,21 @@ fn missing_steps() -> Vec<Step> {
                 .iter()
                 .map(|s| s.to_string())
                 .chain([format!("typos=={TYPOS_VERSION}")])
+                .collect(),
+            env: vec![("PIP_ROOT_USER_ACTION", "ignore".into())],
+        });
+    }
+    if output(Command::new("python3").args(["-m", "kubernetes_validate", "--version"]))
+        .is_none_or(|v| !v.contains(KUBERNETES_VALIDATE_VERSION))
+    {
+        steps.push(Step {
+            what: format!(
+                "kubernetes-validate {KUBERNETES_VALIDATE_VERSION} (PyPI), the manifests' schema check"
+            ),
+            command: ["python3", "-m", "pip", "install", "--quiet"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain([format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}")])
                 .collect(),
             env: vec![("PIP_ROOT_USER_ACTION", "ignore".into())],
         });

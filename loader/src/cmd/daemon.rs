@@ -1,5 +1,6 @@
 //! `vgpu daemon` (the node's eBPF observer) and `vgpu findings` (what it found).
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,6 +13,7 @@ use tokio::time::MissedTickBehavior;
 use vgpu_common::event::sizes;
 use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
 
+use super::bounds::{number, seconds};
 use crate::daemon::check::{Thresholds, MIB};
 use crate::daemon::findings::{read_earlier, write_state, write_state_file, FILE_NAME};
 use crate::daemon::http::{self, Published, Shared};
@@ -61,11 +63,12 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 /// happens then.
 ///
 /// HTTP (default 0.0.0.0:9396): /metrics (Prometheus text, HAMi monitor's
-/// metric names plus vgpu_*), /readyz (200 once probes are attached and the
-/// first scan is done; 503 with the reason when not in the host's PID
-/// namespace, where it frees no slot), /healthz, /findings. Served on its own thread with
-/// a 3 s header timeout, 10 s per connection, 16 KiB requests and at most
-/// 256 connections (16 per client address). See docs/daemon.md.
+/// metric names plus vgpu_*), /readyz (200 once the probes are loaded and
+/// the first scan is done, whether or not a libcuda was found yet; 503 with
+/// the reason when not in the host's PID namespace, where it frees no
+/// slot), /healthz, /findings. Served on its own thread with a 3 s header
+/// timeout, 10 s per connection, 16 KiB requests and at most 256
+/// connections (16 per client address). See docs/daemon.md.
 ///
 /// Region files and paths that containers control are treated as hostile:
 /// opened with openat2 inside the process's root, never through a symlink,
@@ -77,7 +80,8 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Probe only this libcuda file (repeatable); disables the host and
-    /// container scan. E.g. the simulated driver in tests.
+    /// container scan. E.g. the simulated driver in tests. A path not there
+    /// yet is looked for again every --rescan seconds.
     #[arg(long, value_name = "PATH")]
     libcuda: Vec<PathBuf>,
 
@@ -103,37 +107,37 @@ pub struct Args {
     node_name: String,
 
     /// Seconds between cross-check scans (findings, metrics).
-    #[arg(long, value_name = "SECS", default_value_t = 0.5)]
+    #[arg(long, value_name = "SECS", default_value_t = 0.5, value_parser = seconds(0.05, 3600.0))]
     interval: f64,
 
     /// Milliseconds between polls of the probe maps (host-PID fill).
-    #[arg(long, value_name = "MS", default_value_t = 100)]
+    #[arg(long, value_name = "MS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=10_000))]
     poll_ms: u64,
 
     /// Seconds between rescans for new libcuda files (containers).
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 5.0, value_parser = seconds(0.5, 3600.0))]
     rescan: f64,
 
     /// A difference below this many MiB is never a finding.
-    #[arg(long, value_name = "MIB", default_value_t = 16)]
+    #[arg(long, value_name = "MIB", default_value_t = 16, value_parser = clap::value_parser!(u64).range(0..=1 << 20))]
     min_untracked_mib: u64,
 
     /// … nor one below this percentage of the larger value.
-    #[arg(long, value_name = "PCT", default_value_t = 2.0)]
+    #[arg(long, value_name = "PCT", default_value_t = 2.0, value_parser = number(0.0, 100.0, "percent"))]
     untracked_percent: f64,
 
     /// Consecutive scans a difference must persist.
-    #[arg(long, value_name = "N", default_value_t = 2)]
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=1000))]
     scans: u32,
 
     /// Seconds a CUDA process may run without a slot before it is a finding.
-    #[arg(long, value_name = "SECS", default_value_t = 3.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 3.0, value_parser = seconds(0.0, 3600.0))]
     slot_grace: f64,
 
     /// Processes the probes track at once (their per-process maps). A process
     /// beyond it is counted in vgpu_probe_lost_events{reason="procs_full"},
     /// and the first such miss on each CPU is logged.
-    #[arg(long, value_name = "N", default_value_t = sizes::PROCS, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = sizes::PROCS, value_parser = clap::value_parser!(u32).range(1..=1 << 20))]
     max_procs: u32,
 
     /// Do not use NVML (no per-process used memory, no host GPU metrics).
@@ -156,7 +160,7 @@ pub struct Args {
     /// Seconds a resolved finding (a restored limit, a killed process, one
     /// the tenant undid) stays in /findings and `vgpu findings`, marked
     /// resolved. Every violation is also counted in vgpu_violations_total.
-    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_RETENTION.as_secs_f64())]
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_RETENTION.as_secs_f64(), value_parser = seconds(0.0, 30.0 * 86_400.0))]
     findings_retention: f64,
 }
 
@@ -295,7 +299,11 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
                 if let Ok(mut p) = shared.lock() {
                     p.metrics = out.metrics;
                     p.findings = out.findings_json.into();
-                    p.ready = obs.attached_libs() > 0;
+                    // Ready once the probes are loaded and a scan ran, with or
+                    // without a libcuda yet: on an idle node the driver's
+                    // library may only arrive with the first GPU pod, and a
+                    // rollout must not wait for a workload.
+                    p.ready = true;
                 }
             }
             _ = rescan.tick() => {
@@ -338,10 +346,13 @@ pub fn run_findings(args: FindingsArgs) -> anyhow::Result<ExitCode> {
     let v: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let list = v["findings"].as_array().cloned().unwrap_or_default();
+    // Written with `?`, not println!: a reader that goes away (`| head`)
+    // ends the command quietly instead of a panic.
+    let mut w = std::io::stdout().lock();
     if args.json {
-        print!("{text}");
+        write!(w, "{text}")?;
     } else if list.is_empty() {
-        println!("no findings");
+        writeln!(w, "no findings")?;
     } else {
         let now = crate::daemon::findings::now_ms();
         for f in &list {
@@ -349,11 +360,12 @@ pub fn run_findings(args: FindingsArgs) -> anyhow::Result<ExitCode> {
                 format!(" [resolved {} s ago]", now.saturating_sub(t) / 1000)
             });
             // Messages quote process names and paths tenants chose.
-            println!(
+            writeln!(
+                w,
                 "{:<22} {}{resolved}",
                 escape_controls(f["kind"].as_str().unwrap_or("?")),
                 escape_controls(f["message"].as_str().unwrap_or(""))
-            );
+            )?;
         }
     }
     Ok(if list.is_empty() {

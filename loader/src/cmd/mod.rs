@@ -1,13 +1,16 @@
 //! One module per subcommand.
 
+mod bounds;
 pub mod cleanup;
 pub mod daemon;
+pub mod generate_assets;
 pub mod inspect;
 pub mod install_hook;
 mod regions_arg;
 pub mod set_limit;
 pub mod suspend;
 pub mod top;
+mod top_keys;
 pub mod trace;
 pub mod turns;
 pub mod unlock;

@@ -39,9 +39,10 @@ impl Which {
 /// Set the SM (compute) limit of a region's devices, in percent, at runtime.
 ///
 /// Writes sm_limit[] of the region; running hooked processes read it on
-/// their launch path. 0 or 100 means no limit. Refuses, writing nothing, if
-/// PATH is not a v1 region, the device is out of range, or PERCENT is not a
-/// whole number from 0 to 100.
+/// their launch path. `none` (or 100) removes the limit. Refuses, writing
+/// nothing, if PATH is not a v1 region, the device is out of range, or
+/// PERCENT is not a whole number from 1 to 100 or `none` (0, HAMi's "no
+/// limit", is refused so that a typo never lifts a limit).
 ///
 /// The change is first recorded under --state-dir, so `vgpu daemon` takes
 /// it as the container's limit instead of reporting (or undoing) it as
@@ -52,7 +53,7 @@ pub struct SmArgs {
     path: PathBuf,
     #[command(flatten)]
     which: Which,
-    /// New share of the GPU in percent (0 = no limit).
+    /// New share of the GPU in percent, 1 to 100, or `none` for no limit.
     percent: String,
     /// The daemon's --state-dir, where admin changes are recorded.
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
@@ -64,9 +65,10 @@ pub struct SmArgs {
 /// Writes limit[] of the region; running hooked processes check every
 /// allocation against it, so a lower limit refuses further allocations
 /// with CUDA_ERROR_OUT_OF_MEMORY (memory already allocated is not taken
-/// back). SIZE is bytes or digits with k, m or g (1g, 1024m); 0 means no
-/// limit. Refuses, writing nothing, if PATH is not a v1 region, the device
-/// is out of range, or SIZE does not parse.
+/// back). SIZE is bytes or digits with k, m or g (1g, 1024m), or `none` to
+/// remove the limit. Refuses, writing nothing, if PATH is not a v1 region,
+/// the device is out of range, or SIZE does not parse or is 0 (HAMi's "no
+/// limit": removing one takes the explicit word).
 ///
 /// The change is first recorded under --state-dir, so `vgpu daemon` takes
 /// it as the container's limit instead of reporting (or undoing) it as
@@ -77,11 +79,56 @@ pub struct MemArgs {
     path: PathBuf,
     #[command(flatten)]
     which: Which,
-    /// New limit (1g, 1024m, 1048576k or bytes; 0 = no limit).
+    /// New limit (1g, 1024m, 1048576k or bytes), or `none` for no limit.
     size: String,
     /// The daemon's --state-dir, where admin changes are recorded.
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
     state_dir: PathBuf,
+}
+
+/// The word that removes a limit. A zero, which the region stores for "no
+/// limit", is refused on the command line: `... --all 0` reads like "allow
+/// nothing" and would silently allow everything.
+const NO_LIMIT: &str = "none";
+
+/// A limit argument that would lift the limit without saying so.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{var}=\"{value}\" would remove the limit, not set it to zero; to remove it, say `{NO_LIMIT}`"
+)]
+pub struct ZeroLimit {
+    var: &'static str,
+    value: String,
+}
+
+/// PERCENT: 1..=100, or `none` (stored as 100, the hook's "unlimited").
+fn percent_arg(value: &str) -> anyhow::Result<u64> {
+    if value.eq_ignore_ascii_case(NO_LIMIT) {
+        return Ok(100);
+    }
+    if value.parse::<u64>() == Ok(0) {
+        return Err(ZeroLimit {
+            var: "PERCENT",
+            value: value.to_owned(),
+        }
+        .into());
+    }
+    Ok(parse_percent("PERCENT", value)?)
+}
+
+/// SIZE: a size above 0 (`0m` is 0 too), or `none` (stored as 0).
+fn size_arg(value: &str) -> anyhow::Result<u64> {
+    if value.eq_ignore_ascii_case(NO_LIMIT) {
+        return Ok(0);
+    }
+    match parse_size("SIZE", value)? {
+        0 => Err(ZeroLimit {
+            var: "SIZE",
+            value: value.to_owned(),
+        }
+        .into()),
+        n => Ok(n),
+    }
 }
 
 fn open(path: &Path) -> anyhow::Result<RegionIo> {
@@ -106,7 +153,7 @@ fn record(
 
 /// Runs `vgpu set-sm-limit`.
 pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
-    let value = parse_percent("PERCENT", &args.percent)?;
+    let value = percent_arg(&args.percent)?;
     let file = open(&args.path)?;
     record(
         &args.state_dir,
@@ -136,7 +183,7 @@ pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
 
 /// Runs `vgpu set-mem-limit`.
 pub fn run_mem(args: MemArgs) -> anyhow::Result<ExitCode> {
-    let value = parse_size("SIZE", &args.size)?;
+    let value = size_arg(&args.size)?;
     let file = open(&args.path)?;
     record(
         &args.state_dir,

@@ -25,7 +25,7 @@ pub struct SuspendArgs {
     /// The region file.
     path: PathBuf,
     /// Seconds to wait for the slots to report.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = super::bounds::seconds(0.0, 3600.0))]
     timeout: f64,
 }
 
@@ -41,7 +41,7 @@ pub struct ResumeArgs {
     /// The region file.
     path: PathBuf,
     /// Seconds to wait for the slots to report.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = super::bounds::seconds(0.0, 3600.0))]
     timeout: f64,
 }
 

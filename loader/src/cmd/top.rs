@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 
 use crate::daemon::findings::read_state_file;
+use crate::daemon::pods::PodNames;
 use crate::daemon::utilization::{State, FILE_NAME as UTILIZATION};
 use crate::printable::escape_controls;
 use crate::regions::top::{rates, rows, sort, table, Input, Row, SortKey};
@@ -25,11 +26,15 @@ const FRESH_MS: u64 = 5_000;
 /// its slot; "-" on the first frame, which has no earlier sample) and
 /// findings (the region's own, as `vgpu inspect`, and
 /// `vgpu daemon`'s about the container when its state directory is there).
-/// Reads the region files and the daemon's findings file only; attaches
-/// nothing. Refreshes every --interval seconds until interrupted, plain
-/// text: on a terminal the screen is cleared and redrawn in place (no
-/// alternate screen, so it works over ssh and leaves the last frame
-/// visible); otherwise frames follow each other. See docs/inspect.md.
+/// Containers are named `<namespace>/<pod>/<container>` when the kubelet's
+/// pod log directory (--pods-log-dir, as the daemon's metric labels) names
+/// the pod, else `<podUID>/<container>`.
+/// Reads the region files, the daemon's findings file and the pod log
+/// directory only; attaches nothing. Refreshes every --interval seconds
+/// until `q` or Ctrl-C, plain text: on a terminal the screen is cleared
+/// and redrawn in place (no alternate screen, so it works over ssh and
+/// leaves the last frame visible); otherwise frames follow each other. See
+/// docs/inspect.md.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
@@ -39,6 +44,11 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
     state_dir: PathBuf,
 
+    /// The kubelet's pod log directory: its `<namespace>_<pod>_<uid>`
+    /// entries name the pods.
+    #[arg(long, value_name = "DIR", default_value = vgpu_common::paths::PODS_LOG_DIR)]
+    pods_log_dir: PathBuf,
+
     /// Print one snapshot as JSON and exit.
     #[arg(long)]
     json: bool,
@@ -46,7 +56,7 @@ pub struct Args {
     /// With --json: sample twice this many seconds apart and report each
     /// row's launches_per_sec over that window (0: one sample, cumulative
     /// launches_total only).
-    #[arg(long, default_value_t = 1.0, value_name = "SECONDS", requires = "json")]
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS", requires = "json", value_parser = super::bounds::seconds(0.0, 3600.0))]
     json_window: f64,
 
     /// Sort rows by this key.
@@ -54,7 +64,7 @@ pub struct Args {
     sort: SortKey,
 
     /// Seconds between refreshes.
-    #[arg(long, default_value_t = 1.0, value_name = "SECONDS")]
+    #[arg(long, default_value_t = 1.0, value_name = "SECONDS", value_parser = super::bounds::seconds(0.1, 3600.0))]
     interval: f64,
 
     /// Stop after this many frames (0: until interrupted).
@@ -74,7 +84,7 @@ struct Snapshot {
     daemon_utilization: bool,
 }
 
-fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
+fn snapshot(args: &Args, pods: &mut PodNames) -> anyhow::Result<Snapshot> {
     // As `vgpu inspect`: files under a root are opened below it, read
     // with pread, never mapped.
     let (found, root) = args.at.find()?;
@@ -107,7 +117,18 @@ fn snapshot(args: &Args) -> anyhow::Result<Snapshot> {
         }
     }
     let daemon = crate::daemon::findings::read_state(&args.state_dir);
-    let rs = rows(&inputs, daemon.as_ref());
+    let mut rs = rows(&inputs, daemon.as_ref());
+    // Off Kubernetes there is no such directory: nothing to say about it.
+    if args.pods_log_dir.is_dir() {
+        pods.refresh();
+    }
+    for r in &mut rs {
+        r.pod = r
+            .pod_uid
+            .as_deref()
+            .and_then(|uid| pods.get(uid))
+            .map(|p| format!("{}/{}", p.namespace, p.pod));
+    }
     Ok(Snapshot {
         updated_unix_ms: now,
         rows: rs,
@@ -154,12 +175,13 @@ fn width() -> usize {
 
 /// Runs `vgpu top`.
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let mut pods = PodNames::new(args.pods_log_dir.clone());
     if args.json {
-        let mut s = snapshot(&args)?;
+        let mut s = snapshot(&args, &mut pods)?;
         if args.json_window > 0.0 {
             let t0 = Instant::now();
             std::thread::sleep(Duration::from_secs_f64(args.json_window));
-            let first = std::mem::replace(&mut s, snapshot(&args)?);
+            let first = std::mem::replace(&mut s, snapshot(&args, &mut pods)?);
             rates(&mut s.rows, &first.rows, t0.elapsed().as_secs_f64());
         }
         sort(&mut s.rows, args.sort);
@@ -172,8 +194,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let every = Duration::from_secs_f64(args.interval.max(0.1));
     let mut n = 0u64;
     let mut prev: Option<(Vec<Row>, Instant)> = None;
+    let mut keys = super::top_keys::Keys::new();
     loop {
-        let mut s = snapshot(&args)?;
+        let mut s = snapshot(&args, &mut pods)?;
         let taken = Instant::now();
         if let Some((p, at)) = &prev {
             rates(&mut s.rows, p, taken.duration_since(*at).as_secs_f64());
@@ -194,6 +217,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if args.count != 0 && n >= args.count {
             return Ok(ExitCode::SUCCESS);
         }
-        std::thread::sleep(every);
+        if keys.wait(every) {
+            return Ok(ExitCode::SUCCESS);
+        }
     }
 }

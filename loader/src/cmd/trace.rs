@@ -92,7 +92,7 @@ pub struct Args {
     count: Option<u64>,
 
     /// Table refresh period in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = super::bounds::seconds(0.1, 3600.0))]
     interval: f64,
 
     /// Kernels listed per process in the table.

@@ -51,7 +51,8 @@ pub const MAX_PER_PEER: usize = 16;
 pub struct Published {
     pub metrics: Bytes,
     pub findings: Bytes,
-    /// Probes attached and the first scan done.
+    /// Probes loaded and the first scan done (a libcuda found or not: the
+    /// daemon is ready on a node without GPU workloads).
     pub ready: bool,
     /// Why the daemon cannot do its job whatever it attaches (`/readyz`
     /// answers 503 with this body).

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
-use crate::probes::libcuda::{Libcuda, SONAME};
+use crate::probes::libcuda::{Libcuda, LibcudaError, SONAME};
 
 use super::procfs::Procfs;
 
@@ -41,6 +41,8 @@ pub struct LibWatch {
     mount_ns: HashSet<u64>,
     pids: HashSet<u32>,
     files: HashSet<(u64, u64)>,
+    /// Forced paths found missing, each said once.
+    missing: HashSet<PathBuf>,
 }
 
 impl LibWatch {
@@ -53,24 +55,35 @@ impl LibWatch {
             mount_ns: HashSet::new(),
             pids: HashSet::new(),
             files: HashSet::new(),
+            missing: HashSet::new(),
         }
     }
 
     /// Libraries found since the last call (each (dev, inode) once).
     /// Errors on forced paths are returned; scanning is best effort.
-    pub fn scan(&mut self) -> Result<Vec<Libcuda>, crate::probes::libcuda::LibcudaError> {
+    pub fn scan(&mut self) -> Result<Vec<Libcuda>, LibcudaError> {
         let mut out = Vec::new();
-        if let Some(forced) = self.forced.take() {
-            for p in &forced {
-                let lib = Libcuda::open(p)?;
-                if self.files.insert((lib.dev, lib.ino)) {
-                    out.push(lib);
+        if let Some(forced) = &self.forced {
+            for p in forced {
+                match Libcuda::open(p) {
+                    Ok(lib) => {
+                        if self.files.insert((lib.dev, lib.ino)) {
+                            out.push(lib);
+                        }
+                    }
+                    // A named driver that is not there yet (an idle node, a
+                    // driver container still installing) is looked for
+                    // again at every rescan; the daemon is ready meanwhile.
+                    Err(LibcudaError::Read { ref source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        if self.missing.insert(p.clone()) {
+                            tracing::warn!("{} is not there yet; looking again", p.display());
+                        }
+                    }
+                    Err(e) => return Err(e),
                 }
             }
-            self.forced = Some(Vec::new());
-            return Ok(out);
-        }
-        if self.forced.is_some() {
             return Ok(out);
         }
         if !self.host_done {
@@ -242,5 +255,16 @@ mod tests {
         let got = w.scan().unwrap();
         assert_eq!(got.len(), 1, "same inode twice");
         assert!(w.scan().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_forced_path_that_is_not_there_yet_is_found_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("libcuda.so.1");
+        let mut w = LibWatch::new(Procfs::at(dir.path()), vec![lib.clone()]);
+        assert!(w.scan().unwrap().is_empty(), "missing: nothing, no error");
+        std::fs::write(&lib, b"x").unwrap();
+        assert_eq!(w.scan().unwrap().len(), 1, "found at the next scan");
+        assert!(w.scan().unwrap().is_empty(), "and only once");
     }
 }

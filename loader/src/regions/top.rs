@@ -26,6 +26,10 @@ pub struct RowProcess {
 pub struct Row {
     /// HAMi's `<podUID>_<ctrName>` directory, when so named.
     pub pod_uid: Option<String>,
+    /// `<namespace>/<pod>` of `pod_uid`, when the kubelet's pod log
+    /// directory names it (as in the daemon's metric labels).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
     pub container: Option<String>,
     pub region: String,
     pub device: usize,
@@ -146,6 +150,7 @@ pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
                 .map(|(_, p)| *p);
             out.push(Row {
                 pod_uid: s.pod_uid.clone(),
+                pod: None,
                 container: s.container.clone(),
                 region: s.path.display().to_string(),
                 device: d.index,
@@ -179,10 +184,11 @@ fn kind_name(k: &super::summary::FindingKind) -> String {
 }
 
 impl Row {
+    /// `<namespace>/<pod>/<container>` when the pod is known, else
     /// `<podUID>/<container>`, else the region path.
     pub fn name(&self) -> String {
-        match (&self.pod_uid, &self.container) {
-            (Some(p), Some(c)) => format!("{p}/{c}"),
+        match (&self.pod, &self.pod_uid, &self.container) {
+            (Some(p), _, Some(c)) | (None, Some(p), Some(c)) => format!("{p}/{c}"),
             _ => self.region.clone(),
         }
     }
@@ -291,6 +297,7 @@ mod tests {
     fn row(name: &str, mem: u64, sm: u64, procs: usize) -> Row {
         Row {
             pod_uid: Some(name.into()),
+            pod: None,
             container: Some("c".into()),
             region: format!("/r/{name}"),
             device: 0,
@@ -411,6 +418,14 @@ mod tests {
         assert_eq!(names(&rs), "acb");
         sort(&mut rs, SortKey::Name);
         assert_eq!(names(&rs), "abc");
+    }
+
+    #[test]
+    fn a_known_pod_is_named_instead_of_its_uid() {
+        let mut r = row("0f9c1d2e", 0, 0, 0);
+        assert_eq!(r.name(), "0f9c1d2e/c");
+        r.pod = Some("ml-team/trainer".into());
+        assert_eq!(r.name(), "ml-team/trainer/c");
     }
 
     #[test]
