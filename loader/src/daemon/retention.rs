@@ -34,6 +34,8 @@ pub fn action_label(action: Option<&str>) -> &'static str {
     match action {
         None => "none",
         Some("restored") => "restored",
+        Some("removed") => "removed",
+        Some("demoted") => "demoted",
         Some(a) if a.starts_with("killed") => "killed",
         Some(_) => "kill_failed",
     }
@@ -51,6 +53,7 @@ pub fn known_labels() -> Vec<(Kind, &'static str)> {
             Kind::UnlimitedProcess | Kind::PrivateRegion | Kind::OverLimit => {
                 &["none", "killed", "kill_failed"]
             }
+            Kind::NodeTableForged => &["removed", "demoted"],
         };
         v.extend(actions.iter().map(|a| (k, *a)));
     }
