@@ -148,7 +148,8 @@ fn phantom(tables: Vec<PathBuf>, stop: Arc<AtomicBool>) -> std::thread::JoinHand
     m[24..32].copy_from_slice(&now.to_le_bytes());
     m[32..40].copy_from_slice(&(now + 50_000_000).to_le_bytes());
     for f in &files {
-        f.write_all_at(&m, member_at(31)).expect("write the phantom");
+        f.write_all_at(&m, member_at(31))
+            .expect("write the phantom");
     }
     std::thread::spawn(move || {
         while !stop.load(SeqCst) {
@@ -254,7 +255,10 @@ fn a_container_claiming_a_higher_priority_than_its_spec_is_demoted() {
     let daemon = start_daemon(&fx, &gpu);
     let region = fx.region("prio");
     let id = container_id(7);
-    let uid = format!("0000abcd-1234-4abc-8def-{:012x}", now_ns() & 0xffff_ffff_ffff);
+    let uid = format!(
+        "0000abcd-1234-4abc-8def-{:012x}",
+        now_ns() & 0xffff_ffff_ffff
+    );
     let cg = Cgroup::create(&format!("vgpu-test/kubepods/burstable/pod{uid}/{id}"));
     let bundle = fx.path("runtime/k8s.io").join(&id);
     std::fs::create_dir_all(&bundle).expect("bundle");
@@ -286,7 +290,12 @@ fn a_container_claiming_a_higher_priority_than_its_spec_is_demoted() {
         ("CUDA_TASK_PRIORITY", OsStr::new("0")),
         ("GPU_CORE_UTILIZATION_POLICY", OsStr::new("force")),
     ]);
-    let argv = [exe.as_os_str(), OsStr::new("kernel"), OsStr::new("busy_200us"), OsStr::new("8")];
+    let argv = [
+        exe.as_os_str(),
+        OsStr::new("kernel"),
+        OsStr::new("busy_200us"),
+        OsStr::new("8"),
+    ];
     let _proc = cg.spawn(&argv, &all);
 
     // The container's id in the node table is the one in its sidecar.

@@ -310,7 +310,14 @@ fn write_if_owner(
     Ok(true)
 }
 
-fn finding(path: &Path, identity: Option<&Identity>, pid: u32, message: String, action: &str, now_ms: u64) -> Finding {
+fn finding(
+    path: &Path,
+    identity: Option<&Identity>,
+    pid: u32,
+    message: String,
+    action: &str,
+    now_ms: u64,
+) -> Finding {
     let id = identity.cloned().unwrap_or_default();
     Finding {
         kind: Kind::NodeTableForged,
@@ -372,7 +379,10 @@ mod tests {
         assert_eq!(spec_priority(&env(&["CUDA_TASK_PRIORITY=0"])), 0);
         assert_eq!(spec_priority(&env(&["A=1", "CUDA_TASK_PRIORITY= 3"])), 3);
         assert_eq!(spec_priority(&env(&["A=1"])), DEFAULT_PRIORITY);
-        assert_eq!(spec_priority(&env(&["CUDA_TASK_PRIORITY=high"])), DEFAULT_PRIORITY);
+        assert_eq!(
+            spec_priority(&env(&["CUDA_TASK_PRIORITY=high"])),
+            DEFAULT_PRIORITY
+        );
     }
 
     #[test]
@@ -386,6 +396,62 @@ mod tests {
         assert_eq!(
             offset_of!(vgpu_common::sidecar::SmShared, container) as u64,
             SIDECAR_ID_AT
+        );
+    }
+
+    /// A table whose member 2 is container `owner` at `rank`.
+    fn table_bytes(owner: u64, rank: u32) -> Vec<u8> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let t = vgpu_common::node::NodeFile::default();
+        t.init_or_check().unwrap();
+        t.members[2].owner.store(owner, Relaxed);
+        t.members[2].rank.store(rank, Relaxed);
+        // SAFETY: `NodeFile` is `TABLE_SIZE` bytes of plain atomics, no
+        // padding (its layout asserts), so every byte is initialised.
+        let b = unsafe {
+            std::slice::from_raw_parts(
+                &t as *const vgpu_common::node::NodeFile as *const u8,
+                TABLE_SIZE,
+            )
+        };
+        b.to_vec()
+    }
+
+    /// A member nobody vouches for survives one scan (the grace for a
+    /// process not tracked yet) and is removed at the next, with a
+    /// finding; a file that is not a table is left alone.
+    #[test]
+    fn an_unvouched_member_is_removed_at_the_second_scan() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("vgpu-sm-GPU-1");
+        std::fs::write(&p, table_bytes(0x5eed, 1)).unwrap();
+        std::fs::write(dir.path().join("vgpu-sm-GPU-2"), b"junk").unwrap();
+        let mut t = NodeTables::new(dir.path().to_owned(), Vec::new(), Procfs::default());
+        let at = (MEMBERS_AT + MEMBER_SIZE * 2) as usize;
+        assert!(t.scan(&[], 1).is_empty());
+        assert_eq!(
+            &std::fs::read(&p).unwrap()[at..at + 8],
+            &0x5eedu64.to_le_bytes()
+        );
+        let out = t.scan(&[], 2);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert_eq!(out[0].kind, Kind::NodeTableForged);
+        assert_eq!(out[0].action.as_deref(), Some("removed"));
+        assert!(
+            out[0].message.contains("0000000000005eed"),
+            "{}",
+            out[0].message
+        );
+        assert_eq!(&std::fs::read(&p).unwrap()[at..at + 8], &[0u8; 8]);
+        assert!(t.scan(&[], 3).is_empty());
+        // A member that left between the scans is not removed later.
+        std::fs::write(&p, table_bytes(0x77, 1)).unwrap();
+        assert!(t.scan(&[], 4).is_empty());
+        std::fs::write(&p, table_bytes(0x78, 1)).unwrap();
+        assert!(t.scan(&[], 5).is_empty());
+        assert_eq!(
+            &std::fs::read(&p).unwrap()[at..at + 8],
+            &0x78u64.to_le_bytes()
         );
     }
 

@@ -342,6 +342,8 @@ mod tests {
         assert_eq!(action_label(Some("restored")), "restored");
         assert_eq!(action_label(Some("killed host pid 5")), "killed");
         assert_eq!(action_label(Some("not killed: gone")), "kill_failed");
-        assert_eq!(known_labels().len(), 13);
+        assert_eq!(action_label(Some("removed")), "removed");
+        assert_eq!(action_label(Some("demoted")), "demoted");
+        assert_eq!(known_labels().len(), 15);
     }
 }
