@@ -536,10 +536,15 @@ impl Observer {
 
     /// Removes and demotes forged node-table members (see [`NodeTables`]):
     /// the regions live tracked processes hold slots in vouch for them.
+    /// Without the host's PIDs the daemon tracks nobody, so every member
+    /// would look forged: nothing is judged.
     fn check_node_tables(&mut self, now_ms: u64) -> Vec<Finding> {
         let Some(tables) = self.node_tables.as_mut() else {
             return Vec::new();
         };
+        if self.settings.host_pids.is_err() {
+            return Vec::new();
+        }
         let empty = Identity::default();
         let holders: Vec<Holder<'_>> = self
             .procs
