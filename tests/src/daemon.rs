@@ -91,7 +91,8 @@ impl Workdir {
     /// Starts `vgpu -v daemon` probing this directory's own libcuda only,
     /// on a free loopback port, logging to `daemon.log` here, with `state`
     /// as its state directory, `regions_root` as HAMi's containers
-    /// directory, `extra` arguments and the simulator's environment.
+    /// directory, `node/` here as its node directory unless `extra` names
+    /// one, `extra` arguments and the simulator's environment.
     pub fn start_daemon(
         &self,
         gpu: &SimGpu,
@@ -110,9 +111,12 @@ impl Workdir {
             .arg("--state-dir")
             .arg(state)
             .arg("--regions-root")
-            .arg(regions_root)
-            .args(extra)
-            .envs(self.envs(gpu));
+            .arg(regions_root);
+        // Never the machine's own /tmp/vgpulock: other tests' tables.
+        if !extra.contains(&"--node-dir") {
+            cmd.arg("--node-dir").arg(self.path("node"));
+        }
+        cmd.args(extra).envs(self.envs(gpu));
         Running::start(cmd, port, self.path("daemon.log"))
     }
 }

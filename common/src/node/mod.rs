@@ -234,12 +234,16 @@ impl Member {
         wants != 0 && now.saturating_sub(wants) <= ns
     }
 
-    /// Sets the container's priority (`None`: none stated).
+    /// States the container's priority (`None`: none stated). A stated
+    /// rank is only ever lowered, never raised: the daemon lowers a rank
+    /// above the container's runtime spec (`vgpu daemon`'s node-table
+    /// check), and the container's own processes must not undo that at
+    /// their next re-plan. A member taken over starts unstated (`join`).
     pub fn set_priority(&self, priority: Option<i32>) {
         let r = priority.map_or(0, |p| p.clamp(0, 1_000) as u32 + 1);
-        if self.rank.load(Relaxed) != r {
-            self.rank.store(r, Relaxed);
-        }
+        let _ = self.rank.fetch_update(Relaxed, Relaxed, |cur| {
+            (cur != r && (cur == 0 || r > cur)).then_some(r)
+        });
     }
 
     /// Notes `cost_ns` of work queued at `now`: it drains at
@@ -380,6 +384,13 @@ mod tests {
         old.touch(now, 0);
         let (rs, rt) = (service.rank.load(Relaxed), trainer.rank.load(Relaxed));
         assert_eq!((rs, rt), (1, 2));
+        // A stated priority is never raised again (a demotion by the daemon
+        // stays), only lowered.
+        trainer.set_priority(Some(0));
+        assert_eq!(trainer.rank.load(Relaxed), 2);
+        trainer.set_priority(Some(3));
+        assert_eq!(trainer.rank.load(Relaxed), 4);
+        trainer.rank.store(2, Relaxed);
         assert_eq!(t.higher(2, rt, now, 1_000), 0b1);
         // Nothing is above the service; a member without a stated priority
         // (a version-1 file) neither yields nor is yielded to.

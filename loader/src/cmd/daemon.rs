@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 use vgpu_common::event::sizes;
-use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
+use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR, VGPULOCK_DIR};
 
 use super::bounds::{number, seconds};
 use crate::daemon::check::{Thresholds, MIB};
@@ -92,6 +92,13 @@ pub struct Args {
     /// Directory of the state file (findings.json).
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
     state_dir: PathBuf,
+
+    /// The host path of the node directory shared by every container
+    /// (HAMi mounts this host directory at /tmp/vgpulock in each): its SM
+    /// tables are validated, members no live container vouches for removed
+    /// and priorities above a container's runtime spec lowered.
+    #[arg(long, value_name = "DIR", default_value = VGPULOCK_DIR)]
+    node_dir: PathBuf,
 
     /// HAMi's per-container region directory, also exported when present.
     #[arg(long, value_name = "DIR", default_value = CONTAINERS_DIR)]
@@ -236,6 +243,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
         }),
         host_pids: host_pids.clone(),
         findings_retention: secs(args.findings_retention, 0.0),
+        node_dir: Some(args.node_dir.clone()),
     };
     let libs = LibWatch::new(Procfs::default(), args.libcuda.clone());
     let mut obs = Observer::new(settings, probes, libs, nvml);

@@ -8,7 +8,8 @@
 //! - [`check`] decides when usage escaped the hook, [`findings`] records it,
 //!   [`retention`] keeps it once resolved and counts violations;
 //! - [`integrity`] knows each container's limits and reports and acts on
-//!   tampering;
+//!   tampering; [`node_table`] removes and demotes forged members of the
+//!   node's SM tables;
 //! - [`nvml`] samples the driver's own view, [`utilization`] turns its
 //!   per-process samples into each container's utilization;
 //! - [`observer`] ties them together, polled by `cmd/daemon.rs`;
@@ -28,6 +29,7 @@ pub mod integrity;
 pub mod launches;
 pub mod libs;
 pub mod metrics;
+pub mod node_table;
 pub mod nvml;
 pub mod observer;
 pub mod pods;

@@ -20,6 +20,7 @@ use super::integrity::{self, Integrity, ProcInput};
 use super::launches::Ledger;
 use super::libs::LibWatch;
 use super::metrics::{self, Counters, Snapshot};
+use super::node_table::{Holder, NodeTables};
 use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
 use super::procfs::{ProcIdentity, Procfs};
@@ -84,6 +85,9 @@ pub struct Settings {
     pub host_pids: Result<(), NotHost>,
     /// How long a resolved finding stays published.
     pub findings_retention: Duration,
+    /// The host path of the node directory whose tables are validated
+    /// (`None`: not validated).
+    pub node_dir: Option<PathBuf>,
 }
 
 /// One process the daemon knows.
@@ -161,6 +165,7 @@ pub struct Observer {
     launches: Ledger,
     retention: Retention,
     dead_slots: region_view::DeadSlots,
+    node_tables: Option<NodeTables>,
 }
 
 impl Observer {
@@ -177,7 +182,12 @@ impl Observer {
         let counters = Counters::default();
         let retention = Retention::new(settings.findings_retention, counters.violations.clone());
         let reclaimer = Reclaimer::new(settings.host_pids.clone());
+        let node_tables = settings.node_dir.clone().map(|d| {
+            let specs = settings.integrity.as_ref().map(|c| c.specs.clone());
+            NodeTables::new(d, specs.unwrap_or_default(), Procfs::default())
+        });
         Self {
+            node_tables,
             pods: PodNames::new(settings.pods_log_dir.clone()),
             settings,
             probes,
@@ -426,6 +436,7 @@ impl Observer {
         let mut untracked: Vec<_> = untracked.into_iter().collect();
         untracked.sort();
         out.extend(self.check_integrity(nv.as_ref(), now_ms));
+        out.extend(self.check_node_tables(now_ms));
         let published = self.retention.update(&out, now_ms);
         let snap = Snapshot {
             regions: views.regions,
@@ -521,6 +532,34 @@ impl Observer {
             }
             None => Vec::new(),
         }
+    }
+
+    /// Removes and demotes forged node-table members (see [`NodeTables`]):
+    /// the regions live tracked processes hold slots in vouch for them.
+    /// Without the host's PIDs the daemon tracks nobody, so every member
+    /// would look forged: nothing is judged.
+    fn check_node_tables(&mut self, now_ms: u64) -> Vec<Finding> {
+        let Some(tables) = self.node_tables.as_mut() else {
+            return Vec::new();
+        };
+        if self.settings.host_pids.is_err() {
+            return Vec::new();
+        }
+        let empty = Identity::default();
+        let holders: Vec<Holder<'_>> = self
+            .procs
+            .iter()
+            .filter_map(|(&pid, p)| {
+                let open = self.cache.get(&p.slot?.region)?;
+                Some(Holder {
+                    pid,
+                    identity: p.identity.as_ref().unwrap_or(&empty),
+                    region: &open.shown_path,
+                    on_host: open.owner.is_some(),
+                })
+            })
+            .collect();
+        tables.scan(&holders, now_ms)
     }
 
     /// Processes NVML lists that the probes never saw (a libcuda we do not

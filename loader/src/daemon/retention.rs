@@ -34,6 +34,8 @@ pub fn action_label(action: Option<&str>) -> &'static str {
     match action {
         None => "none",
         Some("restored") => "restored",
+        Some("removed") => "removed",
+        Some("demoted") => "demoted",
         Some(a) if a.starts_with("killed") => "killed",
         Some(_) => "kill_failed",
     }
@@ -51,6 +53,7 @@ pub fn known_labels() -> Vec<(Kind, &'static str)> {
             Kind::UnlimitedProcess | Kind::PrivateRegion | Kind::OverLimit => {
                 &["none", "killed", "kill_failed"]
             }
+            Kind::NodeTableForged => &["removed", "demoted"],
         };
         v.extend(actions.iter().map(|a| (k, *a)));
     }
@@ -339,6 +342,8 @@ mod tests {
         assert_eq!(action_label(Some("restored")), "restored");
         assert_eq!(action_label(Some("killed host pid 5")), "killed");
         assert_eq!(action_label(Some("not killed: gone")), "kill_failed");
-        assert_eq!(known_labels().len(), 13);
+        assert_eq!(action_label(Some("removed")), "removed");
+        assert_eq!(action_label(Some("demoted")), "demoted");
+        assert_eq!(known_labels().len(), 15);
     }
 }

@@ -205,6 +205,19 @@ pub fn open_in_process(
     Ok(RegionIo::new(file, path, access == Access::ReadWrite)?)
 }
 
+/// The file `path` as process `proc_dir` (`/proc/<pid>`) names it, resolved
+/// like [`open_in_process`]: a file next to the region (its `.sm`
+/// sidecar), which the process's container owns.
+pub fn open_file_in_process(
+    proc_dir: &Path,
+    path: &Path,
+    access: Access,
+) -> Result<File, OpenError> {
+    let base = if path.is_absolute() { "root" } else { "cwd" };
+    let at = anchor(&proc_dir.join(base))?;
+    open_confined(&at, path, path, access)
+}
+
 /// The region at `path`, which lies under `root` (a directory the caller
 /// trusts, e.g. HAMi's container directory): no symlink and no `..` below
 /// `root` is followed.

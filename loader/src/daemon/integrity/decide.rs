@@ -46,7 +46,8 @@ pub fn plan(policy: Policy, oom_killer: bool, kind: Kind) -> Plan {
             restore: false,
             kill,
         },
-        Kind::UntrackedAllocation | Kind::NoRegion => Plan::default(),
+        // The node table is repaired whatever the policy (`node_table`).
+        Kind::UntrackedAllocation | Kind::NoRegion | Kind::NodeTableForged => Plan::default(),
     }
 }
 
