@@ -37,14 +37,16 @@ const KUBERNETES_VERSIONS: [&str; 2] = ["1.29.0", "1.37.0"];
 /// directory, the cgroup mount, the kubelet's pod logs, vgpu's state, and
 /// the container runtime's state (containerd's or CRI-O's: a node has one,
 /// and the other is created empty), where each container's OCI spec says
-/// the limits its device plugin gave it.
-const HOST_PATH_ALLOWLIST: [&str; 6] = [
+/// the limits its device plugin gave it, and the node's SM tables (HAMi's
+/// `/tmp/vgpulock`, created when missing).
+const HOST_PATH_ALLOWLIST: [&str; 7] = [
     "/usr/local/vgpu",
     "/sys/fs/cgroup",
     "/var/log/pods",
     "/run/vgpu",
     "/run/containerd/io.containerd.runtime.v2.task",
     "/run/containers/storage/overlay-containers",
+    "/tmp/vgpulock",
 ];
 
 fn read_docs(path: &Path) -> Vec<Value> {
@@ -600,6 +602,7 @@ fn every_host_path_the_code_uses_is_mounted_at_the_same_path() {
             paths::PODS_LOG_DIR,
             paths::CONTAINERD_TASKS_DIR,
             paths::CRIO_CONTAINERS_DIR,
+            paths::VGPULOCK_DIR,
         ] {
             let host = host_path_of(&ds, daemon, p).unwrap_or_else(|| panic!("{p} not mounted"));
             assert_eq!(host, p, "{p} must be the same path on the host");
