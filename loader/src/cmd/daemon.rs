@@ -102,6 +102,12 @@ pub struct Args {
     #[arg(long, value_name = "NAME", env = "NODE_NAME", default_value = "")]
     node_name: String,
 
+    /// Also export HAMi 2.5–2.8's series (HostGPUMemoryUsage,
+    /// vGPU_device_memory_usage_in_bytes, ... with their label names), for
+    /// the dashboards of those versions; HAMi v2.10's flag.
+    #[arg(long)]
+    legacy_metrics: bool,
+
     /// Seconds between cross-check scans (findings, metrics).
     #[arg(long, value_name = "SECS", default_value_t = 0.5)]
     interval: f64,
@@ -225,6 +231,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
         regions_root: Some(args.regions_root.clone()),
         pods_log_dir: args.pods_log_dir.clone(),
         node: args.node_name.clone(),
+        legacy_metrics: args.legacy_metrics,
         integrity: Some(IntegrityConfig {
             specs: args.runtime_spec.clone(),
             state_dir: args.state_dir.clone(),

@@ -35,6 +35,8 @@ pub struct RegionDevice {
     pub context: u64,
     pub module: u64,
     pub data: u64,
+    /// Summed slot `offset`s (HAMi's monitor exports them as a label).
+    pub offset: u64,
     pub sm_util: u64,
     /// Kernel and graph launches the container's processes counted
     /// (monotonic: `launches::Ledger`).
@@ -85,6 +87,8 @@ pub struct Snapshot<'a> {
     pub now_unix: u64,
     /// This node's name for HAMi's `node` label of host series (empty: left out).
     pub node: &'a str,
+    /// Also export HAMi 2.5–2.8's series ([`super::legacy_metrics`]).
+    pub legacy: bool,
 }
 
 /// Counters that accumulate over the daemon's life.
@@ -198,10 +202,14 @@ impl EncodeLabelSet for Series {
     }
 }
 
-/// Renders the snapshot and the counters as Prometheus (OpenMetrics) text.
+/// Renders the snapshot and the counters as OpenMetrics text
+/// (`super::exposition` derives the classic text format from it).
 pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let mut reg = Registry::default();
     let hami = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
+    if s.legacy {
+        super::legacy_metrics::register(hami, s);
+    }
 
     let vused = Family::<Series, GaugeU>::default();
     let vlimit = Family::<Series, GaugeU>::default();
@@ -301,6 +309,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
 
     let hused = Family::<Labels, GaugeU>::default();
     let hutil = Family::<Labels, GaugeF>::default();
+    let hmemutil = Family::<Labels, GaugeF>::default();
     for d in &s.host {
         let mut l = Vec::new();
         if !s.node.is_empty() {
@@ -315,6 +324,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         if let Some(u) = d.utilization {
             hutil.get_or_create(&l).set(f64::from(u));
         }
+        if let Some(u) = d.memory_utilization {
+            // HAMi's series has no `node` label.
+            let from = usize::from(!s.node.is_empty());
+            hmemutil.get_or_create(&l[from..].to_vec()).set(f64::from(u));
+        }
     }
     hami.register(
         "hami_host_gpu_memory_used_bytes",
@@ -325,6 +339,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "hami_host_gpu_utilization_ratio",
         "GPU utilization percent (NVML)",
         hutil,
+    );
+    hami.register(
+        "hami_host_gpu_memory_controller_utilization_ratio",
+        "GPU memory controller utilization percent (NVML)",
+        hmemutil,
     );
 
     let untracked = Family::<Labels, GaugeU>::default();
