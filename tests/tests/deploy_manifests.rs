@@ -543,7 +543,9 @@ fn images_in(v: &Value, out: &mut Vec<String>) {
 /// image before the overlay's entry could match it).
 #[test]
 fn the_overlays_image_entry_sets_every_container() {
-    let status = Command::new("kubectl").args(["version", "--client"]).output();
+    let status = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output();
     assert!(
         status.is_ok_and(|o| o.status.success()),
         "kubectl (with kustomize) is needed to render the overlays"
@@ -572,7 +574,11 @@ fn the_overlays_image_entry_sets_every_container() {
             .arg(copy.join("overlays").join(o))
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut found = Vec::new();
         for d in serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout)) {
             images_in(&Value::deserialize(d).unwrap(), &mut found);

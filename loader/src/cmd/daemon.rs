@@ -104,8 +104,8 @@ pub struct Args {
 
     /// Also export HAMi 2.5–2.8's series (HostGPUMemoryUsage,
     /// vGPU_device_memory_usage_in_bytes, ... with their label names), for
-    /// the dashboards of those versions; HAMi v2.10's flag.
-    #[arg(long)]
+    /// the dashboards of those versions; HAMi v2.10's flag. Off by default.
+    #[arg(long, env = "VGPU_LEGACY_METRICS")]
     legacy_metrics: bool,
 
     /// Seconds between cross-check scans (findings, metrics).

@@ -71,7 +71,9 @@ pub fn classic(om: &str) -> String {
             let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
             let (family, ty) = classic_family(name, ty);
             match help.take() {
-                Some((n, text)) if n == name => push_line(&mut out, &["# HELP ", &family, " ", text]),
+                Some((n, text)) if n == name => {
+                    push_line(&mut out, &["# HELP ", &family, " ", text])
+                }
                 other => {
                     help = other;
                     flush(&mut out, &mut help);
@@ -182,7 +184,10 @@ mod tests {
             (Some("text/plain"), Classic),
             (Some("text/plain;version=0.0.4"), Classic),
             (Some("application/openmetrics-text"), OpenMetrics),
-            (Some("application/openmetrics-text; version=1.0.0"), OpenMetrics),
+            (
+                Some("application/openmetrics-text; version=1.0.0"),
+                OpenMetrics,
+            ),
             // Prometheus 2.x's default scrape header.
             (
                 Some(
@@ -201,11 +206,26 @@ mod tests {
             ),
             (Some("application/openmetrics-text;q=0, */*"), Classic),
             (Some("application/openmetrics-text;version=2.0.0"), Classic),
-            (Some("text/plain;q=0.2, application/openmetrics-text;q=0.3"), OpenMetrics),
-            (Some("*/*;q=0.9, application/openmetrics-text;q=0.9"), OpenMetrics),
-            (Some("application/openmetrics-text;q=0.9, text/plain;q=0.9"), OpenMetrics),
-            (Some("text/plain;q=0.9, application/openmetrics-text;q=0.9"), Classic),
-            (Some("application/openmetrics-text;q=1.5, text/plain;q=0.1"), Classic),
+            (
+                Some("text/plain;q=0.2, application/openmetrics-text;q=0.3"),
+                OpenMetrics,
+            ),
+            (
+                Some("*/*;q=0.9, application/openmetrics-text;q=0.9"),
+                OpenMetrics,
+            ),
+            (
+                Some("application/openmetrics-text;q=0.9, text/plain;q=0.9"),
+                OpenMetrics,
+            ),
+            (
+                Some("text/plain;q=0.9, application/openmetrics-text;q=0.9"),
+                Classic,
+            ),
+            (
+                Some("application/openmetrics-text;q=1.5, text/plain;q=0.1"),
+                Classic,
+            ),
             (Some("application/json"), Classic),
         ] {
             assert_eq!(negotiate(accept), want, "{accept:?}");

@@ -149,8 +149,16 @@ pub fn register(reg: &mut Registry, s: &Snapshot<'_>) {
             desc.get_or_create(&l).0.store(d.total, Relaxed);
         }
     }
-    reg.register("vGPU_device_memory_usage_in_bytes", "vGPU device usage", used);
-    reg.register("vGPU_device_memory_limit_in_bytes", "vGPU device limit", limit);
+    reg.register(
+        "vGPU_device_memory_usage_in_bytes",
+        "vGPU device usage",
+        used,
+    );
+    reg.register(
+        "vGPU_device_memory_limit_in_bytes",
+        "vGPU device limit",
+        limit,
+    );
     reg.register(
         UNSUFFIXED_COUNTERS[0],
         "Container device memory description",

@@ -327,7 +327,9 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         if let Some(u) = d.memory_utilization {
             // HAMi's series has no `node` label.
             let from = usize::from(!s.node.is_empty());
-            hmemutil.get_or_create(&l[from..].to_vec()).set(f64::from(u));
+            hmemutil
+                .get_or_create(&l[from..].to_vec())
+                .set(f64::from(u));
         }
     }
     hami.register(
@@ -531,6 +533,61 @@ mod tests {
         assert_eq!(
             value("hami_vgpu_memory_used_bytes{").as_deref(),
             Some("9223372036854775808")
+        );
+    }
+
+    #[test]
+    fn legacy_series_only_with_the_flag_and_the_memory_controller_ratio_without_node() {
+        let mut s = Snapshot {
+            regions: vec![RegionView {
+                labels: vec![
+                    ("namespace".into(), "ns".into()),
+                    ("pod".into(), "p".into()),
+                    ("container".into(), "c".into()),
+                ],
+                devices: vec![RegionDevice {
+                    uuid: "GPU-x".into(),
+                    total: 600,
+                    context: 500,
+                    module: 7,
+                    data: 93,
+                    ..RegionDevice::default()
+                }],
+                last_kernel_time: 0,
+                dead_slots: 0,
+            }],
+            host: vec![DeviceSample {
+                uuid: "GPU-x".into(),
+                device_type: "NVIDIA-Sim".into(),
+                memory_used: 9,
+                utilization: Some(40),
+                memory_utilization: Some(20),
+                ..DeviceSample::default()
+            }],
+            node: "n1",
+            ..Snapshot::default()
+        };
+        let text = render(&s, &Counters::default());
+        assert!(
+            !text.contains("vGPU_device") && !text.contains("Host"),
+            "{text}"
+        );
+        assert!(text.lines().any(|l| l
+            == r#"hami_host_gpu_memory_controller_utilization_ratio{zone="vGPU",device_index="0",device_uuid="GPU-x",device_type="NVIDIA-Sim"} 20.0"#));
+        s.legacy = true;
+        let text = render(&s, &Counters::default());
+        for line in [
+            r#"HostGPUMemoryUsage{zone="vGPU",deviceidx="0",deviceuuid="GPU-x",devicetype="NVIDIA-Sim"} 9"#,
+            r#"HostCoreUtilization{zone="vGPU",deviceidx="0",deviceuuid="GPU-x",devicetype="NVIDIA-Sim"} 40"#,
+            r#"vGPU_device_memory_usage_in_bytes{zone="vGPU",podnamespace="ns",podname="p",ctrname="c",vdeviceid="0",deviceuuid="GPU-x"} 600"#,
+            r#"Device_memory_desc_of_container{zone="vGPU",podnamespace="ns",podname="p",ctrname="c",vdeviceid="0",deviceuuid="GPU-x",context="500",module="7",data="93",offset="0"} 600"#,
+            "# TYPE Device_memory_desc_of_container unknown",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        assert!(
+            !text.contains("Device_last_kernel_of_container{"),
+            "never launched"
         );
     }
 

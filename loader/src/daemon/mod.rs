@@ -22,11 +22,11 @@
 //! See docs/daemon.md.
 
 pub mod check;
+pub mod exposition;
 pub mod findings;
 pub mod hostpid;
 pub mod http;
 pub mod identity;
-pub mod exposition;
 pub mod integrity;
 pub mod launches;
 pub mod legacy_metrics;

@@ -7,18 +7,17 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-
 use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::check::{excess, Observation, Streaks, Thresholds};
+use super::exposition::Exposition;
 use super::findings::{self, Finding, Kind, Subject};
 use super::hostpid::{self, Miss, SlotRef};
 use super::identity::{Identities, Identity};
 use super::integrity::{self, Integrity, ProcInput};
 use super::launches::Ledger;
 use super::libs::LibWatch;
-use super::exposition::Exposition;
 use super::metrics::{self, Counters, Snapshot};
 use super::nvml::{DeviceSample, NvmlView, Sample};
 use super::pods::PodNames;
