@@ -568,8 +568,16 @@ mod tests {
             ..Snapshot::default()
         };
         let text = render(&s, &Counters::default());
+        let legacy = [
+            "HostGPUMemoryUsage",
+            "HostCoreUtilization",
+            "vGPU_",
+            "Device_",
+        ];
         assert!(
-            !text.contains("vGPU_device") && !text.contains("Host"),
+            !text
+                .lines()
+                .any(|l| legacy.iter().any(|n| l.starts_with(n))),
             "{text}"
         );
         assert!(text.lines().any(|l| l
