@@ -523,20 +523,31 @@ fn node() -> Node {
 impl Node {
     /// The daemon with `extra` arguments, once it names the pod.
     fn daemon(&self, extra: &[&str]) -> Running {
-        let pods = self.work.path("pods");
-        let mut args = vec![
-            "--pods-log-dir",
-            pods.to_str().unwrap(),
-            "--node-name",
-            "gpu-node-1",
-        ];
-        args.extend_from_slice(extra);
-        let d = self.work.start_daemon(
-            &self.gpu,
-            &self.work.path("state"),
-            &self.work.path("containers"),
-            &args,
-        );
+        self.daemon_with_env(extra, &[])
+    }
+
+    /// The daemon with `extra` arguments and `env` added to the
+    /// simulator's environment, once it names the pod.
+    fn daemon_with_env(&self, extra: &[&str], env: &[(&str, &str)]) -> Running {
+        let port = vgpu_tests::http::free_port();
+        let mut cmd = Command::new(dist::vgpu_bin());
+        cmd.arg("-v")
+            .arg("daemon")
+            .arg("--libcuda")
+            .arg(self.work.libcuda())
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--state-dir")
+            .arg(self.work.path("state"))
+            .arg("--regions-root")
+            .arg(self.work.path("containers"))
+            .arg("--pods-log-dir")
+            .arg(self.work.path("pods"))
+            .args(["--node-name", "gpu-node-1"])
+            .args(extra)
+            .envs(self.work.envs(&self.gpu))
+            .envs(env.iter().copied());
+        let d = Running::start(cmd, port, self.work.path(&format!("daemon-{port}.log")));
         let t = Instant::now();
         while !scrape(d.port, None).1.contains(&format!("pod=\"{POD}\"")) {
             assert!(t.elapsed() < Duration::from_secs(10), "pod never named");
@@ -722,5 +733,38 @@ fn the_accept_header_picks_the_format() {
             Fmt::Classic
         };
         parse(&body, fmt).unwrap_or_else(|e| panic!("{accept:?}: {e}\n{body}"));
+    }
+}
+
+#[test]
+fn the_hami_overlay_turns_them_on() {
+    // The environment the hami overlay gives the daemon container.
+    let patch = std::fs::read_to_string(
+        dist::workspace_root().join("deploy/overlays/hami/install-hook.yaml"),
+    )
+    .unwrap();
+    let patch: serde_yaml::Value = serde_yaml::from_str(&patch).unwrap();
+    let daemon = patch["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "daemon")
+        .expect("the overlay patches the daemon container");
+    let env: Vec<(&str, &str)> = daemon["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
+        .collect();
+    assert!(!env.is_empty());
+    let n = node();
+    let d = n.daemon_with_env(&[], &env);
+    let (_, classic) = both(d.port);
+    for (name, _) in HAMI_2_8 {
+        assert_eq!(
+            samples(&classic, name).is_empty(),
+            NOT_EXPORTED.contains(&name),
+            "{name} with the overlay's environment {env:?}"
+        );
     }
 }
