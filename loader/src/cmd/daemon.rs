@@ -104,7 +104,7 @@ pub struct Args {
 
     /// Also export HAMi 2.5–2.8's series (HostGPUMemoryUsage,
     /// vGPU_device_memory_usage_in_bytes, ... with their label names), for
-    /// the dashboards of those versions; HAMi v2.10's flag. Off by default.
+    /// the dashboards of those versions; HAMi 2.9+'s flag. Off by default.
     #[arg(long, env = "VGPU_LEGACY_METRICS")]
     legacy_metrics: bool,
 

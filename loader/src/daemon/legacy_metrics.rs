@@ -1,5 +1,5 @@
 //! HAMi 2.5–2.8's vGPU monitor series (`vgpu daemon --legacy-metrics`, the
-//! flag HAMi v2.10 keeps them behind), for the dashboards that query their
+//! flag HAMi 2.9 and 2.10 keep them behind), for the dashboards that query their
 //! names: the same data as the `hami_*` series, under the names and label
 //! sets of those versions' `cmd/vGPUmonitor/metrics.go`. They go into the
 //! registry that adds `zone="vGPU"`, as HAMi's monitor wraps its registerer.
