@@ -113,6 +113,12 @@ pub struct Args {
     #[arg(long, value_name = "NAME", env = "NODE_NAME", default_value = "")]
     node_name: String,
 
+    /// Also export HAMi 2.5–2.8's series (HostGPUMemoryUsage,
+    /// vGPU_device_memory_usage_in_bytes, ... with their label names), for
+    /// the dashboards of those versions; HAMi 2.9+'s flag. Off by default.
+    #[arg(long, env = "VGPU_LEGACY_METRICS")]
+    legacy_metrics: bool,
+
     /// Seconds between cross-check scans (findings, metrics).
     #[arg(long, value_name = "SECS", default_value_t = 0.5, value_parser = seconds(0.05, 3600.0))]
     interval: f64,
@@ -236,6 +242,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
         regions_root: Some(args.regions_root.clone()),
         pods_log_dir: args.pods_log_dir.clone(),
         node: args.node_name.clone(),
+        legacy_metrics: args.legacy_metrics,
         integrity: Some(IntegrityConfig {
             specs: args.runtime_spec.clone(),
             state_dir: args.state_dir.clone(),

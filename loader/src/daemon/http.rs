@@ -27,6 +27,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use vgpu_common::paths::{HEALTH_PATH, METRICS_PATH, READY_PATH};
 
+use super::exposition::{self, Exposition};
+
 /// Path of the findings JSON.
 pub const FINDINGS_PATH: &str = "/findings";
 /// `/healthz` fails when the poll loop has not run for this long.
@@ -49,7 +51,8 @@ pub const MAX_PER_PEER: usize = 16;
 /// What the loops publish for the endpoint.
 #[derive(Debug)]
 pub struct Published {
-    pub metrics: Bytes,
+    /// `/metrics` in both formats (the request's `Accept` picks one).
+    pub metrics: Exposition,
     pub findings: Bytes,
     /// Probes loaded and the first scan done (a libcuda found or not: the
     /// daemon is ready on a node without GPU workloads).
@@ -63,7 +66,7 @@ pub struct Published {
 impl Default for Published {
     fn default() -> Self {
         Self {
-            metrics: Bytes::new(),
+            metrics: Exposition::default(),
             findings: Bytes::from_static(b"{\"version\":1,\"findings\":[]}\n"),
             ready: false,
             not_ready: None,
@@ -217,11 +220,17 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
     };
     let plain = |code, body: &'static [u8]| text(code, Bytes::from_static(body), "text/plain");
     match req.uri().path() {
-        METRICS_PATH => text(
-            StatusCode::OK,
-            p.metrics.clone(),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
+        METRICS_PATH => {
+            let accept = req.headers().get(hyper::header::ACCEPT);
+            let format = exposition::negotiate(accept.and_then(|v| v.to_str().ok()));
+            let (body, ctype) = p.metrics.body(format);
+            let mut r = text(StatusCode::OK, body, ctype);
+            r.headers_mut().insert(
+                hyper::header::VARY,
+                hyper::header::HeaderValue::from_static("Accept"),
+            );
+            r
+        }
         READY_PATH if p.not_ready.is_some() => text(
             StatusCode::SERVICE_UNAVAILABLE,
             p.not_ready.clone().unwrap_or_default(),

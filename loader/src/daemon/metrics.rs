@@ -35,6 +35,8 @@ pub struct RegionDevice {
     pub context: u64,
     pub module: u64,
     pub data: u64,
+    /// Summed slot `offset`s (HAMi's monitor exports them as a label).
+    pub offset: u64,
     pub sm_util: u64,
     /// Kernel and graph launches the container's processes counted
     /// (monotonic: `launches::Ledger`).
@@ -85,6 +87,8 @@ pub struct Snapshot<'a> {
     pub now_unix: u64,
     /// This node's name for HAMi's `node` label of host series (empty: left out).
     pub node: &'a str,
+    /// Also export HAMi 2.5–2.8's series ([`super::legacy_metrics`]).
+    pub legacy: bool,
 }
 
 /// Counters that accumulate over the daemon's life.
@@ -198,10 +202,14 @@ impl EncodeLabelSet for Series {
     }
 }
 
-/// Renders the snapshot and the counters as Prometheus (OpenMetrics) text.
+/// Renders the snapshot and the counters as OpenMetrics text
+/// (`super::exposition` derives the classic text format from it).
 pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let mut reg = Registry::default();
     let hami = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
+    if s.legacy {
+        super::legacy_metrics::register(hami, s);
+    }
 
     let vused = Family::<Series, GaugeU>::default();
     let vlimit = Family::<Series, GaugeU>::default();
@@ -301,6 +309,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
 
     let hused = Family::<Labels, GaugeU>::default();
     let hutil = Family::<Labels, GaugeF>::default();
+    let hmemutil = Family::<Labels, GaugeF>::default();
     for d in &s.host {
         let mut l = Vec::new();
         if !s.node.is_empty() {
@@ -315,6 +324,13 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         if let Some(u) = d.utilization {
             hutil.get_or_create(&l).set(f64::from(u));
         }
+        if let Some(u) = d.memory_utilization {
+            // HAMi's series has no `node` label.
+            let from = usize::from(!s.node.is_empty());
+            hmemutil
+                .get_or_create(&l[from..].to_vec())
+                .set(f64::from(u));
+        }
     }
     hami.register(
         "hami_host_gpu_memory_used_bytes",
@@ -325,6 +341,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "hami_host_gpu_utilization_ratio",
         "GPU utilization percent (NVML)",
         hutil,
+    );
+    hami.register(
+        "hami_host_gpu_memory_controller_utilization_ratio",
+        "GPU memory controller utilization percent (NVML)",
+        hmemutil,
     );
 
     let untracked = Family::<Labels, GaugeU>::default();
@@ -512,6 +533,69 @@ mod tests {
         assert_eq!(
             value("hami_vgpu_memory_used_bytes{").as_deref(),
             Some("9223372036854775808")
+        );
+    }
+
+    #[test]
+    fn legacy_series_only_with_the_flag_and_the_memory_controller_ratio_without_node() {
+        let mut s = Snapshot {
+            regions: vec![RegionView {
+                labels: vec![
+                    ("namespace".into(), "ns".into()),
+                    ("pod".into(), "p".into()),
+                    ("container".into(), "c".into()),
+                ],
+                devices: vec![RegionDevice {
+                    uuid: "GPU-x".into(),
+                    total: 600,
+                    context: 500,
+                    module: 7,
+                    data: 93,
+                    ..RegionDevice::default()
+                }],
+                last_kernel_time: 0,
+                dead_slots: 0,
+            }],
+            host: vec![DeviceSample {
+                uuid: "GPU-x".into(),
+                device_type: "NVIDIA-Sim".into(),
+                memory_used: 9,
+                utilization: Some(40),
+                memory_utilization: Some(20),
+                ..DeviceSample::default()
+            }],
+            node: "n1",
+            ..Snapshot::default()
+        };
+        let text = render(&s, &Counters::default());
+        let legacy = [
+            "HostGPUMemoryUsage",
+            "HostCoreUtilization",
+            "vGPU_",
+            "Device_",
+        ];
+        assert!(
+            !text
+                .lines()
+                .any(|l| legacy.iter().any(|n| l.starts_with(n))),
+            "{text}"
+        );
+        assert!(text.lines().any(|l| l
+            == r#"hami_host_gpu_memory_controller_utilization_ratio{zone="vGPU",device_index="0",device_uuid="GPU-x",device_type="NVIDIA-Sim"} 20.0"#));
+        s.legacy = true;
+        let text = render(&s, &Counters::default());
+        for line in [
+            r#"HostGPUMemoryUsage{zone="vGPU",deviceidx="0",deviceuuid="GPU-x",devicetype="NVIDIA-Sim"} 9"#,
+            r#"HostCoreUtilization{zone="vGPU",deviceidx="0",deviceuuid="GPU-x",devicetype="NVIDIA-Sim"} 40"#,
+            r#"vGPU_device_memory_usage_in_bytes{zone="vGPU",podnamespace="ns",podname="p",ctrname="c",vdeviceid="0",deviceuuid="GPU-x"} 600"#,
+            r#"Device_memory_desc_of_container{zone="vGPU",podnamespace="ns",podname="p",ctrname="c",vdeviceid="0",deviceuuid="GPU-x",context="500",module="7",data="93",offset="0"} 600"#,
+            "# TYPE Device_memory_desc_of_container unknown",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        assert!(
+            !text.contains("Device_last_kernel_of_container{"),
+            "never launched"
         );
     }
 

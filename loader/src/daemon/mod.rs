@@ -16,17 +16,21 @@
 //! - [`launches`] keeps each container's launch counter monotonic;
 //! - [`metrics`] renders Prometheus text ([`region_view`] sums each region,
 //!   [`region_owner`] says whose it is from the kernel's view, [`pods`]
-//!   names the pods), [`http`] serves it.
+//!   names the pods, [`legacy_metrics`] adds HAMi 2.5–2.8's names),
+//!   [`exposition`] derives the classic text format and picks the one a
+//!   client asks for, [`http`] serves it.
 //!
 //! See docs/daemon.md.
 
 pub mod check;
+pub mod exposition;
 pub mod findings;
 pub mod hostpid;
 pub mod http;
 pub mod identity;
 pub mod integrity;
 pub mod launches;
+pub mod legacy_metrics;
 pub mod libs;
 pub mod metrics;
 pub mod node_table;

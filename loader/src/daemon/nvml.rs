@@ -18,6 +18,8 @@ pub struct DeviceSample {
     pub memory_used: u64,
     /// GPU utilization, percent.
     pub utilization: Option<u32>,
+    /// Memory controller utilization (NVML's memory rate), percent.
+    pub memory_utilization: Option<u32>,
     /// Host PID -> SM utilization percent since the previous sample (mean
     /// of NVML's samples for that PID); `None` when the query failed.
     pub process_util: Option<HashMap<u32, u32>>,
@@ -73,9 +75,14 @@ impl NvmlView {
                     .map(|n| format!("NVIDIA-{n}"))
                     .unwrap_or_default(),
                 memory_used: dev.memory_info().map_or(0, |m| m.used),
-                utilization: dev.utilization_rates().ok().map(|u| u.gpu),
+                utilization: None,
+                memory_utilization: None,
                 process_util: None,
             };
+            if let Ok(u) = dev.utilization_rates() {
+                s.utilization = Some(u.gpu);
+                s.memory_utilization = Some(u.memory);
+            }
             let now_us = unix_us();
             let since = self
                 .last_seen

@@ -7,12 +7,11 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use hyper::body::Bytes;
-
 use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::check::{excess, Observation, Streaks, Thresholds};
+use super::exposition::Exposition;
 use super::findings::{self, Finding, Kind, Subject};
 use super::hostpid::{self, Miss, SlotRef};
 use super::identity::{Identities, Identity};
@@ -79,6 +78,8 @@ pub struct Settings {
     pub pods_log_dir: PathBuf,
     /// This node's name, a label of the host GPU series (empty: none).
     pub node: String,
+    /// Also export HAMi 2.5–2.8's series (`super::legacy_metrics`).
+    pub legacy_metrics: bool,
     /// Limit integrity checks (`None`: off).
     pub integrity: Option<integrity::Config>,
     /// Whether this process sees host PIDs; if not, no slot is freed.
@@ -125,7 +126,7 @@ impl Proc {
 pub struct ScanOutput {
     /// The `/metrics` text: shared with the previous scan's when it was
     /// not rendered anew (see [`RENDER_EVERY`]).
-    pub metrics: Bytes,
+    pub metrics: Exposition,
     pub findings_json: String,
     pub findings: usize,
     /// [`super::utilization::State`] as JSON.
@@ -160,7 +161,7 @@ pub struct Observer {
     last_timing: metrics::ScanTiming,
     /// The last render: when, what it showed (a fingerprint of the regions
     /// and findings), the text.
-    rendered: Option<(Instant, u64, Bytes)>,
+    rendered: Option<(Instant, u64, Exposition)>,
     reclaimer: Reclaimer,
     launches: Ledger,
     retention: Retention,
@@ -451,13 +452,14 @@ impl Observer {
             timing: self.last_timing,
             now_unix: now_ms / 1000,
             node: &self.settings.node,
+            legacy: self.settings.legacy_metrics,
         };
         let shown = self.shown_fingerprint(&out);
         let metrics = match &self.rendered {
             Some((at, fp, text)) if *fp == shown && at.elapsed() < RENDER_EVERY => text.clone(),
             _ => {
                 let rendering = Instant::now();
-                let text = Bytes::from(metrics::render(&snap, &self.counters));
+                let text = Exposition::from_openmetrics(metrics::render(&snap, &self.counters));
                 self.last_timing = metrics::ScanTiming {
                     render: rendering.elapsed(),
                     scan: started.elapsed(),
