@@ -83,6 +83,26 @@ impl Workdir {
         self.dir.path().join("out").join(name)
     }
 
+    /// The number after `what` in test program `name`'s output file (its
+    /// marks), waiting up to `timeout` for the line.
+    pub fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
+            {
+                return v;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "{name}: no {what:?} line after {timeout:?}; its output: {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// The directory itself.
     pub fn root(&self) -> &Path {
         self.dir.path()
@@ -167,6 +187,46 @@ impl Running {
     pub fn assert_alive(&mut self) {
         if let Ok(Some(st)) = self.child.try_wait() {
             panic!("daemon exited {st}: {}", self.log_text());
+        }
+    }
+
+    /// `/findings`, which must answer 200 with JSON: when it was last
+    /// updated (Unix ms) and the list.
+    pub fn findings_at(&self) -> (u64, Vec<serde_json::Value>) {
+        let (code, body) = get(self.port, "/findings").expect("findings");
+        assert_eq!(code, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).expect("findings json");
+        (
+            v["updated_unix_ms"].as_u64().unwrap_or(0),
+            v["findings"].as_array().cloned().unwrap_or_default(),
+        )
+    }
+
+    /// The findings in `/findings`.
+    pub fn findings(&self) -> Vec<serde_json::Value> {
+        self.findings_at().1
+    }
+
+    /// The first finding `pick` accepts, polled every 20 ms up to `limit`;
+    /// panics with the list and the log if none comes (`what` names it).
+    pub fn wait_finding(
+        &self,
+        what: &str,
+        limit: Duration,
+        pick: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let list = self.findings();
+            if let Some(f) = list.iter().find(|f| pick(f)) {
+                return f.clone();
+            }
+            assert!(
+                t.elapsed() < limit,
+                "no {what} finding after {limit:?}: {list:#?}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
