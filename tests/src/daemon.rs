@@ -7,10 +7,12 @@
     reason = "test helpers panic with a message when the test machine cannot set up"
 )]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::container::{Cgroup, ContainerProcess};
 use crate::dist;
 use crate::http::get;
 use crate::sim::SimGpu;
@@ -101,6 +103,36 @@ impl Workdir {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// Starts `prog` (`daemon_prog` or a copy of it) in a new container in
+    /// `cg` under the simulator's environment, naming region `region` with a
+    /// 2 GiB limit, hooked or not, and lets it allocate 64 MiB.
+    pub fn spawn_allocating(
+        &self,
+        gpu: &SimGpu,
+        cg: &Cgroup,
+        prog: &Path,
+        name: &str,
+        region: &Path,
+        hooked: bool,
+    ) -> ContainerProcess {
+        let envs = self.envs(gpu);
+        let hook = dist::hook_lib();
+        let mut env: Vec<(&str, &OsStr)> = envs
+            .iter()
+            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
+            .collect();
+        env.push(("CUDA_DEVICE_MEMORY_SHARED_CACHE", region.as_os_str()));
+        env.push(("CUDA_DEVICE_MEMORY_LIMIT", OsStr::new("2g")));
+        if hooked {
+            env.push(("LD_PRELOAD", hook.as_os_str()));
+        }
+        let out = self.out(name);
+        let argv: Vec<&OsStr> = vec![prog.as_os_str(), out.as_os_str(), OsStr::new("64")];
+        let mut p = cg.spawn(&argv, &env);
+        p.send_line("go");
+        p
     }
 
     /// The directory itself.
