@@ -7,10 +7,12 @@
     reason = "test helpers panic with a message when the test machine cannot set up"
 )]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::container::{Cgroup, ContainerProcess};
 use crate::dist;
 use crate::http::get;
 use crate::sim::SimGpu;
@@ -81,6 +83,56 @@ impl Workdir {
     /// `out/<name>`, where the test program writes its marks.
     pub fn out(&self, name: &str) -> PathBuf {
         self.dir.path().join("out").join(name)
+    }
+
+    /// The number after `what` in test program `name`'s output file (its
+    /// marks), waiting up to `timeout` for the line.
+    pub fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
+            if let Some(v) = text
+                .lines()
+                .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
+            {
+                return v;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "{name}: no {what:?} line after {timeout:?}; its output: {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Starts `prog` (`daemon_prog` or a copy of it) in a new container in
+    /// `cg` under the simulator's environment, naming region `region` with a
+    /// 2 GiB limit, hooked or not, and lets it allocate 64 MiB.
+    pub fn spawn_allocating(
+        &self,
+        gpu: &SimGpu,
+        cg: &Cgroup,
+        prog: &Path,
+        name: &str,
+        region: &Path,
+        hooked: bool,
+    ) -> ContainerProcess {
+        let envs = self.envs(gpu);
+        let hook = dist::hook_lib();
+        let mut env: Vec<(&str, &OsStr)> = envs
+            .iter()
+            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
+            .collect();
+        env.push(("CUDA_DEVICE_MEMORY_SHARED_CACHE", region.as_os_str()));
+        env.push(("CUDA_DEVICE_MEMORY_LIMIT", OsStr::new("2g")));
+        if hooked {
+            env.push(("LD_PRELOAD", hook.as_os_str()));
+        }
+        let out = self.out(name);
+        let argv: Vec<&OsStr> = vec![prog.as_os_str(), out.as_os_str(), OsStr::new("64")];
+        let mut p = cg.spawn(&argv, &env);
+        p.send_line("go");
+        p
     }
 
     /// The directory itself.
@@ -167,6 +219,46 @@ impl Running {
     pub fn assert_alive(&mut self) {
         if let Ok(Some(st)) = self.child.try_wait() {
             panic!("daemon exited {st}: {}", self.log_text());
+        }
+    }
+
+    /// `/findings`, which must answer 200 with JSON: when it was last
+    /// updated (Unix ms) and the list.
+    pub fn findings_at(&self) -> (u64, Vec<serde_json::Value>) {
+        let (code, body) = get(self.port, "/findings").expect("findings");
+        assert_eq!(code, 200);
+        let v: serde_json::Value = serde_json::from_str(&body).expect("findings json");
+        (
+            v["updated_unix_ms"].as_u64().unwrap_or(0),
+            v["findings"].as_array().cloned().unwrap_or_default(),
+        )
+    }
+
+    /// The findings in `/findings`.
+    pub fn findings(&self) -> Vec<serde_json::Value> {
+        self.findings_at().1
+    }
+
+    /// The first finding `pick` accepts, polled every 20 ms up to `limit`;
+    /// panics with the list and the log if none comes (`what` names it).
+    pub fn wait_finding(
+        &self,
+        what: &str,
+        limit: Duration,
+        pick: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let t = Instant::now();
+        loop {
+            let list = self.findings();
+            if let Some(f) = list.iter().find(|f| pick(f)) {
+                return f.clone();
+            }
+            assert!(
+                t.elapsed() < limit,
+                "no {what} finding after {limit:?}: {list:#?}\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 

@@ -165,3 +165,19 @@ pub fn field(text: &str, key: &str) -> Option<u64> {
         .parse()
         .ok()
 }
+
+/// `<region>.sm`, the SM sidecar the hook keeps beside region file `region`.
+pub fn sm_sidecar_path(region: &Path) -> PathBuf {
+    let mut s = region.as_os_str().to_owned();
+    s.push(".sm");
+    PathBuf::from(s)
+}
+
+/// Truncates `path` to 0 bytes, as a sibling sharing the file could.
+pub fn truncate_file(path: &Path) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(0))
+        .unwrap_or_else(|e| panic!("truncating {}: {e}", path.display()));
+}

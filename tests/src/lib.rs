@@ -11,4 +11,5 @@ pub mod dist;
 pub mod hook;
 pub mod host;
 pub mod http;
+pub mod kubepod;
 pub mod sim;

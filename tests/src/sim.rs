@@ -132,6 +132,45 @@ impl SimGpu {
         &self.dir
     }
 
+    /// The node tables in this instance's node directory, polled every
+    /// 20 ms until one exists; panics if none does within `within`.
+    pub fn node_tables(&self, within: Duration) -> Vec<PathBuf> {
+        let node = self.dir.join("node");
+        let t = Instant::now();
+        loop {
+            let v: Vec<PathBuf> = std::fs::read_dir(&node)
+                .map(|d| d.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default();
+            if !v.is_empty() {
+                return v;
+            }
+            assert!(t.elapsed() < within, "no node table in {}", node.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The percent of the next `window` each of `pids` (host PIDs) kept
+    /// device 0 busy, as the simulator saw it (0 for one that did not run).
+    pub fn process_shares(&self, window: Duration, pids: &[u32]) -> Vec<f64> {
+        let from = simgpu::clock::mono_ns();
+        std::thread::sleep(window);
+        let w = simgpu::clock::mono_ns() - from;
+        let busy = simgpu::timeline::process_busy(self.shm(), 0, from, w);
+        pids.iter()
+            .map(|pid| {
+                busy.iter()
+                    .filter(|p| p.pid == *pid)
+                    .map(|p| p.busy_ns as f64 * 100.0 / w as f64)
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// The percent of the next `window` `pids` together kept device 0 busy.
+    pub fn combined_share(&self, window: Duration, pids: &[u32]) -> f64 {
+        self.process_shares(window, pids).iter().sum()
+    }
+
     /// The directory holding `libcuda.so.1`, `libnvidia-ml.so.1` and
     /// `simgpu-server`.
     pub fn lib_dir(&self) -> &Path {

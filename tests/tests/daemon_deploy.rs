@@ -530,23 +530,6 @@ fn check_dashboard(metrics: &str) {
     }
 }
 
-/// Percent of `window` each host PID kept device 0 busy (the simulator's
-/// truth), measured from now.
-fn sim_shares(gpu: &SimGpu, window: Duration, pids: &[u32]) -> Vec<f64> {
-    let from = simgpu::clock::mono_ns();
-    std::thread::sleep(window);
-    let w = simgpu::clock::mono_ns() - from;
-    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
-    pids.iter()
-        .map(|pid| {
-            busy.iter()
-                .filter(|p| p.pid == *pid)
-                .map(|p| p.busy_ns as f64 * 100.0 / w as f64)
-                .sum()
-        })
-        .collect()
-}
-
 fn value_of(text: &str, name: &str, pod: &str) -> Option<f64> {
     text.lines()
         .filter(|l| l.starts_with(&format!("{name}{{")))
@@ -672,7 +655,7 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
             (sums[0] / n, sums[1] / n)
         })
     };
-    let truth = sim_shares(&gpu, Duration::from_secs(3), &host_pids);
+    let truth = gpu.process_shares(Duration::from_secs(3), &host_pids);
     let (limited, unlimited) = scraper.join().unwrap();
     eprintln!(
         "utilization: limited container {limited:.1} % (simulator {:.1} %), unlimited {unlimited:.1} % (simulator {:.1} %)",

@@ -122,25 +122,6 @@ impl Fixture {
         argv.extend(args.iter().map(OsStr::new));
         cg.spawn(&argv, &env)
     }
-
-    /// Unix ns of `what` in the program's output file, once written.
-    fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
-        let t = Instant::now();
-        loop {
-            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
-            if let Some(v) = text
-                .lines()
-                .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
-            {
-                return v;
-            }
-            assert!(
-                t.elapsed() < timeout,
-                "{name}: no {what:?} line after {timeout:?}; its output: {text:?}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
 }
 
 /// Value of the sample whose name is `name` and whose labels include all of `labels`.

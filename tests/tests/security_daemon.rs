@@ -90,22 +90,7 @@ impl Fixture {
         region: &Path,
         hooked: bool,
     ) -> ContainerProcess {
-        let envs = self.envs(gpu);
-        let hook = dist::hook_lib();
-        let mut env: Vec<(&str, &OsStr)> = envs
-            .iter()
-            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
-            .collect();
-        env.push(("CUDA_DEVICE_MEMORY_SHARED_CACHE", region.as_os_str()));
-        env.push(("CUDA_DEVICE_MEMORY_LIMIT", OsStr::new("2g")));
-        if hooked {
-            env.push(("LD_PRELOAD", hook.as_os_str()));
-        }
-        let out = self.path("out").join(name);
-        let argv: Vec<&OsStr> = vec![self.prog.as_os_str(), out.as_os_str(), OsStr::new("64")];
-        let mut p = cg.spawn(&argv, &env);
-        p.send_line("go");
-        p
+        self.spawn_allocating(gpu, cg, &self.prog, name, region, hooked)
     }
 
     /// Waits until `name`'s program reports its allocation.

@@ -21,12 +21,12 @@ use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use vgpu_common::view::{Access, RegionFile};
-use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::container::ContainerProcess;
 use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::{free_port, get, now_ns};
+use vgpu_tests::kubepod::{process_dead, runtime_spec_pattern, wait_slot_hostpid, KubeContainer};
 use vgpu_tests::sim::SimGpu;
 
 const G: u64 = 1 << 30;
@@ -36,17 +36,6 @@ const LIMIT0_OFFSET: u64 = 1600;
 /// Found and stopped within this long.
 const WITHIN: Duration = Duration::from_secs(2);
 
-fn container_id(salt: u64) -> String {
-    let a =
-        now_ns() ^ (u64::from(std::process::id()) << 32) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    format!(
-        "{a:016x}{:016x}{:016x}{:016x}",
-        a.rotate_left(13),
-        a.rotate_left(29),
-        !a
-    )
-}
-
 struct Fixture(Workdir);
 
 impl std::ops::Deref for Fixture {
@@ -54,12 +43,6 @@ impl std::ops::Deref for Fixture {
     fn deref(&self) -> &Workdir {
         &self.0
     }
-}
-
-/// One test container: its cgroup (kubepods layout) and id.
-struct Ctr {
-    cg: Cgroup,
-    id: String,
 }
 
 impl Fixture {
@@ -76,29 +59,14 @@ impl Fixture {
 
     /// A container whose spec gives it 1 GiB and `region` (no GPU list:
     /// how many it may use is not the spec's to say here).
-    fn container(&self, salt: u64, region: &Path, extra: &[&str]) -> Ctr {
-        let id = container_id(salt);
-        let uid = format!(
-            "{:08x}-5678-4abc-8def-{:012x}",
-            salt,
-            now_ns() & 0xffff_ffff_ffff
-        );
-        let cg = Cgroup::create(&format!("vgpu-test/kubepods/burstable/pod{uid}/{id}"));
-        let bundle = self.path("runtime/k8s.io").join(&id);
-        std::fs::create_dir_all(&bundle).expect("bundle");
+    fn container(&self, salt: u64, region: &Path, extra: &[&str]) -> KubeContainer {
         let mut env = vec![
             "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
             "CUDA_DEVICE_MEMORY_LIMIT=1g".to_owned(),
             format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}", region.display()),
         ];
         env.extend(extra.iter().map(|s| (*s).to_owned()));
-        let spec = serde_json::json!({
-            "ociVersion": "1.1.0",
-            "process": { "args": ["/bin/app"], "env": env, "cwd": "/" },
-            "root": { "path": "rootfs" },
-        });
-        std::fs::write(bundle.join("config.json"), spec.to_string()).expect("config.json");
-        Ctr { cg, id }
+        KubeContainer::create(self, salt, &env)
     }
 
     /// `daemon_prog <out> <args…>` in `ctr`, hooked, limited as its spec
@@ -106,7 +74,7 @@ impl Fixture {
     fn spawn(
         &self,
         gpu: &SimGpu,
-        ctr: &Ctr,
+        ctr: &KubeContainer,
         name: &str,
         region: &Path,
         args: &[&str],
@@ -127,90 +95,12 @@ impl Fixture {
         ctr.cg.spawn(&argv, &all)
     }
 
-    /// The value of `what` in the program's marks (waits up to `timeout`).
-    fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
-        let t = Instant::now();
-        loop {
-            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
-            if let Some(v) = text
-                .lines()
-                .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
-            {
-                return v;
-            }
-            assert!(
-                t.elapsed() < timeout,
-                "{name}: no {what:?} line after {timeout:?}; its output: {text:?}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
     /// A daemon on the host reading the fixture's runtime specs.
     fn daemon(&self, gpu: &SimGpu, extra: &[&str]) -> Running {
-        let spec = format!("{}/runtime/*/{{id}}/config.json", self.root().display());
+        let spec = runtime_spec_pattern(self);
         let mut args = vec!["--runtime-spec", spec.as_str()];
         args.extend_from_slice(extra);
         self.start_daemon(gpu, &self.state(), &self.path("no-hami-dir"), &args)
-    }
-}
-
-fn findings(d: &Running) -> (u64, Vec<Value>) {
-    let (code, body) = get(d.port, "/findings").expect("findings");
-    assert_eq!(code, 200);
-    let v: Value = serde_json::from_str(&body).expect("json");
-    (
-        v["updated_unix_ms"].as_u64().unwrap_or(0),
-        v["findings"].as_array().cloned().unwrap_or_default(),
-    )
-}
-
-/// The first finding `pick` accepts, polled every 20 ms up to `limit`.
-fn wait_finding(d: &Running, what: &str, limit: Duration, pick: impl Fn(&Value) -> bool) -> Value {
-    let t = Instant::now();
-    loop {
-        let (_, list) = findings(d);
-        if let Some(f) = list.iter().find(|f| pick(f)) {
-            return f.clone();
-        }
-        assert!(
-            t.elapsed() < limit,
-            "no {what} finding after {limit:?}: {list:#?}\n{}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits until some slot of `path` records host PID `host`.
-fn wait_hostpid(path: &Path, host: u32, d: &Running) {
-    let t = Instant::now();
-    loop {
-        if let Ok(f) = RegionFile::open(path, Access::ReadOnly) {
-            if f.region()
-                .active_slots()
-                .iter()
-                .any(|s| s.hostpid.load(SeqCst) == host as i32)
-            {
-                return;
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "slot never filled: {}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Whether host process `pid` is gone (or a zombie).
-fn dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s
-            .rsplit_once(')')
-            .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => true,
     }
 }
 
@@ -219,7 +109,7 @@ fn dead(pid: u32) -> bool {
 fn died_after(pid: u32, since_ns: u64, limit: Duration) -> Option<Duration> {
     let t = Instant::now();
     while t.elapsed() < limit {
-        if dead(pid) {
+        if process_dead(pid) {
             return Some(Duration::from_nanos(now_ns().saturating_sub(since_ns)));
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -246,7 +136,7 @@ fn a_forged_device_num_widens_nothing_under_kill() {
     let first_pid = first.host_pid();
     first.send_line("go");
     fx.mark("first", "allocated", Duration::from_secs(10));
-    wait_hostpid(&region, first_pid, &daemon);
+    wait_slot_hostpid(&region, first_pid, &daemon);
     // The tenant's write (the region is read-write in its container),
     // repeated every 2 ms: a process's registration writes its own count.
     let f = std::fs::OpenOptions::new()
@@ -276,7 +166,7 @@ fn a_forged_device_num_widens_nothing_under_kill() {
         16,
         "the forgery must hold for the test to mean anything"
     );
-    let found = wait_finding(&daemon, "over_limit", Duration::from_secs(10), |f| {
+    let found = daemon.wait_finding("over_limit", Duration::from_secs(10), |f| {
         f["kind"] == "over_limit" && f["container_id"] == ctr.id.as_str()
     });
     eprintln!("over_limit: {found:#}");
@@ -292,7 +182,10 @@ fn a_forged_device_num_widens_nothing_under_kill() {
         "not stopped within {WITHIN:?}: {after:?}\n{}",
         daemon.log_text()
     );
-    assert!(!dead(first_pid), "the process within the limit was killed");
+    assert!(
+        !process_dead(first_pid),
+        "the process within the limit was killed"
+    );
     stop.store(true, SeqCst);
     forger.join().expect("forger");
     first.wait();
@@ -317,7 +210,7 @@ fn an_unprobed_allocation_path_is_over_limit_and_killed() {
     let pid = p.host_pid();
     p.send_line("go");
     let t_alloc = fx.mark("hidden", "allocated", Duration::from_secs(20));
-    let found = wait_finding(&daemon, "over_limit", Duration::from_secs(10), |f| {
+    let found = daemon.wait_finding("over_limit", Duration::from_secs(10), |f| {
         f["kind"] == "over_limit" && f["container_id"] == ctr.id.as_str()
     });
     eprintln!("over_limit: {found:#}");
@@ -445,7 +338,7 @@ fn a_restored_tampering_stays_on_record() {
     let host = p.host_pid();
     p.send_line("go");
     fx.mark("t", "allocated", Duration::from_secs(10));
-    wait_hostpid(&region, host, &daemon);
+    wait_slot_hostpid(&region, host, &daemon);
     let limit0 = || {
         RegionFile::open(&region, Access::ReadOnly)
             .expect("region")
@@ -468,11 +361,11 @@ fn a_restored_tampering_stays_on_record() {
     };
     tamper();
     // 120 scans later.
-    let (mut last, _) = findings(&daemon);
+    let (mut last, _) = daemon.findings_at();
     let mut scans = 0;
     let t = Instant::now();
     while scans < 120 {
-        let (at, _) = findings(&daemon);
+        let (at, _) = daemon.findings_at();
         if at != last {
             scans += 1;
             last = at;
@@ -484,7 +377,7 @@ fn a_restored_tampering_stays_on_record() {
         std::thread::sleep(Duration::from_millis(25));
     }
     eprintln!("{scans} scans in {:?}", t.elapsed());
-    let (_, list) = findings(&daemon);
+    let (_, list) = daemon.findings_at();
     let kept = list
         .iter()
         .find(|f| f["kind"] == "limit_tampered" && f["container_id"] == ctr.id.as_str())
@@ -530,7 +423,7 @@ fn a_restored_tampering_stays_on_record() {
     // A restarted daemon (same state directory) keeps the record.
     drop(daemon);
     let again = fx.daemon(&gpu, &["--interval", "0.1"]);
-    let (_, list) = findings(&again);
+    let (_, list) = again.findings_at();
     let kept = list
         .iter()
         .filter(|f| {

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use vgpu_common::view::{Access, RegionFile};
-use vgpu_tests::hook::{HookEnv, Running};
+use vgpu_tests::hook::{sm_sidecar_path, truncate_file, HookEnv, Running};
 use vgpu_tests::sim::SimGpu;
 
 const M: u64 = 1 << 20;
@@ -50,29 +50,6 @@ fn finishes_normally(mut p: Running, what: &str) {
     assert_eq!(st.code(), Some(0), "{what}: {st}");
 }
 
-/// Each process's busy share (percent) of device 0 over the next second.
-fn process_shares(gpu: &SimGpu, pids: &[u32]) -> Vec<f64> {
-    let from = simgpu::clock::mono_ns();
-    std::thread::sleep(Duration::from_secs(1));
-    let w = simgpu::clock::mono_ns() - from;
-    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
-    pids.iter()
-        .map(|pid| {
-            busy.iter()
-                .find(|p| p.pid == *pid)
-                .map_or(0.0, |p| p.busy_ns as f64 * 100.0 / w as f64)
-        })
-        .collect()
-}
-
-fn truncate(path: &Path) {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .and_then(|f| f.set_len(0))
-        .unwrap_or_else(|e| panic!("truncating {}: {e}", path.display()));
-}
-
 /// A sibling truncates the container's region under a running process: the
 /// process is not killed (SIGBUS), keeps its limit and its own usage, and
 /// exits normally.
@@ -82,7 +59,7 @@ fn a_truncated_region_kills_nobody_and_the_limit_holds() {
     let exe = env.build("hook_slots");
     let mut a = start(&env, env.hooked(&exe, &[]));
     assert!(ask(&mut a, &format!("alloc {}", 600 * M), "alloc").ends_with(OK));
-    truncate(&env.region_path());
+    truncate_file(&env.region_path());
     // 64 MiB context + 600 MiB held: another 600 MiB passes 1 GiB.
     let r = ask(&mut a, &format!("alloc {}", 600 * M), "alloc");
     assert!(r.ends_with(OOM), "after the truncation: {r:?}");
@@ -112,26 +89,16 @@ fn sm_limited_processes_survive_truncated_node_table_sidecar_and_region() {
     let mut pa = run(&a, "30");
     let mut pb = run(&b, "40");
     std::thread::sleep(Duration::from_millis(500));
-    let node = gpu.dir().join("node");
-    let tables: Vec<_> = std::fs::read_dir(&node)
-        .expect("node dir")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert!(!tables.is_empty(), "no node table in {}", node.display());
+    let tables = gpu.node_tables(Duration::ZERO);
     for t in &tables {
-        truncate(t);
+        truncate_file(t);
     }
-    let sidecar = {
-        let mut s = a.region_path().into_os_string();
-        s.push(".sm");
-        std::path::PathBuf::from(s)
-    };
-    truncate(&sidecar);
+    let sidecar = sm_sidecar_path(&a.region_path());
+    truncate_file(&sidecar);
     std::thread::sleep(Duration::from_millis(300));
-    truncate(&b.region_path());
+    truncate_file(&b.region_path());
     std::thread::sleep(Duration::from_millis(300));
-    let shares = process_shares(&gpu, &[pa.child.id(), pb.child.id()]);
+    let shares = gpu.process_shares(Duration::from_secs(1), &[pa.child.id(), pb.child.id()]);
     eprintln!("after the truncations: {shares:?} % (limits 30, 40)");
     for (share, limit) in shares.iter().zip([30.0, 40.0]) {
         // Above the limit only by the limiter's own tolerance; alive, too

@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use vgpu_common::view::{Access, RegionFile};
-use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::container::Cgroup;
 use vgpu_tests::daemon::Workdir;
 use vgpu_tests::dist;
 use vgpu_tests::sim::SimGpu;
@@ -35,35 +35,6 @@ fn parse_sample(line: &str) -> Option<(&str, Vec<(&str, &str)>)> {
         })
         .collect();
     Some((name, labels))
-}
-
-/// Starts `prog` (the fixture's `daemon_prog`, or a copy of it) in `cg`, naming
-/// `region`, hooked or not, and lets it allocate 64 MiB.
-fn spawn(
-    fx: &Workdir,
-    gpu: &SimGpu,
-    cg: &Cgroup,
-    prog: &Path,
-    name: &str,
-    region: &Path,
-    hooked: bool,
-) -> ContainerProcess {
-    let envs = fx.envs(gpu);
-    let hook = dist::hook_lib();
-    let mut env: Vec<(&str, &OsStr)> = envs
-        .iter()
-        .map(|(k, v)| (k.as_str(), OsStr::new(v)))
-        .collect();
-    env.push(("CUDA_DEVICE_MEMORY_SHARED_CACHE", region.as_os_str()));
-    env.push(("CUDA_DEVICE_MEMORY_LIMIT", OsStr::new("2g")));
-    if hooked {
-        env.push(("LD_PRELOAD", hook.as_os_str()));
-    }
-    let out = fx.out(name);
-    let argv: Vec<&OsStr> = vec![prog.as_os_str(), out.as_os_str(), OsStr::new("64")];
-    let mut p = cg.spawn(&argv, &env);
-    p.send_line("go");
-    p
 }
 
 /// Waits up to 20 s until `name`'s program reports its allocation.
@@ -115,24 +86,8 @@ fn a_forged_directory_name_never_gives_another_pods_labels() {
         &["--no-nvml", "--pods-log-dir", logs.to_str().unwrap()],
     );
     let mut procs = [
-        spawn(
-            &fx,
-            &gpu,
-            &cg_pod,
-            &fx.prog,
-            "pod",
-            &forged("forge-a"),
-            true,
-        ),
-        spawn(
-            &fx,
-            &gpu,
-            &cg_bare,
-            &fx.prog,
-            "bare",
-            &forged("forge-b"),
-            true,
-        ),
+        fx.spawn_allocating(&gpu, &cg_pod, &fx.prog, "pod", &forged("forge-a"), true),
+        fx.spawn_allocating(&gpu, &cg_bare, &fx.prog, "bare", &forged("forge-b"), true),
     ];
     allocated(&fx, "pod");
     allocated(&fx, "bare");
@@ -213,7 +168,7 @@ fn a_newline_in_a_process_name_or_region_path_forges_no_log_line() {
     let cg = Cgroup::unique("hyg-log");
     let mut d = fx.start_daemon(&gpu, &fx.path("state"), &fx.path("root"), &["--no-nvml"]);
     let region = PathBuf::from("/nonexistent\nFORGED-PATH here/r.cache");
-    let mut p = spawn(&fx, &gpu, &cg, &exe, "unhooked", &region, false);
+    let mut p = fx.spawn_allocating(&gpu, &cg, &exe, "unhooked", &region, false);
     allocated(&fx, "unhooked");
     let t = Instant::now();
     let log = loop {

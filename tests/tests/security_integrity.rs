@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use vgpu_common::view::{Access, RegionFile};
-use vgpu_tests::container::{Cgroup, ContainerProcess};
+use vgpu_tests::container::ContainerProcess;
 use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
-use vgpu_tests::http::{get, now_ns};
+use vgpu_tests::http::now_ns;
+use vgpu_tests::kubepod::{process_dead, runtime_spec_pattern, wait_slot_hostpid, KubeContainer};
 use vgpu_tests::sim::SimGpu;
 
 const G: u64 = 1 << 30;
@@ -31,18 +32,6 @@ const G: u64 = 1 << 30;
 const LIMIT0_OFFSET: u64 = 1600;
 const SM_LIMIT0_OFFSET: u64 = 1728;
 const WITHIN: Duration = Duration::from_secs(2);
-
-/// A fresh 64-hex container id.
-fn container_id(salt: u64) -> String {
-    let a =
-        now_ns() ^ (u64::from(std::process::id()) << 32) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    format!(
-        "{a:016x}{:016x}{:016x}{:016x}",
-        a.rotate_left(17),
-        a.rotate_left(31),
-        !a
-    )
-}
 
 /// The test's working directory (`vgpu_tests::daemon::Workdir`).
 struct Fixture(Workdir);
@@ -52,12 +41,6 @@ impl std::ops::Deref for Fixture {
     fn deref(&self) -> &Workdir {
         &self.0
     }
-}
-
-/// One test container: its cgroup (kubepods layout) and id.
-struct Ctr {
-    cg: Cgroup,
-    id: String,
 }
 
 impl Fixture {
@@ -73,23 +56,8 @@ impl Fixture {
     }
 
     /// A container whose spec gives it `env` (as the device plugin would).
-    fn container(&self, salt: u64, env: &[String]) -> Ctr {
-        let id = container_id(salt);
-        let uid = format!(
-            "{:08x}-1234-4abc-8def-{:012x}",
-            salt,
-            now_ns() & 0xffff_ffff_ffff
-        );
-        let cg = Cgroup::create(&format!("vgpu-test/kubepods/burstable/pod{uid}/{id}"));
-        let bundle = self.dir.path().join("runtime/k8s.io").join(&id);
-        std::fs::create_dir_all(&bundle).expect("bundle");
-        let spec = serde_json::json!({
-            "ociVersion": "1.1.0",
-            "process": { "args": ["/bin/app"], "env": env, "cwd": "/" },
-            "root": { "path": "rootfs" },
-        });
-        std::fs::write(bundle.join("config.json"), spec.to_string()).expect("config.json");
-        Ctr { cg, id }
+    fn container(&self, salt: u64, env: &[String]) -> KubeContainer {
+        KubeContainer::create(self, salt, env)
     }
 
     /// `daemon_prog <out> <hooked-MiB> [hidden-MiB]` in `ctr`, hooked,
@@ -98,7 +66,7 @@ impl Fixture {
     fn spawn(
         &self,
         gpu: &SimGpu,
-        ctr: &Ctr,
+        ctr: &KubeContainer,
         name: &str,
         env: &[(&str, String)],
         args: &[&str],
@@ -123,24 +91,6 @@ impl Fixture {
         argv.extend(args.iter().map(OsStr::new));
         ctr.cg.spawn(&argv, &all)
     }
-
-    fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
-        let t = Instant::now();
-        loop {
-            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
-            if let Some(v) = text
-                .lines()
-                .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
-            {
-                return v;
-            }
-            assert!(
-                t.elapsed() < timeout,
-                "{name}: no {what:?} line after {timeout:?}; its output: {text:?}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
 }
 
 /// A daemon probing the fixture's libcuda, reading its runtime specs.
@@ -163,35 +113,11 @@ impl std::ops::DerefMut for Daemon {
 
 impl Daemon {
     fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
-        let spec = format!("{}/runtime/*/{{id}}/config.json", fx.dir.path().display());
+        let spec = runtime_spec_pattern(fx);
         let mut args = vec!["--runtime-spec", spec.as_str()];
         args.extend_from_slice(extra);
         Daemon {
             run: fx.start_daemon(gpu, &fx.state(), &fx.path("no-hami-dir"), &args),
-        }
-    }
-
-    fn findings(&self) -> Vec<Value> {
-        let (code, body) = get(self.port, "/findings").expect("findings");
-        assert_eq!(code, 200);
-        let v: Value = serde_json::from_str(&body).expect("json");
-        v["findings"].as_array().cloned().unwrap_or_default()
-    }
-
-    /// The first finding `pick` accepts, polled every 20 ms up to `limit`.
-    fn wait_finding(&self, what: &str, limit: Duration, pick: impl Fn(&Value) -> bool) -> Value {
-        let t = Instant::now();
-        loop {
-            let list = self.findings();
-            if let Some(f) = list.iter().find(|f| pick(f)) {
-                return f.clone();
-            }
-            assert!(
-                t.elapsed() < limit,
-                "no {what} finding after {limit:?}: {list:#?}\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -204,29 +130,6 @@ fn limit0(path: &Path) -> u64 {
 fn sm_limit0(path: &Path) -> u64 {
     let f = RegionFile::open(path, Access::ReadOnly).expect("region");
     f.region().sm_limit[0].load(SeqCst)
-}
-
-/// Waits until the daemon wrote `host` into the region's slot for ns pid 1
-/// (it tracks the process and knows its region).
-fn wait_tracked(path: &Path, host: u32, d: &Daemon) {
-    let t = Instant::now();
-    loop {
-        if let Ok(f) = RegionFile::open(path, Access::ReadOnly) {
-            let r = f.region();
-            if r.active_slots()
-                .iter()
-                .any(|s| s.hostpid.load(SeqCst) == host as i32)
-            {
-                return;
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "slot never filled: {}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The first child of host process `pid` (waits up to 5 s for it).
@@ -243,25 +146,15 @@ fn child_of(pid: u32) -> u32 {
     }
 }
 
-/// Whether host process `pid` is gone (or a zombie).
-fn dead(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s
-            .rsplit_once(')')
-            .is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => true,
-    }
-}
-
 fn wait_dead(pid: u32, limit: Duration) -> bool {
     let t = Instant::now();
     while t.elapsed() < limit {
-        if dead(pid) {
+        if process_dead(pid) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    dead(pid)
+    process_dead(pid)
 }
 
 fn spec_env(region: &Path, extra: &[&str]) -> Vec<String> {
@@ -302,7 +195,7 @@ fn tampered_limit_is_reported_and_restored_but_admin_changes_are_not() {
     let host = p.host_pid();
     p.send_line("go");
     fx.mark("a", "allocated", Duration::from_secs(10));
-    wait_tracked(&region, host, &daemon);
+    wait_slot_hostpid(&region, host, &daemon);
     // A container as given: nothing to say.
     std::thread::sleep(Duration::from_millis(1200));
     let clean = daemon.findings();
@@ -435,7 +328,7 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
     let good_pid = good.host_pid();
     good.send_line("go");
     fx.mark("good", "allocated", Duration::from_secs(10));
-    wait_tracked(&region, good_pid, &daemon);
+    wait_slot_hostpid(&region, good_pid, &daemon);
 
     let private = fx.region("mine");
     let mut unl = fx.spawn(
@@ -502,7 +395,7 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
         );
     }
     assert!(
-        !dead(good_pid),
+        !process_dead(good_pid),
         "the process as given was killed: {}",
         daemon.log_text()
     );
@@ -566,7 +459,7 @@ fn usage_past_the_limit_is_over_limit_and_oom_killer_opts_in_to_kill() {
     }
     std::thread::sleep(Duration::from_millis(1000));
     assert!(
-        !dead(procs[0].3),
+        !process_dead(procs[0].3),
         "killed without the opt-in: {}",
         daemon.log_text()
     );

@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use vgpu_tests::container::Cgroup;
 use vgpu_tests::daemon::{Running as Daemon, Workdir};
 use vgpu_tests::dist;
-use vgpu_tests::hook::{HookEnv, Running};
-use vgpu_tests::http::{get, now_ns};
+use vgpu_tests::hook::{sm_sidecar_path, HookEnv, Running};
+use vgpu_tests::http::get;
+use vgpu_tests::kubepod::{runtime_spec_pattern, KubeContainer};
 use vgpu_tests::sim::SimGpu;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -41,7 +41,7 @@ fn member_at(index: u64) -> u64 {
 }
 
 fn start_daemon(fx: &Workdir, gpu: &SimGpu) -> Daemon {
-    let spec = format!("{}/runtime/*/{{id}}/config.json", fx.root().display());
+    let spec = runtime_spec_pattern(fx);
     let node = gpu.dir().join("node");
     fx.start_daemon(
         gpu,
@@ -54,34 +54,6 @@ fn start_daemon(fx: &Workdir, gpu: &SimGpu) -> Daemon {
             &node.display().to_string(),
         ],
     )
-}
-
-/// The busy share (percent of wall time) of device 0 that the processes
-/// `pids` had together over the next `window`.
-fn share(gpu: &SimGpu, window: Duration, pids: &[u32]) -> f64 {
-    let from = simgpu::clock::mono_ns();
-    std::thread::sleep(window);
-    let w = simgpu::clock::mono_ns() - from;
-    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
-    busy.iter()
-        .filter(|p| pids.contains(&p.pid))
-        .map(|p| p.busy_ns as f64 * 100.0 / w as f64)
-        .sum()
-}
-
-/// The node tables in `gpu`'s node directory, once one exists.
-fn node_tables(gpu: &SimGpu) -> Vec<PathBuf> {
-    let node = gpu.dir().join("node");
-    for _ in 0..100 {
-        let v: Vec<PathBuf> = std::fs::read_dir(&node)
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        if !v.is_empty() {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("no node table in {}", node.display());
 }
 
 fn word(f: &std::fs::File, at: u64) -> u64 {
@@ -189,7 +161,7 @@ fn a_continuously_refreshed_phantom_member_is_removed() {
     assert_eq!(p.wait_for("ready"), "ready", "sm_loop did not start");
     let pid = [p.child.id()];
     std::thread::sleep(Duration::from_millis(1200));
-    let before = share(&gpu, Duration::from_secs(1), &pid);
+    let before = gpu.combined_share(Duration::from_secs(1), &pid);
     assert!(
         before > 40.0,
         "the neighbour did not run at its limit: {before:.1} %"
@@ -197,10 +169,10 @@ fn a_continuously_refreshed_phantom_member_is_removed() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let written = Instant::now();
-    let refresher = phantom(node_tables(&gpu), stop.clone());
+    let refresher = phantom(gpu.node_tables(Duration::from_secs(2)), stop.clone());
     let found = wait_repair(&daemon, "removed", "5eedf00ddeadbeef", 2 * SCAN + SCAN);
     let removed_after = written.elapsed();
-    let after = share(&gpu, Duration::from_secs(1), &pid);
+    let after = gpu.combined_share(Duration::from_secs(1), &pid);
     stop.store(true, SeqCst);
     refresher.join().expect("refresher");
     eprintln!(
@@ -223,24 +195,12 @@ fn a_continuously_refreshed_phantom_member_is_removed() {
         after >= 0.9 * before,
         "the neighbour did not get its share back: {after:.1} % against {before:.1} %"
     );
-    for t in node_tables(&gpu) {
+    for t in gpu.node_tables(Duration::from_secs(2)) {
         let f = open_rw(&t);
         assert_ne!(word(&f, member_at(31)), PHANTOM, "{}", t.display());
     }
     assert!(repairs(&daemon, "removed") >= 1.0, "{}", daemon.metrics());
     eprintln!("finding: {}", found["message"]);
-}
-
-/// A fresh 64-hex container id.
-fn container_id(salt: u64) -> String {
-    let a =
-        now_ns() ^ (u64::from(std::process::id()) << 32) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    format!(
-        "{a:016x}{:016x}{:016x}{:016x}",
-        a.rotate_left(17),
-        a.rotate_left(31),
-        !a
-    )
 }
 
 /// (b) A container whose runtime spec gives it priority 1 runs processes
@@ -254,26 +214,13 @@ fn a_container_claiming_a_higher_priority_than_its_spec_is_demoted() {
     let gpu = SimGpu::new();
     let daemon = start_daemon(&fx, &gpu);
     let region = fx.region("prio");
-    let id = container_id(7);
-    let uid = format!(
-        "0000abcd-1234-4abc-8def-{:012x}",
-        now_ns() & 0xffff_ffff_ffff
-    );
-    let cg = Cgroup::create(&format!("vgpu-test/kubepods/burstable/pod{uid}/{id}"));
-    let bundle = fx.path("runtime/k8s.io").join(&id);
-    std::fs::create_dir_all(&bundle).expect("bundle");
     let spec_env = [
         "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
         "CUDA_DEVICE_SM_LIMIT=50".to_owned(),
         "CUDA_TASK_PRIORITY=1".to_owned(),
         format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}", region.display()),
     ];
-    let spec = serde_json::json!({
-        "ociVersion": "1.1.0",
-        "process": { "args": ["/bin/app"], "env": spec_env, "cwd": "/" },
-        "root": { "path": "rootfs" },
-    });
-    std::fs::write(bundle.join("config.json"), spec.to_string()).expect("config.json");
+    let KubeContainer { cg, id } = KubeContainer::create(&fx, 7, &spec_env);
 
     let exe = dist::compile_c("sm_loop", fx.root(), false);
     let hook = dist::hook_lib();
@@ -299,11 +246,7 @@ fn a_container_claiming_a_higher_priority_than_its_spec_is_demoted() {
     let _proc = cg.spawn(&argv, &all);
 
     // The container's id in the node table is the one in its sidecar.
-    let sidecar = {
-        let mut s = region.clone().into_os_string();
-        s.push(".sm");
-        PathBuf::from(s)
-    };
+    let sidecar = sm_sidecar_path(&region);
     let t = Instant::now();
     let (table, index, claimed_at) = loop {
         let owner = std::fs::File::open(&sidecar)

@@ -7,11 +7,11 @@
 
 use std::io::Write;
 use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use vgpu_tests::hook::{HookEnv, Running};
+use vgpu_tests::hook::{sm_sidecar_path, truncate_file, HookEnv, Running};
 use vgpu_tests::sim::SimGpu;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -34,48 +34,6 @@ fn sm_loop(env: &HookEnv, gpu: &SimGpu, limit: u32, kernel: &str, seconds: &str)
     let mut r = Running::start(c);
     assert_eq!(r.wait_for("ready"), "ready", "sm_loop did not start");
     r
-}
-
-/// The busy share (percent of wall time) of device 0 that the processes
-/// `pids` had together over the next `window`.
-fn share(gpu: &SimGpu, window: Duration, pids: &[u32]) -> f64 {
-    let from = simgpu::clock::mono_ns();
-    std::thread::sleep(window);
-    let w = simgpu::clock::mono_ns() - from;
-    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
-    busy.iter()
-        .filter(|p| pids.contains(&p.pid))
-        .map(|p| p.busy_ns as f64 * 100.0 / w as f64)
-        .sum()
-}
-
-fn truncate(path: &Path) {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .and_then(|f| f.set_len(0))
-        .unwrap_or_else(|e| panic!("truncating {}: {e}", path.display()));
-}
-
-fn sidecar(env: &HookEnv) -> PathBuf {
-    let mut s = env.region_path().into_os_string();
-    s.push(".sm");
-    PathBuf::from(s)
-}
-
-/// The node tables in `gpu`'s node directory, once one exists.
-fn node_tables(gpu: &SimGpu) -> Vec<PathBuf> {
-    let node = gpu.dir().join("node");
-    for _ in 0..50 {
-        let v: Vec<PathBuf> = std::fs::read_dir(&node)
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        if !v.is_empty() {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("no node table in {}", node.display());
 }
 
 /// Another container writes one member into the node's table, as in the
@@ -112,12 +70,12 @@ fn a_forged_node_table_member_does_not_starve_a_neighbour() {
     let p = sm_loop(&env, &gpu, 50, "busy_200us", "6");
     let pid = [p.child.id()];
     std::thread::sleep(Duration::from_millis(600));
-    let before = share(&gpu, Duration::from_secs(1), &pid);
-    for t in node_tables(&gpu) {
+    let before = gpu.combined_share(Duration::from_secs(1), &pid);
+    for t in gpu.node_tables(Duration::from_secs(1)) {
         forge_member(&t, 31);
     }
     std::thread::sleep(Duration::from_secs(1));
-    let after = share(&gpu, Duration::from_secs(1), &pid);
+    let after = gpu.combined_share(Duration::from_secs(1), &pid);
     eprintln!("neighbour at 50 %: {before:.1} % before the phantom, {after:.1} % from 1 s after");
     assert!(
         before > 40.0,
@@ -162,10 +120,10 @@ fn a_truncated_sidecar_keeps_the_container_within_its_sm_limit() {
         .collect();
     let pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
     std::thread::sleep(Duration::from_millis(600));
-    let before = share(&gpu, Duration::from_secs(1), &pids);
-    truncate(&sidecar(&env));
+    let before = gpu.combined_share(Duration::from_secs(1), &pids);
+    truncate_file(&sm_sidecar_path(&env.region_path()));
     std::thread::sleep(Duration::from_millis(300));
-    let after = share(&gpu, Duration::from_secs(2), &pids);
+    let after = gpu.combined_share(Duration::from_secs(2), &pids);
     eprintln!("4 processes at 20 %: {before:.1} % before the truncation, {after:.1} % after");
     assert!(
         after <= 25.0,
@@ -173,7 +131,10 @@ fn a_truncated_sidecar_keeps_the_container_within_its_sm_limit() {
     );
     assert!(after > 10.0, "the container stopped: {after:.1} %");
     assert!(
-        std::fs::metadata(sidecar(&env)).expect("sidecar").len() > 0,
+        std::fs::metadata(sm_sidecar_path(&env.region_path()))
+            .expect("sidecar")
+            .len()
+            > 0,
         "the sidecar was not re-attached"
     );
 }
@@ -187,13 +148,13 @@ fn an_unusable_sidecar_keeps_the_container_within_its_sm_limit() {
     let _s = serial();
     let gpu = SimGpu::new();
     let env = HookEnv::new("tenant-sidecar-dir", "0");
-    std::fs::create_dir(sidecar(&env)).expect("mkdir <region>.sm");
+    std::fs::create_dir(sm_sidecar_path(&env.region_path())).expect("mkdir <region>.sm");
     let procs: Vec<Running> = (0..4)
         .map(|_| sm_loop(&env, &gpu, 20, "busy_500us", "5"))
         .collect();
     let pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
     std::thread::sleep(Duration::from_millis(600));
-    let got = share(&gpu, Duration::from_secs(2), &pids);
+    let got = gpu.combined_share(Duration::from_secs(2), &pids);
     eprintln!("4 processes at 20 % without a usable sidecar: {got:.1} %");
     assert!(
         got <= 25.0,
@@ -217,11 +178,11 @@ fn a_sidecar_replaced_under_running_processes_keeps_the_container_within_its_sm_
     std::thread::sleep(Duration::from_millis(300));
     let fresh = env.dir.join("fresh.sm");
     std::fs::write(&fresh, b"").expect("write a fresh file");
-    std::fs::rename(&fresh, sidecar(&env)).expect("rename over the sidecar");
+    std::fs::rename(&fresh, sm_sidecar_path(&env.region_path())).expect("rename over the sidecar");
     procs.extend((0..2).map(|_| sm_loop(&env, &gpu, 20, "busy_500us", "5")));
     let pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
     std::thread::sleep(Duration::from_millis(1500));
-    let got = share(&gpu, Duration::from_secs(2), &pids);
+    let got = gpu.combined_share(Duration::from_secs(2), &pids);
     eprintln!("4 processes at 20 %, the sidecar replaced between the first two and the others: {got:.1} %");
     assert!(
         got <= 25.0,
@@ -254,7 +215,7 @@ fn a_truncated_region_keeps_the_container_within_its_memory_limit() {
             p
         })
         .collect();
-    truncate(&env.region_path());
+    truncate_file(&env.region_path());
     let granted = procs
         .iter_mut()
         .map(|p| ask(p, &format!("alloc {}", 1200 * M), "alloc"))

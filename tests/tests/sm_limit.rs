@@ -106,21 +106,6 @@ fn device_share(gpu: &SimGpu, window: Duration) -> f64 {
     busy as f64 * 100.0 / (to - from) as f64
 }
 
-/// Each process's busy share (percent) over the next `window`.
-fn process_shares(gpu: &SimGpu, window: Duration, pids: &[u32]) -> Vec<f64> {
-    let from = now_ns();
-    std::thread::sleep(window);
-    let w = now_ns() - from;
-    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
-    pids.iter()
-        .map(|pid| {
-            busy.iter()
-                .find(|p| p.pid == *pid)
-                .map_or(0.0, |p| p.busy_ns as f64 * 100.0 / w as f64)
-        })
-        .collect()
-}
-
 /// One process at `limit` running `mode kernel` for a while: its share.
 fn one(mode: &str, kernel: &str, limit: u32) -> f64 {
     let gpu = SimGpu::new();
@@ -197,11 +182,7 @@ fn two_containers(
     let pb = start(&b, &gpu, 70, &["kernel", "busy_500us", "4"], &vars);
     std::thread::sleep(Duration::from_millis(600));
     let from = now_ns();
-    let s = process_shares(
-        &gpu,
-        Duration::from_secs(2),
-        &[pa.child.id(), pb.child.id()],
-    );
+    let s = gpu.process_shares(Duration::from_secs(2), &[pa.child.id(), pb.child.id()]);
     let to = now_ns();
     let turns = node_dir.map(|d| {
         let mut c = std::process::Command::new(vgpu_tests::dist::vgpu_bin());
@@ -535,8 +516,8 @@ fn sm_a_new_process_behind_a_killed_ones_queue_is_not_stalled() {
         let queued = simgpu::timeline::busy_between(gpu.shm(), 0, now_ns(), u64::MAX / 2);
         pa.kill9();
         let pb = start(&b, &gpu, 30, &["kernel", "busy_2000us", "4"], &[force]);
-        let shares = process_shares(&gpu, Duration::from_millis(600), &[pb.child.id()]);
-        let s = process_shares(&gpu, Duration::from_secs(2), &[pb.child.id()]);
+        let shares = gpu.process_shares(Duration::from_millis(600), &[pb.child.id()]);
+        let s = gpu.process_shares(Duration::from_secs(2), &[pb.child.id()]);
         eprintln!(
             "{what}: {:.0} ms queued at the kill; first 0.6 s {:.1}%, then {:.1}%",
             queued as f64 / 1e6,
@@ -573,7 +554,7 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
         let lo = start(&b, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
         std::thread::sleep(Duration::from_millis(600));
         let ids = [hi.child.id(), lo.child.id()];
-        let s = process_shares(&gpu, Duration::from_secs(2), &ids);
+        let s = gpu.process_shares(Duration::from_secs(2), &ids);
         eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
         if !(s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0) {
             return Err(format!(
@@ -588,7 +569,7 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
         let monitor = RegionFile::open(&b.region_path(), Access::ReadWrite).expect("open region");
         monitor.region().recent_kernel.store(-1, Relaxed);
         std::thread::sleep(Duration::from_millis(300));
-        let s = process_shares(&gpu, Duration::from_secs(1), &ids);
+        let s = gpu.process_shares(Duration::from_secs(1), &ids);
         eprintln!(
             "{what}, the monitor blocking the low one: high {:.1}%, low {:.1}%",
             s[0], s[1]
@@ -603,7 +584,7 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
         // The dead one's queue (the sim's 50 ms) drains, then the low one
         // is free within a frame, though the monitor's block still stands.
         std::thread::sleep(Duration::from_millis(200));
-        let after = process_shares(&gpu, Duration::from_secs(1), &[lo.child.id()]);
+        let after = gpu.process_shares(Duration::from_secs(1), &[lo.child.id()]);
         eprintln!("{what}: low alone {:.1}%", after[0]);
         if after[0] < 90.0 {
             return Err(format!("low alone {:.1}%, not > 90", after[0]));
@@ -621,11 +602,7 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
         let pa = start(&a, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
         let pb = start(&b, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
         std::thread::sleep(Duration::from_millis(600));
-        let s = process_shares(
-            &gpu,
-            Duration::from_secs(2),
-            &[pa.child.id(), pb.child.id()],
-        );
+        let s = gpu.process_shares(Duration::from_secs(2), &[pa.child.id(), pb.child.id()]);
         eprintln!("equal priorities: {:.1}% / {:.1}%", s[0], s[1]);
         near("equal priorities, the first", s[0], 50.0).and(near(
             "equal priorities, the second",

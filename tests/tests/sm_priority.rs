@@ -37,21 +37,6 @@ fn start(env: &HookEnv, gpu: &SimGpu, limit: Option<&str>, priority: &str) -> Ru
     r
 }
 
-/// Each process's busy share (percent) of device 0 over the next `window`.
-fn process_shares(gpu: &SimGpu, window: Duration, pids: &[u32]) -> Vec<f64> {
-    let from = simgpu::clock::mono_ns();
-    std::thread::sleep(window);
-    let w = simgpu::clock::mono_ns() - from;
-    let busy = simgpu::timeline::process_busy(gpu.shm(), 0, from, w);
-    pids.iter()
-        .map(|pid| {
-            busy.iter()
-                .find(|p| p.pid == *pid)
-                .map_or(0.0, |p| p.busy_ns as f64 * 100.0 / w as f64)
-        })
-        .collect()
-}
-
 /// The service (priority 0) and the trainer (priority 1), both at `limit`:
 /// the service gets nearly all of the device, the trainer a little (held,
 /// not starved). Equal shares would mean priority did nothing. Up to three
@@ -67,11 +52,7 @@ fn priority_holds_at(limit: Option<&str>) {
         let hi = start(&a, &gpu, limit, "0");
         let lo = start(&b, &gpu, limit, "1");
         std::thread::sleep(Duration::from_millis(600));
-        let s = process_shares(
-            &gpu,
-            Duration::from_secs(2),
-            &[hi.child.id(), lo.child.id()],
-        );
+        let s = gpu.process_shares(Duration::from_secs(2), &[hi.child.id(), lo.child.id()]);
         eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
         if s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0 {
             return;
