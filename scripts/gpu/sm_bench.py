@@ -326,7 +326,7 @@ def main():
         help="libvgpu.so for --sweep; with --interleave, repeat as name=path to compare builds",
     )
     p.add_argument(
-        "--tiny-elems", type=int, default=4096, help="elements of the tiny loop's tensor (65536: issue 28's loop)"
+        "--tiny-elems", type=int, default=4096, help="elements of the tiny loop's tensor (65536: launch-bound at about a third of the GPU)"
     )
     p.add_argument("--rounds", type=int, default=1, help="with --interleave: repeat the sweep")
     p.add_argument(

@@ -1,4 +1,4 @@
-//! Enforcement a tenant cannot dodge (issue 25, items 3, 5, 6), end to end
+//! Enforcement a tenant cannot dodge, end to end
 //! as root on the simulated GPU, with containers as in `security_integrity`
 //! (a kubepods cgroup ending in a 64-hex id, a PID namespace, a fixture
 //! runtime spec saying 1 GiB):

@@ -1,4 +1,4 @@
-//! The smaller attacks of a hostile tenant (issue 25, item 7), on the
+//! The smaller attacks of a hostile tenant, on the
 //! simulated GPU, as root: labels a tenant chooses through its paths, lines
 //! it forges in the daemon's text log, terminal escapes it writes into its
 //! region for `vgpu inspect` and `vgpu top`, and `vgpu install-hook` fed a

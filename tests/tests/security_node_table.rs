@@ -1,5 +1,4 @@
-//! The node's SM tables validated by the daemon (issue 25, item 1, the
-//! daemon's part), end to end as root on the simulated GPU: `vgpu daemon`
+//! The node's SM tables validated by the daemon, end to end as root on the simulated GPU: `vgpu daemon`
 //! with `--node-dir` on the simulator's node directory removes a member
 //! that no live container vouches for, even one refreshed continuously with
 //! plausible instants, and lowers a container's claimed priority to its

@@ -1,5 +1,4 @@
-//! A tenant that can only hurt itself (issue 25, items 1, 2 and 4, the
-//! hook's side): a member forged into the node's table, shared by every
+//! A tenant that can only hurt itself (the hook's side): a member forged into the node's table, shared by every
 //! container, does not starve an SM-limited neighbour; truncating its own
 //! `.sm` sidecar or its own region, or renaming a fresh file over the
 //! sidecar, does not lift the container's SM or memory limit. Needs the built artifacts and the simulated GPU
@@ -57,7 +56,7 @@ fn forge_member(table: &Path, index: u64) {
         .unwrap_or_else(|e| panic!("writing {}: {e}", table.display()));
 }
 
-/// Issue 25 item 1: one write of a phantom member into the node's table
+/// One write of a phantom member into the node's table
 /// starved a neighbour limited to 50 % (200 µs kernels) to about one kernel
 /// a frame, forever. Its instants are ahead of every reader's clock, which
 /// no hook writes: the member counts for nobody, the neighbour keeps ≥ 90 %
@@ -106,7 +105,7 @@ fn a_forged_node_table_member_does_not_starve_a_neighbour() {
     assert!(phantom["last_launch_ms_ago"].is_null(), "{phantom}");
 }
 
-/// Issue 25 item 2: a container limited to 20 % with 4 processes took
+/// A container limited to 20 % with 4 processes took
 /// 67–69 % once it truncated its own sidecar (each process then limited
 /// itself alone, on private pages). The processes re-attach the file, so
 /// they share one bucket again: the container stays within its limit + 5.
@@ -199,7 +198,7 @@ fn ask(p: &mut Running, line: &str, reply: &str) -> String {
     p.wait_for(reply)
 }
 
-/// Issue 25 item 4: three registered processes, the region truncated, each
+/// Three registered processes, the region truncated, each
 /// then allocating 1200 MiB held 5100 MiB under a 2 GiB limit. They
 /// re-attach the region and publish their own usage again: the container
 /// never holds more than its limit.
