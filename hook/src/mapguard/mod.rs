@@ -534,6 +534,12 @@ mod tests {
             .open(dir.join("f"))
             .unwrap();
         file.set_len(len as u64).unwrap();
+        let p = map_shared(&file, len);
+        (file, p)
+    }
+
+    /// A new shared read-write mapping of `file`'s first `len` bytes.
+    fn map_shared(file: &std::fs::File, len: usize) -> *const u8 {
         // SAFETY: a fresh shared mapping of the file's `len` bytes.
         let p = unsafe {
             libc::mmap(
@@ -546,7 +552,7 @@ mod tests {
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
-        (file, p as *const u8)
+        p as *const u8
     }
 
     /// A fault outside the guarded mappings, and a SIGBUS sent by raise(3),
@@ -720,19 +726,8 @@ mod tests {
                 .write(true)
                 .open(&path)
                 .unwrap();
-            // SAFETY: a fresh shared mapping of the file's `len` bytes.
-            let p = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    f.as_raw_fd(),
-                    0,
-                )
-            };
-            assert_ne!(p, libc::MAP_FAILED);
-            (f, p as *const u8)
+            let p = map_shared(&f, len);
+            (f, p)
         };
         w.store(77, SeqCst);
         // SAFETY: inside the sibling's mapping, 8-aligned.
