@@ -500,10 +500,11 @@ svc_run() {
     grep -hi 'higher priority\|not a directory\|panicked\|error' "$W/svc-s.log" "$W/svc-t.log" 2>/dev/null | sort | uniq -c | head -n 4
 }
 
-phase_prio() {
-    say "service (4 bf16 2048² matmuls + sync every 20 ms) beside a trainer (bf16 4096² matmuls)"
-    local hook="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
-    # HAMi's node directory, shared by both (each container has it mounted).
+# A fresh HAMi node directory (/tmp/vgpulock, shared by both containers),
+# the trainer alone (SOLO, the trainer's 100 %), the table's head, the
+# service alone and both unhooked (labelled $1): the rows every priority
+# table starts with.
+svc_baseline() {
     rm -rf /tmp/vgpulock && mkdir -m 0777 /tmp/vgpulock
     SOLO=""
     svc_run "trainer alone" - "X=1"
@@ -511,7 +512,13 @@ phase_prio() {
     echo "| configuration | service | trainer (of alone) |"
     echo "|---|---|---|"
     svc_run "service alone" "X=1" -
-    svc_run "both unlimited" "X=1" "X=1"
+    svc_run "$1" "X=1" "X=1"
+}
+
+phase_prio() {
+    say "service (4 bf16 2048² matmuls + sync every 20 ms) beside a trainer (bf16 4096² matmuls)"
+    local hook="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+    svc_baseline "both unlimited"
     local v name lib
     for v in "dist=$DIST/libvgpu.so" ${VARIANTS:-}; do
         name=${v%%=*} lib=${v#*=}
@@ -581,14 +588,7 @@ phase_prioab() {
 phase_hamish() {
     say "service (priority 0) beside a trainer (priority 1) with the limit variable as HAMi sets it"
     local hook="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
-    rm -rf /tmp/vgpulock && mkdir -m 0777 /tmp/vgpulock
-    SOLO=""
-    svc_run "trainer alone" - "X=1"
-    SOLO=$(awk '{print $2}' "$W/svc-t.txt")
-    echo "| configuration | service | trainer (of alone) |"
-    echo "|---|---|---|"
-    svc_run "service alone" "X=1" -
-    svc_run "both unhooked" "X=1" "X=1"
+    svc_baseline "both unhooked"
     local lim
     for lim in 0 100; do
         svc_run "priority 0 / 1, CUDA_DEVICE_SM_LIMIT=$lim" \
