@@ -211,6 +211,43 @@ fn sm_two_containers_get_their_own_limits() {
     retried("two containers", || two_containers("sm-two", None));
 }
 
+/// A limited container beside an unlimited one (HAMi's pod without
+/// `gpucores`, `CUDA_DEVICE_SM_LIMIT=0`, next to one with `gpucores: 30`).
+/// The unlimited neighbour keeps the device's queue full, so every kernel
+/// of the limited one waits behind the neighbour's before it runs: charged
+/// that wait, it would get a fraction of its share. It is charged its own
+/// GPU time only, so it gets its 30 % and the neighbour the rest.
+fn beside_an_unlimited_neighbour() -> Result<(), String> {
+    let gpu = SimGpu::new();
+    let a = HookEnv::new("sm-beside-30", "0");
+    let b = HookEnv::new("sm-beside-0", "0");
+    let vars = [("GPU_CORE_UTILIZATION_POLICY", "force")];
+    let limited = start(&a, &gpu, 30, &["kernel", "busy_1000us", "8"], &vars);
+    let unlimited = start(&b, &gpu, 0, &["kernel", "busy_1000us", "8"], &vars);
+    std::thread::sleep(Duration::from_millis(1000));
+    let s = gpu.process_shares(
+        Duration::from_secs(3),
+        &[limited.child.id(), unlimited.child.id()],
+    );
+    eprintln!("limit 30 beside limit 0: {:.1}% / {:.1}%", s[0], s[1]);
+    if s[0] < 25.0 || s[0] > 35.0 {
+        return Err(format!(
+            "the limit-30 container got {:.1}% beside an unlimited one (not 25..35)",
+            s[0]
+        ));
+    }
+    if s[1] < 55.0 {
+        return Err(format!("the unlimited neighbour got {:.1}% (not >= 55)", s[1]));
+    }
+    Ok(())
+}
+
+#[test]
+fn sm_a_limited_container_beside_an_unlimited_one_gets_its_share() {
+    let _s = serial();
+    retried("limit 30 beside limit 0", beside_an_unlimited_neighbour);
+}
+
 /// With a directory shared by the node's containers (HAMi's /tmp/vgpulock),
 /// two limited containers on one GPU take turns: 50 ms frames, so two
 /// switches between them per frame, about 40 a second (time-sliced, the
