@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-GPU checks (issue 20) on a machine with two GPUs. Needs DIST (vgpu,
 # libvgpu.so), this checkout's tests/c and scripts/gpu, PyTorch with NCCL.
-#   DIST=... bash scripts/gpu/multi_gpu.sh [parts]   parts: any of mem torch smi nccl sm trace (default all)
+#   DIST=... bash scripts/gpu/multi_gpu.sh [parts]   parts: any of mem torch smi nccl sm trace (default all),
+#   and ncclcount (stage by stage, NCCL's memory against the hook's count; not in the default)
 # Every container is a region under $W/containers/pod-<name>_c/ (the daemon
 # labels it pod_uid pod-<name>, container c); limits as HAMi's device plugin sets them.
 set -uo pipefail
@@ -151,6 +152,20 @@ for f in fs: print({k: f.get(k) for k in ("kind","pid","untracked_bytes","probe_
     curl -s localhost:9396/metrics | grep -E '^(hami_vgpu_memory_(used|limit)_bytes|vgpu_untracked_bytes)' | grep 'pod_uid="pod-nccl"'
     touch "$W/nccl.release"
     wait $np
+fi
+
+if has ncclcount; then
+    for v in "NCCL_CUMEM_ENABLE=1" "NCCL_CUMEM_ENABLE=0" "NCCL_CUMEM_ENABLE=1 NCCL_NVLS_ENABLE=0"; do
+        say "NCCL memory stage by stage under the hook (16 GiB each), $v"
+        rm -rf "$W/containers/pod-ncc_c"
+        # shellcheck disable=SC2086
+        L0=16g L1=16g ctr ncc env -u CUDA_VISIBLE_DEVICES $v NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ALLOC \
+            python3 "$ROOT/scripts/gpu/nccl_count.py" "$DIST/vgpu" "$(region ncc)" 1024 >"$W/ncc.txt" 2>&1
+        grep -E '^(torch|rank)' "$W/ncc.txt"
+        echo "NCCL's own allocation log (rank 0, sizes):"
+        grep -iE 'alloc|cuMem|mem ' "$W/ncc.txt" | grep -v '^rank' | sed 's/^[^ ]* //' | sort | uniq -c | sort -rn | head -40
+        cp "$W/ncc.txt" "$OUT/ncc-${v// /_}.txt" 2>/dev/null
+    done
 fi
 
 if has sm; then
