@@ -55,6 +55,16 @@ fn finish(
     }
     if let Some(ours) = substitute(symbol, cuda_version, flags) {
         crate::ffi::write(pfn, ours);
+    } else if crate::log::enabled(crate::log::DEBUG) {
+        // Which driver entry points a library takes past the hook: the
+        // first thing to read when memory escapes the count.
+        crate::ffi::with_c_str(symbol, |name| {
+            vlog!(
+                crate::log::DEBUG,
+                "cuGetProcAddress({}, {cuda_version}, {flags:#x}) -> driver",
+                name.to_string_lossy()
+            );
+        });
     }
     rc
 }

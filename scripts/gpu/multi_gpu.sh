@@ -160,11 +160,16 @@ if has ncclcount; then
         rm -rf "$W/containers/pod-ncc_c"
         # shellcheck disable=SC2086
         L0=16g L1=16g ctr ncc env -u CUDA_VISIBLE_DEVICES $v NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ALLOC \
-            python3 "$ROOT/scripts/gpu/nccl_count.py" "$DIST/vgpu" "$(region ncc)" 1024 >"$W/ncc.txt" 2>&1
+            LIBCUDA_LOG_LEVEL=4 python3 "$ROOT/scripts/gpu/nccl_count.py" "$DIST/vgpu" "$(region ncc)" 1024 >"$W/ncc.txt" 2>&1
         grep -E '^(torch|rank)' "$W/ncc.txt"
-        echo "NCCL's own allocation log (rank 0, sizes):"
-        grep -iE 'alloc|cuMem|mem ' "$W/ncc.txt" | grep -v '^rank' | sed 's/^[^ ]* //' | sort | uniq -c | sort -rn | head -40
-        cp "$W/ncc.txt" "$OUT/ncc-${v// /_}.txt" 2>/dev/null
+        echo "NCCL's device allocations by call site (rank 0): count, bytes"
+        grep '\[0\] NCCL INFO .*Cuda Alloc Size' "$W/ncc.txt" |
+            awk '{for (i = 1; i < NF; i++) {if ($i == "INFO") site = $(i + 1); if ($i == "Size") sz = $(i + 1)}
+                  n[site]++; b[site] += sz} END {for (s in n) printf "  %-28s %4d  %10d\n", s, n[s], b[s]}'
+        echo "driver entry points taken past the hook (memory, VMM, IPC, multicast, modules):"
+        grep -o 'cuGetProcAddress([A-Za-z0-9_]*, [0-9]*, 0x[0-9a-f]*) -> [a-z]*' "$W/ncc.txt" |
+            grep -E 'Mem|Multicast|Ipc|Module|Library|Host' | sort | uniq -c | sort -k2 | head -80
+        cp "$W/ncc.txt" "$OUT/ncc-$(echo "$v" | tr -c 'A-Za-z0-9\n' '_').txt" 2>/dev/null
     done
 fi
 
