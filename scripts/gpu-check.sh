@@ -27,6 +27,9 @@
 #                                        PRIO_EXTRA=1: also with HAMi's monitor's feedback loop
 #                                        emulated, and with `vgpu daemon` running)
 #   bash scripts/gpu-check.sh prioab     priority 0 / 1 only, VARIANTS alternated over ROUNDS rounds
+#   bash scripts/gpu-check.sh clients    device memory of real clients against the hook's count, stage
+#                                        by stage: a vLLM-like client (cuMem allocator, profiling, graphs,
+#                                        IPC, sleep/wake), PyTorch expandable_segments, CuPy, JAX
 #   bash scripts/gpu-check.sh hamish     as HAMi deploys it (CUDA_DEVICE_SM_LIMIT always set): priority
 #                                        0 / 1 at limits 0, 100 and unset; a limit-30 matmul beside
 #                                        a limit-0 one in another container
@@ -609,6 +612,20 @@ phase_hamish() {
     wait
     for lim in 30 0; do echo "limit $lim: $(grep 'of unlimited' "$W/mix-$lim.txt")"; done
     rm -rf /tmp/vgpulock
+}
+
+# Each client under the hook (16 GiB) in its own region: NVML's figure for the
+# process against the hook's count at every stage.
+phase_clients() {
+    local c
+    for c in vllm torch-expandable cupy jax; do
+        say "client: $c"
+        mkdir -p "$W/clients"
+        local run=(python3 "$ROOT/scripts/gpu/mem_clients.py" "$DIST/vgpu" "$W/clients/$c.cache" "$c")
+        [ "$c" = vllm ] && run=(python3 "$ROOT/scripts/gpu/vllm_like.py" "$DIST/vgpu" "$W/clients/$c.cache")
+        env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=16g \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/clients/$c.cache" "${run[@]}" 2>&1 | grep -v Warning | tail -25
+    done
 }
 
 "phase_$PHASE"
