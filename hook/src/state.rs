@@ -41,6 +41,11 @@ pub struct Process {
     pub primary: Mutex<[u32; MAX_DEVICES]>,
     /// Measured context footprint per device (`UNKNOWN` until measured).
     pub ctx_size: [AtomicU64; MAX_DEVICES],
+    /// GPU code and data counted since the context was measured, per
+    /// device (`memory::modules`).
+    pub module_bytes: [AtomicU64; MAX_DEVICES],
+    /// When the allocation path next compares NVML with the count (ns).
+    pub module_check: AtomicU64,
 }
 
 impl Process {
@@ -56,6 +61,8 @@ impl Process {
             graphs: Mutex::new(HashMap::new()),
             primary: Mutex::new([0; MAX_DEVICES]),
             ctx_size: std::array::from_fn(|_| AtomicU64::new(UNKNOWN)),
+            module_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+            module_check: AtomicU64::new(0),
         })
     }
 }

@@ -20,6 +20,9 @@
  *   hook_mem loop                 alloc/free forever (to be killed)
  *   hook_mem fill                 context + allocate everything cuMemGetInfo says is free
  *   hook_mem info                 print cuMemGetInfo and cuDeviceTotalMem
+ *   hook_mem module <bytes>       context, load a module (GPU code: the simulator charges it
+ *                                 SIMGPU_MODULE_BYTES), then print cuMemGetInfo and the result
+ *                                 of allocating <bytes>
  *   hook_mem ctxdestroy           allocate half the free memory in a second context and
  *                                 destroy that context without freeing: free memory must
  *                                 come back, and a larger allocation must then succeed.
@@ -421,6 +424,20 @@ int main(int argc, char **argv) {
         return r != CUDA_SUCCESS;
     }
     if (argc >= 2 && !strcmp(argv[1], "ctxdestroy")) return ctxdestroy();
+    if (argc >= 3 && !strcmp(argv[1], "module")) {
+        typedef CUresult (*load_t)(void **, const void *);
+        load_t load = (load_t)fn("cuModuleLoadData");
+        void *mod = NULL;
+        size_t f = 0, t = 0;
+        CUdeviceptr p = 0;
+        if (context() || !load) return 1;
+        CUresult r0 = load(&mod, "// ptx\n");
+        CUresult r1 = cuMemGetInfo_v2(&f, &t);
+        CUresult r2 = cuMemAlloc_v2(&p, strtoull(argv[2], 0, 0));
+        printf("module rc %d\nmeminfo total %zu free %zu rc %d\nalloc rc %d\n", (int)r0, t, f, (int)r1,
+               (int)r2);
+        return 0;
+    }
     if (argc >= 2 && !strcmp(argv[1], "info")) {
         size_t f = 0, t = 0, tm = 0;
         if (cuInit(0) || cuDeviceGet(&dev, ordinal)) return 1;

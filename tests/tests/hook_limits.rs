@@ -56,6 +56,28 @@ fn memory_info_shows_the_limit_and_counts_the_context() {
     assert_eq!(free, G - 500 * M, "{out}");
 }
 
+/// GPU code loaded after the context (lazily loaded kernels) takes device
+/// memory no allocation call passes through: NVML's line for the process
+/// shows it, so memory info and the limit count it. The simulated module
+/// costs 64 MiB: of 1 GiB, 500 MiB of context and 64 of code leave 460, and
+/// 500 MiB more does not fit (without counting the code it would).
+#[test]
+fn gpu_code_loaded_after_the_context_is_counted() {
+    let env = HookEnv::new("module", "1g");
+    let exe = env.build("hook_mem");
+    let mut c = env.hooked(&exe, &["module", &(500 * M).to_string()]);
+    c.env("SIMGPU_MODULE_BYTES", "64m");
+    let (ok, out, err) = run(c);
+    assert!(ok, "{out}{err}");
+    assert_eq!(field(&out, "module rc"), Some(0), "{out}");
+    assert_eq!(field(&out, "free"), Some(G - 564 * M), "{out}{err}");
+    assert_eq!(
+        field(&out, "alloc rc"),
+        Some(2),
+        "CUDA_ERROR_OUT_OF_MEMORY: {out}{err}"
+    );
+}
+
 /// Destroying a context frees its allocations: the hook releases them, so
 /// the memory is usable again under the limit.
 #[test]

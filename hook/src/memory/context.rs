@@ -307,6 +307,7 @@ fn primary_release(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
             if size != UNKNOWN {
                 p.att.release(d, size, Kind::Context);
             }
+            super::modules::released_with_context(p, d);
         }
     }
     rc
@@ -340,6 +341,7 @@ pub fn released_by_reset(p: &Process, d: usize, retained: &mut u32) {
         if size != UNKNOWN {
             p.att.release(d, size, Kind::Context);
         }
+        super::modules::released_with_context(p, d);
     }
     if p.contexts.any(|e| e.dev == d) {
         vlog_once!(

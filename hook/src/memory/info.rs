@@ -28,6 +28,9 @@ pub fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
     };
     // Processes that exited since still fill their slots until reclaimed.
     p.att.reclaim_now_and_then();
+    // Profilers (vLLM's, PyTorch's `mem_get_info`) size what they take by
+    // this answer: GPU code loaded since the context counts first.
+    super::modules::reconcile(p, &Real, dev);
     let r = p.att.region();
     let (f, t) = virtual_info(
         usage::limit(r, dev),

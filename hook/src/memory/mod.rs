@@ -15,6 +15,7 @@ pub mod graph;
 pub mod info;
 pub mod ipc;
 pub mod limit;
+pub mod modules;
 pub mod track;
 pub mod vmm;
 
@@ -41,6 +42,7 @@ pub fn target(d: &impl Driver) -> Option<(&'static Process, usize)> {
         );
         return None;
     }
+    modules::reconcile_now_and_then(p, d, dev);
     Some((p, dev))
 }
 

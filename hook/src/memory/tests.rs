@@ -537,3 +537,83 @@ fn a_context_destroy_releases_only_that_context_s_allocations() {
     released_by_destroy(&p, 0);
     assert_eq!(used(&p, 0), 15 * M);
 }
+
+/// A process whose context on device 0 is counted (10 MiB) and whose
+/// NVML line reads `nvml` bytes.
+fn with_context(dir: &std::path::Path, pid: i32, nvml: u64) -> (Process, Fake) {
+    let p = Process::new(&cfg(dir, "1g"), pid, 0).unwrap();
+    p.ctx_size[0].store(10 * M, SeqCst);
+    assert!(super::limit::reserve(&p.att, 0, 10 * M, Kind::Context));
+    let fake = Fake {
+        own: Some(4242),
+        procs: std::cell::RefCell::new(Some(vec![(7, 300 * M), (4242, nvml)])),
+        ..Default::default()
+    };
+    (p, fake)
+}
+
+#[test]
+fn gpu_code_loaded_after_the_context_is_counted_once() {
+    use super::modules::{reconcile, released_with_context};
+    let dir = tempfile::tempdir().unwrap();
+    let (p, fake) = with_context(dir.path(), 8101, 10 * M + 74 * M);
+    assert_eq!(reconcile(&p, &fake, 0), 74 * M);
+    assert_eq!(used(&p, 0), 84 * M, "the count is NVML's line");
+    assert_eq!(reconcile(&p, &fake, 0), 0, "nothing new: nothing added");
+    // An allocation seen by the hook moves both alike.
+    assert_eq!(
+        counted(&p, &p.ptrs, 0, 100 * M, Kind::Data, || (
+            CUDA_SUCCESS,
+            0x5000
+        )),
+        CUDA_SUCCESS
+    );
+    *fake.procs.borrow_mut() = Some(vec![(4242, 184 * M)]);
+    assert_eq!(reconcile(&p, &fake, 0), 0);
+    // The context goes, and the code loaded for it with it.
+    released_with_context(&p, 0);
+    assert_eq!(used(&p, 0), 110 * M);
+}
+
+#[test]
+fn nvml_reading_less_than_the_count_lowers_nothing() {
+    // An allocation is counted before the driver makes it: NVML lags.
+    let dir = tempfile::tempdir().unwrap();
+    let (p, fake) = with_context(dir.path(), 8102, 4 * M);
+    assert_eq!(super::modules::reconcile(&p, &fake, 0), 0);
+    assert_eq!(used(&p, 0), 10 * M);
+    // Within NVML's MiB rounding: nothing either.
+    *fake.procs.borrow_mut() = Some(vec![(4242, 11 * M)]);
+    assert_eq!(super::modules::reconcile(&p, &fake, 0), 0);
+}
+
+#[test]
+fn no_look_before_the_context_is_counted_or_without_our_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, fake) = with_context(dir.path(), 8103, 90 * M);
+    // Not our line: another process's memory is never ours.
+    *fake.procs.borrow_mut() = Some(vec![(7, 900 * M)]);
+    let blind = Fake {
+        own: Some(4242),
+        procs: std::cell::RefCell::new(Some(vec![(7, 900 * M)])),
+        ..Default::default()
+    };
+    assert_eq!(super::modules::reconcile(&p, &blind, 0), 0);
+    // Until the context's size is counted, NVML's extra is that context.
+    p.ctx_size[0].store(crate::state::UNKNOWN, SeqCst);
+    *fake.procs.borrow_mut() = Some(vec![(4242, 90 * M)]);
+    assert_eq!(super::modules::reconcile(&p, &fake, 0), 0);
+    assert_eq!(used(&p, 0), 10 * M);
+}
+
+#[test]
+fn the_allocation_path_looks_at_most_once_a_period() {
+    use super::modules::reconcile_now_and_then;
+    let dir = tempfile::tempdir().unwrap();
+    let (p, fake) = with_context(dir.path(), 8104, 30 * M);
+    reconcile_now_and_then(&p, &fake, 0);
+    assert_eq!(used(&p, 0), 30 * M);
+    *fake.procs.borrow_mut() = Some(vec![(4242, 60 * M)]);
+    reconcile_now_and_then(&p, &fake, 0);
+    assert_eq!(used(&p, 0), 30 * M, "not due again within the period");
+}

@@ -237,8 +237,9 @@ impl Attachment {
         }
     }
 
-    /// Counts without a limit check.
-    #[cfg(test)]
+    /// Counts memory that already exists, without a limit check: GPU code
+    /// the driver loaded (`crate::memory::modules`); a refusal could not
+    /// take it back.
     pub fn add_unchecked(&self, dev: usize, bytes: u64, kind: Kind) {
         if let Some(s) = self.region().procs.get(self.slot_index()) {
             usage::add(s, dev, bytes, kind);

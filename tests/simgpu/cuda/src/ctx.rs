@@ -48,6 +48,17 @@ impl Driver {
             state::StreamKey::Legacy(c) | state::StreamKey::PerThread(c, _) => c != h,
             state::StreamKey::Created(_) => true,
         });
+        let modules: Vec<Handle> = self
+            .module_mem
+            .iter()
+            .filter(|(_, (ctx, _, _))| *ctx == h)
+            .map(|(&m, _)| m)
+            .collect();
+        for m in modules {
+            if let Some((_, dev, bytes)) = self.module_mem.remove(&m) {
+                self.uncharge(dev, bytes);
+            }
+        }
         self.uncharge(c.dev, self.cfg.context_bytes);
         simgpu::memory::count_context(self.shm(), self.slot, c.dev, -1);
         Ok(())

@@ -16,9 +16,19 @@ pub(crate) struct Func {
 
 impl Driver {
     fn load_module(&mut self) -> Result<Handle, CuErr> {
-        self.current_ctx()?;
+        let (ctx, dev) = self.current_ctx()?;
+        // GPU code takes device memory that no allocation call passes
+        // through (lazily loaded kernels, their constants): per module.
+        let bytes = std::env::var("SIMGPU_MODULE_BYTES")
+            .ok()
+            .and_then(|v| simgpu::config::parse_size(&v).ok())
+            .unwrap_or(0);
+        self.charge(dev, bytes)?;
         let h = self.new_handle();
         self.modules.insert(h, Vec::new());
+        if bytes > 0 {
+            self.module_mem.insert(h, (ctx, dev, bytes));
+        }
         Ok(h)
     }
 
@@ -48,6 +58,9 @@ impl Driver {
 
     fn unload_module(&mut self, m: Handle) -> Result<(), CuErr> {
         let funcs = self.modules.remove(&m).ok_or(CuErr::InvalidHandle)?;
+        if let Some((_, dev, bytes)) = self.module_mem.remove(&m) {
+            self.uncharge(dev, bytes);
+        }
         for f in funcs {
             self.funcs.remove(&f);
         }

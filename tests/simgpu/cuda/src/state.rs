@@ -94,6 +94,9 @@ pub(crate) struct Driver {
     pub stream_end: HashMap<StreamKey, u64>,
     pub events: HashMap<Handle, crate::event::Event>,
     pub modules: HashMap<Handle, Vec<Handle>>,
+    /// Device memory each loaded module holds (`SIMGPU_MODULE_BYTES`):
+    /// module → (context, device, bytes).
+    pub module_mem: HashMap<Handle, (Handle, u32, u64)>,
     pub funcs: HashMap<Handle, crate::module::Func>,
     pub libraries: HashMap<Handle, Handle>,
     pub graphs: crate::graph::Graphs,
@@ -178,6 +181,7 @@ pub(crate) fn init() -> Result<(), CuErr> {
         stream_end: HashMap::new(),
         events: HashMap::new(),
         modules: HashMap::new(),
+        module_mem: HashMap::new(),
         funcs: HashMap::new(),
         libraries: HashMap::new(),
         graphs: Default::default(),

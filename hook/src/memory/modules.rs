@@ -1,0 +1,103 @@
+//! Device memory no entry point sees: GPU code and its data. With lazy
+//! module loading (CUDA 12's default) a library's kernels are loaded at
+//! their first launch, after the context was measured (`context.rs`), and
+//! take device memory that no allocation call passes through (on an H100:
+//! PyTorch's first kernels 92 MiB, cuBLAS under graph capture 72, NCCL's
+//! kernels 76, JAX 32). The process's own line in NVML's list is the only
+//! measure of it, so now and then the hook compares that line with what
+//! it counted on the device and counts what NVML shows beyond it as
+//! context memory (docs/hook.md, "Module memory").
+//!
+//! Only ever raised: a race with this process's own allocations can only
+//! make NVML read *less* than the count (an allocation is counted before
+//! the driver makes it, a free uncounted after), never more, and memory
+//! loaded for code goes with the context (released with it).
+
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+use super::context::{own_listed, Snapshot};
+use super::driver::Driver;
+use crate::region::Kind;
+use crate::state::{Process, UNKNOWN};
+
+/// NVML reports whole MiB on some drivers: a difference below this is
+/// rounding, not memory.
+const SLACK: u64 = 2 << 20;
+
+/// How often the allocation path looks (the look costs an NVML call,
+/// about a millisecond; memory info looks every time it is asked).
+pub const PERIOD_NS: u64 = 1_000_000_000;
+
+/// Counts on `dev` what NVML shows this process holding beyond what the
+/// hook counted. Returns the bytes added.
+pub fn reconcile(p: &Process, d: &impl Driver, dev: usize) -> u64 {
+    // Until the context's own size is counted, NVML's extra is that
+    // context, which `context::counted_context` is about to reserve.
+    if p.ctx_size
+        .get(dev)
+        .is_none_or(|s| s.load(SeqCst) == UNKNOWN)
+    {
+        return 0;
+    }
+    let Some(total) = p.att.slot().and_then(|s| s.used.get(dev)).map(|m| &m.total) else {
+        return 0;
+    };
+    let before = total.load(SeqCst);
+    let snap = Snapshot {
+        procs: d.processes(dev),
+        used: None,
+    };
+    let counted = total.load(SeqCst);
+    if counted != before {
+        return 0; // an allocation or free ran meanwhile; the next look sees it settled
+    }
+    let own = d.own_host_pid().or_else(|| p.att.host_pid());
+    let (Some(pid), Some(list)) = (own_listed(own, d.own_ns_pid(), &snap), snap.procs.as_ref())
+    else {
+        return 0;
+    };
+    let nvml: u64 = list
+        .iter()
+        .filter(|(q, _)| *q == pid)
+        .map(|(_, u)| *u)
+        .sum();
+    if nvml <= counted.saturating_add(SLACK) {
+        return 0;
+    }
+    let extra = nvml - counted;
+    p.att.add_unchecked(dev, extra, Kind::Context);
+    if let Some(m) = p.module_bytes.get(dev) {
+        m.fetch_add(extra, SeqCst);
+    }
+    vlog!(
+        crate::log::INFO,
+        "device {dev}: {extra} bytes of GPU code and data loaded since the context was measured \
+         (NVML shows {nvml}, counted {counted}); counted as context memory"
+    );
+    extra
+}
+
+/// [`reconcile`] from the allocation path: at most once per [`PERIOD_NS`]
+/// per process, decided by a coarse clock read and one CAS.
+pub fn reconcile_now_and_then(p: &Process, d: &impl Driver, dev: usize) {
+    let now = vgpu_common::clock::clock_ns(libc::CLOCK_MONOTONIC_COARSE);
+    let due = p.module_check.load(Relaxed);
+    if now < due
+        || p.module_check
+            .compare_exchange(due, now + PERIOD_NS, Relaxed, Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    reconcile(p, d, dev);
+}
+
+/// Releases what [`reconcile`] counted on `dev`: its contexts are gone.
+pub fn released_with_context(p: &Process, dev: usize) {
+    if let Some(m) = p.module_bytes.get(dev) {
+        let b = m.swap(0, SeqCst);
+        if b > 0 {
+            p.att.release(dev, b, Kind::Context);
+        }
+    }
+}
