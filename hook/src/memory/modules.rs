@@ -6,7 +6,7 @@
 //! kernels 76, JAX 32). The process's own line in NVML's list is the only
 //! measure of it, so now and then the hook compares that line with what
 //! it counted on the device and counts what NVML shows beyond it as
-//! context memory (docs/hook.md, "Module memory").
+//! module memory (`module_size`; docs/hook.md, "Module memory").
 //!
 //! Only ever raised: a race with this process's own allocations can only
 //! make NVML read *less* than the count (an allocation is counted before
@@ -65,14 +65,14 @@ pub fn reconcile(p: &Process, d: &impl Driver, dev: usize) -> u64 {
         return 0;
     }
     let extra = nvml - counted;
-    p.att.add_unchecked(dev, extra, Kind::Context);
+    p.att.add_unchecked(dev, extra, Kind::Module);
     if let Some(m) = p.module_bytes.get(dev) {
         m.fetch_add(extra, SeqCst);
     }
     vlog!(
         crate::log::INFO,
         "device {dev}: {extra} bytes of GPU code and data loaded since the context was measured \
-         (NVML shows {nvml}, counted {counted}); counted as context memory"
+         (NVML shows {nvml}, counted {counted}); counted as module memory"
     );
     extra
 }
@@ -97,7 +97,7 @@ pub fn released_with_context(p: &Process, dev: usize) {
     if let Some(m) = p.module_bytes.get(dev) {
         let b = m.swap(0, SeqCst);
         if b > 0 {
-            p.att.release(dev, b, Kind::Context);
+            p.att.release(dev, b, Kind::Module);
         }
     }
 }

@@ -559,6 +559,12 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
     let (p, fake) = with_context(dir.path(), 8101, 10 * M + 74 * M);
     assert_eq!(reconcile(&p, &fake, 0), 74 * M);
     assert_eq!(used(&p, 0), 84 * M, "the count is NVML's line");
+    let slot = p.att.slot().unwrap();
+    assert_eq!(
+        slot.used[0].module_size.load(SeqCst),
+        74 * M,
+        "as module memory"
+    );
     assert_eq!(reconcile(&p, &fake, 0), 0, "nothing new: nothing added");
     // An allocation seen by the hook moves both alike.
     assert_eq!(

@@ -47,6 +47,7 @@ impl Default for Shadow {
 fn index(kind: Kind) -> usize {
     match kind {
         Kind::Context => 0,
+        Kind::Module => 1,
         Kind::Data => 2,
     }
 }

@@ -24,11 +24,12 @@ fn summed(region: &SharedRegion) -> &[ProcSlot] {
 }
 
 /// Which `device_memory_t` field an amount belongs to; `total` is always
-/// the sum of the three. The hook counts no `module_size` (it stays 0):
-/// module loads are not hooked.
+/// the sum of the three. `Module` is GPU code and its data, measured from
+/// NVML (`crate::memory::modules`): module loads themselves are not hooked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Context,
+    Module,
     Data,
 }
 
@@ -36,6 +37,7 @@ fn field(slot: &ProcSlot, dev: usize, kind: Kind) -> Option<(&AtomicU64, &Atomic
     let m = slot.used.get(dev)?;
     let f = match kind {
         Kind::Context => &m.context_size,
+        Kind::Module => &m.module_size,
         Kind::Data => &m.data_size,
     };
     Some((f, &m.total))
