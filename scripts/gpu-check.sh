@@ -30,6 +30,9 @@
 #   bash scripts/gpu-check.sh clients    device memory of real clients against the hook's count, stage
 #                                        by stage: a vLLM-like client (cuMem allocator, profiling, graphs,
 #                                        IPC, sleep/wake), PyTorch expandable_segments, CuPy, JAX
+#   bash scripts/gpu-check.sh oversub    CUDA_OVERSUBSCRIBE: GPT-2-small training under an 8 GiB limit
+#                                        while another process holds all but 2 GiB of the card, against
+#                                        the same run without pressure and without the variable
 #   bash scripts/gpu-check.sh hamish     as HAMi deploys it (CUDA_DEVICE_SM_LIMIT always set): priority
 #                                        0 / 1 at limits 0, 100 and unset; a limit-30 matmul beside
 #                                        a limit-0 one in another container
@@ -626,6 +629,55 @@ phase_clients() {
         env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=16g \
             CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/clients/$c.cache" "${run[@]}" 2>&1 | grep -v Warning | tail -25
     done
+}
+
+# Another process holds all but FREE_GIB (2) of the card; the container
+# (8 GiB) trains with and without CUDA_OVERSUBSCRIBE=true. Its loss must
+# match the unpressured run's; its device memory stays within what was free.
+phase_oversub() {
+    local steps=${GPT2_STEPS:-30} r
+    mkdir -p "$W/os"
+    hook() { # name, extra env...
+        local name=$1
+        shift
+        env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=8g \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/os/$name.cache" LIBCUDA_LOG_LEVEL=3 "$@" \
+            python3 "$ROOT/scripts/gpu/gpt2_train.py" --steps "$steps"
+    }
+    say "GPT-2 small under the hook (8 GiB), no pressure, CUDA_OVERSUBSCRIBE=true"
+    hook calm CUDA_OVERSUBSCRIBE=true 2>&1 | grep -E '^(step|gpt2)|rror' | tail -8
+    say "another process holds all but ${FREE_GIB:-2} GiB of the card"
+    python3 - "$W/os/release" "${FREE_GIB:-2}" <<'PY' &
+import os, sys, time, torch
+free, total = torch.cuda.mem_get_info()
+hold = torch.empty(free - (int(sys.argv[2]) << 30), dtype=torch.uint8, device="cuda")
+print(f"holder: {hold.numel() >> 20} MiB held, {torch.cuda.mem_get_info()[0] >> 20} MiB free", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.2)
+PY
+    local hp=$!
+    sleep 12
+    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
+    say "GPT-2 small, 8 GiB limit, CUDA_OVERSUBSCRIBE=true, under pressure"
+    hook press CUDA_OVERSUBSCRIBE=true >"$W/os/press.txt" 2>&1 &
+    r=$!
+    local peak=0 host=0 u h
+    while kill -0 $r 2>/dev/null; do
+        u=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+            awk -F', *' -v p="$(pgrep -f 'gpt2_train.py' | head -1)" '$1==p {print $2}')
+        [ -n "$u" ] && [ "$u" -gt "$peak" ] && peak=$u
+        h=$("$DIST/vgpu" inspect --json "$W/os/press.cache" 2>/dev/null | python3 -c 'import json,sys
+d=json.load(sys.stdin); r=d["regions"][0] if "regions" in d else d
+print(sum(u.get("host_bytes",0) for s in r["slots"] for u in s["usage"]) >> 20)' 2>/dev/null)
+        [ -n "$h" ] && [ "$h" -gt "$host" ] && host=$h
+        sleep 1
+    done
+    grep -E '^(step|gpt2)|rror|vgpu' "$W/os/press.txt" | tail -10
+    echo "peak device memory of the container's process (NVML): $peak MiB; peak host-backed (inspect): $host MiB"
+    say "the same without CUDA_OVERSUBSCRIBE"
+    hook plain 2>&1 | grep -E '^(step|gpt2)|rror' | tail -4
+    touch "$W/os/release"
+    wait $hp
 }
 
 "phase_$PHASE"
