@@ -2,7 +2,7 @@
 
 Deterministic in its inputs (seeded model and tokens), so two runs can be compared by their loss.
 Prints the loss every 5 steps, then `gpt2 steps S loss L seconds T steps_per_s R peak_reserved_mib M`.
-    python3 gpt2_train.py [--steps 30] [--batch 8] [--seq 512]
+    python3 gpt2_train.py [--steps 30] [--batch 4] [--seq 512]
 """
 import argparse, time
 
@@ -11,7 +11,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=30)
-p.add_argument("--batch", type=int, default=8)
+p.add_argument("--batch", type=int, default=4)
 p.add_argument("--seq", type=int, default=512)
 a = p.parse_args()
 
