@@ -17,6 +17,7 @@ pub mod ipc;
 pub mod limit;
 pub mod track;
 pub mod vmm;
+pub mod vmm_lifetime;
 
 #[cfg(test)]
 mod tests;
