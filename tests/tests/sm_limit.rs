@@ -237,7 +237,10 @@ fn beside_an_unlimited_neighbour() -> Result<(), String> {
         ));
     }
     if s[1] < 55.0 {
-        return Err(format!("the unlimited neighbour got {:.1}% (not >= 55)", s[1]));
+        return Err(format!(
+            "the unlimited neighbour got {:.1}% (not >= 55)",
+            s[1]
+        ));
     }
     Ok(())
 }
