@@ -66,9 +66,7 @@ impl Steps {
 
     /// The simulated driver's usage of this process on device 0.
     fn driver(&self) -> u64 {
-        self.gpu
-            .process(0, self.p.child.id())
-            .map_or(0, |p| p.used)
+        self.gpu.process(0, self.p.child.id()).map_or(0, |p| p.used)
     }
 
     /// At step `name`: the driver holds `want` bytes for the process and

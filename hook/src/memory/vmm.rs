@@ -45,7 +45,10 @@ pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
     vmm_lifetime::release(p, handle, forward)
 }
 
-pub fn mem_retain(handle: *mut CUmemGenericAllocationHandle, addr: *mut std::ffi::c_void) -> CUresult {
+pub fn mem_retain(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut std::ffi::c_void,
+) -> CUresult {
     let forward = || mem::retain_handle(handle, addr);
     let Some(p) = process() else {
         return forward();

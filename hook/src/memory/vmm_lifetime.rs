@@ -445,7 +445,11 @@ mod tests {
         }
         assert_eq!(create(&p, 5), CUDA_SUCCESS);
         assert_eq!(unmap(&p, 0x7000_0000, SEG, ok), CUDA_SUCCESS);
-        assert_eq!(p.vmm.row(5), Some((1, 0)), "the old mapping is not the new handle's");
+        assert_eq!(
+            p.vmm.row(5),
+            Some((1, 0)),
+            "the old mapping is not the new handle's"
+        );
         assert_eq!(used(&p), SEG);
         assert_eq!(release(&p, 5, ok), CUDA_SUCCESS);
         assert_eq!(used(&p), 0);

@@ -143,7 +143,10 @@ pub unsafe extern "C" fn cuMemRelease(handle: u64) -> CUresult {
 /// a mapping), with one more reference; an unmapped address is
 /// `CUDA_ERROR_INVALID_VALUE`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) -> CUresult {
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut u64,
+    addr: *mut c_void,
+) -> CUresult {
     guard(|| {
         if handle.is_null() {
             return Err(CuErr::InvalidValue);
