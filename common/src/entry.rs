@@ -61,6 +61,9 @@ macro_rules! entry_points {
 
                 fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult => memory::vmm::mem_create, cuda(cuMemCreate @ 10020), trace(MemCreate = 11, Alloc);
                 fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => memory::vmm::mem_release, cuda(cuMemRelease @ 10020), trace(MemRelease = 12, Free);
+                fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult => memory::vmm::mem_retain, cuda(cuMemRetainAllocationHandle @ 11000);
+                fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult => memory::vmm::mem_map, cuda(cuMemMap @ 10020);
+                fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => memory::vmm::mem_unmap, cuda(cuMemUnmap @ 10020);
 
                 fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult => memory::array::array_create, cuda(cuArrayCreate @ 3020);
                 fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult => memory::array::array3d_create, cuda(cuArray3DCreate @ 3020);

@@ -17,6 +17,7 @@ use vgpu_common::region::MAX_DEVICES;
 
 use crate::config::Config;
 use crate::memory::track::{Entry, Tracker};
+use crate::memory::vmm_lifetime::Lifetimes;
 use crate::region::Attachment;
 
 /// Context size not measured yet.
@@ -31,6 +32,8 @@ pub struct Process {
     pub ptrs: Tracker,
     /// cuMemCreate handles.
     pub handles: Tracker,
+    /// References and mappings of the counted cuMemCreate handles.
+    pub vmm: Lifetimes,
     /// CUarray and CUmipmappedArray handles.
     pub arrays: Tracker,
     /// Contexts from cuCtxCreate.
@@ -56,6 +59,7 @@ impl Process {
             att: Attachment::open(cfg, pid)?,
             ptrs: Tracker::new(),
             handles: Tracker::new(),
+            vmm: Lifetimes::new(),
             arrays: Tracker::new(),
             contexts: Tracker::new(),
             graphs: Mutex::new(HashMap::new()),

@@ -155,11 +155,40 @@ int main(void) {
     OK(cuMemMap(va, 8 * MiB, 0, mh, 0));
     CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
     OK(cuMemSetAccess(va, 8 * MiB, &acc, 1));
+    /* A retain (any address in the mapping) returns the handle with one
+     * more reference; the memory stays until the last release and unmap. */
+    CUmemGenericAllocationHandle rh = 0;
+    OK(cuMemRetainAllocationHandle(&rh, (void *)(va + 4 * MiB)));
+    CHECK(rh == mh);
+    CHECK(cuMemRetainAllocationHandle(&rh, (void *)(va + 8 * MiB)) == CUDA_ERROR_INVALID_VALUE);
+    CUmemAllocationProp got;
+    memset(&got, 0xff, sizeof got);
+    OK(cuMemGetAllocationPropertiesFromHandle(&got, mh));
+    CHECK(got.type == CU_MEM_ALLOCATION_TYPE_PINNED && got.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+          got.location.id == dev && got.win32HandleMetaData == NULL);
+    OK(cuMemRelease(rh));
+    CHECK(used() == 118 * MiB); /* the creation's reference is left */
     OK(cuMemRelease(mh));
     CHECK(used() == 118 * MiB); /* still mapped */
+    CHECK(cuMemRelease(mh) == CUDA_ERROR_INVALID_VALUE); /* no reference left */
     OK(cuMemUnmap(va, 8 * MiB));
     CHECK(used() == 110 * MiB);
     OK(cuMemAddressFree(va, 8 * MiB));
+    /* One unmap over several mappings; one that cuts a mapping is refused. */
+    CUmemGenericAllocationHandle ha, hb;
+    OK(cuMemCreate(&ha, 2 * MiB, &prop, 0));
+    OK(cuMemCreate(&hb, 2 * MiB, &prop, 0));
+    OK(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0));
+    OK(cuMemMap(va, 2 * MiB, 0, ha, 0));
+    OK(cuMemMap(va + 2 * MiB, 2 * MiB, 0, hb, 0));
+    OK(cuMemRelease(ha));
+    OK(cuMemRelease(hb));
+    CHECK(used() == 114 * MiB);
+    CHECK(cuMemUnmap(va, 3 * MiB) == CUDA_ERROR_INVALID_VALUE);
+    CHECK(cuMemUnmap(va + 1 * MiB, 1 * MiB) == CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemUnmap(va, 4 * MiB));
+    CHECK(used() == 110 * MiB);
+    OK(cuMemAddressFree(va, 4 * MiB));
     prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
     OK(cuMemCreate(&mh, 2 * MiB, &prop, 0));
     CHECK(used() == 110 * MiB); /* host location: no device memory */

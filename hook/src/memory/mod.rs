@@ -18,6 +18,7 @@ pub mod limit;
 pub mod modules;
 pub mod track;
 pub mod vmm;
+pub mod vmm_lifetime;
 
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,11 @@
-//! `cuMemCreate` / `cuMemRelease`: physical allocations of the virtual
-//! memory API, counted when their location is a device, keyed by handle.
-//! The device is `prop->location.id` (the CUDA ordinal the allocation lives
-//! on, translated to the container's index).
+//! The virtual memory API's allocation handles: `cuMemCreate` counts a
+//! device-located allocation, keyed by handle; the device is
+//! `prop->location.id` (the CUDA ordinal the allocation lives on,
+//! translated to the container's index). When the memory is given back
+//! follows the driver's rule, kept in [`vmm_lifetime`]: at the last of the
+//! handle's releases and unmaps.
 
-use super::{counted, uncounted};
+use super::{counted, vmm_lifetime};
 use crate::ffi::*;
 use crate::real::cuda::{mem, status};
 use crate::region::Kind;
@@ -25,15 +27,56 @@ pub fn mem_create(
     let (Some(p), Some(dev)) = (process(), crate::devices::index_of(loc.id)) else {
         return forward();
     };
-    counted(p, &p.handles, dev, size as u64, Kind::Data, || {
+    let rc = counted(p, &p.handles, dev, size as u64, Kind::Data, || {
+        let rc = forward();
+        (rc, read(handle).unwrap_or(0))
+    });
+    if let Some(h) = read(handle).filter(|&h| rc == CUDA_SUCCESS && h != 0) {
+        p.vmm.created(h);
+    }
+    rc
+}
+
+pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
+    let forward = || status(mem::release(handle));
+    let Some(p) = process() else {
+        return forward();
+    };
+    vmm_lifetime::release(p, handle, forward)
+}
+
+pub fn mem_retain(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut std::ffi::c_void,
+) -> CUresult {
+    let forward = || mem::retain_handle(handle, addr);
+    let Some(p) = process() else {
+        return forward();
+    };
+    vmm_lifetime::retain(p, || {
         let rc = forward();
         (rc, read(handle).unwrap_or(0))
     })
 }
 
-pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
+pub fn mem_map(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    let forward = || status(mem::map(ptr, size, offset, handle, flags));
     let Some(p) = process() else {
-        return status(mem::release(handle));
+        return forward();
     };
-    uncounted(p, &p.handles, handle, || status(mem::release(handle)))
+    vmm_lifetime::map(p, ptr, handle, forward)
+}
+
+pub fn mem_unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    let forward = || status(mem::unmap(ptr, size));
+    let Some(p) = process() else {
+        return forward();
+    };
+    vmm_lifetime::unmap(p, ptr, size as u64, forward)
 }

@@ -2,7 +2,7 @@
 //! stream-ordered, pools), VMM handles, IPC imports, address ranges and
 //! `cuMemGetInfo`.
 
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_void};
 
 use super::{sym, CuError};
 use crate::ffi::*;
@@ -158,6 +158,47 @@ pub fn release(handle: CUmemGenericAllocationHandle) -> Result<(), CuError> {
     let f = sym(|t| t.cuMemRelease)?;
     // SAFETY: an allocation handle by value; the driver validates it.
     CuError::result(unsafe { f(handle) })
+}
+
+/// `cuMemRetainAllocationHandle`, forwarded with the application's
+/// pointers.
+#[doc(alias = "cuMemRetainAllocationHandle")]
+pub fn retain_handle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult {
+    let Ok(f) = sym(|t| t.cuMemRetainAllocationHandle) else {
+        return CUDA_ERROR_NOT_FOUND;
+    };
+    // SAFETY: `handle` is the application's out-pointer and `addr` its
+    // address, both of this very call, passed unchanged.
+    unsafe { f(handle, addr) }
+}
+
+/// `cuMemMap`.
+///
+/// # Errors
+/// The driver's code.
+#[doc(alias = "cuMemMap")]
+pub fn map(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> Result<(), CuError> {
+    let f = sym(|t| t.cuMemMap)?;
+    // SAFETY: an address range, an offset, a handle and flags, all by
+    // value; the driver validates them.
+    CuError::result(unsafe { f(ptr, size, offset, handle, flags) })
+}
+
+/// `cuMemUnmap`.
+///
+/// # Errors
+/// The driver's code.
+#[doc(alias = "cuMemUnmap")]
+pub fn unmap(ptr: CUdeviceptr, size: usize) -> Result<(), CuError> {
+    let f = sym(|t| t.cuMemUnmap)?;
+    // SAFETY: an address range by value; the driver validates it.
+    CuError::result(unsafe { f(ptr, size) })
 }
 
 /// `cuIpcOpenMemHandle_v2`, forwarded with the application's out-pointer.
