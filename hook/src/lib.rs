@@ -9,7 +9,7 @@
 //! only `live` (the real driver behind the limiter's traits) is not policy.
 //! `sidecar` is the container's second shared file (measured context sizes,
 //! the limiter's buckets), mapped like the node tables through
-//! `mapguard::shared`.
+//! `sigbus_guard::shared`.
 
 #[macro_use]
 mod log;
@@ -20,15 +20,15 @@ pub(crate) mod config;
 mod devices;
 pub(crate) mod exports;
 pub(crate) mod ffi;
-mod identity;
 mod launch;
-pub(crate) mod mapguard;
 mod memory;
 mod nodelock;
 mod nvml;
+mod pid_namespace;
 mod procaddr;
 pub(crate) mod region;
 mod sidecar;
+pub(crate) mod sigbus_guard;
 mod signal;
 pub(crate) mod sm;
 pub(crate) mod state;

@@ -65,11 +65,11 @@ impl Driver for Real {
     }
 
     fn own_host_pid(&self) -> Option<u32> {
-        crate::identity::own_host_pid()
+        crate::pid_namespace::own_host_pid()
     }
 
     fn own_ns_pid(&self) -> Option<u32> {
-        crate::identity::own_ns_pid()
+        crate::pid_namespace::own_ns_pid()
     }
 
     fn shared_ctx_size(&self, dev: usize) -> Option<u64> {

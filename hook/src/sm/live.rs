@@ -10,10 +10,10 @@ use std::sync::OnceLock;
 use vgpu_common::clock::clock_ns;
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
-use super::node::{self, NodeFile};
-use super::sys::{Clock, Container, Events, NodeTable, Nvml, Poll};
 use crate::ffi::*;
 use crate::sidecar::{self, SmShared};
+use crate::sm::node_sharing::node_table::{self, NodeFile};
+use crate::sm::sys::{Clock, Container, Events, NodeTable, Nvml, Poll};
 
 /// Runs `f` (the limiter's own event calls) in the relaxed capture mode, so
 /// that they never invalidate a graph capture another thread runs in the
@@ -269,17 +269,17 @@ impl Container for Real {
     }
 
     fn follow_files(&self, now: u64) {
-        crate::mapguard::follow_replaced(now);
+        crate::sigbus_guard::follow_replaced(now);
     }
 
     fn buckets_shared(&self) -> bool {
         let b = self.buckets();
         sidecar::shared().is_some_and(|s| std::ptr::eq(s, b))
-            && !crate::mapguard::is_lost(b as *const SmShared as *const u8)
+            && !crate::sigbus_guard::is_lost(b as *const SmShared as *const u8)
     }
 
     fn note_host_pid(&self) {
-        if crate::identity::in_initial_pid_ns() {
+        if crate::pid_namespace::in_initial_pid_ns() {
             if let Some(p) = crate::state::process() {
                 p.att.set_host_pid(std::process::id());
             }
@@ -319,8 +319,8 @@ impl NodeTable for Real {
             if !dir.is_dir() {
                 return None;
             }
-            let path = node::path_for(dir, &crate::devices::uuid(dev)?);
-            match node::open(&path) {
+            let path = node_table::path_for(dir, &crate::devices::uuid(dev)?);
+            match node_table::open(&path) {
                 Ok(n) => Some(n),
                 Err(e) => {
                     vlog!(
@@ -366,7 +366,7 @@ fn background_started(run: fn()) -> bool {
     if OWNER.load(Acquire) == pid {
         return true;
     }
-    let period = std::time::Duration::from_nanos(super::tuning::BACKGROUND_NS);
+    let period = std::time::Duration::from_nanos(crate::sm::tuning::BACKGROUND_NS);
     match std::thread::Builder::new()
         .name("vgpu-sm".into())
         .spawn(move || loop {

@@ -26,38 +26,26 @@
 //! directory all containers of the node share (`node`): a GPU time-slicing
 //! between two busy contexts loses device time that neither gets.
 
-mod admit;
-mod bucket;
-mod coast;
-mod control;
+mod admission;
+mod controller;
 mod correction;
-mod cost;
-mod demand;
-mod feedback;
-mod learn;
+mod cost_learning;
 mod live;
-mod local;
-mod node;
-mod phase;
-mod policy;
-mod prio;
-mod publish;
+mod node_sharing;
+mod published_share;
 mod settings;
-mod share;
-mod sharing;
 mod sys;
 #[cfg(test)]
 mod tests;
 mod tuning;
-mod turns;
 
 use std::ffi::c_uint;
 use std::sync::OnceLock;
 
 use crate::ffi::{CUfunction, CUresult, CUstream, CUDA_SUCCESS};
 
-use control::{Controller, Ticket, Work};
-use cost::Key;
+use controller::{Controller, Ticket, Work};
+use cost_learning::cost::Key;
 pub(crate) use live::{current_context_device, see_single_device, single_device};
 
 /// `CU_STREAM_PER_THREAD`.

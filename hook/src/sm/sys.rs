@@ -84,7 +84,7 @@ pub(crate) trait Container: Sync {
     /// Whether [`Self::buckets`] are shared by the container's processes;
     /// false when this process limits itself on private ones (the sidecar
     /// could not be used, or was lost and could not be re-attached): it
-    /// then takes only its part of the container's limit (`policy::part`).
+    /// then takes only its part of the container's limit (`limit_policy::part`).
     fn buckets_shared(&self) -> bool {
         true
     }
@@ -93,7 +93,7 @@ pub(crate) trait Container: Sync {
         std::process::id()
     }
     /// Re-attaches the shared files renamed over since `now` last came
-    /// round (`crate::mapguard::follow_replaced`: at most a `stat` each a
+    /// round (`crate::sigbus_guard::follow_replaced`: at most a `stat` each a
     /// second), so that every process of the container shares the newest
     /// sidecar.
     fn follow_files(&self, _now: u64) {}

@@ -24,15 +24,19 @@
 
 #![forbid(unsafe_code)]
 
+pub(super) mod nvml_feedback;
+pub(super) mod nvml_share;
+pub(super) mod turn_measure;
+
 use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::sidecar::DevBucket;
 
-use super::tuning::{
+use crate::sm::tuning::{
     DEAD_BAND, FEEDBACK_K, FEEDBACK_K_SHARED, FEEDBACK_MAX_STEP, MIN_CHARGED, TURN_DEAD_BAND,
     TURN_K, TURN_RATIO_MAX, TURN_RATIO_MIN,
 };
-pub(crate) use super::tuning::{FACTOR_MAX, FACTOR_MIN};
+pub(crate) use crate::sm::tuning::{FACTOR_MAX, FACTOR_MIN};
 
 /// The factor on the charges of the device `b` is the bucket of (1: none
 /// learnt, open loop).
@@ -177,5 +181,4 @@ pub(crate) fn encode(factor: f64) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "correction_tests.rs"]
 mod tests;

@@ -6,15 +6,17 @@
 
 #![forbid(unsafe_code)]
 
+pub(super) mod cost;
+pub(super) mod thread_cache;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex;
 
-use super::cost::{Costs, Key};
-use super::local;
-use super::sys::{Events, Poll};
-use super::tuning::{EVENT_POOL, MAX_PENDING, POLL_MAX, POLL_NS};
+use crate::sm::sys::{Events, Poll};
+use crate::sm::tuning::{EVENT_POOL, MAX_PENDING, POLL_MAX, POLL_NS};
+use cost::{Costs, Key};
 
 /// A timed launch in flight.
 #[derive(Debug)]
@@ -58,7 +60,7 @@ pub(crate) struct Learner {
 impl Default for Learner {
     fn default() -> Self {
         Self {
-            id: local::new_owner(),
+            id: thread_cache::new_owner(),
             table: Mutex::new(Table::default()),
             has_pending: AtomicBool::new(false),
             next_poll: AtomicU64::new(0),
@@ -95,13 +97,13 @@ impl Learner {
         key: Key,
         now: u64,
     ) -> Priced {
-        let found = local::lookup(self.id, &key);
+        let found = thread_cache::lookup(self.id, &key);
         let (cost_ns, pair) = match found.cost {
             Ok(cost) => (cost, None),
             Err(skipped) => {
                 let mut t = self.table();
                 let c = t.costs.charge(dev, key, found.slept, skipped, now);
-                local::store(self.id, &key, &c);
+                thread_cache::store(self.id, &key, &c);
                 let pair = if c.sample {
                     take_pair(ev, &mut t, ctx)
                 } else {
@@ -121,14 +123,14 @@ impl Learner {
     /// and `fits(cost)` agrees; counted as a launch of the key. No lock,
     /// no driver call.
     pub(crate) fn cached(&self, key: &Key, fits: impl FnOnce(u64) -> bool) -> Option<u64> {
-        local::take_if(self.id, key, fits)
+        thread_cache::take_if(self.id, key, fits)
     }
 
     /// Notes whether this thread's launch waited for the bucket (its next
     /// launch's timing would hold the launch latency of an idle stream).
     pub(crate) fn note_slept(&self, slept: bool, was: bool) {
         if slept != was {
-            local::set_slept(slept);
+            thread_cache::set_slept(slept);
         }
     }
 

@@ -21,8 +21,8 @@
 
 #![forbid(unsafe_code)]
 
-use super::tuning::ALONE_WITHIN_DIV;
-pub use super::tuning::GUARD_NS;
+use crate::sm::tuning::ALONE_WITHIN_DIV;
+pub use crate::sm::tuning::GUARD_NS;
 pub use vgpu_common::node::{plan, Phase, ACTIVE_NS, FRAME_NS};
 
 /// The plan in one word for the launch path: 0 = none, else a flag and the
