@@ -18,6 +18,7 @@ pub(crate) mod real;
 
 pub(crate) mod config;
 mod devices;
+mod driver;
 pub(crate) mod exports;
 pub(crate) mod ffi;
 mod launch;

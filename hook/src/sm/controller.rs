@@ -368,7 +368,7 @@ impl<S: Sys> Controller<S> {
         }
     }
 
-    /// The background thread's turn (`Nvml::offload`): runs the feedback
+    /// The background thread's turn (`Background::offload`): runs the feedback
     /// steps that launches found due, off their path.
     pub(crate) fn background(&self) {
         self.feedback.background(&self.sys);

@@ -52,7 +52,6 @@ use crate::ffi::{CUfunction, CUresult, CUstream, CUDA_SUCCESS};
 
 use controller::{Controller, Ticket, Work};
 use cost_learning::cost::Key;
-pub(crate) use live::{current_context_device, see_single_device, single_device};
 
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD: usize = 0x2;

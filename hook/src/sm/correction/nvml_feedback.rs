@@ -7,7 +7,7 @@
 //! steps the correction. The loop is open (factor 1) while it cannot
 //! measure: a host pid unknown, NVML missing, or NVML showing only this
 //! PID namespace. A step is found due on the launch path and runs on the
-//! process's background thread when there is one (`Nvml::offload`), since
+//! process's background thread when there is one (`Background::offload`), since
 //! its NVML calls take milliseconds.
 
 #![forbid(unsafe_code)]
@@ -19,8 +19,9 @@ use std::sync::Mutex;
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use super::nvml_share;
+use crate::driver::Nvml;
 use crate::sm::correction::{self, Reading};
-use crate::sm::sys::{Clock, Container, Nvml};
+use crate::sm::sys::{Background, Clock, Container};
 pub(crate) use crate::sm::tuning::PERIOD_NS;
 use crate::sm::tuning::{LEASE_NS, MAX_GAP_NS, SHARED_PERIOD_NS};
 
@@ -85,7 +86,7 @@ impl Feedback {
     /// On a limited launch admitted by the bucket at `now`: runs the step
     /// that is due on `dev` at limit `pct`, or leaves it to the background
     /// thread. One relaxed load when none is due.
-    pub(crate) fn on_launch<S: Clock + Container + Nvml>(
+    pub(crate) fn on_launch<S: Clock + Container + Nvml + Background>(
         &self,
         sys: &S,
         dev: usize,
@@ -103,7 +104,7 @@ impl Feedback {
     }
 
     /// The background thread's turn: runs the steps launches found due.
-    pub(crate) fn background<S: Clock + Container + Nvml>(&self, sys: &S) {
+    pub(crate) fn background<S: Clock + Container + Nvml + Background>(&self, sys: &S) {
         for (dev, due) in self.due.iter().enumerate() {
             let pct = due.swap(0, Relaxed);
             if pct != 0 {
@@ -113,7 +114,13 @@ impl Feedback {
     }
 
     /// One step on `dev`. Only the container's leader measures and steers.
-    fn step<S: Clock + Container + Nvml>(&self, sys: &S, dev: usize, now: u64, pct: u32) {
+    fn step<S: Clock + Container + Nvml + Background>(
+        &self,
+        sys: &S,
+        dev: usize,
+        now: u64,
+        pct: u32,
+    ) {
         let Ok(mut all) = self.windows.try_lock() else {
             return;
         };
@@ -326,6 +333,8 @@ mod tests {
             Some((f64::from(self.used), vec![4242]))
         }
     }
+
+    impl Background for Proc {}
 
     /// Two processes of one container (host pid 4242 holds memory), both
     /// charged 30 % of the time while NVML measures 45 %.

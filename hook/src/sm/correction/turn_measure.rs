@@ -24,8 +24,8 @@ use vgpu_common::region::MAX_DEVICES;
 
 use vgpu_common::sidecar::DevBucket;
 
+use crate::driver::{Events as Gpu, Poll};
 use crate::sm::correction;
-use crate::sm::sys::{Events as Gpu, Poll};
 use crate::sm::tuning::{MIN_BURST_NS, RESTART_WITHIN};
 
 /// One turn's launches on one stream, between two events.

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex;
 
-use crate::sm::sys::{Events, Poll};
+use crate::driver::{Events, Poll};
 use crate::sm::tuning::{EVENT_POOL, MAX_PENDING, POLL_MAX, POLL_NS};
 use cost::{Costs, Key};
 
@@ -280,10 +280,16 @@ mod tests {
         }
     }
 
-    impl Events for Gpu {
+    impl crate::driver::Context for Gpu {
+        fn current_device(&self) -> Option<usize> {
+            Some(0)
+        }
         fn current(&self) -> Option<(usize, usize)> {
             Some((7, 0))
         }
+    }
+
+    impl Events for Gpu {
         fn create_event(&self) -> Option<usize> {
             let mut n = self.next.lock().unwrap();
             *n += 1;

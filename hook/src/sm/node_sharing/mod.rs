@@ -17,8 +17,9 @@ use std::sync::Mutex;
 
 use vgpu_common::region::MAX_DEVICES;
 
+use crate::driver::Events;
 use crate::sm::correction;
-use crate::sm::sys::{Container, Events, NodeTable};
+use crate::sm::sys::{Container, NodeTable};
 use crate::sm::tuning::{HIGH_START_NS, HOLD_NS, MONITOR_LAG_NS, REPLAN_NS, TURN_REPORT_NS};
 use demand::Demand;
 use phase::Phase;

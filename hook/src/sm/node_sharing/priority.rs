@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 
-use crate::sm::sys::{Events, Poll};
+use crate::driver::{Events, Poll};
 use crate::sm::tuning::{LOW_QUEUE_NS, YIELD_MAX_NS};
 use crate::sm::tuning::{MARK_POOL as MAX_POOL, MIN_WAIT_NS};
 

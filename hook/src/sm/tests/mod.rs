@@ -11,12 +11,13 @@ use std::sync::Mutex;
 use vgpu_common::region::{policy, SharedRegion};
 use vgpu_common::view::RegionFile;
 
+use crate::driver::{Context, Events, Nvml, Poll};
 use crate::sidecar::{self, SmShared};
 use crate::sm::controller::{Controller, Work};
 use crate::sm::cost_learning::cost::Key;
 use crate::sm::node_sharing::node_table::NodeFile;
 use crate::sm::node_sharing::phase;
-use crate::sm::sys::{Clock, Container, Events, NodeTable, Nvml, Poll};
+use crate::sm::sys::{Background, Clock, Container, NodeTable};
 
 const QUEUE_NS: u64 = 50_000_000;
 const SLACK_NS: u64 = 60_000;
@@ -166,7 +167,11 @@ impl Clock for Fake {
     }
 }
 
-impl Events for Fake {
+impl Context for Fake {
+    fn current_device(&self) -> Option<usize> {
+        self.current().map(|(_, dev)| dev)
+    }
+
     fn current(&self) -> Option<(usize, usize)> {
         self.queries.fetch_add(1, Relaxed);
         Some((7, 0))
@@ -175,7 +180,9 @@ impl Events for Fake {
     fn only_device(&self) -> Option<usize> {
         Some(0)
     }
+}
 
+impl Events for Fake {
     fn create_event(&self) -> Option<usize> {
         let mut g = self.gpu.lock().unwrap();
         g.next += 1;
@@ -292,7 +299,9 @@ impl Nvml for Fake {
         }
         Some(((u + self.other_pct.load(Relaxed) as f64).min(100.0), pids))
     }
+}
 
+impl Background for Fake {
     fn offload(&self) -> bool {
         self.offload.load(Relaxed)
     }
