@@ -17,11 +17,13 @@ use crate::util;
 
 /// Policy modules of the hook, relative to `hook/src/`. A directory stands
 /// for every `.rs` file below it; its `mod.rs` carries the attribute. In
-/// `sm/` only `live.rs` (the real driver behind the limiter's traits) is
-/// not policy.
+/// `sm/` only `live.rs` (the process's world behind the limiter's traits)
+/// is not policy; `driver/` is policy, its real side calls only the
+/// wrappers of `real/`.
 const POLICY: &[&str] = &[
     "memory",
     "devices.rs",
+    "driver",
     "pid_namespace.rs",
     "launch.rs",
     "nodelock.rs",
@@ -74,11 +76,11 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-fn read(path: &Path) -> Result<String> {
+pub(crate) fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let p = e?.path();
@@ -115,7 +117,7 @@ fn banned(code: &str) -> Vec<(usize, &'static str)> {
 
 /// `src` with comments and string/char literals blanked (newlines kept, so
 /// line numbers stay right).
-fn strip(src: &str) -> String {
+pub(crate) fn strip(src: &str) -> String {
     let c: Vec<char> = src.chars().collect();
     let mut out = String::with_capacity(src.len());
     let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });
