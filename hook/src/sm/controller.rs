@@ -259,7 +259,7 @@ impl<S: Sys> Controller<S> {
                     held,
                 };
             }
-            let billed = correction::apply(cost, correction::factor(b));
+            let billed = correction::charge(b, cost);
             let turn = self.sharing.turn(dev);
             let light = self.sharing.light(dev);
             let (admitted, empty) = self.admission.try_once(b, turn, now, billed, pct, light);

@@ -62,7 +62,7 @@ impl Admission {
     /// `b` at `pct`, with the correction; taking turns, the container's
     /// queue then drains that much later (or sooner).
     pub(crate) fn settle(&self, b: &DevBucket, now: u64, owed: i64, pct: u32, taking_turns: bool) {
-        let owed = (owed as f64 * correction::factor(b)) as i64;
+        let owed = correction::charge_signed(b, owed);
         // Two's complement: adding a negative amount subtracts it.
         b.charged_ns.fetch_add(owed as u64, Relaxed);
         gcra::adjust(&b.tat, now, owed, pct, self.depth.get());

@@ -44,8 +44,26 @@ pub(crate) fn factor(b: &DevBucket) -> f64 {
     decode(b.gain.load(Relaxed))
 }
 
+/// The charge for `cost` GPU ns on `b`: `cost × factor`, exact when the
+/// factor is 1. Every charge goes through here (admissions, settlements,
+/// refunds take back what was charged).
+#[inline]
+pub(crate) fn charge(b: &DevBucket, cost: u64) -> u64 {
+    apply(cost, factor(b))
+}
+
+/// [`charge`] for an amount learnt after the fact (negative: a refund).
+pub(crate) fn charge_signed(b: &DevBucket, owed: i64) -> i64 {
+    let c = charge(b, owed.unsigned_abs()) as i64;
+    if owed < 0 {
+        -c
+    } else {
+        c
+    }
+}
+
 /// `cost × factor`, exact when the factor is 1.
-pub(crate) fn apply(cost: u64, factor: f64) -> u64 {
+fn apply(cost: u64, factor: f64) -> u64 {
     if factor == 1.0 {
         cost
     } else {
