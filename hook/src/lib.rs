@@ -2,11 +2,14 @@
 //!
 //! Layers: `ffi` (C types, safe readers of application structs) → `real`
 //! (the real libraries, typed pointers, and the safe wrappers that return
-//! `Result<_, CuError>` / `Result<_, NvmlError>`) → `exports` (the generated
+//! `Result<_, CuError>` / `Result<_, NvmlError>`) → `driver` (what the hook
+//! asks the driver on its own behalf, as traits with one real implementation
+//! over `real` and a fake for unit tests) → `exports` (the generated
 //! `extern "C"` symbols, `dlsym`) → policy (`memory`, `nvml`, `procaddr`,
 //! `launch`, `devices`, `sm`) over `region` and `state`. Every policy module
 //! is `#![forbid(unsafe_code)]` (`cargo xtask lint` checks the list); in `sm`
-//! only `live` (the real driver behind the limiter's traits) is not policy.
+//! only `live` (the clocks and the process's world behind the limiter's
+//! traits) is not policy. Only `real` and `exports` call the driver raw.
 //! `sidecar` is the container's second shared file (measured context sizes,
 //! the limiter's buckets), mapped like the node tables through
 //! `sigbus_guard::shared`.
