@@ -20,13 +20,14 @@ pub fn virtual_info(limit: u64, used: u64, phys_free: u64, phys_total: u64) -> (
 }
 
 pub fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
-    mem_get_info_in(&Native, process(), free, total)
+    mem_get_info_in(&Native, process, free, total)
 }
 
-/// `cuMemGetInfo_v2` over the driver `d` for the process state `p`.
-pub(crate) fn mem_get_info_in(
+/// `cuMemGetInfo_v2` over the driver `d` for the process state `process`
+/// gives, asked only once the driver has answered.
+pub(crate) fn mem_get_info_in<'a>(
     d: &(impl Context + Memory),
-    p: Option<&Process>,
+    process: impl FnOnce() -> Option<&'a Process>,
     free: *mut usize,
     total: *mut usize,
 ) -> CUresult {
@@ -34,7 +35,7 @@ pub(crate) fn mem_get_info_in(
     if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return rc;
     }
-    let (Some(p), Some(dev)) = (p, d.current_device()) else {
+    let (Some(p), Some(dev)) = (process(), d.current_device()) else {
         return rc;
     };
     // Processes that exited since still fill their slots until reclaimed.

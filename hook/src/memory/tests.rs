@@ -612,13 +612,13 @@ fn memory_info_shows_the_limit_on_the_current_device() {
     );
     let (mut free, mut total) = (0usize, 0usize);
     assert_eq!(
-        mem_get_info_in(&d, Some(&p), &mut free, &mut total),
+        mem_get_info_in(&d, || Some(&p), &mut free, &mut total),
         CUDA_SUCCESS
     );
     assert_eq!((free as u64, total as u64), (40 * M, 100 * M));
     // Without process state the driver's figures pass unchanged.
     assert_eq!(
-        mem_get_info_in(&d, None, &mut free, &mut total),
+        mem_get_info_in(&d, || None, &mut free, &mut total),
         CUDA_SUCCESS
     );
     assert_eq!((free as u64, total as u64), (70 * G, 80 * G));
