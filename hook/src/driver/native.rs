@@ -13,7 +13,7 @@ use vgpu_common::region::MAX_DEVICES;
 
 use super::{Context, Events, Memory, Nvml, Poll};
 use crate::ffi::*;
-use crate::real::cuda::{self, event};
+use crate::real::cuda::{self, events};
 use crate::real::nvml;
 
 /// The real driver.
@@ -79,21 +79,21 @@ impl Context for Native {
 impl Events for Native {
     fn create_event(&self) -> Option<usize> {
         // CU_EVENT_DEFAULT: timing enabled, spin-wait (never waited on).
-        event::with_relaxed_capture(|| event::create(0))
+        events::with_relaxed_capture(|| events::create(0))
             .ok()
             .map(|ev| ev as usize)
     }
 
     fn destroy_event(&self, ev: usize) {
-        let _ = event::with_relaxed_capture(|| event::destroy(ev as CUevent));
+        let _ = events::with_relaxed_capture(|| events::destroy(ev as CUevent));
     }
 
     fn record(&self, ev: usize, stream: usize) -> bool {
-        event::with_relaxed_capture(|| event::record(ev as CUevent, stream as CUstream)).is_ok()
+        events::with_relaxed_capture(|| events::record(ev as CUevent, stream as CUstream)).is_ok()
     }
 
     fn query(&self, ev: usize) -> Poll {
-        match event::with_relaxed_capture(|| event::query(ev as CUevent)) {
+        match events::with_relaxed_capture(|| events::query(ev as CUevent)) {
             Ok(()) => Poll::Ready,
             Err(e) if e.code() == CUDA_ERROR_NOT_READY => Poll::NotReady,
             Err(_) => Poll::Failed,
@@ -102,13 +102,13 @@ impl Events for Native {
 
     fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64> {
         let ms =
-            event::with_relaxed_capture(|| event::elapsed_ms(start as CUevent, end as CUevent))
+            events::with_relaxed_capture(|| events::elapsed_ms(start as CUevent, end as CUevent))
                 .ok()?;
         (ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
     }
 
     fn capturing(&self, stream: usize) -> bool {
-        match event::capture_status(stream as CUstream) {
+        match events::capture_status(stream as CUstream) {
             Ok(status) => status != CU_STREAM_CAPTURE_STATUS_NONE,
             // A driver without the call captures nothing.
             Err(e) if e.code() == CUDA_ERROR_NOT_FOUND => false,

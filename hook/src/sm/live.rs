@@ -10,7 +10,7 @@ use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 use crate::driver::native::Native;
 use crate::driver::{Context, Events, Nvml, Poll};
 use crate::sidecar::{self, SmShared};
-use crate::sm::node_sharing::node_table::{self, NodeFile};
+use crate::sm::node_sharing::node_mapping::{self, NodeFile};
 use crate::sm::sys::{Background, Clock, Container, NodeTable};
 
 /// The process's real world.
@@ -186,8 +186,8 @@ impl NodeTable for Real {
             if !dir.is_dir() {
                 return None;
             }
-            let path = node_table::path_for(dir, &crate::devices::uuid(dev)?);
-            match node_table::open(&path) {
+            let path = node_mapping::path_for(dir, &crate::devices::uuid(dev)?);
+            match node_mapping::open(&path) {
                 Ok(n) => Some(n),
                 Err(e) => {
                     vlog!(

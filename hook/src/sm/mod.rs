@@ -18,7 +18,7 @@
 //! - `correction`: the one factor that corrects the learnt costs' error,
 //!   from NVML (`nvml_feedback`, `nvml_share`) or from the turns' own
 //!   events (`turn_measure`).
-//! - `node_sharing`: the node's table (`node_table`), turns between
+//! - `node_sharing`: the node's table (`node_mapping`), turns between
 //!   containers that each use most of their share (`demand`, `phase`) and
 //!   priorities (`priority`).
 //! - `published_share`: the process's share in its slot, for HAMi's

@@ -15,7 +15,7 @@ pub mod array;
 pub mod ctx;
 pub mod device;
 pub mod error;
-pub mod event;
+pub mod events;
 pub mod graph;
 pub mod launch;
 pub mod mem;

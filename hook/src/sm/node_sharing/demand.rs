@@ -1,5 +1,5 @@
 //! Whether a container wants its share of a device: the signal that puts
-//! it in the node's plan of turns (`node_table::Member::wants`, docs/sm-limit.md,
+//! it in the node's plan of turns (`node_mapping::Member::wants`, docs/sm-limit.md,
 //! "Time division between containers").
 //!
 //! Turns cost a container latency (a launch outside its turn waits for the

@@ -7,7 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub(super) mod demand;
-pub(super) mod node_table;
+pub(super) mod node_mapping;
 pub(super) mod phase;
 pub(super) mod priority;
 

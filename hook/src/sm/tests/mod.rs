@@ -15,7 +15,7 @@ use crate::driver::{Context, Events, Nvml, Poll};
 use crate::sidecar::{self, SmShared};
 use crate::sm::controller::{Controller, Work};
 use crate::sm::cost_learning::cost::Key;
-use crate::sm::node_sharing::node_table::NodeFile;
+use crate::sm::node_sharing::node_mapping::NodeFile;
 use crate::sm::node_sharing::phase;
 use crate::sm::sys::{Background, Clock, Container, NodeTable};
 
@@ -422,14 +422,14 @@ fn neighbour(
     node: &'static NodeFile,
     now: u64,
     pct: u32,
-) -> &'static crate::sm::node_sharing::node_table::Member {
+) -> &'static crate::sm::node_sharing::node_mapping::Member {
     let m = node.join(0x5555_0000_0000_0000, now).unwrap();
     m.touch(now, pct);
     m
 }
 
 /// The neighbour `m` launches at `now` and uses most of its share.
-fn busy(m: &crate::sm::node_sharing::node_table::Member, now: u64) {
+fn busy(m: &crate::sm::node_sharing::node_mapping::Member, now: u64) {
     m.touch(now, 70);
     m.want(now);
 }

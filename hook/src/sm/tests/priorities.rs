@@ -11,7 +11,7 @@ use super::*;
 /// Returns, per request, what it found queued ahead of it.
 fn trainer_beside_service(
     c: &Controller<Fake>,
-    service: &crate::sm::node_sharing::node_table::Member,
+    service: &crate::sm::node_sharing::node_mapping::Member,
     req: u64,
     dur: u64,
     until: u64,
@@ -49,7 +49,7 @@ fn trainer_beside_service(
 
 fn ranked_trainer() -> (
     Controller<Fake>,
-    &'static crate::sm::node_sharing::node_table::Member,
+    &'static crate::sm::node_sharing::node_mapping::Member,
 ) {
     let (f, node) = on_node(Fake::new(0, policy::DEFAULT));
     f.ranked.store(true, Relaxed);
