@@ -1,11 +1,12 @@
 //! A fake driver for unit tests: a current device, device memory handed
-//! out at increasing addresses, NVML's figures as the test sets them, and
-//! a count of every call that reached it (so a test can say that a refused
-//! call never did). No timing events: the SM limiter's tests model a GPU
-//! with time (`sm::tests`).
+//! out at increasing addresses, timing events that complete when the test
+//! says, NVML's figures as the test sets them, and a count of every call
+//! that reached it (so a test can say that a refused call never did). The
+//! SM controller's tests add a GPU that runs in time (`sm::tests`).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize};
 use std::sync::Mutex;
 
 use super::{Context, Events, Memory, Nvml, Poll};
@@ -38,6 +39,12 @@ pub(crate) struct FakeDriver {
     pub ns: Option<u32>,
     /// The context size another process of the container measured.
     pub shared: Mutex<Option<u64>>,
+    /// Live events: recorded, completed, their time (ns).
+    pub events: Mutex<HashMap<usize, (bool, bool, u64)>>,
+    /// Events created so far (the last one's handle).
+    pub created: AtomicUsize,
+    /// `record` fails while set.
+    pub refuse_record: AtomicBool,
 }
 
 impl FakeDriver {
@@ -55,6 +62,17 @@ impl FakeDriver {
 
     pub(crate) fn frees(&self) -> usize {
         self.frees.load(SeqCst)
+    }
+
+    /// Completes every recorded event, the ends (even handles, created
+    /// second of a pair) `took` ns after the starts.
+    pub(crate) fn finish_events(&self, took: u64) {
+        for (ev, (rec, done, t)) in self.events.lock().unwrap().iter_mut() {
+            if *rec {
+                *done = true;
+                *t = if ev % 2 == 1 { 0 } else { took };
+            }
+        }
     }
 }
 
@@ -74,21 +92,34 @@ impl Context for FakeDriver {
 
 impl Events for FakeDriver {
     fn create_event(&self) -> Option<usize> {
-        None
+        let ev = self.created.fetch_add(1, SeqCst) + 1;
+        self.events.lock().unwrap().insert(ev, (false, false, 0));
+        Some(ev)
     }
 
-    fn destroy_event(&self, _ev: usize) {}
-
-    fn record(&self, _ev: usize, _stream: usize) -> bool {
-        false
+    fn destroy_event(&self, ev: usize) {
+        self.events.lock().unwrap().remove(&ev);
     }
 
-    fn query(&self, _ev: usize) -> Poll {
-        Poll::Failed
+    fn record(&self, ev: usize, _stream: usize) -> bool {
+        if self.refuse_record.load(SeqCst) {
+            return false;
+        }
+        self.events.lock().unwrap().insert(ev, (true, false, 0));
+        true
     }
 
-    fn elapsed_ns(&self, _start: usize, _end: usize) -> Option<u64> {
-        None
+    fn query(&self, ev: usize) -> Poll {
+        match self.events.lock().unwrap().get(&ev) {
+            Some((_, true, _)) => Poll::Ready,
+            Some(_) => Poll::NotReady,
+            None => Poll::Failed,
+        }
+    }
+
+    fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64> {
+        let e = self.events.lock().unwrap();
+        Some(e.get(&end)?.2 - e.get(&start)?.2)
     }
 }
 
