@@ -1,7 +1,10 @@
 //! The controller against a fake clock and a fake GPU: a single queue that
 //! runs kernels back to back, events completing when the queue reaches
 //! them, and a host that launches in a loop (blocking, like a driver, once
-//! the queue is 50 ms ahead).
+//! the queue is 50 ms ahead). The tests are in one file per concept:
+//! the share a limit gives (`share_held`), costs learnt on the way
+//! (`cost_learning_loop`), the NVML loop (`feedback_loop`), turns
+//! (`taking_turns`), no stall (`no_stall`) and priorities (`priorities`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
