@@ -1,9 +1,9 @@
 //! The controller: one process's limiter, composed of its parts. Per
 //! launch it reads the settings when due (`settings`), obeys the monitor's
-//! blocking, prices the launch (`learn`), lets a higher-priority container
-//! go first (`sharing`), admits the charge `cost × correction` on the
-//! container's bucket or in its turn (`admit`), and finds the feedback
-//! loop's step due (`feedback`); after it, it starts the launch's timing or
+//! blocking, prices the launch (`cost_learning`), lets a higher-priority container
+//! go first (`node_sharing`), admits the charge `cost × correction` on the
+//! container's bucket or in its turn (`admission`), and finds the feedback
+//! loop's step due (`correction::nvml_feedback`); after it, it starts the launch's timing or
 //! takes the charge back.
 //!
 //! The fast path (no device limited) is a coarse clock read and three
@@ -219,7 +219,7 @@ impl<S: Sys> Controller<S> {
     /// Admits a launch of `cost` on `dev` (`now`: the clock read for it;
     /// `at`: its context and stream), sleeping until it may go: first
     /// while a container of higher priority is active on the device
-    /// (`sharing`), then until its charge `cost × correction` fits in the
+    /// (`node_sharing`), then until its charge `cost × correction` fits in the
     /// bucket or, taking turns, in the container's turn.
     fn admit(&self, dev: usize, cost: u64, mut now: u64, at: (usize, usize)) -> Admitted {
         let b = &self.sys.buckets().devs[dev];

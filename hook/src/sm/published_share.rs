@@ -3,7 +3,7 @@
 //! slot's `device_util[dev].sm_util`, so HAMi's
 //! `hami_container_device_utilization_ratio` works without host PIDs.
 //! While the feedback leader measured recently it writes NVML's figure
-//! there instead (`feedback`), and this process skips its own.
+//! there instead (`correction::nvml_feedback`), and this process skips its own.
 
 #![forbid(unsafe_code)]
 

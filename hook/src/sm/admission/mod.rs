@@ -1,5 +1,5 @@
 //! Admission: whether a launch's charge (`cost × correction`) may go now,
-//! on the container's bucket (`bucket`) or, while the container takes
+//! on the container's bucket (`gcra`) or, while the container takes
 //! turns with others, in its turn (`phase`); and the charges made after the
 //! fact (settlements of guessed costs, refunds of failed launches).
 

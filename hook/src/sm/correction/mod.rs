@@ -13,10 +13,10 @@
 //! of evidence, whichever measures the container's real GPU time:
 //!
 //! - on the bucket, the feedback loop's NVML measurement of the container's
-//!   share against what it was charged (`from_nvml`, `feedback`);
+//!   share against what it was charged (`from_nvml`, `nvml_feedback`);
 //! - while taking turns, a turn's own events (its GPU time, exact since a
 //!   turn is exclusive) against the charges admitted in it (`from_turn`,
-//!   `turns`); NVML cannot split a device passed between contexts every few
+//!   `turn_measure`); NVML cannot split a device passed between contexts every few
 //!   ms, so the loop does not step then.
 //!
 //! Both steer the factor a fraction of the log-error per step, bounded per

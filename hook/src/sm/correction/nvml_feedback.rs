@@ -3,7 +3,7 @@
 //!
 //! Every `PERIOD_NS` at most, per device, the container's leader (a lease in
 //! the sidecar, `DevBucket::lease`) measures the container's share with
-//! NVML (`share`) against what it was charged over the same window, and
+//! NVML (`nvml_share`) against what it was charged over the same window, and
 //! steps the correction. The loop is open (factor 1) while it cannot
 //! measure: a host pid unknown, NVML missing, or NVML showing only this
 //! PID namespace. A step is found due on the launch path and runs on the

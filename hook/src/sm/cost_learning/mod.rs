@@ -1,5 +1,5 @@
 //! Learning what launches cost: the process's cost table (`cost`), the
-//! thread's cache of it (`local`), and the timing events of sampled
+//! thread's cache of it (`thread_cache`), and the timing events of sampled
 //! launches, from recording to collection (docs/sm-limit.md, "What vgpu
 //! does", 3). Nothing ever waits on an event: finished timings are polled,
 //! at most `POLL_NS` apart and a few at a time.

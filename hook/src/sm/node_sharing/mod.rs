@@ -1,6 +1,6 @@
 //! How the container shares a GPU with the node's other containers, through
-//! the node's table (`node`): taking turns with other limited containers
-//! that use most of their share (`demand`, `phase`), and priorities (`prio`:
+//! the node's table (`node_mapping`): taking turns with other limited containers
+//! that use most of their share (`demand`, `phase`), and priorities (`priority`:
 //! a lower-priority container keeps its queue short while a higher one is
 //! active). Re-planned every `REPLAN_NS` on a limited launch.
 
@@ -46,7 +46,7 @@ pub(crate) struct Sharing {
     /// A member of higher priority was active within `MONITOR_LAG_NS`: a
     /// block from HAMi's monitor is about it, and the hold rule answers it.
     outranked: [AtomicBool; MAX_DEVICES],
-    /// This process's launches admitted while held (`prio`).
+    /// This process's launches admitted while held (`priority`).
     marks: Mutex<Marks>,
     /// (CLOCK_MONOTONIC ns, the container's `charged_ns`) at the last debug
     /// report of the turns.

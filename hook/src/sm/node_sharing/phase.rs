@@ -14,7 +14,7 @@
 //! on CLOCK_MONOTONIC (shared by every container of a node): phases in the
 //! order of the containers' ids, each `limit %` of the frame (scaled down
 //! when the limits add up to more than 100). Every process derives the same
-//! plan (`vgpu_common::node::plan`) from the node's table (`node`), so
+//! plan (`vgpu_common::node::plan`) from the node's table (`node_mapping`), so
 //! nothing is exchanged but the table's few words. A launch is admitted
 //! only when the container's queued work plus its cost fits before the
 //! phase ends.

@@ -1,6 +1,6 @@
 //! What the region says, as the launch path reads it: the limits, whether
 //! they are enforced, the monitor's blocking and the container's priority,
-//! re-read at most every `REFRESH_NS` by one thread (`policy` has the
+//! re-read at most every `REFRESH_NS` by one thread (`limit_policy` has the
 //! rules). A refresh also marks the container's activity for HAMi's
 //! monitor and notes the host pid once a device is limited.
 
