@@ -13,35 +13,36 @@ use std::ffi::{c_uint, c_void};
 
 use vgpu_common::region::ProcSlot;
 
+use crate::driver::native::Native;
+use crate::driver::Context;
 use crate::ffi::*;
 use crate::real::cuda::{launch as real, status};
 use crate::sm::{after_launch, before_launch, Launch, LaunchKind};
+use crate::state::Process;
 
 /// Runs `call` between the limiter's two hook points.
+#[inline]
 fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     crate::suspend::ensure_running();
     let ticket = before_launch(&launch);
     let rc = call();
     let limited_on = after_launch(ticket, rc);
-    // A process that only launches (it allocated once) publishes its usage
-    // again here after a truncation of the region: two relaxed loads.
-    let slot = crate::state::attached().and_then(|p| {
-        p.att.republish_if_wiped();
-        p.att.slot()
-    });
-    count_launch(rc, slot, || limited_on.or_else(launch_device));
+    launched(&Native, crate::state::attached(), limited_on, rc);
     rc
 }
 
-/// The device a launch runs on: the only one when the process sees one (a
-/// container is most often given one GPU: no driver query), else the
-/// current context's.
+/// After a launch that returned `rc`: a process that only launches (it
+/// allocated once) publishes its usage again after a truncation of the
+/// region (two relaxed loads), and a successful launch is counted in the
+/// slot of `p` (this process's state, if attached) on the device the
+/// limiter found it on (`limited_on`), else the one `d` names.
 #[inline]
-fn launch_device() -> Option<usize> {
-    if let Some(i) = crate::sm::single_device() {
-        return Some(i);
-    }
-    crate::sm::current_context_device().map(|(_, dev)| dev)
+fn launched(d: &impl Context, p: Option<&Process>, limited_on: Option<usize>, rc: CUresult) {
+    let slot = p.and_then(|p| {
+        p.att.republish_if_wiped();
+        p.att.slot()
+    });
+    count_launch(rc, slot, || limited_on.or_else(|| d.launch_device()));
 }
 
 /// Counts a successful launch in `slot` (this process's, if it has one) on
@@ -195,5 +196,37 @@ mod tests {
         // Other slots and the usage counters stay untouched.
         assert_eq!(f.region().procs[2].used[1].launches.load(SeqCst), 0);
         assert_eq!(slot.used[1].total.load(SeqCst), 0);
+    }
+
+    /// A launch is counted on the device the limiter found it on, else the
+    /// process's only device, else the current context's (the driver's
+    /// answers); a failed one, or one without process state, counts nothing.
+    #[test]
+    fn a_launch_is_counted_on_the_device_the_driver_names() {
+        use crate::driver::fake::FakeDriver;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.cache").display().to_string();
+        let cfg = crate::config::Config::from_lookup(move |k| {
+            (k == "CUDA_DEVICE_MEMORY_SHARED_CACHE").then(|| path.clone())
+        });
+        let p = Process::new(&cfg, std::process::id() as i32, 0).unwrap();
+        let slot = p.att.slot().unwrap();
+        let launches = |dev: usize| slot.used[dev].launches.load(SeqCst);
+        let on_two = FakeDriver::on(2);
+        launched(&on_two, Some(&p), None, CUDA_SUCCESS);
+        launched(&on_two, Some(&p), Some(1), CUDA_SUCCESS);
+        let only_three = FakeDriver {
+            only: Some(3),
+            ..FakeDriver::on(2)
+        };
+        launched(&only_three, Some(&p), None, CUDA_SUCCESS);
+        assert_eq!((launches(1), launches(2), launches(3)), (1, 1, 1));
+        launched(&on_two, Some(&p), None, 1);
+        launched(&FakeDriver::default(), Some(&p), None, CUDA_SUCCESS);
+        launched(&on_two, None, None, CUDA_SUCCESS);
+        assert_eq!(
+            (launches(0), launches(1), launches(2), launches(3)),
+            (0, 1, 1, 1)
+        );
     }
 }

@@ -2,14 +2,17 @@
 //!
 //! Layers: `ffi` (C types, safe readers of application structs) → `real`
 //! (the real libraries, typed pointers, and the safe wrappers that return
-//! `Result<_, CuError>` / `Result<_, NvmlError>`) → `exports` (the generated
+//! `Result<_, CuError>` / `Result<_, NvmlError>`) → `driver` (what the hook
+//! asks the driver on its own behalf, as traits with one real implementation
+//! over `real` and a fake for unit tests) → `exports` (the generated
 //! `extern "C"` symbols, `dlsym`) → policy (`memory`, `nvml`, `procaddr`,
 //! `launch`, `devices`, `sm`) over `region` and `state`. Every policy module
 //! is `#![forbid(unsafe_code)]` (`cargo xtask lint` checks the list); in `sm`
-//! only `live` (the real driver behind the limiter's traits) is not policy.
+//! only `live` (the clocks and the process's world behind the limiter's
+//! traits) is not policy. Only `real` and `exports` call the driver raw.
 //! `sidecar` is the container's second shared file (measured context sizes,
 //! the limiter's buckets), mapped like the node tables through
-//! `mapguard::shared`.
+//! `sigbus_guard::shared`.
 
 #[macro_use]
 mod log;
@@ -18,17 +21,18 @@ pub(crate) mod real;
 
 pub(crate) mod config;
 mod devices;
+mod driver;
 pub(crate) mod exports;
 pub(crate) mod ffi;
-mod identity;
 mod launch;
-pub(crate) mod mapguard;
 mod memory;
 mod nodelock;
 mod nvml;
+mod pid_namespace;
 mod procaddr;
 pub(crate) mod region;
 mod sidecar;
+pub(crate) mod sigbus_guard;
 mod signal;
 pub(crate) mod sm;
 pub(crate) mod state;

@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use vgpu_common::shared_file::MapError;
 pub(crate) use vgpu_common::sidecar::{path_for, SmShared};
 
-use crate::mapguard::shared as mapfile;
+use crate::sigbus_guard::shared as mapfile;
 
 /// Maps (creating if needed) the sidecar at `path`. The mapping is never
 /// unmapped (it is shared by the process for its whole life, forks included).

@@ -7,19 +7,22 @@
 //!   sources; `deny.toml`);
 //! - `typos` over code and docs (`_typos.toml`);
 //! - the ABI snapshots of every cross-process layout (`cargo xtask abi`);
-//! - no `unsafe` in the hook's policy code (`unsafe_free`).
+//! - no `unsafe` in the hook's policy code (`unsafe_free`);
+//! - no raw driver call (`real_cuda!`, `real_nvml!`) in the hook outside
+//!   `real/` and the generated exports (`driver_seam`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::{abi, setup, unsafe_free, util};
+use crate::{abi, driver_seam, setup, unsafe_free, util};
 
 pub fn run() -> Result<()> {
     util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
     lints_opt_in()?;
     unsafe_free::run()?;
+    driver_seam::run()?;
     // cargo deny reads every crate of every target and feature, dev-only and
     // other platforms' included; the build before it fetched only what it
     // compiled. Fetch the rest from the lock file so the offline check works

@@ -17,37 +17,28 @@ use crate::util;
 
 /// Policy modules of the hook, relative to `hook/src/`. A directory stands
 /// for every `.rs` file below it; its `mod.rs` carries the attribute. In
-/// `sm/` only `live.rs` (the real driver behind the limiter's traits) is
-/// not policy.
+/// `sm/` only `live.rs` (the process's world behind the limiter's traits)
+/// is not policy; `driver/` is policy, its real side calls only the
+/// wrappers of `real/`.
 const POLICY: &[&str] = &[
     "memory",
     "devices.rs",
-    "identity.rs",
+    "driver",
+    "pid_namespace.rs",
     "launch.rs",
     "nodelock.rs",
     "nvml.rs",
     "procaddr.rs",
     "sidecar.rs",
-    "sm/admit.rs",
-    "sm/bucket.rs",
-    "sm/control.rs",
-    "sm/correction.rs",
-    "sm/cost.rs",
-    "sm/demand.rs",
-    "sm/feedback.rs",
-    "sm/learn.rs",
-    "sm/local.rs",
-    "sm/node.rs",
-    "sm/phase.rs",
-    "sm/policy.rs",
-    "sm/prio.rs",
-    "sm/publish.rs",
-    "sm/settings.rs",
-    "sm/share.rs",
-    "sm/sharing.rs",
+    "sm/admission",
+    "sm/controller.rs",
+    "sm/correction",
+    "sm/cost_learning",
+    "sm/node_sharing",
+    "sm/published_share.rs",
+    "sm/settings",
     "sm/sys.rs",
     "sm/tuning.rs",
-    "sm/turns.rs",
 ];
 
 /// Tokens that are, or expand to, an `unsafe` block.
@@ -85,11 +76,11 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-fn read(path: &Path) -> Result<String> {
+pub(crate) fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
-fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let p = e?.path();
@@ -126,7 +117,7 @@ fn banned(code: &str) -> Vec<(usize, &'static str)> {
 
 /// `src` with comments and string/char literals blanked (newlines kept, so
 /// line numbers stay right).
-fn strip(src: &str) -> String {
+pub(crate) fn strip(src: &str) -> String {
     let c: Vec<char> = src.chars().collect();
     let mut out = String::with_capacity(src.len());
     let blank = |out: &mut String, ch: char| out.push(if ch == '\n' { '\n' } else { ' ' });

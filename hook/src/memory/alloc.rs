@@ -1,19 +1,31 @@
 //! `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`, `cuMemFree_v2`.
 
-use super::driver::Real;
 use super::limit;
-use super::{counted, target, uncounted};
+use super::{counted, target, target_in, uncounted};
+use crate::driver::native::Native;
+use crate::driver::{Context, Memory};
 use crate::ffi::*;
 use crate::real::cuda::{mem, status};
 use crate::region::Kind;
-use crate::state::process;
+use crate::state::{process, Process};
 
 pub fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
-        return mem::alloc(dptr, bytesize);
+    mem_alloc_in(&Native, process(), dptr, bytesize)
+}
+
+/// `cuMemAlloc_v2` over the driver `d` for the process state `p`.
+#[inline]
+pub(crate) fn mem_alloc_in(
+    d: &(impl Context + Memory),
+    p: Option<&Process>,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+) -> CUresult {
+    let Some((p, dev)) = target_in(d, p).filter(|_| !dptr.is_null()) else {
+        return d.mem_alloc(dptr, bytesize);
     };
     counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
-        let rc = mem::alloc(dptr, bytesize);
+        let rc = d.mem_alloc(dptr, bytesize);
         (rc, read(dptr).unwrap_or(0))
     })
 }
@@ -23,7 +35,7 @@ pub fn mem_alloc_managed(
     bytesize: usize,
     flags: std::ffi::c_uint,
 ) -> CUresult {
-    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
+    let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
         return mem::alloc_managed(dptr, bytesize, flags);
     };
     counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
@@ -51,7 +63,7 @@ pub fn mem_alloc_pitch(
     elem: std::ffi::c_uint,
 ) -> CUresult {
     let forward = || mem::alloc_pitch(dptr, pitch, width, height, elem);
-    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null() && !pitch.is_null()) else {
+    let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null() && !pitch.is_null()) else {
         return forward();
     };
     let Some(bound) = pitch_upper_bound(width, height) else {
@@ -79,8 +91,14 @@ pub fn mem_alloc_pitch(
 }
 
 pub fn mem_free(dptr: CUdeviceptr) -> CUresult {
-    let Some(p) = process().filter(|_| dptr != 0) else {
-        return status(mem::free(dptr));
+    mem_free_in(&Native, process(), dptr)
+}
+
+/// `cuMemFree_v2` over the driver `d` for the process state `p`.
+#[inline]
+pub(crate) fn mem_free_in(d: &impl Memory, p: Option<&Process>, dptr: CUdeviceptr) -> CUresult {
+    let Some(p) = p.filter(|_| dptr != 0) else {
+        return d.mem_free(dptr);
     };
-    uncounted(p, &p.ptrs, dptr, || status(mem::free(dptr)))
+    uncounted(p, &p.ptrs, dptr, || d.mem_free(dptr))
 }

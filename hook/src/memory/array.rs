@@ -6,8 +6,8 @@
 //! the hook does not know is forwarded uncounted with a warning, never read
 //! out of a table by index.
 
-use super::driver::Real;
 use super::{counted, target, uncounted};
+use crate::driver::native::Native;
 use crate::ffi::*;
 use crate::real::cuda::{array, status};
 use crate::region::Kind;
@@ -85,7 +85,7 @@ fn create(
     format: u32,
     call: impl Fn() -> CUresult,
 ) -> CUresult {
-    let Some((p, dev)) = target(&Real) else {
+    let Some((p, dev)) = target(&Native) else {
         return call();
     };
     let Some(bytes) = bytes else {

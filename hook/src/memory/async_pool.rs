@@ -4,16 +4,16 @@
 //! them when it is enqueued. Memory a pool keeps cached after frees is not
 //! counted (see docs/hook.md).
 
-use super::driver::Real;
 use super::track::Entry;
 use super::{counted_as, target, uncounted};
+use crate::driver::native::Native;
 use crate::ffi::*;
 use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
 fn alloc(dptr: *mut CUdeviceptr, bytes: usize, call: impl Fn() -> CUresult) -> CUresult {
-    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
+    let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
         return call();
     };
     // Pool memory belongs to the pool, not to the context.

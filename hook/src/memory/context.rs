@@ -17,10 +17,12 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::driver::{Driver, Real};
+use super::context_host::{ContextHost, RealHost};
 use super::limit;
 use super::track::Entry;
 use super::uncounted;
+use crate::driver::native::Native;
+use crate::driver::Nvml;
 use crate::ffi::*;
 use crate::real::cuda::{ctx as cu_ctx, device, status};
 use crate::region::Kind;
@@ -70,7 +72,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    fn take(d: &impl Driver, dev: usize) -> Self {
+    fn take(d: &impl Nvml, dev: usize) -> Self {
         Self {
             procs: d.processes(dev),
             used: d.device_used(dev),
@@ -168,7 +170,8 @@ fn reserve_then_create(
 /// limit (the context is destroyed again if it does not fit).
 pub fn counted_context(
     p: &Process,
-    d: &impl Driver,
+    d: &impl Nvml,
+    host: &impl ContextHost,
     dev: usize,
     create: impl FnOnce() -> CUresult,
     destroy: impl FnOnce(),
@@ -178,17 +181,21 @@ pub fn counted_context(
     if cached != UNKNOWN {
         return reserve_then_create(p, dev, cached, create);
     }
-    if let Some(s) = d.shared_ctx_size(dev) {
+    if let Some(s) = host.shared_ctx_size(dev) {
         p.ctx_size[dev].store(s, SeqCst);
         return reserve_then_create(p, dev, s, create);
     }
-    let own = d.own_host_pid().or_else(|| p.att.host_pid());
+    let own = host.own_host_pid().or_else(|| p.att.host_pid());
     // Without our host PID, serialise node-wide so that the one PID that
     // appears in NVML's list is ours.
-    let lock = if own.is_none() { d.node_lock() } else { None };
+    let lock = if own.is_none() {
+        host.node_lock()
+    } else {
+        None
+    };
     if lock.is_some() {
         // Another process of the container may have measured meanwhile.
-        if let Some(s) = d.shared_ctx_size(dev) {
+        if let Some(s) = host.shared_ctx_size(dev) {
             drop(lock);
             p.ctx_size[dev].store(s, SeqCst);
             return reserve_then_create(p, dev, s, create);
@@ -198,15 +205,15 @@ pub fn counted_context(
     let rc = create();
     let after = Snapshot::take(d, dev);
     drop(lock);
-    let own = own_listed(own, d.own_ns_pid(), &after);
-    let m = infer(own, &before, &after, d.shared_ctx_size(dev));
+    let own = own_listed(own, host.own_ns_pid(), &after);
+    let m = infer(own, &before, &after, host.shared_ctx_size(dev));
     if rc != CUDA_SUCCESS {
         return (rc, 0);
     }
     if let Measured::NewPid { pid, .. } = m {
         // A driver that lists a container's processes with their namespace
         // PIDs (R580) shows us under our own PID: exact size, no host PID.
-        if Some(pid) != d.own_ns_pid() {
+        if Some(pid) != host.own_ns_pid() {
             p.att.set_host_pid(pid);
         }
     }
@@ -218,7 +225,7 @@ pub fn counted_context(
         0
     });
     if m.exact() {
-        d.set_shared_ctx_size(dev, size);
+        host.set_shared_ctx_size(dev, size);
     }
     p.ctx_size[dev].store(size, SeqCst);
     vlog!(
@@ -253,7 +260,7 @@ pub fn fill_device_info(p: &Process) {
     } else {
         None
     };
-    crate::sm::see_single_device(single);
+    crate::driver::native::see_single_device(single);
     let Some(devices) = crate::devices::get() else {
         return;
     };
@@ -285,7 +292,7 @@ pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
         }
         return rc;
     }
-    let (rc, _) = counted_context(p, &Real, d, call, || {
+    let (rc, _) = counted_context(p, &Native, &RealHost, d, call, || {
         let _ = cu_ctx::primary_release(dev);
     });
     if rc == CUDA_SUCCESS {
@@ -409,7 +416,7 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
     if ctx.is_null() {
         return call();
     }
-    let (rc, bytes) = counted_context(p, &Real, d, call, || {
+    let (rc, bytes) = counted_context(p, &Native, &RealHost, d, call, || {
         if let Some(c) = read(ctx) {
             let _ = cu_ctx::destroy(c);
         }

@@ -4,9 +4,10 @@
 //! destroyed. The device is the node's pool location when that is a device,
 //! else the current context's.
 
-use super::driver::{Driver, Real};
 use super::limit;
 use super::track::Entry;
+use crate::driver::native::Native;
+use crate::driver::Context;
 use crate::ffi::*;
 use crate::real::cuda::{graph, status};
 use crate::region::Kind;
@@ -29,7 +30,7 @@ pub fn add_mem_alloc_node(
     let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
         crate::devices::index_of(loc.id)
     } else {
-        Real.current_device()
+        Native.current_device()
     };
     let Some(dev) = dev.filter(|d| *d < vgpu_common::region::MAX_DEVICES) else {
         return call();

@@ -3,11 +3,12 @@
 //! `total - used` clamped at 0 (and never more than physically free).
 //! Without a limit the driver's values are returned untouched.
 
-use super::driver::{Driver, Real};
+use crate::driver::native::Native;
+use crate::driver::{Context, Memory, Nvml};
 use crate::ffi::*;
-use crate::real::cuda::{device, mem};
+use crate::real::cuda::device;
 use crate::region::usage;
-use crate::state::process;
+use crate::state::{process, Process};
 
 /// `(free, total)` as the application should see them on `dev`.
 pub fn virtual_info(limit: u64, used: u64, phys_free: u64, phys_total: u64) -> (u64, u64) {
@@ -19,18 +20,29 @@ pub fn virtual_info(limit: u64, used: u64, phys_free: u64, phys_total: u64) -> (
 }
 
 pub fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
-    let rc = mem::get_info(free, total);
+    mem_get_info_in(&Native, process, free, total)
+}
+
+/// `cuMemGetInfo_v2` over the driver `d` for the process state `process`
+/// gives, asked only once the driver has answered.
+pub(crate) fn mem_get_info_in<'a>(
+    d: &(impl Context + Memory + Nvml),
+    process: impl FnOnce() -> Option<&'a Process>,
+    free: *mut usize,
+    total: *mut usize,
+) -> CUresult {
+    let rc = d.mem_get_info(free, total);
     if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return rc;
     }
-    let (Some(p), Some(dev)) = (process(), Real.current_device()) else {
+    let (Some(p), Some(dev)) = (process(), d.current_device()) else {
         return rc;
     };
     // Processes that exited since still fill their slots until reclaimed.
     p.att.reclaim_now_and_then();
     // Profilers (vLLM's, PyTorch's `mem_get_info`) size what they take by
     // this answer: GPU code loaded since the context counts first.
-    super::modules::reconcile(p, &Real, dev);
+    super::modules::reconcile(p, d, &super::context_host::RealHost, dev);
     let r = p.att.region();
     let (f, t) = virtual_info(
         usage::limit(r, dev),

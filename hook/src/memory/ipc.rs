@@ -2,11 +2,12 @@
 //! (`cuMemGetAddressRange_v2`); if counting it would pass the limit the
 //! mapping is closed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 
-use super::driver::{Driver, Real};
 use super::limit;
 use super::target;
 use super::track::Entry;
 use super::uncounted;
+use crate::driver::native::Native;
+use crate::driver::Memory;
 use crate::ffi::*;
 use crate::real::cuda::{mem, status};
 use crate::region::Kind;
@@ -14,7 +15,7 @@ use crate::state::process;
 
 pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_uint) -> CUresult {
     let call = || mem::ipc_open(dptr, handle, flags);
-    let Some((p, dev)) = target(&Real).filter(|_| !dptr.is_null()) else {
+    let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
         return call();
     };
     let rc = call();
@@ -22,7 +23,7 @@ pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_u
         return rc;
     }
     let ptr = read(dptr).unwrap_or(0);
-    let Some(bytes) = Real.allocation_size(ptr) else {
+    let Some(bytes) = Native.allocation_size(ptr) else {
         vlog_once!(crate::log::WARN, "cannot size an IPC import; not counted");
         return rc;
     };

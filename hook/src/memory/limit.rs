@@ -35,7 +35,7 @@ pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> bool {
     let region = att.region();
     let mut reclaimed = false;
     // A region file renamed over ours: join it (at most one `stat` a second).
-    crate::mapguard::follow_replaced(vgpu_common::clock::monotonic_ns());
+    crate::sigbus_guard::follow_replaced(vgpu_common::clock::monotonic_ns());
     att.republish_if_wiped();
     att.see_limit(dev);
     for attempt in 0..RESERVE_ATTEMPTS {

@@ -10,7 +10,7 @@ pub mod alloc;
 pub mod array;
 pub mod async_pool;
 pub mod context;
-pub mod driver;
+pub mod context_host;
 pub mod graph;
 pub mod info;
 pub mod ipc;
@@ -25,16 +25,28 @@ mod tests;
 
 use vgpu_common::region::MAX_DEVICES;
 
+use crate::driver::Context;
 use crate::ffi::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use crate::region::Kind;
 use crate::state::Process;
-use driver::Driver;
 use track::{Entry, Tracker};
 
 /// The process state and the current context's device, when the call should
 /// be counted; `None` means forward unchanged.
-pub fn target(d: &impl Driver) -> Option<(&'static Process, usize)> {
-    let p = crate::state::process()?;
+pub fn target(d: &impl Context) -> Option<(&'static Process, usize)> {
+    let (p, dev) = target_in(d, crate::state::process())?;
+    modules::reconcile_now_and_then(
+        p,
+        &crate::driver::native::Native,
+        &context_host::RealHost,
+        dev,
+    );
+    Some((p, dev))
+}
+
+/// [`target`] for the process state `p` (`None`: the hook has none).
+pub fn target_in<'a>(d: &impl Context, p: Option<&'a Process>) -> Option<(&'a Process, usize)> {
+    let p = p?;
     let dev = d.current_device()?;
     if dev >= MAX_DEVICES {
         vlog_once!(
@@ -43,7 +55,6 @@ pub fn target(d: &impl Driver) -> Option<(&'static Process, usize)> {
         );
         return None;
     }
-    modules::reconcile_now_and_then(p, d, dev);
     Some((p, dev))
 }
 

@@ -16,7 +16,8 @@
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use super::context::{own_listed, Snapshot};
-use super::driver::Driver;
+use super::context_host::ContextHost;
+use crate::driver::Nvml;
 use crate::region::Kind;
 use crate::state::{Process, UNKNOWN};
 
@@ -30,7 +31,7 @@ pub const PERIOD_NS: u64 = 1_000_000_000;
 
 /// Counts on `dev` what NVML shows this process holding beyond what the
 /// hook counted. Returns the bytes added.
-pub fn reconcile(p: &Process, d: &impl Driver, dev: usize) -> u64 {
+pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize) -> u64 {
     // Until the context's own size is counted, NVML's extra is that
     // context, which `context::counted_context` is about to reserve.
     if p.ctx_size
@@ -51,9 +52,11 @@ pub fn reconcile(p: &Process, d: &impl Driver, dev: usize) -> u64 {
     if counted != before {
         return 0; // an allocation or free ran meanwhile; the next look sees it settled
     }
-    let own = d.own_host_pid().or_else(|| p.att.host_pid());
-    let (Some(pid), Some(list)) = (own_listed(own, d.own_ns_pid(), &snap), snap.procs.as_ref())
-    else {
+    let own = host.own_host_pid().or_else(|| p.att.host_pid());
+    let (Some(pid), Some(list)) = (
+        own_listed(own, host.own_ns_pid(), &snap),
+        snap.procs.as_ref(),
+    ) else {
         return 0;
     };
     let nvml: u64 = list
@@ -79,7 +82,7 @@ pub fn reconcile(p: &Process, d: &impl Driver, dev: usize) -> u64 {
 
 /// [`reconcile`] from the allocation path: at most once per [`PERIOD_NS`]
 /// per process, decided by a coarse clock read and one CAS.
-pub fn reconcile_now_and_then(p: &Process, d: &impl Driver, dev: usize) {
+pub fn reconcile_now_and_then(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize) {
     let now = vgpu_common::clock::clock_ns(libc::CLOCK_MONOTONIC_COARSE);
     let due = p.module_check.load(Relaxed);
     if now < due
@@ -89,7 +92,7 @@ pub fn reconcile_now_and_then(p: &Process, d: &impl Driver, dev: usize) {
     {
         return;
     }
-    reconcile(p, d, dev);
+    reconcile(p, d, host, dev);
 }
 
 /// Releases what [`reconcile`] counted on `dev`: its contexts are gone.

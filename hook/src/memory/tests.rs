@@ -1,60 +1,23 @@
-//! Accounting logic against a fake driver (closures for the allocation
-//! calls, [`Fake`] for the queries) and a region file in a temp dir.
+//! Accounting logic against the fake driver (`driver::fake`; closures for
+//! the allocation calls) and a region file in a temp dir.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
+use super::alloc::{mem_alloc_in, mem_free_in};
 use super::context::{
     counted_context, infer, own_listed, released_by_destroy, released_by_reset, Measured, Snapshot,
 };
-use super::driver::Driver;
+use super::info::mem_get_info_in;
 use super::{counted, uncounted};
 use crate::config::Config;
+use crate::driver::fake::FakeDriver as Fake;
 use crate::ffi::*;
 use crate::region::{slots, usage, Kind};
 use crate::state::Process;
 
 const M: u64 = 1 << 20;
-
-#[derive(Default)]
-struct Fake {
-    dev: usize,
-    used: Cell<u64>,
-    /// NVML's process list (`None`: no list).
-    procs: std::cell::RefCell<Option<Vec<(u32, u64)>>>,
-    own: Option<u32>,
-    /// Our PID in a (non-initial) PID namespace.
-    ns: Option<u32>,
-    shared: Cell<Option<u64>>,
-}
-
-impl Driver for Fake {
-    fn current_device(&self) -> Option<usize> {
-        Some(self.dev)
-    }
-    fn allocation_size(&self, _ptr: CUdeviceptr) -> Option<u64> {
-        None
-    }
-    fn device_used(&self, _dev: usize) -> Option<u64> {
-        Some(self.used.get())
-    }
-    fn processes(&self, _dev: usize) -> Option<Vec<(u32, u64)>> {
-        self.procs.borrow().clone()
-    }
-    fn own_host_pid(&self) -> Option<u32> {
-        self.own
-    }
-    fn own_ns_pid(&self) -> Option<u32> {
-        self.ns
-    }
-    fn shared_ctx_size(&self, _dev: usize) -> Option<u64> {
-        self.shared.get()
-    }
-    fn set_shared_ctx_size(&self, _dev: usize, bytes: u64) {
-        self.shared.set(Some(bytes));
-    }
-}
 
 fn cfg(dir: &std::path::Path, limit: &str) -> Config {
     let path = dir.join("r.cache").display().to_string();
@@ -100,6 +63,7 @@ fn refused_before_creating(p: &Process, fake: &Fake) {
     let created = Cell::new(false);
     let (rc, _) = counted_context(
         p,
+        fake,
         fake,
         0,
         || {
@@ -306,16 +270,17 @@ fn context_is_measured_once_then_reserved_before_creation() {
     let dir = tempfile::tempdir().unwrap();
     let p = Process::new(&cfg(dir.path(), "1g"), 8001, 0).unwrap();
     let fake = Fake {
-        dev: 0,
-        used: Cell::new(1000 * M),
+        dev: Some(0),
+        used: (1000 * M).into(),
         ..Default::default()
     };
     let (rc, bytes) = counted_context(
         &p,
         &fake,
+        &fake,
         0,
         || {
-            fake.used.set(fake.used.get() + 300 * M);
+            fake.used.fetch_add(300 * M, SeqCst);
             CUDA_SUCCESS
         },
         || {},
@@ -326,11 +291,11 @@ fn context_is_measured_once_then_reserved_before_creation() {
     // Second context: 300 more fits (600 <= 1024); a third does not, and
     // the driver is not asked to create it.
     assert_eq!(
-        counted_context(&p, &fake, 0, || CUDA_SUCCESS, || {}).0,
+        counted_context(&p, &fake, &fake, 0, || CUDA_SUCCESS, || {}).0,
         CUDA_SUCCESS
     );
     assert_eq!(
-        counted_context(&p, &fake, 0, || CUDA_SUCCESS, || {}).0,
+        counted_context(&p, &fake, &fake, 0, || CUDA_SUCCESS, || {}).0,
         CUDA_SUCCESS
     );
     refused_before_creating(&p, &fake);
@@ -341,17 +306,18 @@ fn a_first_context_over_the_limit_is_destroyed() {
     let dir = tempfile::tempdir().unwrap();
     let p = Process::new(&cfg(dir.path(), "100m"), 8002, 0).unwrap();
     let fake = Fake {
-        dev: 0,
-        used: Cell::new(0),
+        dev: Some(0),
+        used: 0.into(),
         ..Default::default()
     };
     let destroyed = Cell::new(false);
     let (rc, _) = counted_context(
         &p,
         &fake,
+        &fake,
         0,
         || {
-            fake.used.set(500 * M);
+            fake.used.store(500 * M, SeqCst);
             CUDA_SUCCESS
         },
         || destroyed.set(true),
@@ -369,20 +335,21 @@ fn a_namespace_pid_in_nvmls_list_measures_but_is_no_host_pid() {
     let dir = tempfile::tempdir().unwrap();
     let p = Process::new(&cfg(dir.path(), "1g"), 8003, 0).unwrap();
     let fake = Fake {
-        dev: 0,
-        used: Cell::new(0),
+        dev: Some(0),
+        used: 0.into(),
         ns: Some(1),
-        procs: std::cell::RefCell::new(Some(Vec::new())),
+        procs: std::sync::Mutex::new(Some(Vec::new())),
         ..Default::default()
     };
     let (rc, bytes) = counted_context(
         &p,
         &fake,
+        &fake,
         0,
         || {
             // Another container allocated meanwhile: the delta is wrong.
-            fake.used.set(900 * M);
-            *fake.procs.borrow_mut() = Some(vec![(1, 300 * M)]);
+            fake.used.store(900 * M, SeqCst);
+            *fake.procs.lock().unwrap() = Some(vec![(1, 300 * M)]);
             CUDA_SUCCESS
         },
         || {},
@@ -451,23 +418,24 @@ fn an_exact_size_is_shared_and_then_reserved_before_creation() {
     let a = Process::new(&cfg(dir.path(), "100m"), live_a.pid(), 0).unwrap();
     let fake = Fake {
         own: Some(4242),
-        procs: std::cell::RefCell::new(Some(vec![(1, 30 * M)])),
-        used: Cell::new(30 * M),
+        procs: std::sync::Mutex::new(Some(vec![(1, 30 * M)])),
+        used: (30 * M).into(),
         ..Default::default()
     };
     let (rc, bytes) = counted_context(
         &a,
         &fake,
+        &fake,
         0,
         || {
-            *fake.procs.borrow_mut() = Some(vec![(1, 30 * M), (4242, 60 * M)]);
-            fake.used.set(200 * M);
+            *fake.procs.lock().unwrap() = Some(vec![(1, 30 * M), (4242, 60 * M)]);
+            fake.used.store(200 * M, SeqCst);
             CUDA_SUCCESS
         },
         || {},
     );
     assert_eq!((rc, bytes), (CUDA_SUCCESS, 60 * M));
-    assert_eq!(fake.shared.get(), Some(60 * M));
+    assert_eq!(*fake.shared.lock().unwrap(), Some(60 * M));
     // Another process of the container reuses it and, as it does not fit
     // (60 + 60 > 100), is refused before the driver creates anything.
     let live = Live::new();
@@ -546,7 +514,7 @@ fn with_context(dir: &std::path::Path, pid: i32, nvml: u64) -> (Process, Fake) {
     assert!(super::limit::reserve(&p.att, 0, 10 * M, Kind::Context));
     let fake = Fake {
         own: Some(4242),
-        procs: std::cell::RefCell::new(Some(vec![(7, 300 * M), (4242, nvml)])),
+        procs: std::sync::Mutex::new(Some(vec![(7, 300 * M), (4242, nvml)])),
         ..Default::default()
     };
     (p, fake)
@@ -557,7 +525,7 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
     use super::modules::{reconcile, released_with_context};
     let dir = tempfile::tempdir().unwrap();
     let (p, fake) = with_context(dir.path(), 8101, 10 * M + 74 * M);
-    assert_eq!(reconcile(&p, &fake, 0), 74 * M);
+    assert_eq!(reconcile(&p, &fake, &fake, 0), 74 * M);
     assert_eq!(used(&p, 0), 84 * M, "the count is NVML's line");
     let slot = p.att.slot().unwrap();
     assert_eq!(
@@ -565,7 +533,11 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
         74 * M,
         "as module memory"
     );
-    assert_eq!(reconcile(&p, &fake, 0), 0, "nothing new: nothing added");
+    assert_eq!(
+        reconcile(&p, &fake, &fake, 0),
+        0,
+        "nothing new: nothing added"
+    );
     // An allocation seen by the hook moves both alike.
     assert_eq!(
         counted(&p, &p.ptrs, 0, 100 * M, Kind::Data, || (
@@ -574,8 +546,8 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
         )),
         CUDA_SUCCESS
     );
-    *fake.procs.borrow_mut() = Some(vec![(4242, 184 * M)]);
-    assert_eq!(reconcile(&p, &fake, 0), 0);
+    *fake.procs.lock().unwrap() = Some(vec![(4242, 184 * M)]);
+    assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
     // The context goes, and the code loaded for it with it.
     released_with_context(&p, 0);
     assert_eq!(used(&p, 0), 110 * M);
@@ -586,11 +558,11 @@ fn nvml_reading_less_than_the_count_lowers_nothing() {
     // An allocation is counted before the driver makes it: NVML lags.
     let dir = tempfile::tempdir().unwrap();
     let (p, fake) = with_context(dir.path(), 8102, 4 * M);
-    assert_eq!(super::modules::reconcile(&p, &fake, 0), 0);
+    assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
     assert_eq!(used(&p, 0), 10 * M);
     // Within NVML's MiB rounding: nothing either.
-    *fake.procs.borrow_mut() = Some(vec![(4242, 11 * M)]);
-    assert_eq!(super::modules::reconcile(&p, &fake, 0), 0);
+    *fake.procs.lock().unwrap() = Some(vec![(4242, 11 * M)]);
+    assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
 }
 
 #[test]
@@ -598,17 +570,17 @@ fn no_look_before_the_context_is_counted_or_without_our_line() {
     let dir = tempfile::tempdir().unwrap();
     let (p, fake) = with_context(dir.path(), 8103, 90 * M);
     // Not our line: another process's memory is never ours.
-    *fake.procs.borrow_mut() = Some(vec![(7, 900 * M)]);
+    *fake.procs.lock().unwrap() = Some(vec![(7, 900 * M)]);
     let blind = Fake {
         own: Some(4242),
-        procs: std::cell::RefCell::new(Some(vec![(7, 900 * M)])),
+        procs: std::sync::Mutex::new(Some(vec![(7, 900 * M)])),
         ..Default::default()
     };
-    assert_eq!(super::modules::reconcile(&p, &blind, 0), 0);
+    assert_eq!(super::modules::reconcile(&p, &blind, &blind, 0), 0);
     // Until the context's size is counted, NVML's extra is that context.
     p.ctx_size[0].store(crate::state::UNKNOWN, SeqCst);
-    *fake.procs.borrow_mut() = Some(vec![(4242, 90 * M)]);
-    assert_eq!(super::modules::reconcile(&p, &fake, 0), 0);
+    *fake.procs.lock().unwrap() = Some(vec![(4242, 90 * M)]);
+    assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
     assert_eq!(used(&p, 0), 10 * M);
 }
 
@@ -617,9 +589,127 @@ fn the_allocation_path_looks_at_most_once_a_period() {
     use super::modules::reconcile_now_and_then;
     let dir = tempfile::tempdir().unwrap();
     let (p, fake) = with_context(dir.path(), 8104, 30 * M);
-    reconcile_now_and_then(&p, &fake, 0);
+    reconcile_now_and_then(&p, &fake, &fake, 0);
     assert_eq!(used(&p, 0), 30 * M);
-    *fake.procs.borrow_mut() = Some(vec![(4242, 60 * M)]);
-    reconcile_now_and_then(&p, &fake, 0);
+    *fake.procs.lock().unwrap() = Some(vec![(4242, 60 * M)]);
+    reconcile_now_and_then(&p, &fake, &fake, 0);
     assert_eq!(used(&p, 0), 30 * M, "not due again within the period");
+}
+
+/// A process state with a `limit` over a region in `dir`, whose pid is a
+/// live process of its own.
+fn limited_process(dir: &std::path::Path, limit: &str, live: &Live) -> Process {
+    Process::new(&cfg(dir, limit), live.pid(), 0).unwrap()
+}
+
+#[test]
+fn a_refused_allocation_never_reaches_the_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Live::new();
+    let p = limited_process(dir.path(), "100m", &live);
+    let d = Fake::on(0);
+    let mut ptr: CUdeviceptr = 0;
+    assert_eq!(
+        mem_alloc_in(&d, Some(&p), &mut ptr, (60 * M) as usize),
+        CUDA_SUCCESS
+    );
+    assert_ne!(ptr, 0);
+    assert_eq!((d.allocs(), used(&p, 0)), (1, 60 * M));
+    let mut refused: CUdeviceptr = 0;
+    assert_eq!(
+        mem_alloc_in(&d, Some(&p), &mut refused, (50 * M) as usize),
+        CUDA_ERROR_OUT_OF_MEMORY
+    );
+    assert_eq!(
+        d.allocs(),
+        1,
+        "the refused allocation never reached the driver"
+    );
+    assert_eq!((refused, used(&p, 0)), (0, 60 * M));
+    // The driver's own failure is returned and releases the reservation.
+    d.alloc_rc.store(CUDA_ERROR_OUT_OF_MEMORY, SeqCst);
+    let mut failed: CUdeviceptr = 0;
+    assert_eq!(
+        mem_alloc_in(&d, Some(&p), &mut failed, M as usize),
+        CUDA_ERROR_OUT_OF_MEMORY
+    );
+    assert_eq!((d.allocs(), used(&p, 0)), (2, 60 * M));
+}
+
+#[test]
+fn a_free_releases_the_count_and_an_unknown_free_is_forwarded() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Live::new();
+    let p = limited_process(dir.path(), "100m", &live);
+    let d = Fake::on(1);
+    let mut ptr: CUdeviceptr = 0;
+    assert_eq!(
+        mem_alloc_in(&d, Some(&p), &mut ptr, (70 * M) as usize),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        used(&p, 1),
+        70 * M,
+        "counted on the current context's device"
+    );
+    assert_eq!(mem_free_in(&d, Some(&p), ptr), CUDA_SUCCESS);
+    assert_eq!((d.frees(), used(&p, 1)), (1, 0));
+    // The room is back: the same size fits again.
+    assert_eq!(
+        mem_alloc_in(&d, Some(&p), &mut ptr, (70 * M) as usize),
+        CUDA_SUCCESS
+    );
+    // A pointer the hook never counted reaches the driver, counts nothing.
+    assert_eq!(mem_free_in(&d, Some(&p), 0xdead_0000), CUDA_SUCCESS);
+    assert_eq!((d.frees(), used(&p, 1)), (2, 70 * M));
+}
+
+#[test]
+fn without_a_region_or_a_context_calls_are_forwarded_uncounted() {
+    let dir = tempfile::tempdir().unwrap();
+    let live = Live::new();
+    let p = limited_process(dir.path(), "100m", &live);
+    // No process state: everything goes to the driver, even past the limit.
+    let d = Fake::on(0);
+    let mut ptr: CUdeviceptr = 0;
+    assert_eq!(
+        mem_alloc_in(&d, None, &mut ptr, (500 * M) as usize),
+        CUDA_SUCCESS
+    );
+    assert_eq!(mem_free_in(&d, None, ptr), CUDA_SUCCESS);
+    // No current context: forwarded, not counted.
+    let no_ctx = Fake::default();
+    assert_eq!(
+        mem_alloc_in(&no_ctx, Some(&p), &mut ptr, (500 * M) as usize),
+        CUDA_SUCCESS
+    );
+    assert_eq!((d.allocs(), d.frees(), no_ctx.allocs()), (1, 1, 1));
+    assert_eq!(used(&p, 0), 0);
+}
+
+#[test]
+fn memory_info_shows_the_limit_on_the_current_device() {
+    const G: u64 = 1 << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let live = Live::new();
+    let p = limited_process(dir.path(), "100m", &live);
+    let d = Fake::on(0);
+    *d.info.lock().unwrap() = (70 * G, 80 * G);
+    let mut ptr: CUdeviceptr = 0;
+    assert_eq!(
+        mem_alloc_in(&d, Some(&p), &mut ptr, (60 * M) as usize),
+        CUDA_SUCCESS
+    );
+    let (mut free, mut total) = (0usize, 0usize);
+    assert_eq!(
+        mem_get_info_in(&d, || Some(&p), &mut free, &mut total),
+        CUDA_SUCCESS
+    );
+    assert_eq!((free as u64, total as u64), (40 * M, 100 * M));
+    // Without process state the driver's figures pass unchanged.
+    assert_eq!(
+        mem_get_info_in(&d, || None, &mut free, &mut total),
+        CUDA_SUCCESS
+    );
+    assert_eq!((free as u64, total as u64), (70 * G, 80 * G));
 }

@@ -64,8 +64,8 @@ impl Attachment {
         for (dev, &limit) in cfg.mem_limit.iter().enumerate() {
             shadow.see_limit(dev, limit);
         }
-        crate::mapguard::guard(
-            crate::mapguard::Kind::Region,
+        crate::sigbus_guard::guard(
+            crate::sigbus_guard::Kind::Region,
             file.region() as *const SharedRegion as *const u8,
             REGION_SIZE,
             Some(&cfg.region_path),
@@ -160,7 +160,7 @@ impl Attachment {
     /// which the kernel drops if this process dies). If a *live* holder
     /// keeps it past `LOCK_WAIT`, `f` runs anyway, loudly.
     pub fn with_lock<R>(&self, f: impl FnOnce(&SharedRegion) -> R) -> R {
-        crate::mapguard::report_losses();
+        crate::sigbus_guard::report_losses();
         let _inproc = self.mutex.lock().unwrap_or_else(|p| p.into_inner());
         let region = self.file.region();
         match lock::lock_timeout(self.file.file(), LOCK_WAIT) {
@@ -193,7 +193,7 @@ impl Attachment {
     /// Publishes again what a truncation wiped from the region this
     /// process is attached to: its header and limits, and this process's
     /// own slot. The process that faulted on the truncated file re-attached
-    /// it (`crate::mapguard`) and refilled its own; the others find the file
+    /// it (`crate::sigbus_guard`) and refilled its own; the others find the file
     /// already extended, zeroed, and refill theirs here before they next
     /// count anything, so the container's sum holds every process that
     /// allocates again. Two relaxed loads in the common case.
@@ -273,7 +273,7 @@ impl Attachment {
 impl Drop for Attachment {
     /// The mapping goes with `file`: the handler must forget it first.
     fn drop(&mut self) {
-        crate::mapguard::unguard(self.file.region() as *const SharedRegion as *const u8);
+        crate::sigbus_guard::unguard(self.file.region() as *const SharedRegion as *const u8);
     }
 }
 

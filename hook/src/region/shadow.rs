@@ -1,7 +1,7 @@
 //! What a process knows of the region without reading it: the limits it
 //! last saw and its own usage. Kept beside the mapping so that, when the
 //! file is truncated under the process and the mapping becomes a private
-//! zeroed copy (`crate::mapguard`), the copy is refilled with them: the
+//! zeroed copy (`crate::sigbus_guard`), the copy is refilled with them: the
 //! process keeps its limits and its own usage, counted alone (the siblings'
 //! slots are gone with the file).
 
@@ -174,7 +174,7 @@ impl Shadow {
     }
 }
 
-/// [`crate::mapguard::Repair`] of a region mapping: `ctx` is the address of
+/// [`crate::sigbus_guard::Repair`] of a region mapping: `ctx` is the address of
 /// the attachment's boxed [`Shadow`].
 pub fn repair(base: usize, len: usize, ctx: usize) {
     if ctx == 0 || len < REGION_SIZE {
@@ -238,8 +238,8 @@ mod tests {
         let r = att.region();
         assert_eq!(r.limit[0].load(SeqCst), 1 << 30);
         let base = r as *const _ as *const u8;
-        assert_eq!(crate::mapguard::reattached(base), 1);
-        assert!(!crate::mapguard::is_lost(base));
+        assert_eq!(crate::sigbus_guard::reattached(base), 1);
+        assert!(!crate::sigbus_guard::is_lost(base));
         assert_eq!(
             std::fs::metadata(&path).unwrap().len(),
             vgpu_common::region::REGION_SIZE as u64

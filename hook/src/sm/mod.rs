@@ -2,63 +2,56 @@
 //! time for the whole container (docs/sm-limit.md).
 //!
 //! Every launch entry point calls [`before_launch`] before forwarding to the
-//! driver and [`after_launch`] with the driver's result. `control` composes
-//! the parts, each with one job, over the narrow traits of `sys`:
-//! `settings` (the region's limits, policy and the monitor's blocking,
-//! re-read every 50 ms), `learn` (each launch key's standalone GPU time from
-//! sampled event timings: `cost`, `local`), `admit` (the charge on the
-//! container-wide bucket refilled at `limit % × wall time`, `bucket`, shared
-//! through `sidecar`, or in the container's turn), `correction` (the one
-//! factor that corrects the learnt costs' error, from `feedback`'s NVML
-//! measurement or `turns`' events), `sharing` (turns and priorities with the
-//! node's other containers) and `publish` (the process's share in its slot).
-//! The tuned constants are in `tuning`.
+//! driver and [`after_launch`] with the driver's result. `controller`
+//! composes the parts, each a folder named for its concept, over the narrow
+//! traits of `sys`:
 //!
-//! With no limit the launch path is a coarse clock read and a few relaxed
-//! loads: no lock, no syscall, no driver call. With a limit far from
+//! - `settings`: what the region says (limits, policy, the monitor's
+//!   blocking), re-read every 50 ms; `settings::limit_policy` has the rules.
+//! - `cost_learning`: each launch key's standalone GPU time from sampled
+//!   event timings (`cost`, the process's table; `thread_cache`, the
+//!   launching thread's lock-free copy).
+//! - `admission`: the charge on the container-wide bucket refilled at
+//!   `limit % × wall time` (`gcra`, shared through `sidecar`) or in the
+//!   container's turn, and `coast`, the path of a container far under its
+//!   limit.
+//! - `correction`: the one factor that corrects the learnt costs' error,
+//!   from NVML (`nvml_feedback`, `nvml_share`) or from the turns' own
+//!   events (`turn_measure`).
+//! - `node_sharing`: the node's table (`node_mapping`), turns between
+//!   containers that each use most of their share (`demand`, `phase`) and
+//!   priorities (`priority`).
+//! - `published_share`: the process's share in its slot, for HAMi's
+//!   monitor.
+//!
+//! The tuned constants are in `tuning`; the real world behind `sys` is
+//! `live`. With no limit the launch path is a coarse clock read and a few
+//! relaxed loads: no lock, no syscall, no driver call. With a limit far from
 //! binding, the same plus a lookup in the thread's cache of costs and two
-//! relaxed atomics of the process (`coast`). Near the limit, a launch
-//! whose cost is known adds two driver queries (context, capture), one
-//! clock read and one CAS on the bucket, still no lock (`local`).
-//!
-//! Limited containers that share a GPU and each use most of their share
-//! (`demand`) take turns on it (`phase`), agreed through a table in a
-//! directory all containers of the node share (`node`): a GPU time-slicing
-//! between two busy contexts loses device time that neither gets.
+//! relaxed atomics of the process. Near the limit, a launch whose cost is
+//! known adds two driver queries (context, capture), one clock read and one
+//! CAS on the bucket, still no lock.
 
-mod admit;
-mod bucket;
-mod coast;
-mod control;
+mod admission;
+mod controller;
 mod correction;
-mod cost;
-mod demand;
-mod feedback;
-mod learn;
+mod cost_learning;
 mod live;
-mod local;
-mod node;
-mod phase;
-mod policy;
-mod prio;
-mod publish;
+mod node_sharing;
+mod published_share;
 mod settings;
-mod share;
-mod sharing;
 mod sys;
 #[cfg(test)]
 mod tests;
 mod tuning;
-mod turns;
 
 use std::ffi::c_uint;
 use std::sync::OnceLock;
 
 use crate::ffi::{CUfunction, CUresult, CUstream, CUDA_SUCCESS};
 
-use control::{Controller, Ticket, Work};
-use cost::Key;
-pub(crate) use live::{current_context_device, see_single_device, single_device};
+use controller::{Controller, Ticket, Work};
+use cost_learning::cost::Key;
 
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD: usize = 0x2;

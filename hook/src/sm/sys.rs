@@ -1,13 +1,12 @@
-//! What the limiter needs from the outside world, behind narrow traits so
-//! the controller can be tested with a fake clock and a fake GPU, and each
-//! part asks only for what it uses: `Clock` (clocks and sleeping),
-//! `Events` (the current context's device and timing events, always the
-//! real driver's, never the hooked exports; all that `turns` and `prio`
-//! need), `Container` (the region, policy and buckets), `Nvml` (the
-//! feedback loop's measurements, and where its steps run) and `NodeTable`
-//! (the node's table and how this process uses it). Each part of the
-//! controller asks for the few it uses; `Sys` is all of them, for the
-//! controller that composes the parts. The process's real world is `live`.
+//! What the limiter needs from the outside world besides the driver, behind
+//! narrow traits so the controller can be tested with a fake clock and a
+//! fake GPU, and each part asks only for what it uses: `Clock` (clocks and
+//! sleeping), `Container` (the region, policy and buckets), `NodeTable`
+//! (the node's table and how this process uses it) and `Background` (where
+//! the feedback steps run). The driver's part (the current context, timing
+//! events, NVML's measurements) is `crate::driver`, shared with the rest of
+//! the hook. `Sys` is all of them, for the controller that composes the
+//! parts. The process's real world is `live`.
 
 #![forbid(unsafe_code)]
 
@@ -15,14 +14,7 @@ use vgpu_common::node::NodeFile;
 use vgpu_common::region::SharedRegion;
 use vgpu_common::sidecar::SmShared;
 
-/// An event's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Poll {
-    Ready,
-    NotReady,
-    /// Destroyed context, driver error: drop the sample.
-    Failed,
-}
+use crate::driver::{Events, Nvml};
 
 /// Clocks and sleeping.
 pub(crate) trait Clock: Sync {
@@ -39,40 +31,6 @@ pub(crate) trait Clock: Sync {
     }
 }
 
-/// The current context and the real driver's timing events.
-pub(crate) trait Events: Sync {
-    /// The current context (as an opaque key) and its device's container
-    /// index (`crate::devices`).
-    fn current(&self) -> Option<(usize, usize)>;
-    /// The process's only device, when it sees one (no driver query).
-    fn only_device(&self) -> Option<usize> {
-        None
-    }
-    /// A timing event in the current context.
-    fn create_event(&self) -> Option<usize>;
-    fn destroy_event(&self, ev: usize);
-    /// Two timing events (start, end) in the current context, or none.
-    fn create_pair(&self) -> Option<(usize, usize)> {
-        let a = self.create_event()?;
-        match self.create_event() {
-            Some(b) => Some((a, b)),
-            None => {
-                self.destroy_event(a);
-                None
-            }
-        }
-    }
-    fn record(&self, ev: usize, stream: usize) -> bool;
-    fn query(&self, ev: usize) -> Poll;
-    fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64>;
-    /// `stream` is being captured into a graph (or the driver cannot say):
-    /// its launches do not run now, and an event recorded into it would
-    /// become part of the graph.
-    fn capturing(&self, _stream: usize) -> bool {
-        false
-    }
-}
-
 /// The container's shared state: its region, policy and buckets.
 pub(crate) trait Container: Sync {
     /// The region and this process's slot.
@@ -84,7 +42,7 @@ pub(crate) trait Container: Sync {
     /// Whether [`Self::buckets`] are shared by the container's processes;
     /// false when this process limits itself on private ones (the sidecar
     /// could not be used, or was lost and could not be re-attached): it
-    /// then takes only its part of the container's limit (`policy::part`).
+    /// then takes only its part of the container's limit (`limit_policy::part`).
     fn buckets_shared(&self) -> bool {
         true
     }
@@ -93,7 +51,7 @@ pub(crate) trait Container: Sync {
         std::process::id()
     }
     /// Re-attaches the shared files renamed over since `now` last came
-    /// round (`crate::mapguard::follow_replaced`: at most a `stat` each a
+    /// round (`crate::sigbus_guard::follow_replaced`: at most a `stat` each a
     /// second), so that every process of the container shares the newest
     /// sidecar.
     fn follow_files(&self, _now: u64) {}
@@ -102,20 +60,8 @@ pub(crate) trait Container: Sync {
     fn note_host_pid(&self) {}
 }
 
-/// What NVML measures (the feedback loop).
-pub(crate) trait Nvml: Sync {
-    /// NVML's per-process SM samples `(host pid, sm %)` of CUDA device
-    /// `dev` since `since_us` (Unix µs; 0 = all it has); `None` when NVML
-    /// cannot say (the loop then stays open).
-    fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
-        None
-    }
-    /// The device's own utilization since `since_us` (percent of the time
-    /// a kernel ran, what `nvidia-smi` shows) and the host pids of every
-    /// compute process on it; `None` when NVML cannot say.
-    fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
-        None
-    }
+/// Where the feedback loop's steps run.
+pub(crate) trait Background: Sync {
     /// Whether a background thread runs the feedback steps
     /// (`Controller::background`), so that its NVML calls (milliseconds
     /// each) never delay a launch; else they run on the launch path.
@@ -144,6 +90,6 @@ pub(crate) trait NodeTable: Sync {
 }
 
 /// Everything the controller needs from the outside world.
-pub(crate) trait Sys: Clock + Events + Container + Nvml + NodeTable {}
+pub(crate) trait Sys: Clock + Events + Nvml + Container + NodeTable + Background {}
 
-impl<T: Clock + Events + Container + Nvml + NodeTable> Sys for T {}
+impl<T: Clock + Events + Nvml + Container + NodeTable + Background> Sys for T {}

@@ -102,7 +102,7 @@ pub const EVENT_POOL: usize = 32;
 /// launch that polls is not delayed by a backlog.
 pub const POLL_MAX: usize = 4;
 
-/// Entries of each thread's cache of costs (`local`): a launch loop's
+/// Entries of each thread's cache of costs (`cost_learning::thread_cache`): a launch loop's
 /// distinct kernels usually fit; a miss only takes the table's lock.
 pub const CACHE_SLOTS: usize = 8;
 

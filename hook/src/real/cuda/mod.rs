@@ -15,6 +15,7 @@ pub mod array;
 pub mod ctx;
 pub mod device;
 pub mod error;
+pub mod events;
 pub mod graph;
 pub mod launch;
 pub mod mem;
@@ -49,8 +50,9 @@ fn sym<F>(pick: impl FnOnce(&CudaFns) -> Option<F>) -> Result<F, CuError> {
 
 /// Calls the real CUDA function `name` with the given arguments, or returns
 /// `CUDA_ERROR_NOT_FOUND` when the driver lacks it. For the generated
-/// pass-through exports only (and the SM limiter until its rebuild): policy
-/// code calls the wrappers of this module.
+/// pass-through exports only (`cargo xtask lint` rejects it elsewhere
+/// outside `real/`): the hook's own code calls the wrappers of this module,
+/// through `crate::driver`.
 macro_rules! real_cuda {
     ($name:ident($($a:expr),* $(,)?)) => {
         match $crate::real::cuda::fns().and_then(|t| t.$name) {

@@ -113,3 +113,49 @@ pub fn memory_info_v2(dev: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlRe
     // passed unchanged (its `version` field set by the application).
     unsafe { f(dev, memory) }
 }
+
+/// The device's utilization samples (percent of the time a kernel ran)
+/// since `since_us` (Unix µs), every internal sample period (1/6 s to 1 s)
+/// and not just the last one.
+///
+/// # Errors
+/// NVML's code; `NVML_ERROR_UNKNOWN` when the samples are not unsigned
+/// integers.
+#[doc(alias = "nvmlDeviceGetSamples")]
+pub fn utilization_samples(dev: nvmlDevice_t, since_us: u64) -> Result<Vec<u32>, NvmlError> {
+    let f = sym(|t| t.nvmlDeviceGetSamples)?;
+    let mut v = [nvmlSample_t::default(); 64];
+    let mut count = v.len() as c_uint;
+    let mut kind: c_uint = 0;
+    // SAFETY: `v` holds `count` initialised entries of the C struct; `kind`
+    // and `count` are live locals for the whole call.
+    NvmlError::result(unsafe {
+        f(
+            dev,
+            NVML_GPU_UTILIZATION_SAMPLES,
+            since_us,
+            &mut kind,
+            &mut count,
+            v.as_mut_ptr(),
+        )
+    })?;
+    if kind != NVML_VALUE_TYPE_UNSIGNED_INT {
+        return Err(NvmlError(NVML_ERROR_UNKNOWN));
+    }
+    let n = (count as usize).min(v.len());
+    // The union's `unsigned int` is its low 4 bytes (little-endian).
+    Ok(v[..n].iter().map(|s| s.value as u32).collect())
+}
+
+/// The device's utilization over its last sample period.
+///
+/// # Errors
+/// NVML's code.
+#[doc(alias = "nvmlDeviceGetUtilizationRates")]
+pub fn utilization_rates(dev: nvmlDevice_t) -> Result<nvmlUtilization_t, NvmlError> {
+    let f = sym(|t| t.nvmlDeviceGetUtilizationRates)?;
+    let mut u = nvmlUtilization_t::default();
+    // SAFETY: `u` is a live local of the C struct's layout.
+    NvmlError::result(unsafe { f(dev, &mut u) })?;
+    Ok(u)
+}

@@ -42,8 +42,9 @@ fn sym<F>(pick: impl FnOnce(&NvmlFns) -> Option<F>) -> Result<F, NvmlError> {
 }
 
 /// Calls the real NVML function `name`, or `NVML_ERROR_FUNCTION_NOT_FOUND`.
-/// For the generated pass-through exports only (and the SM limiter until
-/// its rebuild): policy code calls the wrappers of this module.
+/// For the generated pass-through exports only (`cargo xtask lint` rejects
+/// it elsewhere outside `real/`): the hook's own code calls the wrappers of
+/// this module, through `crate::driver`.
 macro_rules! real_nvml {
     ($name:ident($($a:expr),* $(,)?)) => {
         match $crate::real::nvml::fns().and_then(|t| t.$name) {

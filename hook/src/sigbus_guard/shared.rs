@@ -21,7 +21,7 @@ use vgpu_common::sidecar::SmShared;
 /// file's bytes are whatever another process wrote.
 pub(crate) unsafe trait SharedFile: Sized + Sync + 'static {
     /// What the file is, for the truncation guard's log.
-    const KIND: crate::mapguard::Kind;
+    const KIND: crate::sigbus_guard::Kind;
 
     /// Stamps a zeroed file or checks an existing one's magic and version.
     fn stamp(&self) -> Result<(), (u64, u32)>;
@@ -30,7 +30,7 @@ pub(crate) unsafe trait SharedFile: Sized + Sync + 'static {
 // SAFETY: `SmShared` is all atomics (common/src/sidecar.rs asserts its
 // layout).
 unsafe impl SharedFile for SmShared {
-    const KIND: crate::mapguard::Kind = crate::mapguard::Kind::Sidecar;
+    const KIND: crate::sigbus_guard::Kind = crate::sigbus_guard::Kind::Sidecar;
 
     fn stamp(&self) -> Result<(), (u64, u32)> {
         self.init_or_check()
@@ -40,7 +40,7 @@ unsafe impl SharedFile for SmShared {
 // SAFETY: `NodeFile` is all atomics (common/src/node/mod.rs asserts its
 // layout).
 unsafe impl SharedFile for NodeFile {
-    const KIND: crate::mapguard::Kind = crate::mapguard::Kind::NodeTable;
+    const KIND: crate::sigbus_guard::Kind = crate::sigbus_guard::Kind::NodeTable;
 
     fn stamp(&self) -> Result<(), (u64, u32)> {
         self.init_or_check()
@@ -55,7 +55,7 @@ pub(crate) fn open<T: SharedFile>(path: &Path) -> Result<&'static T, MapError> {
     let p = map.as_mut_ptr();
     // Never unmapped: the process (and its forks) uses it to the end.
     std::mem::forget(map);
-    crate::mapguard::guard(T::KIND, p, size, Some(path), None, 0);
+    crate::sigbus_guard::guard(T::KIND, p, size, Some(path), None, 0);
     // SAFETY: the mapping is `size_of::<T>()` bytes, page-aligned, never
     // unmapped, and `T: SharedFile` is valid for any bit pattern with shared
     // access through atomics only.

@@ -24,9 +24,9 @@ use vgpu_common::region::MAX_DEVICES;
 
 use vgpu_common::sidecar::DevBucket;
 
-use super::correction;
-use super::sys::{Events as Gpu, Poll};
-use super::tuning::{MIN_BURST_NS, RESTART_WITHIN};
+use crate::driver::{Events as Gpu, Poll};
+use crate::sm::correction;
+use crate::sm::tuning::{MIN_BURST_NS, RESTART_WITHIN};
 
 /// One turn's launches on one stream, between two events.
 #[derive(Debug, Clone, Copy)]

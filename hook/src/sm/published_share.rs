@@ -3,7 +3,7 @@
 //! slot's `device_util[dev].sm_util`, so HAMi's
 //! `hami_container_device_utilization_ratio` works without host PIDs.
 //! While the feedback leader measured recently it writes NVML's figure
-//! there instead (`feedback`), and this process skips its own.
+//! there instead (`correction::nvml_feedback`), and this process skips its own.
 
 #![forbid(unsafe_code)]
 
@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 use vgpu_common::sidecar::SmShared;
 
-use super::tuning::{MEASURED_FRESH_NS, PUBLISH_NS};
+use crate::sm::tuning::{MEASURED_FRESH_NS, PUBLISH_NS};
 
 #[derive(Debug, Default)]
 struct Last {
@@ -24,12 +24,12 @@ struct Last {
 
 /// GPU ns this process was charged per device, and what it last published.
 #[derive(Debug, Default)]
-pub(crate) struct Share {
+pub(crate) struct PublishedShare {
     charged: [AtomicI64; MAX_DEVICES],
     last: Mutex<Last>,
 }
 
-impl Share {
+impl PublishedShare {
     /// Counts `ns` (negative: taken back) charged to this process on `dev`.
     pub(crate) fn add(&self, dev: usize, ns: i64) {
         self.charged[dev].fetch_add(ns, Relaxed);

@@ -1,20 +1,22 @@
 //! Learning what launches cost: the process's cost table (`cost`), the
-//! thread's cache of it (`local`), and the timing events of sampled
+//! thread's cache of it (`thread_cache`), and the timing events of sampled
 //! launches, from recording to collection (docs/sm-limit.md, "What vgpu
 //! does", 3). Nothing ever waits on an event: finished timings are polled,
 //! at most `POLL_NS` apart and a few at a time.
 
 #![forbid(unsafe_code)]
 
+pub(super) mod cost;
+pub(super) mod thread_cache;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex;
 
-use super::cost::{Costs, Key};
-use super::local;
-use super::sys::{Events, Poll};
-use super::tuning::{EVENT_POOL, MAX_PENDING, POLL_MAX, POLL_NS};
+use crate::driver::{Events, Poll};
+use crate::sm::tuning::{EVENT_POOL, MAX_PENDING, POLL_MAX, POLL_NS};
+use cost::{Costs, Key};
 
 /// A timed launch in flight.
 #[derive(Debug)]
@@ -58,7 +60,7 @@ pub(crate) struct Learner {
 impl Default for Learner {
     fn default() -> Self {
         Self {
-            id: local::new_owner(),
+            id: thread_cache::new_owner(),
             table: Mutex::new(Table::default()),
             has_pending: AtomicBool::new(false),
             next_poll: AtomicU64::new(0),
@@ -95,13 +97,13 @@ impl Learner {
         key: Key,
         now: u64,
     ) -> Priced {
-        let found = local::lookup(self.id, &key);
+        let found = thread_cache::lookup(self.id, &key);
         let (cost_ns, pair) = match found.cost {
             Ok(cost) => (cost, None),
             Err(skipped) => {
                 let mut t = self.table();
                 let c = t.costs.charge(dev, key, found.slept, skipped, now);
-                local::store(self.id, &key, &c);
+                thread_cache::store(self.id, &key, &c);
                 let pair = if c.sample {
                     take_pair(ev, &mut t, ctx)
                 } else {
@@ -121,14 +123,14 @@ impl Learner {
     /// and `fits(cost)` agrees; counted as a launch of the key. No lock,
     /// no driver call.
     pub(crate) fn cached(&self, key: &Key, fits: impl FnOnce(u64) -> bool) -> Option<u64> {
-        local::take_if(self.id, key, fits)
+        thread_cache::take_if(self.id, key, fits)
     }
 
     /// Notes whether this thread's launch waited for the bucket (its next
     /// launch's timing would hold the launch latency of an idle stream).
     pub(crate) fn note_slept(&self, slept: bool, was: bool) {
         if slept != was {
-            local::set_slept(slept);
+            thread_cache::set_slept(slept);
         }
     }
 
@@ -249,68 +251,11 @@ fn poll(ev: &impl Events, t: &mut Table, max: usize, mut settle: impl FnMut(usiz
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
+    use std::sync::atomic::Ordering::SeqCst;
 
     use super::*;
+    use crate::driver::fake::FakeDriver;
     use crate::sm::tuning::{AGREE, DEFAULT_COST_NS};
-
-    /// Only what the learner needs: events that complete when the test
-    /// says, with the times the test gives them.
-    #[derive(Default)]
-    struct Gpu {
-        /// Event → (recorded, done, time ns).
-        events: Mutex<HashMap<usize, (bool, bool, u64)>>,
-        next: Mutex<usize>,
-        refuse_record: std::sync::atomic::AtomicBool,
-    }
-
-    impl Gpu {
-        /// Completes every recorded event, the ends `took` after the starts.
-        fn finish_all(&self, took: u64) {
-            for (ev, (rec, done, t)) in self.events.lock().unwrap().iter_mut() {
-                if *rec {
-                    *done = true;
-                    // Odd events are starts (created first), even ones ends.
-                    *t = if ev % 2 == 1 { 0 } else { took };
-                }
-            }
-        }
-    }
-
-    impl Events for Gpu {
-        fn current(&self) -> Option<(usize, usize)> {
-            Some((7, 0))
-        }
-        fn create_event(&self) -> Option<usize> {
-            let mut n = self.next.lock().unwrap();
-            *n += 1;
-            self.events.lock().unwrap().insert(*n, (false, false, 0));
-            Some(*n)
-        }
-        fn destroy_event(&self, ev: usize) {
-            self.events.lock().unwrap().remove(&ev);
-        }
-        fn record(&self, ev: usize, _stream: usize) -> bool {
-            if self.refuse_record.load(Relaxed) {
-                return false;
-            }
-            let mut e = self.events.lock().unwrap();
-            e.insert(ev, (true, false, 0));
-            true
-        }
-        fn query(&self, ev: usize) -> Poll {
-            match self.events.lock().unwrap().get(&ev) {
-                Some((_, true, _)) => Poll::Ready,
-                Some(_) => Poll::NotReady,
-                None => Poll::Failed,
-            }
-        }
-        fn elapsed_ns(&self, a: usize, b: usize) -> Option<u64> {
-            let e = self.events.lock().unwrap();
-            Some(e.get(&b)?.2 - e.get(&a)?.2)
-        }
-    }
 
     const K: Key = Key::Kernel {
         func: 0x5000,
@@ -319,7 +264,7 @@ mod tests {
     };
 
     /// One launch of `K` priced, timed and forwarded.
-    fn launch(l: &Learner, gpu: &Gpu, now: u64) -> Priced {
+    fn launch(l: &Learner, gpu: &FakeDriver, now: u64) -> Priced {
         let p = l.price(gpu, 0, 7, K, now);
         let s = p.sample.and_then(|s| l.start(gpu, s, 0));
         if let Some(s) = s {
@@ -330,7 +275,7 @@ mod tests {
 
     #[test]
     fn a_guess_is_settled_once_timings_complete_and_agree() {
-        let (l, gpu) = (Learner::default(), Gpu::default());
+        let (l, gpu) = (Learner::default(), FakeDriver::default());
         let mut settled = Vec::new();
         for i in 0..AGREE {
             let p = launch(&l, &gpu, u64::from(i));
@@ -342,7 +287,7 @@ mod tests {
         assert_eq!(l.estimate(&K), None);
         // The GPU ran them, 100 µs each: the cost is agreed, and the
         // guessed launches owe the difference.
-        gpu.finish_all(100_000);
+        gpu.finish_events(100_000);
         for t in 1..4 {
             l.poll_due(&gpu, t * 10_000_000, |d, o| settled.push((d, o)));
         }
@@ -354,12 +299,12 @@ mod tests {
 
     #[test]
     fn a_timing_that_cannot_start_or_a_failed_launch_leaves_nothing_pending() {
-        let (l, gpu) = (Learner::default(), Gpu::default());
-        gpu.refuse_record.store(true, Relaxed);
+        let (l, gpu) = (Learner::default(), FakeDriver::default());
+        gpu.refuse_record.store(true, SeqCst);
         let p = launch(&l, &gpu, 0);
         assert!(p.sample.is_some(), "a pair was taken");
         assert!(!l.has_pending.load(Relaxed), "but nothing is in flight");
-        gpu.refuse_record.store(false, Relaxed);
+        gpu.refuse_record.store(false, SeqCst);
         // A launch that failed: its guess is taken back, so agreement
         // settles only the launches that happened.
         let p = l.price(&gpu, 0, 7, K, 1);
@@ -368,7 +313,7 @@ mod tests {
         for i in 0..AGREE {
             launch(&l, &gpu, 2 + u64::from(i));
         }
-        gpu.finish_all(50_000);
+        gpu.finish_events(50_000);
         for t in 1..4 {
             l.poll_due(&gpu, t * 10_000_000, |_, o| owed += o);
         }
@@ -379,6 +324,6 @@ mod tests {
         );
         // The pairs were recycled, not leaked: no more events than two
         // launches' worth in flight ever needed.
-        assert!(*gpu.next.lock().unwrap() <= 2 * (AGREE as usize + 2));
+        assert!(gpu.created.load(SeqCst) <= 2 * (AGREE as usize + 2));
     }
 }

@@ -8,7 +8,7 @@
 //! at most `LOW_QUEUE_NS` of its own work queued, measured by completion
 //! events (`Marks`: one per launch while held, so an estimate that is short
 //! cannot let the real queue grow), and queues nothing while the higher
-//! one has work in flight (`node::Member::inflight_until`), for at most
+//! one has work in flight (`node_mapping::Member::inflight_until`), for at most
 //! `YIELD_MAX_NS` at a time: a high-priority container that keeps the GPU
 //! busy leaves the low one a short queue, not nothing. Once the higher one
 //! is quiet for `HOLD_NS`, nothing is held.
@@ -17,9 +17,9 @@
 
 use std::collections::VecDeque;
 
-use super::sys::{Events, Poll};
-use super::tuning::{LOW_QUEUE_NS, YIELD_MAX_NS};
-use super::tuning::{MARK_POOL as MAX_POOL, MIN_WAIT_NS};
+use crate::driver::{Events, Poll};
+use crate::sm::tuning::{LOW_QUEUE_NS, YIELD_MAX_NS};
+use crate::sm::tuning::{MARK_POOL as MAX_POOL, MIN_WAIT_NS};
 
 /// What the gate says about one launch of a lower-priority container.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,10 +1,15 @@
 //! How the container shares a GPU with the node's other containers, through
-//! the node's table (`node`): taking turns with other limited containers
-//! that use most of their share (`demand`, `phase`), and priorities (`prio`:
+//! the node's table (`node_mapping`): taking turns with other limited containers
+//! that use most of their share (`demand`, `phase`), and priorities (`priority`:
 //! a lower-priority container keeps its queue short while a higher one is
 //! active). Re-planned every `REPLAN_NS` on a limited launch.
 
 #![forbid(unsafe_code)]
+
+pub(super) mod demand;
+pub(super) mod node_mapping;
+pub(super) mod phase;
+pub(super) mod priority;
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
@@ -12,12 +17,13 @@ use std::sync::Mutex;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::correction;
-use super::demand::Demand;
-use super::phase::{self, Phase};
-use super::prio::{self, Marks};
-use super::sys::{Container, Events, NodeTable};
-use super::tuning::{HIGH_START_NS, HOLD_NS, MONITOR_LAG_NS, REPLAN_NS, TURN_REPORT_NS};
+use crate::driver::Events;
+use crate::sm::correction;
+use crate::sm::sys::{Container, NodeTable};
+use crate::sm::tuning::{HIGH_START_NS, HOLD_NS, MONITOR_LAG_NS, REPLAN_NS, TURN_REPORT_NS};
+use demand::Demand;
+use phase::Phase;
+use priority::Marks;
 
 /// This process's view of the node, per device.
 #[derive(Debug)]
@@ -40,7 +46,7 @@ pub(crate) struct Sharing {
     /// A member of higher priority was active within `MONITOR_LAG_NS`: a
     /// block from HAMi's monitor is about it, and the hold rule answers it.
     outranked: [AtomicBool; MAX_DEVICES],
-    /// This process's launches admitted while held (`prio`).
+    /// This process's launches admitted while held (`priority`).
     marks: Mutex<Marks>,
     /// (CLOCK_MONOTONIC ns, the container's `charged_ns`) at the last debug
     /// report of the turns.
@@ -210,7 +216,7 @@ impl Sharing {
 
     /// While containers of higher priority (`higher`, members of the node
     /// table) are active on `dev`: until when this launch of `cost` must
-    /// wait (`prio::gate`), having waited `yielded` already; `None` = go.
+    /// wait (`priority::gate`), having waited `yielded` already; `None` = go.
     pub(crate) fn yield_to<S: Events + NodeTable>(
         &self,
         sys: &S,
@@ -226,9 +232,9 @@ impl Sharing {
             let mut m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
             m.drain(sys)
         };
-        match prio::gate(now, high_until, yielded, queued, cost) {
-            prio::Gate::Go => None,
-            prio::Gate::WaitUntil(t) => Some(t),
+        match priority::gate(now, high_until, yielded, queued, cost) {
+            priority::Gate::Go => None,
+            priority::Gate::WaitUntil(t) => Some(t),
         }
     }
 
@@ -265,7 +271,7 @@ impl Sharing {
         r[dev] = (now, charged);
         if at != 0 {
             let pct = charged.wrapping_sub(before) as i64 as f64 * 100.0 / (now - at) as f64;
-            let t = super::admit::take_turn_stats();
+            let t = crate::sm::admission::take_turn_stats();
             let mean = |sum: u64, n: u64| sum as f64 / n.max(1) as f64 / 1e6;
             vlog!(
                 crate::log::DEBUG,

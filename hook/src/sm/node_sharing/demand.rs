@@ -1,5 +1,5 @@
 //! Whether a container wants its share of a device: the signal that puts
-//! it in the node's plan of turns (`node::Member::wants`, docs/sm-limit.md,
+//! it in the node's plan of turns (`node_mapping::Member::wants`, docs/sm-limit.md,
 //! "Time division between containers").
 //!
 //! Turns cost a container latency (a launch outside its turn waits for the
@@ -22,7 +22,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
-pub use super::tuning::{DEMAND_WINDOW_NS as WINDOW_NS, WANT_FRACTION};
+pub use crate::sm::tuning::{DEMAND_WINDOW_NS as WINDOW_NS, WANT_FRACTION};
 use vgpu_common::region::MAX_DEVICES;
 
 /// Per device: the start of the current window, the container's charges

@@ -1,19 +1,22 @@
 //! Admission: whether a launch's charge (`cost × correction`) may go now,
-//! on the container's bucket (`bucket`) or, while the container takes
+//! on the container's bucket (`gcra`) or, while the container takes
 //! turns with others, in its turn (`phase`); and the charges made after the
 //! fact (settlements of guessed costs, refunds of failed launches).
 
 #![forbid(unsafe_code)]
+
+pub(super) mod coast;
+pub(super) mod gcra;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
 use vgpu_common::sidecar::DevBucket;
 
-use super::bucket::{self, Admit, Depth};
-use super::correction;
-use super::phase::{self, Gate, Phase};
-use super::tuning::FRAME_NS;
+use crate::sm::correction;
+use crate::sm::node_sharing::phase::{self, Gate, Phase};
+use crate::sm::tuning::FRAME_NS;
+use gcra::{Admit, Depth};
 
 /// The admission of one process (the bucket's depth is its own: it follows
 /// how late this host wakes).
@@ -45,7 +48,7 @@ impl Admission {
                 } else {
                     self.depth.get()
                 };
-                (bucket::try_admit(&b.tat, now, billed, pct, depth), false)
+                (gcra::try_admit(&b.tat, now, billed, pct, depth), false)
             }
         }
     }
@@ -59,10 +62,10 @@ impl Admission {
     /// `b` at `pct`, with the correction; taking turns, the container's
     /// queue then drains that much later (or sooner).
     pub(crate) fn settle(&self, b: &DevBucket, now: u64, owed: i64, pct: u32, taking_turns: bool) {
-        let owed = (owed as f64 * correction::factor(b)) as i64;
+        let owed = correction::charge_signed(b, owed);
         // Two's complement: adding a negative amount subtracts it.
         b.charged_ns.fetch_add(owed as u64, Relaxed);
-        bucket::adjust(&b.tat, now, owed, pct, self.depth.get());
+        gcra::adjust(&b.tat, now, owed, pct, self.depth.get());
         if taking_turns {
             let _ = b
                 .busy_until
@@ -73,7 +76,7 @@ impl Admission {
     /// Takes back the `billed` charge of a launch that failed.
     pub(crate) fn refund(&self, b: &DevBucket, now: u64, billed: u64, pct: u32) {
         b.charged_ns.fetch_sub(billed, Relaxed);
-        bucket::adjust(&b.tat, now, -(billed as i64), pct, self.depth.get());
+        gcra::adjust(&b.tat, now, -(billed as i64), pct, self.depth.get());
     }
 }
 

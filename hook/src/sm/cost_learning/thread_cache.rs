@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::cost::{Charge, Key};
 
 /// Entries per thread (direct-mapped by the key's handle).
-const SLOTS: usize = super::tuning::CACHE_SLOTS;
+const SLOTS: usize = crate::sm::tuning::CACHE_SLOTS;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {

@@ -1,19 +1,20 @@
 //! What the region says, as the launch path reads it: the limits, whether
 //! they are enforced, the monitor's blocking and the container's priority,
-//! re-read at most every `REFRESH_NS` by one thread (`policy` has the
+//! re-read at most every `REFRESH_NS` by one thread (`limit_policy` has the
 //! rules). A refresh also marks the container's activity for HAMi's
 //! monitor and notes the host pid once a device is limited.
 
 #![forbid(unsafe_code)]
+
+pub(super) mod limit_policy;
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
 
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
-use super::policy;
-use super::sys::{Clock, Container, NodeTable};
-use super::tuning::{BLOCK_SLEEP_NS, REFRESH_NS};
+use crate::sm::sys::{Clock, Container, NodeTable};
+use crate::sm::tuning::{BLOCK_SLEEP_NS, REFRESH_NS};
 
 /// The settings in force, shared by the launching threads.
 #[derive(Debug)]
@@ -74,13 +75,13 @@ impl Settings {
             .store(now.saturating_add(REFRESH_NS), Relaxed);
         sys.follow_files(now);
         if let Some((region, slot)) = sys.region() {
-            let mut s = policy::read(region, sys.policy());
+            let mut s = limit_policy::read(region, sys.policy());
             if !sys.buckets_shared() {
                 // Private buckets limit this process alone: fail closed,
                 // each of the container's live processes takes its part.
-                let n = policy::live_processes(region);
+                let n = limit_policy::live_processes(region);
                 for l in s.limits.iter_mut() {
-                    *l = policy::part(*l, n);
+                    *l = limit_policy::part(*l, n);
                 }
             }
             for (d, l) in s.limits.iter().enumerate() {
@@ -100,7 +101,7 @@ impl Settings {
             }
             self.blocked.store(s.blocked, Relaxed);
             if !s.blocked {
-                policy::mark_activity(region, sys.unix_secs(), &self.last_secs);
+                limit_policy::mark_activity(region, sys.unix_secs(), &self.last_secs);
             }
             also(region, slot, mask);
         }
@@ -115,7 +116,7 @@ impl Settings {
         }
         while let Some((region, _)) = sys.region() {
             if region.recent_kernel.load(Relaxed) >= 0 {
-                policy::unblocked(region);
+                limit_policy::unblocked(region);
                 break;
             }
             sys.sleep_until(sys.now().saturating_add(BLOCK_SLEEP_NS));
@@ -241,7 +242,7 @@ mod tests {
         r.utilization_switch.store(0, Relaxed);
         s.refresh(&p, 5 + REFRESH_NS, |_, _, _| {});
         assert_eq!((s.limited(), s.enforced(1)), (0b10, 0));
-        assert_eq!(r.recent_kernel.load(Relaxed), policy::ACTIVE);
+        assert_eq!(r.recent_kernel.load(Relaxed), limit_policy::ACTIVE);
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub fn enforced(policy_: i32, switch: i32) -> bool {
 
 /// One reading of the region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Settings {
+pub struct RegionReading {
     /// Percent per device; 0 = no limit on that device.
     pub limits: [u32; MAX_DEVICES],
     pub enforce: bool,
@@ -40,7 +40,7 @@ pub struct Settings {
     pub blocked: bool,
 }
 
-impl Settings {
+impl RegionReading {
     /// Bit `d` set when device `d` has a limit (accounting on).
     pub fn limited_mask(&self) -> u32 {
         self.limits
@@ -53,12 +53,12 @@ impl Settings {
 
 /// Reads the settings (relaxed loads; the monitor writes with plain atomic
 /// stores).
-pub fn read(region: &SharedRegion, policy_: i32) -> Settings {
+pub fn read(region: &SharedRegion, policy_: i32) -> RegionReading {
     let mut limits = [0u32; MAX_DEVICES];
     for (d, l) in limits.iter_mut().enumerate() {
         *l = limit_pct(region.sm_limit[d].load(Relaxed)).unwrap_or(0);
     }
-    Settings {
+    RegionReading {
         limits,
         enforce: enforced(policy_, region.utilization_switch.load(Relaxed)),
         blocked: region.recent_kernel.load(Relaxed) < 0,

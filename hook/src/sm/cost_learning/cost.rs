@@ -24,8 +24,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 
-pub use super::tuning::{AGREE, DEFAULT_COST_NS, EARLY_SAMPLES, SAMPLE_EVERY, SAMPLE_GAP_NS};
-use super::tuning::{COST_WINDOW as WINDOW, FALLBACK_WEIGHT, MAX_KEYS};
+pub use crate::sm::tuning::{AGREE, DEFAULT_COST_NS, EARLY_SAMPLES, SAMPLE_EVERY, SAMPLE_GAP_NS};
+use crate::sm::tuning::{COST_WINDOW as WINDOW, FALLBACK_WEIGHT, MAX_KEYS};
 use vgpu_common::region::MAX_DEVICES;
 
 /// What identifies "the same work": the function and its geometry, or the

@@ -26,7 +26,7 @@ use std::path::Path;
 pub(crate) use vgpu_common::node::*;
 use vgpu_common::shared_file::MapError;
 
-use crate::mapguard::shared as mapfile;
+use crate::sigbus_guard::shared as mapfile;
 
 /// Maps (creating if needed) the table at `path`; never unmapped.
 pub(crate) fn open(path: &Path) -> Result<&'static NodeFile, MapError> {

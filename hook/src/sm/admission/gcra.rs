@@ -13,8 +13,8 @@
 
 #![forbid(unsafe_code)]
 
-pub(crate) use super::tuning::{BATCH_NS, DEPTH_NS, LEAD_NS, MAX_DEPTH_NS};
-use super::tuning::{LATE_AVG_DIV, LATE_MARGIN};
+pub(crate) use crate::sm::tuning::{BATCH_NS, DEPTH_NS, LEAD_NS, MAX_DEPTH_NS};
+use crate::sm::tuning::{LATE_AVG_DIV, LATE_MARGIN};
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 

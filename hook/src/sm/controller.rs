@@ -1,9 +1,9 @@
 //! The controller: one process's limiter, composed of its parts. Per
 //! launch it reads the settings when due (`settings`), obeys the monitor's
-//! blocking, prices the launch (`learn`), lets a higher-priority container
-//! go first (`sharing`), admits the charge `cost × correction` on the
-//! container's bucket or in its turn (`admit`), and finds the feedback
-//! loop's step due (`feedback`); after it, it starts the launch's timing or
+//! blocking, prices the launch (`cost_learning`), lets a higher-priority container
+//! go first (`node_sharing`), admits the charge `cost × correction` on the
+//! container's bucket or in its turn (`admission`), and finds the feedback
+//! loop's step due (`correction::nvml_feedback`); after it, it starts the launch's timing or
 //! takes the charge back.
 //!
 //! The fast path (no device limited) is a coarse clock read and three
@@ -17,19 +17,19 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::admit::{self, Admission};
-use super::bucket::Admit;
-use super::coast::Coast;
-use super::correction;
-use super::cost::Key;
-use super::feedback::Feedback;
-use super::learn::Learner;
-use super::publish::Share;
-use super::settings::Settings;
-use super::sharing::Sharing;
-use super::sys::Sys;
-use super::tuning::MAX_SLEEP_NS;
-use super::turns;
+use crate::sm::admission::coast::Coast;
+use crate::sm::admission::gcra::Admit;
+use crate::sm::admission::{self, Admission};
+use crate::sm::correction;
+use crate::sm::correction::nvml_feedback::Feedback;
+use crate::sm::correction::turn_measure;
+use crate::sm::cost_learning::cost::Key;
+use crate::sm::cost_learning::Learner;
+use crate::sm::node_sharing::Sharing;
+use crate::sm::published_share::PublishedShare;
+use crate::sm::settings::Settings;
+use crate::sm::sys::Sys;
+use crate::sm::tuning::MAX_SLEEP_NS;
 
 /// What `before` hands to `after` for one launch.
 #[derive(Debug)]
@@ -86,9 +86,9 @@ pub(crate) struct Controller<S: Sys> {
     admission: Admission,
     sharing: Sharing,
     /// What the container's turns really took.
-    turns: turns::Meter,
+    turns: turn_measure::Meter,
     feedback: Feedback,
-    share: Share,
+    share: PublishedShare,
     coast: Coast,
 }
 
@@ -100,9 +100,9 @@ impl<S: Sys> Controller<S> {
             learner: Learner::default(),
             admission: Admission::default(),
             sharing: Sharing::default(),
-            turns: turns::Meter::default(),
+            turns: turn_measure::Meter::default(),
             feedback: Feedback::default(),
-            share: Share::default(),
+            share: PublishedShare::default(),
             coast: Coast::default(),
         }
     }
@@ -219,7 +219,7 @@ impl<S: Sys> Controller<S> {
     /// Admits a launch of `cost` on `dev` (`now`: the clock read for it;
     /// `at`: its context and stream), sleeping until it may go: first
     /// while a container of higher priority is active on the device
-    /// (`sharing`), then until its charge `cost × correction` fits in the
+    /// (`node_sharing`), then until its charge `cost × correction` fits in the
     /// bucket or, taking turns, in the container's turn.
     fn admit(&self, dev: usize, cost: u64, mut now: u64, at: (usize, usize)) -> Admitted {
         let b = &self.sys.buckets().devs[dev];
@@ -259,7 +259,7 @@ impl<S: Sys> Controller<S> {
                     held,
                 };
             }
-            let billed = correction::apply(cost, correction::factor(b));
+            let billed = correction::charge(b, cost);
             let turn = self.sharing.turn(dev);
             let light = self.sharing.light(dev);
             let (admitted, empty) = self.admission.try_once(b, turn, now, billed, pct, light);
@@ -356,10 +356,10 @@ impl<S: Sys> Controller<S> {
     }
 
     /// Charges GPU time learnt after the fact (launches charged a guess),
-    /// at most a frame of wall time at the limit (`admit::settlement_cap`).
+    /// at most a frame of wall time at the limit (`admission::settlement_cap`).
     fn settle(&self, dev: usize, owed: i64) {
         let pct = self.settings.limit(dev);
-        let owed = admit::settlement_cap(owed, pct);
+        let owed = admission::settlement_cap(owed, pct);
         self.share.add(dev, owed);
         if self.settings.enforced(dev) != 0 {
             let b = &self.sys.buckets().devs[dev];
@@ -368,7 +368,7 @@ impl<S: Sys> Controller<S> {
         }
     }
 
-    /// The background thread's turn (`Nvml::offload`): runs the feedback
+    /// The background thread's turn (`Background::offload`): runs the feedback
     /// steps that launches found due, off their path.
     pub(crate) fn background(&self) {
         self.feedback.background(&self.sys);
@@ -398,7 +398,7 @@ impl<S: Sys> Controller<S> {
 
     /// The container's turn on `dev`, while it takes turns.
     #[cfg(test)]
-    pub(crate) fn turn(&self, dev: usize) -> Option<super::phase::Phase> {
+    pub(crate) fn turn(&self, dev: usize) -> Option<crate::sm::node_sharing::phase::Phase> {
         self.sharing.turn(dev)
     }
 }

@@ -13,10 +13,10 @@
 //! of evidence, whichever measures the container's real GPU time:
 //!
 //! - on the bucket, the feedback loop's NVML measurement of the container's
-//!   share against what it was charged (`from_nvml`, `feedback`);
+//!   share against what it was charged (`from_nvml`, `nvml_feedback`);
 //! - while taking turns, a turn's own events (its GPU time, exact since a
 //!   turn is exclusive) against the charges admitted in it (`from_turn`,
-//!   `turns`); NVML cannot split a device passed between contexts every few
+//!   `turn_measure`); NVML cannot split a device passed between contexts every few
 //!   ms, so the loop does not step then.
 //!
 //! Both steer the factor a fraction of the log-error per step, bounded per
@@ -24,15 +24,19 @@
 
 #![forbid(unsafe_code)]
 
+pub(super) mod nvml_feedback;
+pub(super) mod nvml_share;
+pub(super) mod turn_measure;
+
 use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::sidecar::DevBucket;
 
-use super::tuning::{
+use crate::sm::tuning::{
     DEAD_BAND, FEEDBACK_K, FEEDBACK_K_SHARED, FEEDBACK_MAX_STEP, MIN_CHARGED, TURN_DEAD_BAND,
     TURN_K, TURN_RATIO_MAX, TURN_RATIO_MIN,
 };
-pub(crate) use super::tuning::{FACTOR_MAX, FACTOR_MIN};
+pub(crate) use crate::sm::tuning::{FACTOR_MAX, FACTOR_MIN};
 
 /// The factor on the charges of the device `b` is the bucket of (1: none
 /// learnt, open loop).
@@ -40,8 +44,26 @@ pub(crate) fn factor(b: &DevBucket) -> f64 {
     decode(b.gain.load(Relaxed))
 }
 
+/// The charge for `cost` GPU ns on `b`: `cost × factor`, exact when the
+/// factor is 1. Every charge goes through here (admissions, settlements,
+/// refunds take back what was charged).
+#[inline]
+pub(crate) fn charge(b: &DevBucket, cost: u64) -> u64 {
+    apply(cost, factor(b))
+}
+
+/// [`charge`] for an amount learnt after the fact (negative: a refund).
+pub(crate) fn charge_signed(b: &DevBucket, owed: i64) -> i64 {
+    let c = charge(b, owed.unsigned_abs()) as i64;
+    if owed < 0 {
+        -c
+    } else {
+        c
+    }
+}
+
 /// `cost × factor`, exact when the factor is 1.
-pub(crate) fn apply(cost: u64, factor: f64) -> u64 {
+fn apply(cost: u64, factor: f64) -> u64 {
     if factor == 1.0 {
         cost
     } else {
@@ -177,5 +199,4 @@ pub(crate) fn encode(factor: f64) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "correction_tests.rs"]
 mod tests;

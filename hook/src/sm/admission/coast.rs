@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::tuning::{COAST_BELOW, COAST_WINDOW_NS};
+use crate::sm::tuning::{COAST_BELOW, COAST_WINDOW_NS};
 
 /// One device's coasting state in this process.
 #[derive(Debug, Default)]

@@ -14,15 +14,15 @@
 //! on CLOCK_MONOTONIC (shared by every container of a node): phases in the
 //! order of the containers' ids, each `limit %` of the frame (scaled down
 //! when the limits add up to more than 100). Every process derives the same
-//! plan (`vgpu_common::node::plan`) from the node's table (`node`), so
+//! plan (`vgpu_common::node::plan`) from the node's table (`node_mapping`), so
 //! nothing is exchanged but the table's few words. A launch is admitted
 //! only when the container's queued work plus its cost fits before the
 //! phase ends.
 
 #![forbid(unsafe_code)]
 
-use super::tuning::ALONE_WITHIN_DIV;
-pub use super::tuning::GUARD_NS;
+use crate::sm::tuning::ALONE_WITHIN_DIV;
+pub use crate::sm::tuning::GUARD_NS;
 pub use vgpu_common::node::{plan, Phase, ACTIVE_NS, FRAME_NS};
 
 /// The plan in one word for the launch path: 0 = none, else a flag and the

@@ -3,11 +3,11 @@
 //!
 //! Every `PERIOD_NS` at most, per device, the container's leader (a lease in
 //! the sidecar, `DevBucket::lease`) measures the container's share with
-//! NVML (`share`) against what it was charged over the same window, and
+//! NVML (`nvml_share`) against what it was charged over the same window, and
 //! steps the correction. The loop is open (factor 1) while it cannot
 //! measure: a host pid unknown, NVML missing, or NVML showing only this
 //! PID namespace. A step is found due on the launch path and runs on the
-//! process's background thread when there is one (`Nvml::offload`), since
+//! process's background thread when there is one (`Background::offload`), since
 //! its NVML calls take milliseconds.
 
 #![forbid(unsafe_code)]
@@ -18,11 +18,12 @@ use std::sync::Mutex;
 
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
-use super::correction::{self, Reading};
-use super::share;
-use super::sys::{Clock, Container, Nvml};
-pub(crate) use super::tuning::PERIOD_NS;
-use super::tuning::{LEASE_NS, MAX_GAP_NS, SHARED_PERIOD_NS};
+use super::nvml_share;
+use crate::driver::Nvml;
+use crate::sm::correction::{self, Reading};
+use crate::sm::sys::{Background, Clock, Container};
+pub(crate) use crate::sm::tuning::PERIOD_NS;
+use crate::sm::tuning::{LEASE_NS, MAX_GAP_NS, SHARED_PERIOD_NS};
 
 /// Low bits of a lease that carry the leader's pid.
 const LEASE_PID_MASK: u64 = (1 << 20) - 1;
@@ -85,7 +86,7 @@ impl Feedback {
     /// On a limited launch admitted by the bucket at `now`: runs the step
     /// that is due on `dev` at limit `pct`, or leaves it to the background
     /// thread. One relaxed load when none is due.
-    pub(crate) fn on_launch<S: Clock + Container + Nvml>(
+    pub(crate) fn on_launch<S: Clock + Container + Nvml + Background>(
         &self,
         sys: &S,
         dev: usize,
@@ -103,7 +104,7 @@ impl Feedback {
     }
 
     /// The background thread's turn: runs the steps launches found due.
-    pub(crate) fn background<S: Clock + Container + Nvml>(&self, sys: &S) {
+    pub(crate) fn background<S: Clock + Container + Nvml + Background>(&self, sys: &S) {
         for (dev, due) in self.due.iter().enumerate() {
             let pct = due.swap(0, Relaxed);
             if pct != 0 {
@@ -113,7 +114,13 @@ impl Feedback {
     }
 
     /// One step on `dev`. Only the container's leader measures and steers.
-    fn step<S: Clock + Container + Nvml>(&self, sys: &S, dev: usize, now: u64, pct: u32) {
+    fn step<S: Clock + Container + Nvml + Background>(
+        &self,
+        sys: &S,
+        dev: usize,
+        now: u64,
+        pct: u32,
+    ) {
         let Ok(mut all) = self.windows.try_lock() else {
             return;
         };
@@ -159,7 +166,7 @@ impl Feedback {
         let nvml_us = sys.now().saturating_sub(asked) / 1_000;
         b.measured_at.store(now, Relaxed);
         let region = sys.region();
-        if share::namespace_view(device.as_ref(), &pids, sys.pid()) {
+        if nvml_share::namespace_view(device.as_ref(), &pids, sys.pid()) {
             // NVML run inside a PID namespace lists and samples only the
             // namespace's own processes, under their namespace PIDs: it
             // cannot tell a device this container shares from one it has
@@ -180,14 +187,14 @@ impl Feedback {
             for s in region.procs.iter().take(region.proc_count()) {
                 let h = s.hostpid.load(Relaxed);
                 if s.pid.load(Relaxed) != 0 && h > 0 {
-                    let u = share::attributed(device.as_ref(), &samples, &[h as u32]);
+                    let u = nvml_share::attributed(device.as_ref(), &samples, &[h as u32]);
                     s.device_util[dev].sm_util.store(u.round() as u64, Relaxed);
                 }
             }
         }
         let charged = b.charged_ns.load(Relaxed);
         let rebase = prev.at == 0 || now.saturating_sub(prev.seen) > MAX_GAP_NS || prev.pct != pct;
-        let shared = share::shared(device.as_ref(), &pids);
+        let shared = nvml_share::shared(device.as_ref(), &pids);
         // Another container came or went during the window: it was neither
         // alone nor shared throughout, and neither reading fits it.
         let mixed = !rebase && prev.shared != shared;
@@ -215,7 +222,7 @@ impl Feedback {
         }
         let period = now.saturating_sub(prev.at).max(1) as f64;
         let r = Reading {
-            measured: share::measure(device.as_ref(), &samples, &pids),
+            measured: nvml_share::measure(device.as_ref(), &samples, &pids),
             charged: charged.wrapping_sub(prev.charged) as i64 as f64 * 100.0 / period,
             shared,
         };
@@ -259,7 +266,7 @@ fn publish_namespace_util(region: &SharedRegion, own: usize, dev: usize, samples
     for s in region.procs.iter().take(region.proc_count()) {
         let pid = s.pid.load(Relaxed);
         if pid > 0 && s.pidns.load(Relaxed) == ns {
-            let u = share::container_share(samples, &[pid as u32]);
+            let u = nvml_share::container_share(samples, &[pid as u32]);
             s.device_util[dev].sm_util.store(u.round() as u64, Relaxed);
         }
     }
@@ -326,6 +333,8 @@ mod tests {
             Some((f64::from(self.used), vec![4242]))
         }
     }
+
+    impl Background for Proc {}
 
     /// Two processes of one container (host pid 4242 holds memory), both
     /// charged 30 % of the time while NVML measures 45 %.

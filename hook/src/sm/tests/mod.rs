@@ -1,0 +1,466 @@
+//! The controller against a fake clock and a fake GPU: a single queue that
+//! runs kernels back to back, events completing when the queue reaches
+//! them, and a host that launches in a loop (blocking, like a driver, once
+//! the queue is 50 ms ahead). The tests are in one file per concept:
+//! the share a limit gives (`share_held`), costs learnt on the way
+//! (`cost_learning_loop`), the NVML loop (`feedback_loop`), turns
+//! (`taking_turns`), no stall (`no_stall`) and priorities (`priorities`).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::Mutex;
+
+use vgpu_common::region::{policy, SharedRegion};
+use vgpu_common::view::RegionFile;
+
+use crate::driver::{Context, Events, Nvml, Poll};
+use crate::sidecar::{self, SmShared};
+use crate::sm::controller::{Controller, Work};
+use crate::sm::cost_learning::cost::Key;
+use crate::sm::node_sharing::node_mapping::NodeFile;
+use crate::sm::node_sharing::phase;
+use crate::sm::sys::{Background, Clock, Container, NodeTable};
+
+const QUEUE_NS: u64 = 50_000_000;
+const SLACK_NS: u64 = 60_000;
+
+#[derive(Default)]
+struct Gpu {
+    free_at: u64,
+    intervals: Vec<(u64, u64)>,
+    events: HashMap<usize, u64>,
+    next: usize,
+}
+
+struct Fake {
+    now: AtomicU64,
+    gpu: Mutex<Gpu>,
+    file: RegionFile,
+    _dir: tempfile::TempDir,
+    policy: i32,
+    buckets: &'static SmShared,
+    sleeps: AtomicU32,
+    /// Unblock the container after this many sleeps (0: never).
+    unblock_after: AtomicU32,
+    /// Timings read back as this percent of the real ones (a wrongly learnt
+    /// cost); 100 = exact.
+    skew_pct: AtomicU64,
+    /// Fake NVML: per-process utilization over the last 200 ms, reported
+    /// as host pid `NVML_PID`.
+    nvml: std::sync::atomic::AtomicBool,
+    /// Per-process samples read as this percent of the truth (100 = exact).
+    proc_pct: AtomicU64,
+    /// Another container's process (`OTHER_PID`) keeps the device busy
+    /// this percent of the time, as NVML sees it (0: no such process).
+    other_pct: AtomicU64,
+    /// Fake NVML also reports the device's utilization, with these host
+    /// pids running on it.
+    device: Mutex<Option<Vec<u32>>>,
+    /// Stream 0 is being captured into a graph.
+    capturing: std::sync::atomic::AtomicBool,
+    /// Events recorded so far.
+    records: AtomicU32,
+    /// NVML's per-process samples as on a real GPU: one per process per
+    /// second, each covering that second (ours on the second, the other
+    /// process's half a second later), instead of one each per query.
+    sparse: std::sync::atomic::AtomicBool,
+    /// Fake ns at which the other container's process exited (0: it has
+    /// not); NVML then lists only ours, and its device utilization since a
+    /// time before that still holds the other's busy time.
+    other_exit: AtomicU64,
+    /// Until this fake ns the device counter reads half the truth (NVML's
+    /// samples lagging a start).
+    lag_until: AtomicU64,
+    /// The node's table of limited containers (none: the container is
+    /// alone on the node).
+    node: Option<&'static NodeFile>,
+    /// Every sleep overshoots by this much more (a host whose timers run
+    /// late: a loaded VM, a CPU quota).
+    late_ns: AtomicU64,
+    /// Another context's work occupies the device until this fake ns: our
+    /// kernels start after it, our events (recorded on our own stream)
+    /// do not wait for it.
+    foreign_until: AtomicU64,
+    /// Takes part in the node's priorities without a limit.
+    ranked: std::sync::atomic::AtomicBool,
+    /// Feedback steps are left to `Controller::background`.
+    offload: std::sync::atomic::AtomicBool,
+    /// This process's pid as it sees it (0: the test process's own).
+    own_pid: AtomicU32,
+    /// The buckets are this process's own, not the container's.
+    private_buckets: std::sync::atomic::AtomicBool,
+    /// Context and capture queries made (driver calls of the launch path).
+    queries: AtomicU32,
+}
+
+/// `Fake::unix_us` at fake time 0.
+const UNIX_BASE_US: u64 = 1_700_000_000_000_000;
+
+const NVML_PID: u32 = 4242;
+const OTHER_PID: u32 = 9999;
+
+impl Fake {
+    fn new(pct: u64, policy_: i32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = RegionFile::create_or_open(&dir.path().join("r.cache")).unwrap();
+        let r = file.region();
+        r.sm_limit[0].store(pct, Relaxed);
+        r.utilization_switch.store(1, Relaxed);
+        r.recent_kernel.store(2, Relaxed);
+        Fake {
+            now: AtomicU64::new(1_000_000_000),
+            gpu: Mutex::new(Gpu::default()),
+            file,
+            _dir: dir,
+            policy: policy_,
+            buckets: sidecar::private(),
+            sleeps: AtomicU32::new(0),
+            unblock_after: AtomicU32::new(0),
+            skew_pct: AtomicU64::new(100),
+            nvml: std::sync::atomic::AtomicBool::new(false),
+            proc_pct: AtomicU64::new(100),
+            other_pct: AtomicU64::new(0),
+            device: Mutex::new(None),
+            capturing: std::sync::atomic::AtomicBool::new(false),
+            records: AtomicU32::new(0),
+            sparse: std::sync::atomic::AtomicBool::new(false),
+            other_exit: AtomicU64::new(0),
+            lag_until: AtomicU64::new(0),
+            node: None,
+            late_ns: AtomicU64::new(0),
+            foreign_until: AtomicU64::new(0),
+            ranked: std::sync::atomic::AtomicBool::new(false),
+            offload: std::sync::atomic::AtomicBool::new(false),
+            own_pid: AtomicU32::new(0),
+            private_buckets: std::sync::atomic::AtomicBool::new(false),
+            queries: AtomicU32::new(0),
+        }
+    }
+
+    fn advance(&self, ns: u64) {
+        self.now.fetch_add(ns, Relaxed);
+    }
+}
+
+impl Clock for Fake {
+    fn now(&self) -> u64 {
+        self.now.load(Relaxed)
+    }
+
+    fn coarse(&self) -> u64 {
+        self.now()
+    }
+
+    fn unix_secs(&self) -> u64 {
+        self.unix_us() / 1_000_000
+    }
+
+    fn sleep_until(&self, t: u64) {
+        let n = self.sleeps.fetch_add(1, Relaxed) + 1;
+        if n == self.unblock_after.load(Relaxed) {
+            self.file.region().recent_kernel.store(0, Relaxed);
+        }
+        self.now
+            .fetch_max(t + SLACK_NS + self.late_ns.load(Relaxed), Relaxed);
+    }
+
+    fn unix_us(&self) -> u64 {
+        UNIX_BASE_US + self.now() / 1_000
+    }
+}
+
+impl Context for Fake {
+    fn current_device(&self) -> Option<usize> {
+        self.current().map(|(_, dev)| dev)
+    }
+
+    fn current(&self) -> Option<(usize, usize)> {
+        self.queries.fetch_add(1, Relaxed);
+        Some((7, 0))
+    }
+
+    fn only_device(&self) -> Option<usize> {
+        Some(0)
+    }
+}
+
+impl Events for Fake {
+    fn create_event(&self) -> Option<usize> {
+        let mut g = self.gpu.lock().unwrap();
+        g.next += 1;
+        Some(g.next)
+    }
+
+    fn destroy_event(&self, ev: usize) {
+        self.gpu.lock().unwrap().events.remove(&ev);
+    }
+
+    fn record(&self, ev: usize, _stream: usize) -> bool {
+        self.records.fetch_add(1, Relaxed);
+        let mut g = self.gpu.lock().unwrap();
+        let t = g.free_at.max(self.now());
+        g.events.insert(ev, t);
+        true
+    }
+
+    fn query(&self, ev: usize) -> Poll {
+        match self.gpu.lock().unwrap().events.get(&ev) {
+            Some(&t) if t <= self.now() => Poll::Ready,
+            Some(_) => Poll::NotReady,
+            None => Poll::Failed,
+        }
+    }
+
+    fn elapsed_ns(&self, a: usize, b: usize) -> Option<u64> {
+        let g = self.gpu.lock().unwrap();
+        Some((g.events.get(&b)? - g.events.get(&a)?) * self.skew_pct.load(Relaxed) / 100)
+    }
+
+    fn capturing(&self, _stream: usize) -> bool {
+        self.queries.fetch_add(1, Relaxed);
+        self.capturing.load(Relaxed)
+    }
+}
+
+impl Container for Fake {
+    fn region(&self) -> Option<(&SharedRegion, usize)> {
+        Some((self.file.region(), 0))
+    }
+
+    fn policy(&self) -> i32 {
+        self.policy
+    }
+
+    fn buckets(&self) -> &'static SmShared {
+        self.buckets
+    }
+
+    fn buckets_shared(&self) -> bool {
+        !self.private_buckets.load(Relaxed)
+    }
+
+    fn pid(&self) -> u32 {
+        match self.own_pid.load(Relaxed) {
+            0 => std::process::id(),
+            p => p,
+        }
+    }
+}
+
+impl Nvml for Fake {
+    fn proc_util(&self, _dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
+        if !self.nvml.load(Relaxed) {
+            return None;
+        }
+        let now = self.now();
+        let skew = self.proc_pct.load(Relaxed) as f64 / 100.0;
+        let other = self.other_pct.load(Relaxed);
+        let exit = self.other_exit.load(Relaxed);
+        let other_at = |t: u64| other > 0 && (exit == 0 || t <= exit);
+        if self.sparse.load(Relaxed) {
+            let since = since_us.saturating_sub(UNIX_BASE_US).saturating_mul(1_000);
+            let mut v = Vec::new();
+            let mut t = since / SEC * SEC;
+            while t <= now {
+                if t > since && t >= SEC {
+                    let u = busy_share(self, t - SEC, t);
+                    v.push((NVML_PID, (u * skew).round() as u32));
+                }
+                if other_at(t + SEC / 2) && t + SEC / 2 > since && t + SEC / 2 <= now {
+                    v.push((OTHER_PID, (other as f64 * skew).round() as u32));
+                }
+                t += SEC;
+            }
+            return Some(v);
+        }
+        let u = busy_share(self, now.saturating_sub(200_000_000), now);
+        let mut v = vec![(NVML_PID, (u * skew).round() as u32)];
+        if other_at(now) {
+            v.push((OTHER_PID, (other as f64 * skew).round() as u32));
+        }
+        Some(v)
+    }
+
+    fn device_busy(&self, _dev: usize, since_us: u64) -> Option<(f64, Vec<u32>)> {
+        let pids = self.device.lock().unwrap().clone()?;
+        let now = self.now();
+        let exit = self.other_exit.load(Relaxed);
+        if exit != 0 && now >= exit {
+            // The mean since `since_us`, as NVML's samples give it.
+            let since = since_us.saturating_sub(UNIX_BASE_US).saturating_mul(1_000);
+            let since = since.clamp(now.saturating_sub(10 * SEC), now.saturating_sub(1));
+            let other = self.other_pct.load(Relaxed) as f64 * exit.saturating_sub(since) as f64
+                / (now - since) as f64;
+            let u = busy_share(self, since, now) + other;
+            let ours = pids.into_iter().filter(|&p| p != OTHER_PID).collect();
+            return Some((u.min(100.0), ours));
+        }
+        let mut u = busy_share(self, now.saturating_sub(200_000_000), now);
+        if now < self.lag_until.load(Relaxed) {
+            u /= 2.0;
+        }
+        Some(((u + self.other_pct.load(Relaxed) as f64).min(100.0), pids))
+    }
+}
+
+impl Background for Fake {
+    fn offload(&self) -> bool {
+        self.offload.load(Relaxed)
+    }
+}
+
+impl NodeTable for Fake {
+    fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
+        self.node
+    }
+
+    fn ranked(&self) -> bool {
+        self.ranked.load(Relaxed)
+    }
+}
+
+/// Runs launches of `cost` (key `key`) for `dur` of fake time; returns the
+/// GPU's busy share (percent) over the last `dur - warmup`.
+fn run(c: &Controller<Fake>, key: Key, cost: u64, dur: u64, warmup: u64) -> f64 {
+    run_with(c, key, cost, dur, warmup, |_| {})
+}
+
+/// `run`, calling `each` before every launch.
+fn run_with(
+    c: &Controller<Fake>,
+    key: Key,
+    cost: u64,
+    dur: u64,
+    warmup: u64,
+    mut each: impl FnMut(&Fake),
+) -> f64 {
+    let f = &c.sys;
+    let start = f.now();
+    let w = Work { key, stream: 0 };
+    while f.now() < start + dur {
+        // The driver blocks while the queue is too far ahead.
+        let ahead = f.gpu.lock().unwrap().free_at;
+        if ahead > f.now() + QUEUE_NS {
+            f.now.store(ahead - QUEUE_NS, Relaxed);
+        }
+        each(f);
+        launch_once(c, &w, cost, 1_500);
+    }
+    busy_share(f, start + warmup, start + dur)
+}
+
+/// One launch of `cost` GPU ns through the controller, then `gap` of host
+/// time before the next.
+fn launch_once(c: &Controller<Fake>, w: &Work, cost: u64, gap: u64) {
+    let f = &c.sys;
+    let t = c.before(w);
+    {
+        let mut g = f.gpu.lock().unwrap();
+        let s = g.free_at.max(f.now()).max(f.foreign_until.load(Relaxed));
+        g.free_at = s + cost;
+        g.intervals.push((s, s + cost));
+    }
+    c.after_opt(t, true);
+    f.advance(gap);
+}
+
+fn busy_share(f: &Fake, from: u64, to: u64) -> f64 {
+    let g = f.gpu.lock().unwrap();
+    let busy: u64 = g
+        .intervals
+        .iter()
+        .map(|&(s, e)| e.min(to).saturating_sub(s.max(from)))
+        .sum();
+    busy as f64 * 100.0 / (to - from) as f64
+}
+
+impl Controller<Fake> {
+    fn after_opt(&self, t: Option<super::Ticket>, ok: bool) {
+        if let Some(t) = t {
+            self.after(t, ok);
+        }
+    }
+}
+
+const SEC: u64 = 1_000_000_000;
+
+fn kernel(func: usize) -> Key {
+    Key::Kernel {
+        func,
+        grid: [1, 1, 1],
+        block: [128, 1, 1],
+    }
+}
+
+/// A container of one process whose host pid is known (`hostpid`), with
+/// NVML, at `pct`, whose timings read `skew` % of the truth.
+fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Controller<Fake> {
+    Controller::new(nvml_on(Fake::new(pct, policy::DEFAULT), skew, hostpid))
+}
+
+/// `f` with one process in its region (GPU memory held, host pid
+/// `hostpid`), its timings read as `skew` % of the truth, and NVML on.
+fn nvml_on(f: Fake, skew: u64, hostpid: i32) -> Fake {
+    let r = f.file.region();
+    r.proc_num.store(1, Relaxed);
+    r.procs[0].pid.store(77, Relaxed);
+    r.procs[0].hostpid.store(hostpid, Relaxed);
+    r.procs[0].used[0].total.store(500 << 20, Relaxed);
+    f.skew_pct.store(skew, Relaxed);
+    f.nvml.store(true, Relaxed);
+    f
+}
+
+/// `f` on a node whose table of limited containers on the GPU is shared.
+fn on_node(mut f: Fake) -> (Fake, &'static NodeFile) {
+    let node: &'static NodeFile = Box::leak(Box::default());
+    node.init_or_check().unwrap();
+    f.node = Some(node);
+    (f, node)
+}
+
+/// Another container's member on `node`, limited to `pct`, as of `now`.
+fn neighbour(
+    node: &'static NodeFile,
+    now: u64,
+    pct: u32,
+) -> &'static crate::sm::node_sharing::node_mapping::Member {
+    let m = node.join(0x5555_0000_0000_0000, now).unwrap();
+    m.touch(now, pct);
+    m
+}
+
+/// The neighbour `m` launches at `now` and uses most of its share.
+fn busy(m: &crate::sm::node_sharing::node_mapping::Member, now: u64) {
+    m.touch(now, 70);
+    m.want(now);
+}
+
+/// The longest time in `[from, to)` during which none of our kernels ran
+/// or started: from `from` to the first start, between two kernels, from
+/// the last end to `to`.
+fn longest_gap(f: &Fake, from: u64, to: u64) -> u64 {
+    let g = f.gpu.lock().unwrap();
+    let mut iv: Vec<(u64, u64)> = g
+        .intervals
+        .iter()
+        .copied()
+        .filter(|&(s, e)| e > from && s < to)
+        .collect();
+    iv.sort_unstable();
+    let mut edge = from;
+    let mut gap = 0;
+    for (s, e) in iv {
+        gap = gap.max(s.saturating_sub(edge));
+        edge = edge.max(e);
+    }
+    gap.max(to.saturating_sub(edge))
+}
+
+mod cost_learning_loop;
+mod feedback_loop;
+mod no_stall;
+mod priorities;
+mod share_held;
+mod taking_turns;
