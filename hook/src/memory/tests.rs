@@ -170,7 +170,7 @@ fn counters_never_underflow_and_total_stays_the_sum() {
     let p = Process::new(&cfg(dir.path(), "0"), 4244, 0).unwrap();
     p.att.add_unchecked(1, 5, Kind::Context);
     p.att.add_unchecked(1, 7, Kind::Data);
-    p.att.release(1, 100, Kind::Data);
+    super::limit::release(&p.att, 1, 100, Kind::Data);
     let m = &p.att.region().procs[p.att.slot_index()].used[1];
     assert_eq!(m.data_size.load(SeqCst), 0);
     assert_eq!(m.context_size.load(SeqCst), 5);
@@ -480,7 +480,7 @@ fn a_primary_reset_releases_the_device_s_allocations() {
     let dir = tempfile::tempdir().unwrap();
     let p = Process::new(&cfg(dir.path(), "1g"), 8004, 0).unwrap();
     p.ctx_size[0].store(10 * M, SeqCst);
-    assert!(super::limit::reserve(&p.att, 0, 10 * M, Kind::Context));
+    assert!(super::limit::reserve_committed(&p.att, 0, 10 * M, Kind::Context));
     let mut retained = 1;
     for (i, t) in [&p.ptrs, &p.handles, &p.arrays].into_iter().enumerate() {
         let rc = counted(&p, t, 0, 20 * M, Kind::Data, || {
@@ -510,7 +510,7 @@ fn a_context_destroy_releases_only_that_context_s_allocations() {
     let (a, b) = (0xa000, 0xb000);
     let mut key = 0x100;
     let mut add = |t: &super::track::Tracker, ctx: u64, bytes: u64| {
-        assert!(super::limit::reserve(&p.att, 0, bytes, Kind::Data));
+        assert!(super::limit::reserve_committed(&p.att, 0, bytes, Kind::Data));
         key += 1;
         t.insert(
             key,

@@ -220,7 +220,9 @@ impl Attachment {
     /// Refreshes the shadow's copy of `dev`'s limit (what a truncated
     /// region is refilled with).
     pub fn see_limit(&self, dev: usize) {
-        self.shadow.see_limit(dev, usage::limit(self.region(), dev));
+        // The shadow keeps the cell as the region holds it: 0 for none.
+        self.shadow
+            .see_limit(dev, usage::limit(self.region(), dev).unwrap_or(0));
     }
 
     /// Mirrors in the shadow what `crate::memory::limit` just counted in
@@ -229,12 +231,10 @@ impl Attachment {
         self.shadow.add(dev, bytes, kind);
     }
 
-    /// Takes back `bytes` counted by `crate::memory::limit::reserve`.
-    pub fn release(&self, dev: usize, bytes: u64, kind: Kind) {
-        if let Some(s) = self.region().procs.get(self.slot_index()) {
-            usage::sub(s, dev, bytes, kind);
-            self.shadow.sub(dev, bytes, kind);
-        }
+    /// Mirrors in the shadow what `crate::memory::limit::release` just
+    /// took back from this process's slot.
+    pub fn note_released(&self, dev: usize, bytes: u64, kind: Kind) {
+        self.shadow.sub(dev, bytes, kind);
     }
 
     /// Counts without a limit check.

@@ -186,7 +186,7 @@ fn print_region(w: &mut impl std::io::Write, s: &RegionSummary) -> std::io::Resu
         } else {
             bytes(d.limit_bytes)
         };
-        let sm = if matches!(d.sm_limit_percent, 0 | 100) {
+        let sm = if vgpu_common::region::rules::sm_limit(d.sm_limit_percent).is_none() {
             "none".to_owned()
         } else {
             d.sm_limit_percent.to_string()

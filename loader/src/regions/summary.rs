@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS, MINOR_VERSION};
+use vgpu_common::region::{
+    rules, status, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS, MINOR_VERSION,
+};
 use vgpu_common::region_io::{IoError, RegionIo};
 
 use super::discover::ContainerRef;
@@ -215,28 +217,23 @@ impl RegionSummary {
         let mut findings = Vec::new();
         let mut slots = Vec::new();
         let mut free_slots = 0;
-        let mut used = [0u64; MAX_DEVICES];
         for (index, slot) in r.active_slots().iter().enumerate() {
             if vgpu_common::reclaim::is_clean(slot) {
                 free_slots += 1;
                 continue;
             }
             let s = read_slot(index, slot, mappers);
-            if s.pid != 0 {
-                for u in &s.usage {
-                    used[u.device] = used[u.device].saturating_add(u.total_bytes);
-                }
-            }
             slot_findings(&s, device_num, &mut findings);
             slots.push(s);
         }
+        let used: [u64; MAX_DEVICES] =
+            std::array::from_fn(|d| rules::container_used(r.active_slots(), d));
         let devices = (0..MAX_DEVICES)
             .filter(|&d| {
                 (d as u64) < device_num
                     || used[d] != 0
                     || (device_num == 0
-                        && (r.limit[d].load(SeqCst) != 0
-                            || !matches!(r.sm_limit[d].load(SeqCst), 0 | 100)))
+                        && (r.memory_limit_of(d).is_some() || r.sm_limit_of(d).is_some()))
             })
             .map(|d| {
                 let (uuid, len) = r.uuid(d);
@@ -244,7 +241,7 @@ impl RegionSummary {
                     index: d,
                     uuid: String::from_utf8_lossy(&uuid[..len]).into_owned(),
                     limit_bytes: r.limit[d].load(SeqCst),
-                    sm_limit_percent: r.sm_limit[d].load(SeqCst),
+                    sm_limit_percent: rules::sm_limit_shown(r.sm_limit[d].load(SeqCst)),
                     used_bytes: used[d],
                 }
             })

@@ -5,6 +5,8 @@
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
+use vgpu_common::region::rules;
+
 use super::summary::{bytes, RegionSummary};
 use crate::printable::escape_controls;
 
@@ -71,14 +73,6 @@ pub enum SortKey {
     Findings,
     /// Container name.
     Name,
-}
-
-/// A limit of 0 or 100 and more reads as none (100), as HAMi.
-fn sm_limit(raw: u64) -> u64 {
-    match raw {
-        1..=99 => raw,
-        _ => 100,
-    }
 }
 
 /// A daemon finding (from `findings.json`) is about a region when it names
@@ -163,7 +157,7 @@ pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
                 } else {
                     "slots"
                 },
-                sm_limit_percent: sm_limit(d.sm_limit_percent),
+                sm_limit_percent: d.sm_limit_percent,
                 launches_total: processes
                     .iter()
                     .fold(0u64, |a, p| a.saturating_add(p.launches)),
@@ -264,7 +258,7 @@ pub fn table(rows: &[Row], width: usize) -> Vec<String> {
         } else {
             bytes(r.memory_limit_bytes)
         };
-        let sm_limit = if r.sm_limit_percent >= 100 {
+        let sm_limit = if rules::sm_limit(r.sm_limit_percent).is_none() {
             "none".to_owned()
         } else {
             r.sm_limit_percent.to_string()

@@ -5,7 +5,8 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::expected::{normal_sm, Limits};
+use super::expected::Limits;
+use vgpu_common::region::rules::sm_limit_shown;
 use super::overrides::FileKey;
 use super::{enforce, RegionAccess};
 use crate::daemon::findings::LimitMismatch;
@@ -23,7 +24,7 @@ impl RegionAccess for RegionCache {
         };
         for d in 0..MAX_DEVICES {
             l.mem[d] = r.limit[d].load(SeqCst);
-            l.sm[d] = normal_sm(r.sm_limit[d].load(SeqCst));
+            l.sm[d] = sm_limit_shown(r.sm_limit[d].load(SeqCst));
         }
         Some(l)
     }

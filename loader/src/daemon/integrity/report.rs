@@ -1,6 +1,6 @@
 //! How integrity findings read: the common fields and the sentences.
 
-use super::expected::SM_NONE;
+use vgpu_common::region::rules::SM_UNLIMITED;
 use super::ProcInput;
 use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
 use crate::daemon::identity::Identity;
@@ -50,7 +50,7 @@ pub(super) fn show_mem(v: u64) -> String {
 }
 
 pub(super) fn show_sm(v: u64) -> String {
-    if v == SM_NONE {
+    if v == SM_UNLIMITED {
         "none".to_owned()
     } else {
         format!("{v}%")

@@ -44,7 +44,7 @@ impl RegionAccess for Fake {
 fn limits(mem: u64) -> Limits {
     Limits {
         mem: [mem; MAX_DEVICES],
-        sm: [expected::SM_NONE; MAX_DEVICES],
+        sm: [vgpu_common::region::rules::SM_UNLIMITED; MAX_DEVICES],
     }
 }
 
