@@ -1147,7 +1147,7 @@ fn stall_bound(cost: u64, pct: u32) -> u64 {
         + 1_000_000
 }
 
-/// Issue 16: a process saturating the device is killed, and its queued
+/// A process saturating the device is killed, and its queued
 /// kernels still occupy the device when a new process at 30 % starts the
 /// same loop: the new one's first timing waited behind them. It must make
 /// progress at once and get its 30 %.
@@ -1297,9 +1297,9 @@ fn ranked_trainer() -> (Controller<Fake>, &'static super::node::Member) {
     (c, service)
 }
 
-/// Issue 16, part 2: beside an active service of higher priority, the
-/// trainer keeps at most `LOW_QUEUE_NS` queued, so each request finds at
-/// most that ahead of it (it found the driver's whole 50 ms queue before),
+/// Beside an active service of higher priority, the trainer keeps at most
+/// `LOW_QUEUE_NS` queued, so each request finds at most that ahead of it
+/// (not the driver's whole 50 ms queue),
 /// while the trainer keeps the device busy. When the service stops, the
 /// trainer is free again within a frame.
 #[test]
