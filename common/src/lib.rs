@@ -20,7 +20,7 @@ pub mod clock;
 #[cfg(feature = "std")]
 pub mod devices;
 #[cfg(feature = "std")]
-pub mod identity;
+pub mod proc_identity;
 #[cfg(feature = "std")]
 pub mod limit;
 #[cfg(feature = "std")]

@@ -272,7 +272,7 @@ fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
     // b "dies" holding memory: reclaimed by the next allocation that fails.
     b.att.add_unchecked(0, 1 << 30, Kind::Data);
     let me =
-        vgpu_common::identity::Identity::read(std::path::Path::new("/proc"), lc.pid(), lc.pid());
+        vgpu_common::proc_identity::ProcIdentity::read(std::path::Path::new("/proc"), lc.pid(), lc.pid());
     let n = slots::reclaim_dead(r, &me, |pid| (pid != lb.pid()).then_some((0, 0)));
     assert_eq!(n, 1);
     assert_eq!(used(&c2, 0), 0);

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use vgpu_common::identity::Identity;
+use vgpu_common::proc_identity::ProcIdentity;
 use vgpu_common::lock;
 use vgpu_common::region::{
     ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
@@ -37,7 +37,7 @@ pub enum AttachError {
 #[derive(Debug)]
 pub struct Attachment {
     file: RegionFile,
-    me: Identity,
+    me: ProcIdentity,
     /// `monotonic_ms` of the last reclaim (`reclaim_now_and_then`); 0 = none.
     last_reclaim_ms: AtomicU64,
     /// OFD locks do not exclude threads sharing the file description.
@@ -53,9 +53,9 @@ impl Attachment {
     /// this PID namespace: its identity is read from `/proc`).
     pub fn open(cfg: &Config, pid: i32) -> Result<Self, AttachError> {
         let me = if u32::try_from(pid) == Ok(std::process::id()) {
-            Identity::read_dir(std::path::Path::new("/proc/self"), pid)
+            ProcIdentity::read_dir(std::path::Path::new("/proc/self"), pid)
         } else {
-            Identity::read(std::path::Path::new("/proc"), pid, pid)
+            ProcIdentity::read(std::path::Path::new("/proc"), pid, pid)
         };
         let file = RegionFile::create_or_open(&cfg.region_path)?;
         let shadow = Box::<Shadow>::default();

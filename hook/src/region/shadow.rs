@@ -12,7 +12,7 @@ use vgpu_common::region::{
     status, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MAX_PROCS, MINOR_VERSION, REGION_SIZE,
 };
 
-use vgpu_common::identity::Identity;
+use vgpu_common::proc_identity::ProcIdentity;
 
 use super::usage::Kind;
 
@@ -52,7 +52,7 @@ fn index(kind: Kind) -> usize {
 }
 
 impl Shadow {
-    pub fn set_slot(&self, slot: usize, me: &Identity) {
+    pub fn set_slot(&self, slot: usize, me: &ProcIdentity) {
         self.pid.store(me.pid, SeqCst);
         self.pidns.store(me.pidns, SeqCst);
         self.start.store(me.start, SeqCst);

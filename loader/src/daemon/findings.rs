@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use super::check::{Excess, Observation, Source};
 use super::hostpid::Miss;
-use super::identity::Identity;
+use super::container_identity::ContainerIdentity;
 
 /// Name of the state file under `--state-dir`.
 pub const FILE_NAME: &str = "findings.json";
@@ -135,7 +135,7 @@ pub struct Subject<'a> {
     /// PID in its own namespace (0: unknown).
     pub ns_pid: u32,
     pub comm: &'a str,
-    pub container: &'a Identity,
+    pub container: &'a ContainerIdentity,
     /// Its region file as it names it, and its slot there (none without a
     /// slot).
     pub region: Option<&'a Path>,
@@ -360,7 +360,7 @@ mod tests {
 
     #[test]
     fn cross_check_findings_say_what_each_view_saw() {
-        let container = Identity {
+        let container = ContainerIdentity {
             cgroup: "/kubepods/pod1/abc".into(),
             pod_uid: Some("pod1".into()),
             container_id: Some("0123456789abcdef0123".into()),
@@ -411,7 +411,7 @@ mod tests {
             f.message
         );
 
-        let bare = Identity {
+        let bare = ContainerIdentity {
             container_id: None,
             ..container.clone()
         };
@@ -431,7 +431,7 @@ mod tests {
              initialised yet)); 0 bytes untracked"
         );
         assert_eq!((f.region, f.slot, f.source), (None, None, None));
-        let nobody = Identity::default();
+        let nobody = ContainerIdentity::default();
         let who = Subject {
             container: &nobody,
             miss: None,

@@ -18,7 +18,7 @@ use vgpu_common::event::ProcCounters;
 use vgpu_common::region::rules;
 
 use super::findings::{Finding, Kind};
-use super::identity::Identity;
+use super::container_identity::ContainerIdentity;
 use super::nvml::DeviceSample;
 use super::region_cache::Overruns;
 
@@ -72,7 +72,7 @@ pub struct Snapshot<'a> {
     pub host: Vec<DeviceSample>,
     pub findings: &'a [Finding],
     /// Untracked bytes per container (cgroup identity).
-    pub untracked: Vec<(Identity, u64)>,
+    pub untracked: Vec<(ContainerIdentity, u64)>,
     /// Probed libcuda entry points: (symbol, libcuda path).
     pub probes: Vec<(String, String)>,
     /// Processes the probes know.
@@ -139,7 +139,7 @@ pub fn one(k: &str, v: &str) -> Labels {
     vec![(k.to_owned(), v.to_owned())]
 }
 
-fn identity_labels(id: &Identity) -> Labels {
+fn identity_labels(id: &ContainerIdentity) -> Labels {
     vec![
         ("pod_uid".into(), id.pod_uid.clone().unwrap_or_default()),
         (

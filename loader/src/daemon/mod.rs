@@ -27,7 +27,7 @@ pub mod exposition;
 pub mod findings;
 pub mod hostpid;
 pub mod http;
-pub mod identity;
+pub mod container_identity;
 pub mod integrity;
 pub mod launches;
 pub mod legacy_metrics;

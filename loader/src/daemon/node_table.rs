@@ -35,7 +35,7 @@ use vgpu_common::node::{NodeView, MEMBERS, SIZE as TABLE_SIZE};
 use vgpu_common::sidecar;
 
 use super::findings::{Finding, Kind};
-use super::identity::Identity;
+use super::container_identity::ContainerIdentity;
 use super::integrity::expected::lookup;
 use super::integrity::spec::{self, SpecPattern};
 use super::procfs::Procfs;
@@ -61,7 +61,7 @@ const SIDECAR_ID_AT: u64 = 16;
 pub struct Holder<'a> {
     /// Host PID.
     pub pid: u32,
-    pub identity: &'a Identity,
+    pub identity: &'a ContainerIdentity,
     /// The region as the process names it, or its host path.
     pub region: &'a Path,
     /// `region` is a host path (found under HAMi's containers directory).
@@ -72,7 +72,7 @@ pub struct Holder<'a> {
 #[derive(Clone, Debug)]
 struct Voucher {
     pid: u32,
-    identity: Identity,
+    identity: ContainerIdentity,
     /// The rank the container's spec allows at most (`None`: no spec).
     rank: Option<u32>,
 }
@@ -312,7 +312,7 @@ fn write_if_owner(
 
 fn finding(
     path: &Path,
-    identity: Option<&Identity>,
+    identity: Option<&ContainerIdentity>,
     pid: u32,
     message: String,
     action: &str,

@@ -14,7 +14,7 @@ use super::check::{excess, Observation, Streaks, Thresholds};
 use super::exposition::Exposition;
 use super::findings::{self, Finding, Kind, Subject};
 use super::hostpid::{self, Miss, SlotRef};
-use super::identity::{Identities, Identity};
+use super::container_identity::{ContainerIdentities, ContainerIdentity};
 use super::integrity::{self, Integrity, ProcInput};
 use super::launches::Ledger;
 use super::libs::LibWatch;
@@ -66,9 +66,9 @@ pub fn daemon_funcs() -> Vec<Func> {
         .collect()
 }
 
-/// Settings.
+/// What `vgpu daemon` was told to observe and how (its flags).
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub struct ObserverSettings {
     pub thresholds: Thresholds,
     /// How long a process may run without a slot before it is `no_region`.
     pub slot_grace: Duration,
@@ -95,7 +95,7 @@ pub struct Settings {
 #[derive(Debug)]
 struct Proc {
     caller: Caller,
-    identity: Option<Identity>,
+    identity: Option<ContainerIdentity>,
     first_seen: Instant,
     counts: ProcCounters,
     /// Seen in NVML's list but never in the probed libcuda.
@@ -135,12 +135,12 @@ pub struct ScanOutput {
 
 /// The daemon.
 pub struct Observer {
-    settings: Settings,
+    settings: ObserverSettings,
     probes: ProbeSet,
     libs: LibWatch,
     procfs: Procfs,
     cache: RegionCache,
-    ids: Identities,
+    ids: ContainerIdentities,
     pods: PodNames,
     nvml: Option<NvmlView>,
     procs: HashMap<u32, Proc>,
@@ -171,7 +171,7 @@ pub struct Observer {
 
 impl Observer {
     pub fn new(
-        settings: Settings,
+        settings: ObserverSettings,
         probes: ProbeSet,
         libs: LibWatch,
         nvml: Option<NvmlView>,
@@ -195,7 +195,7 @@ impl Observer {
             libs,
             procfs: Procfs::default(),
             cache: RegionCache::default(),
-            ids: Identities::default(),
+            ids: ContainerIdentities::default(),
             nvml,
             procs: HashMap::new(),
             streaks: Streaks::default(),
@@ -425,9 +425,9 @@ impl Observer {
 
         let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
         self.cache.evict_idle(Duration::from_secs(60));
-        let mut untracked: HashMap<Identity, u64> = HashMap::new();
+        let mut untracked: HashMap<ContainerIdentity, u64> = HashMap::new();
         for f in &out {
-            let id = Identity {
+            let id = ContainerIdentity {
                 cgroup: f.cgroup.clone(),
                 pod_uid: f.pod_uid.clone(),
                 container_id: f.container_id.clone(),
@@ -508,7 +508,7 @@ impl Observer {
         }
         let mut procs: Vec<(&u32, &Proc)> = self.procs.iter().collect();
         procs.sort_by_key(|(pid, _)| **pid);
-        let empty = Identity::default();
+        let empty = ContainerIdentity::default();
         let inputs: Vec<ProcInput<'_>> = procs
             .into_iter()
             .map(|(&tgid, p)| {
@@ -547,7 +547,7 @@ impl Observer {
         if self.settings.host_pids.is_err() {
             return Vec::new();
         }
-        let empty = Identity::default();
+        let empty = ContainerIdentity::default();
         let holders: Vec<Holder<'_>> = self
             .procs
             .iter()

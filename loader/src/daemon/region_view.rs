@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES};
 
-use super::identity::{Identities, Identity};
+use super::container_identity::{ContainerIdentities, ContainerIdentity};
 use super::launches::Ledger;
 use super::metrics::{Labels, RegionDevice, RegionView};
 use super::pods::{PodName, PodNames};
@@ -50,7 +50,7 @@ pub fn bounded_label(v: String, max: usize) -> (String, bool) {
 /// the device's `vdevice_index` and `device_uuid` follow per device), then
 /// vgpu's. `name` is the pod's, `owner` says whose the region is
 /// ([`region_owner`]), `id` is the cgroup identity of a process using it.
-pub fn labels(name: Option<&PodName>, owner: RegionOwner, id: &Identity, region: &Path) -> Labels {
+pub fn labels(name: Option<&PodName>, owner: RegionOwner, id: &ContainerIdentity, region: &Path) -> Labels {
     vec![
         (
             "namespace".to_owned(),
@@ -106,7 +106,7 @@ pub struct Views {
 /// devices the region does not SM-limit.
 pub fn views(
     cache: &RegionCache,
-    ids: &mut Identities,
+    ids: &mut ContainerIdentities,
     pods: &PodNames,
     launches: &mut Ledger,
     dead: &mut DeadSlots,

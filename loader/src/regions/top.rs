@@ -170,7 +170,7 @@ pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
     out
 }
 
-fn kind_name(k: &super::summary::FindingKind) -> String {
+fn kind_name(k: &super::summary::RegionFindingKind) -> String {
     serde_json::to_value(k)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))

@@ -3,14 +3,14 @@
 use vgpu_common::region::rules::SM_UNLIMITED;
 use super::ProcInput;
 use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
-use crate::daemon::identity::Identity;
+use crate::daemon::container_identity::ContainerIdentity;
 use crate::regions::summary::bytes;
 
 /// A finding with the process and container fields filled.
 pub(super) fn base(
     kind: Kind,
     p: Option<&ProcInput<'_>>,
-    id: &Identity,
+    id: &ContainerIdentity,
     message: String,
 ) -> Finding {
     Finding {
