@@ -127,6 +127,41 @@ pub struct Finding {
     pub resolved_unix_ms: Option<u64>,
 }
 
+impl Finding {
+    /// A finding of `kind` about `container`, holding since `since_unix_ms`
+    /// and saying `message`; the process, region and byte fields are empty
+    /// for the caller to fill (`Finding { pid, ..Finding::new(..) }`).
+    pub fn new(
+        kind: Kind,
+        container: &ContainerIdentity,
+        since_unix_ms: u64,
+        message: String,
+    ) -> Finding {
+        Finding {
+            kind,
+            pid: 0,
+            ns_pid: 0,
+            comm: String::new(),
+            cgroup: container.cgroup.clone(),
+            pod_uid: container.pod_uid.clone(),
+            container_id: container.container_id.clone(),
+            region: None,
+            slot: None,
+            untracked_bytes: 0,
+            source: None,
+            probe_bytes: None,
+            nvml_bytes: None,
+            tracked_data_bytes: 0,
+            tracked_total_bytes: 0,
+            since_unix_ms,
+            message,
+            limits: Vec::new(),
+            action: None,
+            resolved_unix_ms: None,
+        }
+    }
+}
+
 /// The process a cross-check finding is about.
 #[derive(Clone, Copy, Debug)]
 pub struct Subject<'a> {
@@ -193,13 +228,9 @@ pub fn cross_check(
         other => format!("{}: pid {pid} ({comm}) container {ctr}", other.name()),
     };
     Finding {
-        kind,
         pid,
         ns_pid: who.ns_pid,
         comm: comm.to_owned(),
-        cgroup: who.container.cgroup.clone(),
-        pod_uid: who.container.pod_uid.clone(),
-        container_id: who.container.container_id.clone(),
         region: who.region.map(Path::to_owned),
         slot: who.slot,
         untracked_bytes: bytes,
@@ -208,11 +239,7 @@ pub fn cross_check(
         nvml_bytes: obs.nvml_bytes,
         tracked_data_bytes: obs.tracked_data,
         tracked_total_bytes: obs.tracked_total,
-        since_unix_ms: since,
-        message,
-        limits: Vec::new(),
-        action: None,
-        resolved_unix_ms: None,
+        ..Finding::new(kind, who.container, since, message)
     }
 }
 

@@ -320,26 +320,10 @@ fn finding(
 ) -> Finding {
     let id = identity.cloned().unwrap_or_default();
     Finding {
-        kind: Kind::NodeTableForged,
         pid,
-        ns_pid: 0,
-        comm: String::new(),
-        cgroup: id.cgroup,
-        pod_uid: id.pod_uid,
-        container_id: id.container_id,
         region: Some(path.to_owned()),
-        slot: None,
-        untracked_bytes: 0,
-        source: None,
-        probe_bytes: None,
-        nvml_bytes: None,
-        tracked_data_bytes: 0,
-        tracked_total_bytes: 0,
-        since_unix_ms: now_ms,
-        message,
-        limits: Vec::new(),
         action: Some(action.to_owned()),
-        resolved_unix_ms: None,
+        ..Finding::new(Kind::NodeTableForged, &id, now_ms, message)
     }
 }
 

@@ -14,26 +14,12 @@ pub(super) fn base(
     message: String,
 ) -> Finding {
     Finding {
-        kind,
         pid: p.map_or(0, |p| p.pid),
         ns_pid: p.map_or(0, |p| p.ns_pid),
         comm: p.map(|p| p.comm.clone()).unwrap_or_default(),
-        cgroup: id.cgroup.clone(),
-        pod_uid: id.pod_uid.clone(),
-        container_id: id.container_id.clone(),
-        region: None,
-        slot: None,
-        untracked_bytes: 0,
-        source: None,
         probe_bytes: p.and_then(|p| p.probe_bytes),
-        nvml_bytes: None,
-        tracked_data_bytes: 0,
         tracked_total_bytes: p.map_or(0, |p| p.tracked_bytes),
-        since_unix_ms: 0,
-        message,
-        limits: Vec::new(),
-        action: None,
-        resolved_unix_ms: None,
+        ..Finding::new(kind, id, 0, message)
     }
 }
 
