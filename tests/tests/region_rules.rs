@@ -172,5 +172,9 @@ fn inspect_top_metrics_and_the_hook_read_an_sm_limit_alike() {
             wrong.push(format!("sm_limit {raw}: the hook: {e}"));
         }
     }
-    assert!(wrong.is_empty(), "the readers disagree:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "the readers disagree:\n{}",
+        wrong.join("\n")
+    );
 }

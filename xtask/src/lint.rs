@@ -7,19 +7,21 @@
 //!   sources; `deny.toml`);
 //! - `typos` over code and docs (`_typos.toml`);
 //! - the ABI snapshots of every cross-process layout (`cargo xtask abi`);
-//! - no `unsafe` in the hook's policy code (`unsafe_free`).
+//! - no `unsafe` in the hook's policy code (`unsafe_free`);
+//! - docs/README.md's map of the folders matches them (`docs_map`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::{abi, setup, unsafe_free, util};
+use crate::{abi, docs_map, setup, unsafe_free, util};
 
 pub fn run() -> Result<()> {
     util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
     lints_opt_in()?;
     unsafe_free::run()?;
+    docs_map::run()?;
     // cargo deny reads every crate of every target and feature, dev-only and
     // other platforms' included; the build before it fetched only what it
     // compiled. Fetch the rest from the lock file so the offline check works

@@ -61,12 +61,16 @@ pub fn container_used(slots: &[ProcSlot], dev: usize) -> u64 {
 impl SharedRegion {
     /// [`sm_limit`] of device `dev` (`None` also past the last device).
     pub fn sm_limit_of(&self, dev: usize) -> Option<u32> {
-        self.sm_limit.get(dev).and_then(|c| sm_limit(c.load(SeqCst)))
+        self.sm_limit
+            .get(dev)
+            .and_then(|c| sm_limit(c.load(SeqCst)))
     }
 
     /// [`memory_limit`] of device `dev` (`None` also past the last device).
     pub fn memory_limit_of(&self, dev: usize) -> Option<u64> {
-        self.limit.get(dev).and_then(|c| memory_limit(c.load(SeqCst)))
+        self.limit
+            .get(dev)
+            .and_then(|c| memory_limit(c.load(SeqCst)))
     }
 }
 
@@ -76,7 +80,13 @@ mod tests {
 
     #[test]
     fn zero_and_a_hundred_up_are_no_sm_limit() {
-        for (raw, want) in [(0, None), (1, Some(1)), (99, Some(99)), (100, None), (150, None)] {
+        for (raw, want) in [
+            (0, None),
+            (1, Some(1)),
+            (99, Some(99)),
+            (100, None),
+            (150, None),
+        ] {
             assert_eq!(sm_limit(raw), want, "{raw}");
         }
         assert_eq!(sm_limit(u64::MAX), None);

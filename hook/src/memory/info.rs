@@ -70,7 +70,10 @@ mod tests {
             (0, G),
             "clamped, no wrap"
         );
-        assert_eq!(virtual_info(Some(100 * G), 0, 70 * G, 80 * G), (70 * G, 80 * G));
+        assert_eq!(
+            virtual_info(Some(100 * G), 0, 70 * G, 80 * G),
+            (70 * G, 80 * G)
+        );
         assert_eq!(virtual_info(Some(G), 0, G / 2, 80 * G), (G / 2, G));
     }
 }

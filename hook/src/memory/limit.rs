@@ -109,7 +109,9 @@ pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> Option<R
 /// [`reserve`] and keep: for tests that count without a driver call.
 #[cfg(test)]
 pub fn reserve_committed(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> bool {
-    reserve(att, dev, bytes, kind).map(Reservation::commit).is_some()
+    reserve(att, dev, bytes, kind)
+        .map(Reservation::commit)
+        .is_some()
 }
 
 /// Takes back `bytes` of `kind` on `dev` that a committed [`Reservation`]

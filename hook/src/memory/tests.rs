@@ -271,8 +271,11 @@ fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
     assert_eq!(r.proc_num.load(SeqCst), 2);
     // b "dies" holding memory: reclaimed by the next allocation that fails.
     b.att.add_unchecked(0, 1 << 30, Kind::Data);
-    let me =
-        vgpu_common::proc_identity::ProcIdentity::read(std::path::Path::new("/proc"), lc.pid(), lc.pid());
+    let me = vgpu_common::proc_identity::ProcIdentity::read(
+        std::path::Path::new("/proc"),
+        lc.pid(),
+        lc.pid(),
+    );
     let n = slots::reclaim_dead(r, &me, |pid| (pid != lb.pid()).then_some((0, 0)));
     assert_eq!(n, 1);
     assert_eq!(used(&c2, 0), 0);
@@ -480,7 +483,12 @@ fn a_primary_reset_releases_the_device_s_allocations() {
     let dir = tempfile::tempdir().unwrap();
     let p = Process::new(&cfg(dir.path(), "1g"), 8004, 0).unwrap();
     p.ctx_size[0].store(10 * M, SeqCst);
-    assert!(super::limit::reserve_committed(&p.att, 0, 10 * M, Kind::Context));
+    assert!(super::limit::reserve_committed(
+        &p.att,
+        0,
+        10 * M,
+        Kind::Context
+    ));
     let mut retained = 1;
     for (i, t) in [&p.ptrs, &p.handles, &p.arrays].into_iter().enumerate() {
         let rc = counted(&p, t, 0, 20 * M, Kind::Data, || {
@@ -510,7 +518,12 @@ fn a_context_destroy_releases_only_that_context_s_allocations() {
     let (a, b) = (0xa000, 0xb000);
     let mut key = 0x100;
     let mut add = |t: &super::track::Tracker, ctx: u64, bytes: u64| {
-        assert!(super::limit::reserve_committed(&p.att, 0, bytes, Kind::Data));
+        assert!(super::limit::reserve_committed(
+            &p.att,
+            0,
+            bytes,
+            Kind::Data
+        ));
         key += 1;
         t.insert(
             key,

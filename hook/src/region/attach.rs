@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use vgpu_common::proc_identity::ProcIdentity;
 use vgpu_common::lock;
+use vgpu_common::proc_identity::ProcIdentity;
 use vgpu_common::region::{
     ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
 };

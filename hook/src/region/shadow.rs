@@ -219,7 +219,12 @@ mod tests {
             .unwrap();
         let sibling = Attachment::open(&cfg, other.id() as i32).unwrap();
         assert_ne!(sibling.slot_index(), att.slot_index());
-        assert!(crate::memory::limit::reserve_committed(&att, 0, 600 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve_committed(
+            &att,
+            0,
+            600 * M,
+            Kind::Data
+        ));
         att.add_unchecked(0, 64 * M, Kind::Context);
         crate::memory::limit::release(&att, 0, 100 * M, Kind::Data);
         assert!(crate::memory::limit::reserve_committed(
@@ -264,7 +269,12 @@ mod tests {
             !crate::memory::limit::reserve_committed(&att, 0, 100 * M, Kind::Data),
             "past the limit"
         );
-        assert!(crate::memory::limit::reserve_committed(&att, 0, 50 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve_committed(
+            &att,
+            0,
+            50 * M,
+            Kind::Data
+        ));
         let _ = other.kill();
         let _ = other.wait();
     }

@@ -107,7 +107,10 @@ mod tests {
         }
         // Guaranteed pods sit directly under kubepods.slice.
         let p = format!("/kubepods.slice/kubepods-pod{uid_}.slice/cri-containerd-{CID}.scope");
-        assert_eq!(ContainerIdentity::from_cgroup_path(&p).pod_uid.as_deref(), Some(UID));
+        assert_eq!(
+            ContainerIdentity::from_cgroup_path(&p).pod_uid.as_deref(),
+            Some(UID)
+        );
     }
 
     #[test]
@@ -116,6 +119,9 @@ mod tests {
         assert_eq!((id.pod_uid, id.container_id.as_deref()), (None, Some(CID)));
         let id = ContainerIdentity::from_cgroup_path("/user.slice/user-0.slice/session-1.scope");
         assert_eq!((id.pod_uid, id.container_id), (None, None));
-        assert_eq!(ContainerIdentities::default().of(0), ContainerIdentity::default());
+        assert_eq!(
+            ContainerIdentities::default().of(0),
+            ContainerIdentity::default()
+        );
     }
 }

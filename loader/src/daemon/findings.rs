@@ -7,8 +7,8 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::check::{Excess, Observation, Source};
-use super::hostpid::Miss;
 use super::container_identity::ContainerIdentity;
+use super::hostpid::Miss;
 
 /// Name of the state file under `--state-dir`.
 pub const FILE_NAME: &str = "findings.json";

@@ -17,8 +17,8 @@ use prometheus_client::registry::Registry;
 use vgpu_common::event::ProcCounters;
 use vgpu_common::region::rules;
 
-use super::findings::{Finding, Kind};
 use super::container_identity::ContainerIdentity;
+use super::findings::{Finding, Kind};
 use super::nvml::DeviceSample;
 use super::region_cache::Overruns;
 

@@ -34,8 +34,8 @@ use vgpu_common::env::TASK_PRIORITY;
 use vgpu_common::node::{NodeView, MEMBERS, SIZE as TABLE_SIZE};
 use vgpu_common::sidecar;
 
-use super::findings::{Finding, Kind};
 use super::container_identity::ContainerIdentity;
+use super::findings::{Finding, Kind};
 use super::integrity::expected::lookup;
 use super::integrity::spec::{self, SpecPattern};
 use super::procfs::Procfs;

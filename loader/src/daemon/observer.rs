@@ -11,10 +11,10 @@ use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::check::{excess, Observation, Streaks, Thresholds};
+use super::container_identity::{ContainerIdentities, ContainerIdentity};
 use super::exposition::Exposition;
 use super::findings::{self, Finding, Kind, Subject};
 use super::hostpid::{self, Miss, SlotRef};
-use super::container_identity::{ContainerIdentities, ContainerIdentity};
 use super::integrity::{self, Integrity, ProcInput};
 use super::launches::Ledger;
 use super::libs::LibWatch;

@@ -63,7 +63,8 @@ mod tests {
 
     #[test]
     fn the_kernel_decides_and_a_matching_directory_names_the_container() {
-        let in_a = ContainerIdentity::from_cgroup_path(&format!("/kubepods/burstable/pod{POD_A}/{CID}"));
+        let in_a =
+            ContainerIdentity::from_cgroup_path(&format!("/kubepods/burstable/pod{POD_A}/{CID}"));
         let outside = ContainerIdentity::from_cgroup_path("/system.slice/job.scope");
         // Kernel and HAMi's directory agree: both labels.
         assert_eq!(

@@ -50,7 +50,12 @@ pub fn bounded_label(v: String, max: usize) -> (String, bool) {
 /// the device's `vdevice_index` and `device_uuid` follow per device), then
 /// vgpu's. `name` is the pod's, `owner` says whose the region is
 /// ([`region_owner`]), `id` is the cgroup identity of a process using it.
-pub fn labels(name: Option<&PodName>, owner: RegionOwner, id: &ContainerIdentity, region: &Path) -> Labels {
+pub fn labels(
+    name: Option<&PodName>,
+    owner: RegionOwner,
+    id: &ContainerIdentity,
+    region: &Path,
+) -> Labels {
     vec![
         (
             "namespace".to_owned(),

@@ -215,8 +215,9 @@ impl Mappers {
         if hostpid > 0 {
             let alive = proc_alive(i64::from(hostpid));
             let recorded = slot.pidns != 0 || slot.start != 0;
-            let same =
-                || ProcIdentity::read(Path::new("/proc"), hostpid, pid).matches(slot.pidns, slot.start);
+            let same = || {
+                ProcIdentity::read(Path::new("/proc"), hostpid, pid).matches(slot.pidns, slot.start)
+            };
             if !alive || !recorded || same() {
                 return Alive {
                     alive,

@@ -6,11 +6,11 @@ use std::sync::atomic::Ordering::SeqCst;
 use vgpu_common::region::MAX_DEVICES;
 
 use super::expected::Limits;
-use vgpu_common::region::rules::sm_limit_shown;
 use super::overrides::FileKey;
 use super::{enforce, RegionAccess};
 use crate::daemon::findings::LimitMismatch;
 use crate::daemon::region_cache::RegionCache;
+use vgpu_common::region::rules::sm_limit_shown;
 
 impl RegionAccess for RegionCache {
     fn limits(&self, key: &FileKey) -> Option<Limits> {

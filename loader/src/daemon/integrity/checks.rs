@@ -10,8 +10,8 @@ use super::expected::Expected;
 use super::overrides::FileKey;
 use super::report::{base, describe, short};
 use super::{Integrity, OwnEnv, ProcInput, RegionAccess, Subject, OVER_SCANS};
-use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
 use crate::daemon::container_identity::ContainerIdentity;
+use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
 use crate::regions::summary::bytes;
 
 impl Integrity {

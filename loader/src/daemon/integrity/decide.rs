@@ -5,8 +5,8 @@
 use vgpu_common::region::MAX_DEVICES;
 
 use super::expected::Limits;
-use vgpu_common::region::rules::{memory_limit, SM_UNLIMITED};
 use crate::daemon::findings::{Kind, LimitMismatch, LimitName};
+use vgpu_common::region::rules::{memory_limit, SM_UNLIMITED};
 
 /// What the daemon does about a violation (`--on-violation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -106,9 +106,9 @@ fn differing(expected: &Limits, found: &Limits, cmp: Compare) -> Vec<LimitMismat
 /// when one of them has no memory limit.
 pub fn allowance(expected: &Limits, devices: usize) -> Option<u64> {
     let n = devices.clamp(1, MAX_DEVICES);
-    expected.mem[..n]
-        .iter()
-        .try_fold(0u64, |acc, &m| memory_limit(m).map(|m| acc.saturating_add(m)))
+    expected.mem[..n].iter().try_fold(0u64, |acc, &m| {
+        memory_limit(m).map(|m| acc.saturating_add(m))
+    })
 }
 
 /// How many GPUs a container's limits apply to, from facts the tenant
@@ -266,7 +266,9 @@ mod tests {
         );
         let unset = looser(&want, &limits(0, SM_UNLIMITED));
         assert_eq!(unset.len(), 2 * MAX_DEVICES);
-        assert!(unset.iter().all(|m| m.found == 0 || m.found == SM_UNLIMITED));
+        assert!(unset
+            .iter()
+            .all(|m| m.found == 0 || m.found == SM_UNLIMITED));
         assert_eq!(looser(&want, &limits(2 * G, 30)).len(), MAX_DEVICES);
         assert_eq!(looser(&want, &limits(G, 40)).len(), MAX_DEVICES);
         // Nothing expected: nothing can be looser.

@@ -44,7 +44,8 @@ impl Limits {
 
     /// Whether any device has a memory or SM limit.
     pub fn any(&self) -> bool {
-        self.mem.iter().any(|&m| memory_limit(m).is_some()) || self.sm.iter().any(|&s| s != SM_UNLIMITED)
+        self.mem.iter().any(|&m| memory_limit(m).is_some())
+            || self.sm.iter().any(|&s| s != SM_UNLIMITED)
     }
 }
 

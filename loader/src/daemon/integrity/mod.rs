@@ -37,8 +37,8 @@ use self::expected::{Expected, Limits};
 use self::overrides::FileKey;
 use self::report::{short, show_mem};
 use self::spec::SpecPattern;
-use super::findings::{Finding, Kind, LimitMismatch};
 use super::container_identity::ContainerIdentity;
+use super::findings::{Finding, Kind, LimitMismatch};
 use super::procfs::Procfs;
 
 /// A spec that was not found is looked for again after this long.

@@ -1,10 +1,10 @@
 //! How integrity findings read: the common fields and the sentences.
 
-use vgpu_common::region::rules::SM_UNLIMITED;
 use super::ProcInput;
-use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
 use crate::daemon::container_identity::ContainerIdentity;
+use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
 use crate::regions::summary::bytes;
+use vgpu_common::region::rules::SM_UNLIMITED;
 
 /// A finding with the process and container fields filled.
 pub(super) fn base(

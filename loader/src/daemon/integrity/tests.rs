@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use vgpu_common::region::MAX_DEVICES;
 
 use super::decide::Policy;
-use super::expected::{self, Limits};
+use super::expected::Limits;
 use super::overrides::{self, FileKey};
 use super::{Config, Integrity, ProcInput, RegionAccess};
-use crate::daemon::findings::{Kind, LimitMismatch, LimitName};
 use crate::daemon::container_identity::ContainerIdentity;
+use crate::daemon::findings::{Kind, LimitMismatch, LimitName};
 use crate::daemon::procfs::Procfs;
 
 const G: u64 = 1 << 30;
