@@ -10,7 +10,7 @@ use std::time::Duration;
 use vgpu_common::lock;
 use vgpu_common::proc_identity::ProcIdentity;
 use vgpu_common::region::{
-    ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
+    rules, ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
 };
 use vgpu_common::view::{RegionError, RegionFile};
 
@@ -330,7 +330,8 @@ fn check_existing(r: &SharedRegion, cfg: &Config) {
     let differs: Vec<String> = (0..MAX_DEVICES)
         .filter_map(|dev| {
             let (have, want) = (r.limit[dev].load(SeqCst), cfg.mem_limit[dev]);
-            (want != 0 && have != want).then(|| format!("device {dev}: {have} (asked {want})"))
+            (rules::memory_limit(want).is_some() && have != want)
+                .then(|| format!("device {dev}: {have} (asked {want})"))
         })
         .collect();
     if !differs.is_empty() {

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES};
+use vgpu_common::region::{rules, status, ProcSlot, SharedRegion, MAX_DEVICES};
 
 use super::container_identity::{ContainerIdentities, ContainerIdentity};
 use super::launches::Ledger;
@@ -250,7 +250,11 @@ pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
                 .saturating_add(s.device_util[d].sm_util.load(SeqCst));
         }
     }
-    devs.retain(|d| d.index < device_num || d.total != 0 || (device_num == 0 && d.limit != 0));
+    devs.retain(|d| {
+        d.index < device_num
+            || d.total != 0
+            || (device_num == 0 && rules::memory_limit(d.limit).is_some())
+    });
     // Only for the devices shown: a scan of thousands of regions makes
     // no string for the other 15.
     for d in &mut devs {

@@ -253,11 +253,7 @@ pub fn table(rows: &[Row], width: usize) -> Vec<String> {
             let tail: String = name.chars().rev().take(name_w - 1).collect();
             name = format!("…{}", tail.chars().rev().collect::<String>());
         }
-        let limit = if r.memory_limit_bytes == 0 {
-            "none".to_owned()
-        } else {
-            bytes(r.memory_limit_bytes)
-        };
+        let limit = rules::memory_limit(r.memory_limit_bytes).map_or("none".to_owned(), bytes);
         let sm_limit = if rules::sm_limit(r.sm_limit_percent).is_none() {
             "none".to_owned()
         } else {

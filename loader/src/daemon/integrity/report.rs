@@ -4,7 +4,7 @@ use super::ProcInput;
 use crate::daemon::container_identity::ContainerIdentity;
 use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
 use crate::regions::summary::bytes;
-use vgpu_common::region::rules::SM_UNLIMITED;
+use vgpu_common::region::rules::{memory_limit, SM_UNLIMITED};
 
 /// A finding with the process and container fields filled.
 pub(super) fn base(
@@ -28,11 +28,7 @@ pub(super) fn short(id: &str) -> &str {
 }
 
 pub(super) fn show_mem(v: u64) -> String {
-    if v == 0 {
-        "none".to_owned()
-    } else {
-        bytes(v)
-    }
+    memory_limit(v).map_or("none".to_owned(), bytes)
 }
 
 pub(super) fn show_sm(v: u64) -> String {
