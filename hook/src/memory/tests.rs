@@ -478,6 +478,27 @@ fn an_exact_size_is_shared_and_then_reserved_before_creation() {
     refused_before_creating(&b, &fake);
 }
 
+/// A reservation counts at once; dropped uncommitted (an error path) it
+/// takes its bytes back, committed it keeps them until the free.
+#[test]
+fn a_reservation_is_taken_back_when_dropped_unless_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "1g"), 8006, 0).unwrap();
+    let r = super::limit::reserve(&p.att, 0, 100 * M, Kind::Data).unwrap();
+    assert_eq!(used(&p, 0), 100 * M);
+    drop(r);
+    assert_eq!(used(&p, 0), 0);
+    super::limit::reserve(&p.att, 0, 100 * M, Kind::Data)
+        .unwrap()
+        .commit();
+    assert_eq!(used(&p, 0), 100 * M);
+    // Over the limit: nothing counted, nothing to take back.
+    assert!(super::limit::reserve(&p.att, 0, 1024 * M, Kind::Data).is_none());
+    assert_eq!(used(&p, 0), 100 * M);
+    super::limit::release(&p.att, 0, 100 * M, Kind::Data);
+    assert_eq!(used(&p, 0), 0);
+}
+
 #[test]
 fn a_primary_reset_releases_the_device_s_allocations() {
     let dir = tempfile::tempdir().unwrap();
