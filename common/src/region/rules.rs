@@ -47,7 +47,7 @@ pub const fn memory_limit(raw: u64) -> Option<u64> {
 /// The container's usage of `dev`: `total` summed over the live slots
 /// (`pid` not 0) of `slots`. Which slots to sum is the caller's: the hook
 /// covers every slot it has seen in use, the daemon `proc_num`'s.
-pub fn container_used(slots: &[ProcSlot], dev: usize) -> u64 {
+pub fn used_by_slots(slots: &[ProcSlot], dev: usize) -> u64 {
     if dev >= MAX_DEVICES {
         return 0;
     }

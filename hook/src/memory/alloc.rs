@@ -68,7 +68,7 @@ pub fn mem_alloc_pitch(
     let ptr = read(dptr).unwrap_or(0);
     let actual = (read(pitch).unwrap_or(0) as u64).saturating_mul(height as u64);
     if actual < bound {
-        limit::release(&p.att, dev, bound - actual, Kind::Data);
+        limit::release_counted(&p.att, dev, bound - actual, Kind::Data);
     } else if actual > bound {
         let Some(more) = limit::reserve(&p.att, dev, actual - bound, Kind::Data) else {
             let _ = uncounted(p, &p.ptrs, ptr, || status(mem::free(ptr)));

@@ -306,7 +306,7 @@ fn primary_release(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
         if counts[d] == 0 {
             let size = p.ctx_size[d].load(SeqCst);
             if size != UNKNOWN {
-                limit::release(&p.att, d, size, Kind::Context);
+                limit::release_counted(&p.att, d, size, Kind::Context);
             }
         }
     }
@@ -339,7 +339,7 @@ pub fn released_by_reset(p: &Process, d: usize, retained: &mut u32) {
         *retained = 0;
         let size = p.ctx_size[d].load(SeqCst);
         if size != UNKNOWN {
-            limit::release(&p.att, d, size, Kind::Context);
+            limit::release_counted(&p.att, d, size, Kind::Context);
         }
     }
     if p.contexts.any(|e| e.dev == d) {
@@ -380,7 +380,7 @@ pub fn released_by_reset(p: &Process, d: usize, retained: &mut u32) {
 /// Releases what `freed` counted; returns the bytes.
 fn release_all(p: &Process, freed: &[Entry]) -> u64 {
     for e in freed {
-        limit::release(&p.att, e.dev, e.bytes, e.kind);
+        limit::release_counted(&p.att, e.dev, e.bytes, e.kind);
     }
     freed.iter().map(|e| e.bytes).sum()
 }

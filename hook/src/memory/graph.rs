@@ -64,7 +64,7 @@ pub fn graph_destroy(g: CUgraph) -> CUresult {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(g as usize));
         for e in entries.into_iter().flatten() {
-            limit::release(&p.att, e.dev, e.bytes, e.kind);
+            limit::release_counted(&p.att, e.dev, e.bytes, e.kind);
         }
     }
     rc

@@ -33,7 +33,7 @@ pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_u
     };
     r.commit();
     if let Some(old) = p.ptrs.insert(ptr, Entry::here(dev, bytes, Kind::Data)) {
-        limit::release(&p.att, old.dev, old.bytes, old.kind);
+        limit::release_counted(&p.att, old.dev, old.bytes, old.kind);
     }
     rc
 }

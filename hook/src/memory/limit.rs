@@ -6,7 +6,7 @@
 //! taken back when dropped (the driver call failed, the caller returned
 //! early) unless committed, so no error path can leak a count. This module
 //! is the one writer of the process's own counters: [`reserve`] on the way
-//! in, [`release`] (a free) on the way out, each updating the slot and the
+//! in, [`release_counted`] (a free) on the way out, each updating the slot and the
 //! shadow together. The shared words themselves (slot counters, limits) are
 //! `crate::region::usage`'s.
 //!
@@ -45,7 +45,7 @@ pub struct Reservation<'a> {
 
 impl Reservation<'_> {
     /// Keeps the bytes counted; the free of the object releases them
-    /// ([`release`]).
+    /// ([`release_counted`]).
     #[inline]
     pub fn commit(self) {
         std::mem::forget(self);
@@ -54,7 +54,7 @@ impl Reservation<'_> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        release(self.att, self.dev, self.bytes, self.kind);
+        release_counted(self.att, self.dev, self.bytes, self.kind);
     }
 }
 
@@ -116,7 +116,7 @@ pub fn reserve_committed(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -
 
 /// Takes back `bytes` of `kind` on `dev` that a committed [`Reservation`]
 /// counted (the object was freed), from the slot and the shadow.
-pub fn release(att: &Attachment, dev: usize, bytes: u64, kind: Kind) {
+pub fn release_counted(att: &Attachment, dev: usize, bytes: u64, kind: Kind) {
     if let Some(s) = att.region().procs.get(att.slot_index()) {
         usage::sub(s, dev, bytes, kind);
         att.note_released(dev, bytes, kind);

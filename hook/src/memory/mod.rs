@@ -78,7 +78,7 @@ pub fn counted_as(
     r.commit();
     if let Some(old) = tracker.insert(key, e) {
         // The driver handed out a key we still track: its free escaped us.
-        limit::release(&p.att, old.dev, old.bytes, old.kind);
+        limit::release_counted(&p.att, old.dev, old.bytes, old.kind);
     }
     rc
 }
@@ -95,7 +95,7 @@ pub fn uncounted(
     let rc = call();
     if let Some(e) = entry {
         if rc == CUDA_SUCCESS {
-            limit::release(&p.att, e.dev, e.bytes, e.kind);
+            limit::release_counted(&p.att, e.dev, e.bytes, e.kind);
         } else {
             tracker.insert(key, e);
         }

@@ -170,7 +170,7 @@ fn counters_never_underflow_and_total_stays_the_sum() {
     let p = Process::new(&cfg(dir.path(), "0"), 4244, 0).unwrap();
     p.att.add_unchecked(1, 5, Kind::Context);
     p.att.add_unchecked(1, 7, Kind::Data);
-    super::limit::release(&p.att, 1, 100, Kind::Data);
+    super::limit::release_counted(&p.att, 1, 100, Kind::Data);
     let m = &p.att.region().procs[p.att.slot_index()].used[1];
     assert_eq!(m.data_size.load(SeqCst), 0);
     assert_eq!(m.context_size.load(SeqCst), 5);
@@ -495,7 +495,7 @@ fn a_reservation_is_taken_back_when_dropped_unless_committed() {
     // Over the limit: nothing counted, nothing to take back.
     assert!(super::limit::reserve(&p.att, 0, 1024 * M, Kind::Data).is_none());
     assert_eq!(used(&p, 0), 100 * M);
-    super::limit::release(&p.att, 0, 100 * M, Kind::Data);
+    super::limit::release_counted(&p.att, 0, 100 * M, Kind::Data);
     assert_eq!(used(&p, 0), 0);
 }
 

@@ -231,7 +231,7 @@ impl Attachment {
         self.shadow.add(dev, bytes, kind);
     }
 
-    /// Mirrors in the shadow what `crate::memory::limit::release` just
+    /// Mirrors in the shadow what `crate::memory::limit::release_counted` just
     /// took back from this process's slot.
     pub fn note_released(&self, dev: usize, bytes: u64, kind: Kind) {
         self.shadow.sub(dev, bytes, kind);

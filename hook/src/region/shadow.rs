@@ -226,7 +226,7 @@ mod tests {
             Kind::Data
         ));
         att.add_unchecked(0, 64 * M, Kind::Context);
-        crate::memory::limit::release(&att, 0, 100 * M, Kind::Data);
+        crate::memory::limit::release_counted(&att, 0, 100 * M, Kind::Data);
         assert!(crate::memory::limit::reserve_committed(
             &sibling,
             0,

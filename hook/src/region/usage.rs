@@ -87,10 +87,10 @@ pub fn sub(slot: &ProcSlot, dev: usize, bytes: u64, kind: Kind) {
     }
 }
 
-/// The container's usage of `dev` ([`rules::container_used`] over every
+/// The container's usage of `dev` ([`rules::used_by_slots`] over every
 /// slot seen in use).
 pub fn container_used(region: &SharedRegion, dev: usize) -> u64 {
-    rules::container_used(summed(region), dev)
+    rules::used_by_slots(summed(region), dev)
 }
 
 /// The limit of `dev` in bytes ([`rules::memory_limit`]).

@@ -42,7 +42,7 @@ pub struct RegionDevice {
     /// Kernel and graph launches the container's processes counted
     /// (monotonic: `launches::Ledger`).
     pub launches: u64,
-    /// The region's `sm_limit` (0 or 100: none).
+    /// The region's raw `sm_limit` (`rules::sm_limit` says what it means).
     pub sm_limit: u64,
 }
 

@@ -358,7 +358,7 @@ impl Observer {
         let now_ms = findings::now_ms();
         let mut out = self.judge_processes(nv.as_ref(), now_ms);
         let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
-        region_view::write_sm_util(&self.cache, &views.sm_util);
+        region_view::write_measured_sm_util(&self.cache, &views.sm_util);
         self.cache.evict_idle(Duration::from_secs(60));
         let untracked = untracked_by_container(&out);
         out.extend(self.check_and_restore_limits(nv.as_ref(), now_ms));
@@ -690,7 +690,7 @@ impl Observer {
 
     /// One view per open region. `devices` (NVML) gives each container's
     /// utilization, and the per-slot values to write into the slots of
-    /// devices the region does not SM-limit (`region_view::write_sm_util`).
+    /// devices the region does not SM-limit (`region_view::write_measured_sm_util`).
     fn region_views(&mut self, devices: &[DeviceSample]) -> region_view::Views {
         self.pods.refresh();
         let util = Utilization::new(

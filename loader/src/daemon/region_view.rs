@@ -102,7 +102,7 @@ pub struct Views {
     pub measured: Vec<Measured>,
     /// Containers with a label value shortened to its bound.
     pub labels_shortened: usize,
-    /// The slots' measured `sm_util` to write ([`write_sm_util`]).
+    /// The slots' measured `sm_util` to write ([`write_measured_sm_util`]).
     pub sm_util: Vec<SmUtilWrite>,
 }
 
@@ -122,7 +122,7 @@ pub struct SmUtilWrite {
 /// Writes each measured `sm_util` of [`Views::sm_util`] into its slot,
 /// where HAMi's monitor reads it (the only write into tenants' regions of
 /// a scan's views).
-pub fn write_sm_util(cache: &RegionCache, writes: &[SmUtilWrite]) {
+pub fn write_measured_sm_util(cache: &RegionCache, writes: &[SmUtilWrite]) {
     for w in writes {
         let Some(r) = cache.get(&w.region) else {
             continue;
@@ -138,7 +138,7 @@ pub fn write_sm_util(cache: &RegionCache, writes: &[SmUtilWrite]) {
 /// bound), per-device sums, launches (`launches` keeps them monotonic) and
 /// the utilization `util` gives, with the per-slot values to write into
 /// the slots of devices the region does not SM-limit (written by
-/// [`write_sm_util`], not here: the regions are only read).
+/// [`write_measured_sm_util`], not here: the regions are only read).
 pub fn views(
     cache: &RegionCache,
     ids: &mut ContainerIdentities,

@@ -53,7 +53,7 @@ pub struct DeviceSummary {
     pub uuid: String,
     /// Bytes; 0 = no limit.
     pub limit_bytes: u64,
-    /// Percent; 0 or 100 = no limit.
+    /// Percent, 100 = no limit (`rules::sm_limit_shown` of the region's value).
     pub sm_limit_percent: u64,
     /// Sum of `total` over slots with a nonzero pid (what the hook checks
     /// the limit against).
@@ -227,7 +227,7 @@ impl RegionSummary {
             slots.push(s);
         }
         let used: [u64; MAX_DEVICES] =
-            std::array::from_fn(|d| rules::container_used(r.active_slots(), d));
+            std::array::from_fn(|d| rules::used_by_slots(r.active_slots(), d));
         let devices = (0..MAX_DEVICES)
             .filter(|&d| {
                 (d as u64) < device_num

@@ -86,7 +86,7 @@ pub fn set_limit(
             device: d,
             old: cells[d].load(SeqCst),
             new: value,
-            used_bytes: rules::container_used(r.active_slots(), d),
+            used_bytes: rules::used_by_slots(r.active_slots(), d),
         });
     }
     Ok(out)
