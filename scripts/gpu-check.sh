@@ -21,7 +21,7 @@
 #                                        (VARIANTS="name=/path/libvgpu.so ...": other builds at limit 90)
 #   bash scripts/gpu-check.sh pyab       the same loop in one process, its limit flipped on and off
 #                                        (paired: host drift cancels); VARIANTS as above
-#   bash scripts/gpu-check.sh prio       a latency-bound service beside a trainer (issue 16): service
+#   bash scripts/gpu-check.sh prio       a latency-bound service beside a trainer: service
 #                                        p50/p99 and trainer throughput alone, unlimited, at 30/70 and
 #                                        with priorities 0/1 (VARIANTS: other builds at 30/70 too;
 #                                        PRIO_EXTRA=1: also with HAMi's monitor's feedback loop

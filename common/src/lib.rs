@@ -20,13 +20,13 @@ pub mod clock;
 #[cfg(feature = "std")]
 pub mod devices;
 #[cfg(feature = "std")]
-pub mod identity;
-#[cfg(feature = "std")]
 pub mod limit;
 #[cfg(feature = "std")]
 pub mod lock;
 #[cfg(feature = "std")]
 pub mod node;
+#[cfg(feature = "std")]
+pub mod proc_identity;
 #[cfg(feature = "std")]
 pub mod reclaim;
 #[cfg(feature = "std")]

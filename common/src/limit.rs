@@ -7,6 +7,7 @@
 //! worse than none, so vgpu accepts exactly `<decimal digits>[k|K|m|M|g|G]`
 //! and reports everything else as an error naming the variable.
 
+use crate::region::rules::{sm_limit_shown, SM_UNLIMITED};
 use crate::region::MAX_DEVICES;
 
 /// Why a limit value was refused.
@@ -58,7 +59,8 @@ pub fn parse_size(var: &str, value: &str) -> Result<u64, LimitError> {
         .ok_or_else(|| err(|var, value| LimitError::Overflow { var, value }))
 }
 
-/// Parses an SM share in percent. `0` means "no limit" (HAMi), returned as 100.
+/// Parses an SM share in percent. `0` means "no limit" (HAMi), returned as
+/// [`SM_UNLIMITED`].
 pub fn parse_percent(var: &str, value: &str) -> Result<u64, LimitError> {
     let bad = || LimitError::Percent {
         var: var.to_owned(),
@@ -73,8 +75,7 @@ pub fn parse_percent(var: &str, value: &str) -> Result<u64, LimitError> {
         return Err(bad());
     }
     match value.parse::<u64>() {
-        Ok(0) => Ok(100),
-        Ok(n) if n <= 100 => Ok(n),
+        Ok(n) if n <= SM_UNLIMITED => Ok(sm_limit_shown(n)),
         _ => Err(bad()),
     }
 }

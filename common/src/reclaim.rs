@@ -14,7 +14,7 @@ use core::mem::{offset_of, size_of};
 use core::sync::atomic::AtomicU64;
 use core::sync::atomic::Ordering::SeqCst;
 
-use crate::identity::Identity;
+use crate::proc_identity::ProcIdentity;
 use crate::region::{status, ProcSlot, SharedRegion, MAX_DEVICES};
 use crate::region_io::{slot_offset, IoError, RegionIo};
 
@@ -27,7 +27,7 @@ use crate::region_io::{slot_offset, IoError, RegionIo};
 /// The caller makes sure the look-up names the slot's process by its PID:
 /// `/proc/<hostpid>` on the host, or `/proc/<pid>` of the slot's own PID
 /// namespace. Anything it cannot read is not a death.
-pub fn is_dead(recorded: &Identity, now: Option<&Identity>) -> bool {
+pub fn is_dead(recorded: &ProcIdentity, now: Option<&ProcIdentity>) -> bool {
     now.is_none_or(|now| !now.matches(recorded.pidns, recorded.start))
 }
 
@@ -223,8 +223,8 @@ mod tests {
     use crate::view::RegionFile;
     use std::sync::atomic::Ordering::Relaxed;
 
-    fn id(pid: i32, pidns: u64, start: u64) -> Identity {
-        Identity { pid, pidns, start }
+    fn id(pid: i32, pidns: u64, start: u64) -> ProcIdentity {
+        ProcIdentity { pid, pidns, start }
     }
 
     #[test]

@@ -12,6 +12,8 @@
 use core::mem::{align_of, offset_of, size_of};
 use core::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, AtomicU8};
 
+pub mod rules;
+
 /// `initialized_flag` of a ready region (`0x012FF74E`).
 pub const MAGIC: i32 = 19_920_718;
 /// HAMi's monitor refuses any other major version.
@@ -122,9 +124,9 @@ pub struct SharedRegion {
     pub sem: [AtomicU32; 8],
     pub device_num: AtomicU64,
     pub uuids: [[AtomicU8; UUID_LEN]; MAX_DEVICES],
-    /// Bytes; 0 = no limit.
+    /// Bytes; 0 = no limit ([`rules::memory_limit`]).
     pub limit: [AtomicU64; MAX_DEVICES],
-    /// Percent; 0 or >= 100 = no limit.
+    /// Percent; 0 or >= 100 = no limit ([`rules::sm_limit`]).
     pub sm_limit: [AtomicU64; MAX_DEVICES],
     pub procs: [ProcSlot; MAX_PROCS],
     pub proc_num: AtomicI32,

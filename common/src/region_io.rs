@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use memmap2::{Advice, MmapMut};
 
-use crate::identity::Identity;
+use crate::proc_identity::ProcIdentity;
 use crate::region::{ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_PROCS, REGION_SIZE};
 
 /// Why a region could not be read or written.
@@ -288,7 +288,7 @@ impl RegionIo {
     }
 
     /// The identity slot `i` records (`pid`, `pidns`, `start`), read now.
-    pub fn slot_identity(&self, i: usize) -> Result<Identity, IoError> {
+    pub fn slot_identity(&self, i: usize) -> Result<ProcIdentity, IoError> {
         let i = i.min(MAX_PROCS - 1);
         let base = slot_offset(i);
         let mut pid = [0u8; 4];
@@ -299,7 +299,7 @@ impl RegionIo {
         self.read_exact_at(&mut id, base + offset_of!(ProcSlot, pidns) as u64)?;
         let (ns, start) = id.split_at(8);
         let word = |b: &[u8]| b.try_into().map(u64::from_le_bytes).unwrap_or(0);
-        Ok(Identity {
+        Ok(ProcIdentity {
             pid: i32::from_le_bytes(pid),
             pidns: word(ns),
             start: word(start),
@@ -477,7 +477,7 @@ mod tests {
         io.write_u64(slot_offset(1) + 1952, 99).unwrap();
         assert_eq!(
             io.slot_identity(1).unwrap(),
-            Identity {
+            ProcIdentity {
                 pid: 3,
                 pidns: 0xabc,
                 start: 99

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use vgpu_common::env as names;
 use vgpu_common::limit::{device_limits, parse_percent, parse_size, LimitError};
+use vgpu_common::region::rules::SM_UNLIMITED;
 use vgpu_common::region::{policy, MAX_DEVICES};
 
 #[derive(Debug, Clone)]
@@ -42,7 +43,7 @@ impl Config {
 
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
         let mem = device_limits(names::MEMORY_LIMIT, 0, parse_size, &lookup);
-        let sm = device_limits(names::SM_LIMIT, 100, parse_percent, &lookup);
+        let sm = device_limits(names::SM_LIMIT, SM_UNLIMITED, parse_percent, &lookup);
         let mut other_errors = Vec::new();
         let priority_stated = lookup(names::TASK_PRIORITY).is_some();
         let priority = match lookup(names::TASK_PRIORITY) {

@@ -74,14 +74,11 @@ fn virtualise(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64
     let p = process()?;
     let r = p.att.region();
     let i = container_index(r, dev)?;
-    let limit = usage::limit(r, i);
-    if limit == 0 {
-        return None;
-    }
+    let limit = usage::limit(r, i)?;
     // Processes that exited since still fill their slots until reclaimed.
     p.att.reclaim_now_and_then();
     let used = usage::container_used(r, i);
-    let (free, total) = virtual_info(limit, used, phys_free, phys_total);
+    let (free, total) = virtual_info(Some(limit), used, phys_free, phys_total);
     Some((total, free, used))
 }
 

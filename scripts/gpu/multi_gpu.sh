@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Multi-GPU checks (issue 20) on a machine with two GPUs. Needs DIST (vgpu,
+# Multi-GPU checks on a machine with two GPUs. Needs DIST (vgpu,
 # libvgpu.so), this checkout's tests/c and scripts/gpu, PyTorch with NCCL.
 #   DIST=... bash scripts/gpu/multi_gpu.sh [parts]   parts: any of mem torch smi nccl sm trace (default all),
 #   and ncclcount (stage by stage, NCCL's memory against the hook's count; not in the default)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-GPU check of the observability work (issue 18): nvidia-smi inside a
+# Real-GPU check of what the daemon and `vgpu top` observe: nvidia-smi inside a
 # PID-namespaced hooked container, the daemon's per-container utilization
 # of an unlimited matmul container vs nvidia-smi's device utilization, and
 # a capture of `vgpu top`. Needs DIST (vgpu, libvgpu.so) and tests/c.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A latency-bound service beside a trainer (issue 16), on a real GPU.
+"""A latency-bound service beside a trainer, on a real GPU.
 
   svc_bench.py service --seconds S   every 20 ms: 4 bf16 2048x2048 matmuls and a
                                      synchronize (a small inference request); prints

@@ -9,19 +9,12 @@
 #include <string.h>
 #include <time.h>
 #include "cuda_min.h"
+#define CHECK_OUT stderr
+#include "check.h"
 
 static const char PTX[] =
     ".version 8.0\n.target sm_80\n.address_size 64\n"
     ".visible .entry busy_0ns()\n{\n\tret;\n}\n";
-
-#define CHECK(call)                                                   \
-    do {                                                              \
-        CUresult r_ = (call);                                         \
-        if (r_ != CUDA_SUCCESS) {                                     \
-            fprintf(stderr, "%s failed: %d\n", #call, (int)r_);       \
-            return 1;                                                 \
-        }                                                             \
-    } while (0)
 
 /* The simulated driver's count of driver calls; absent (NULL) elsewhere. */
 extern unsigned long long simgpu_driver_calls(void) __attribute__((weak));

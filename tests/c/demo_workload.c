@@ -4,19 +4,11 @@
 #include <stdio.h>
 #include <unistd.h>
 #include "cuda_min.h"
+#include "check.h"
 
 static const char PTX[] =
     ".version 8.0\n.target sm_80\n.address_size 64\n"
     ".visible .entry busy_100us()\n{\n\tret;\n}\n";
-
-#define CHECK(call)                                                   \
-    do {                                                              \
-        CUresult r_ = (call);                                         \
-        if (r_ != CUDA_SUCCESS) {                                     \
-            printf("%s failed: %d\n", #call, (int)r_);                \
-            return 1;                                                 \
-        }                                                             \
-    } while (0)
 
 int main(void) {
     CUdevice dev;

@@ -17,20 +17,11 @@
 #include <string.h>
 #include <unistd.h>
 #include "cuda_min.h"
+#include "check.h"
 
 static const char PTX[] = ".version 8.0\n.target sm_80\n.address_size 64\n";
 static volatile sig_atomic_t usr1_calls;
 static volatile int stop;
-
-#define CHECK(call)                                                   \
-    do {                                                              \
-        CUresult r_ = (call);                                         \
-        if (r_ != CUDA_SUCCESS) {                                     \
-            printf("%s failed: %d\n", #call, (int)r_);                \
-            fflush(stdout);                                           \
-            return 1;                                                 \
-        }                                                             \
-    } while (0)
 
 static void on_usr1(int sig) {
     (void)sig;

@@ -31,17 +31,10 @@
 #include <time.h>
 #include <unistd.h>
 #include "cuda_min.h"
+#define CHECK_OUT stderr
+#include "check.h"
 
 static const char PTX[] = ".version 8.0\n.target sm_80\n.address_size 64\n";
-
-#define CHECK(call)                                                   \
-    do {                                                              \
-        CUresult r_ = (call);                                         \
-        if (r_ != CUDA_SUCCESS) {                                     \
-            fprintf(stderr, "%s failed: %d\n", #call, (int)r_);       \
-            return 1;                                                 \
-        }                                                             \
-    } while (0)
 
 static double now_s(void) {
     struct timespec ts;

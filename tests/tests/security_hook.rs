@@ -1,5 +1,4 @@
-//! A tenant attacking the hook through the files it shares (issue 17,
-//! items 3 and 7): truncating the region, the sidecar or the node's table
+//! A tenant attacking the hook through the files it shares: truncating the region, the sidecar or the node's table
 //! under running processes, stalling a process in `exit()`, tampering with
 //! `proc_num` and the magic, and two PID namespaces sharing one region.
 //! Needs the built artifacts and the simulated GPU (`cargo xtask test`);

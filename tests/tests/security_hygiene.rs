@@ -2,8 +2,8 @@
 //! simulated GPU, as root: labels a tenant chooses through its paths, lines
 //! it forges in the daemon's text log, terminal escapes it writes into its
 //! region for `vgpu inspect` and `vgpu top`, and `vgpu install-hook` fed a
-//! symlink, an executable or a FIFO. Each test is an attack that worked
-//! before the fix.
+//! symlink, an executable or a FIFO. Each test is an attack, and passes
+//! only while the attack fails.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::{symlink, PermissionsExt as _};

@@ -1,4 +1,4 @@
-//! Limit integrity (issue 17, item 5), end to end as root on the simulated
+//! Limit integrity, end to end as root on the simulated
 //! GPU: a "container" (a cgroup whose path ends in a 64-hex container id,
 //! plus a PID namespace) whose runtime spec (a fixture `config.json`, as
 //! containerd writes it) says 1 GiB, and `vgpu daemon` pointed at it with

@@ -530,12 +530,13 @@ fn capture_at_10() -> Result<(), String> {
     )
 }
 
-/// Issue 16: a process saturating the device is killed while its queued
+/// A process saturating the device is killed while its queued
 /// kernels still occupy it (300 ms of them here, `SIMGPU_QUEUE_MS`), and a
 /// second process starts the same loop at once under a limit of 30. The
 /// first timing of the second process waits behind the dead one's queue;
-/// it must not become a debt: the second process gets its 30 % from 0.6 s
-/// after its start (it did no work for 16 s and more before the fix).
+/// it must not become a debt (a limiter that charged it would hold the new
+/// process back for many seconds): the second process gets its 30 % from
+/// 0.6 s after its start.
 #[test]
 fn sm_a_new_process_behind_a_killed_ones_queue_is_not_stalled() {
     let _s = serial();
@@ -574,7 +575,7 @@ fn sm_a_new_process_behind_a_killed_ones_queue_is_not_stalled() {
     });
 }
 
-/// Issue 16, priorities: two unlimited processes of two containers on one
+/// Priorities: two unlimited processes of two containers on one
 /// simulated GPU, sharing its node directory. With equal priorities the
 /// device's FIFO splits them about evenly; with `CUDA_TASK_PRIORITY` 0 and
 /// 1 the low one keeps a short queue and waits for the high one's work in

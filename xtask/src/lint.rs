@@ -10,19 +10,21 @@
 //! - no `unsafe` in the hook's policy code (`unsafe_free`);
 //! - no raw driver call (`real_cuda!`, `real_nvml!`) in the hook outside
 //!   `real/` and the generated exports (`driver_seam`).
+//! - docs/README.md's map of the folders matches them (`docs_map`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use crate::{abi, driver_seam, setup, unsafe_free, util};
+use crate::{abi, docs_map, driver_seam, setup, unsafe_free, util};
 
 pub fn run() -> Result<()> {
     util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
     lints_opt_in()?;
     unsafe_free::run()?;
     driver_seam::run()?;
+    docs_map::run()?;
     // cargo deny reads every crate of every target and feature, dev-only and
     // other platforms' included; the build before it fetched only what it
     // compiled. Fetch the rest from the lock file so the offline check works

@@ -4,6 +4,7 @@ mod abi;
 mod bench;
 mod build;
 mod demo;
+mod docs_map;
 mod driver_seam;
 mod gpu_check;
 mod image;

@@ -80,10 +80,13 @@ pub fn mem_alloc_pitch(
     let ptr = read(dptr).unwrap_or(0);
     let actual = (read(pitch).unwrap_or(0) as u64).saturating_mul(height as u64);
     if actual < bound {
-        p.att.release(dev, bound - actual, Kind::Data);
-    } else if actual > bound && !limit::reserve(&p.att, dev, actual - bound, Kind::Data) {
-        let _ = uncounted(p, &p.ptrs, ptr, || status(mem::free(ptr)));
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        limit::release_counted(&p.att, dev, bound - actual, Kind::Data);
+    } else if actual > bound {
+        let Some(more) = limit::reserve(&p.att, dev, actual - bound, Kind::Data) else {
+            let _ = uncounted(p, &p.ptrs, ptr, || status(mem::free(ptr)));
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        };
+        more.commit();
     }
     p.ptrs
         .insert(ptr, super::track::Entry::here(dev, actual, Kind::Data));

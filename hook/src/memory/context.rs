@@ -148,14 +148,14 @@ fn reserve_then_create(
     size: u64,
     create: impl FnOnce() -> CUresult,
 ) -> (CUresult, u64) {
-    if !limit::reserve(&p.att, dev, size, Kind::Context) {
+    let Some(r) = limit::reserve(&p.att, dev, size, Kind::Context) else {
         return (CUDA_ERROR_OUT_OF_MEMORY, 0);
-    }
+    };
     let rc = create();
     if rc != CUDA_SUCCESS {
-        p.att.release(dev, size, Kind::Context);
         return (rc, 0);
     }
+    r.commit();
     (rc, size)
 }
 
@@ -232,10 +232,11 @@ pub fn counted_context(
         crate::log::INFO,
         "device {dev}: CUDA context uses {size} bytes ({m:?})"
     );
-    if !limit::reserve(&p.att, dev, size, Kind::Context) {
+    let Some(r) = limit::reserve(&p.att, dev, size, Kind::Context) else {
         destroy();
         return (CUDA_ERROR_OUT_OF_MEMORY, 0);
-    }
+    };
+    r.commit();
     (rc, size)
 }
 
@@ -312,7 +313,7 @@ fn primary_release(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
         if counts[d] == 0 {
             let size = p.ctx_size[d].load(SeqCst);
             if size != UNKNOWN {
-                p.att.release(d, size, Kind::Context);
+                limit::release_counted(&p.att, d, size, Kind::Context);
             }
             super::modules::released_with_context(p, d);
         }
@@ -346,7 +347,7 @@ pub fn released_by_reset(p: &Process, d: usize, retained: &mut u32) {
         *retained = 0;
         let size = p.ctx_size[d].load(SeqCst);
         if size != UNKNOWN {
-            p.att.release(d, size, Kind::Context);
+            limit::release_counted(&p.att, d, size, Kind::Context);
         }
         super::modules::released_with_context(p, d);
     }
@@ -388,7 +389,7 @@ pub fn released_by_reset(p: &Process, d: usize, retained: &mut u32) {
 /// Releases what `freed` counted; returns the bytes.
 fn release_all(p: &Process, freed: &[Entry]) -> u64 {
     for e in freed {
-        p.att.release(e.dev, e.bytes, e.kind);
+        limit::release_counted(&p.att, e.dev, e.bytes, e.kind);
     }
     freed.iter().map(|e| e.bytes).sum()
 }

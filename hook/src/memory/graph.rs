@@ -36,14 +36,14 @@ pub fn add_mem_alloc_node(
         return call();
     };
     let bytes = bytes as u64;
-    if !limit::reserve(&p.att, dev, bytes, Kind::Data) {
+    let Some(r) = limit::reserve(&p.att, dev, bytes, Kind::Data) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    };
     let rc = call();
     if rc != CUDA_SUCCESS {
-        p.att.release(dev, bytes, Kind::Data);
         return rc;
     }
+    r.commit();
     p.graphs
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -65,7 +65,7 @@ pub fn graph_destroy(g: CUgraph) -> CUresult {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(g as usize));
         for e in entries.into_iter().flatten() {
-            p.att.release(e.dev, e.bytes, e.kind);
+            limit::release_counted(&p.att, e.dev, e.bytes, e.kind);
         }
     }
     rc

@@ -10,11 +10,12 @@ use crate::real::cuda::device;
 use crate::region::usage;
 use crate::state::{process, Process};
 
-/// `(free, total)` as the application should see them on `dev`.
-pub fn virtual_info(limit: u64, used: u64, phys_free: u64, phys_total: u64) -> (u64, u64) {
-    if limit == 0 {
+/// `(free, total)` as the application should see them on `dev` under
+/// `limit` (`None`: no limit).
+pub fn virtual_info(limit: Option<u64>, used: u64, phys_free: u64, phys_total: u64) -> (u64, u64) {
+    let Some(limit) = limit else {
         return (phys_free, phys_total);
-    }
+    };
     let total = limit.min(phys_total);
     (total.saturating_sub(used).min(phys_free), total)
 }
@@ -63,8 +64,7 @@ pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
     let (Some(p), Some(d)) = (process(), crate::devices::index_of(dev)) else {
         return rc;
     };
-    let lim = usage::limit(p.att.region(), d);
-    if lim != 0 {
+    if let Some(lim) = usage::limit(p.att.region(), d) {
         let phys = read(bytes).unwrap_or(0) as u64;
         write(bytes, lim.min(phys) as usize);
     }
@@ -78,14 +78,17 @@ mod tests {
     #[test]
     fn virtualised() {
         const G: u64 = 1 << 30;
-        assert_eq!(virtual_info(0, 5, 70 * G, 80 * G), (70 * G, 80 * G));
-        assert_eq!(virtual_info(G, G / 4, 70 * G, 80 * G), (3 * G / 4, G));
+        assert_eq!(virtual_info(None, 5, 70 * G, 80 * G), (70 * G, 80 * G));
+        assert_eq!(virtual_info(Some(G), G / 4, 70 * G, 80 * G), (3 * G / 4, G));
         assert_eq!(
-            virtual_info(G, 2 * G, 70 * G, 80 * G),
+            virtual_info(Some(G), 2 * G, 70 * G, 80 * G),
             (0, G),
             "clamped, no wrap"
         );
-        assert_eq!(virtual_info(100 * G, 0, 70 * G, 80 * G), (70 * G, 80 * G));
-        assert_eq!(virtual_info(G, 0, G / 2, 80 * G), (G / 2, G));
+        assert_eq!(
+            virtual_info(Some(100 * G), 0, 70 * G, 80 * G),
+            (70 * G, 80 * G)
+        );
+        assert_eq!(virtual_info(Some(G), 0, G / 2, 80 * G), (G / 2, G));
     }
 }

@@ -27,13 +27,14 @@ pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_u
         vlog_once!(crate::log::WARN, "cannot size an IPC import; not counted");
         return rc;
     };
-    if !limit::reserve(&p.att, dev, bytes, Kind::Data) {
+    let Some(r) = limit::reserve(&p.att, dev, bytes, Kind::Data) else {
         let _ = mem::ipc_close(ptr);
         write(dptr, 0);
         return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    };
+    r.commit();
     if let Some(old) = p.ptrs.insert(ptr, Entry::here(dev, bytes, Kind::Data)) {
-        p.att.release(old.dev, old.bytes, old.kind);
+        limit::release_counted(&p.att, old.dev, old.bytes, old.kind);
     }
     rc
 }

@@ -1,9 +1,14 @@
 //! Where an allocation is refused: the container-wide memory limit.
 //!
 //! Every entry point that takes device memory calls [`reserve`] before the
-//! driver (or, for a size known only afterwards, right after it); `false`
-//! becomes `CUDA_ERROR_OUT_OF_MEMORY`. The shared words themselves (slot
-//! counters, limits) are `crate::region::usage`'s.
+//! driver (or, for a size known only afterwards, right after it); `None`
+//! becomes `CUDA_ERROR_OUT_OF_MEMORY`. The [`Reservation`] it returns is
+//! taken back when dropped (the driver call failed, the caller returned
+//! early) unless committed, so no error path can leak a count. This module
+//! is the one writer of the process's own counters: [`reserve`] on the way
+//! in, [`release_counted`] (a free) on the way out, each updating the slot and the
+//! shadow together. The shared words themselves (slot counters, limits) are
+//! `crate::region::usage`'s.
 //!
 //! Reservation is optimistic (Dekker style, every access `SeqCst`): a
 //! process first *adds* the request to its own slot, then sums `total` over
@@ -26,11 +31,38 @@ use crate::region::Attachment;
 /// Optimistic reservation attempts before an allocation is refused.
 const RESERVE_ATTEMPTS: u32 = 4;
 
+/// Bytes of one kind on one device, counted in this process's slot and in
+/// its shadow by [`reserve`]: taken back when dropped, unless
+/// [`Reservation::commit`]ted once the driver call succeeded. A value on
+/// the stack: no lock, no allocation.
+#[must_use = "a reservation is taken back when dropped; commit it once the driver call succeeded"]
+pub struct Reservation<'a> {
+    att: &'a Attachment,
+    dev: usize,
+    bytes: u64,
+    kind: Kind,
+}
+
+impl Reservation<'_> {
+    /// Keeps the bytes counted; the free of the object releases them
+    /// ([`release_counted`]).
+    #[inline]
+    pub fn commit(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        release_counted(self.att, self.dev, self.bytes, self.kind);
+    }
+}
+
 /// Counts `bytes` of `kind` on `dev` if the container stays within the
-/// limit; `false` (nothing counted) refuses the allocation. Retries a few
+/// limit; `None` (nothing counted) refuses the allocation. Retries a few
 /// times (another process may have been mid-reservation) and reclaims dead
 /// processes' slots once before refusing.
-pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> bool {
+pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> Option<Reservation<'_>> {
     crate::suspend::ensure_running();
     let region = att.region();
     let mut reclaimed = false;
@@ -50,7 +82,12 @@ pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> bool {
                 continue;
             }
             att.note_reserved(dev, bytes, kind);
-            return true;
+            return Some(Reservation {
+                att,
+                dev,
+                bytes,
+                kind,
+            });
         }
         if !reclaimed {
             reclaimed = true;
@@ -64,9 +101,26 @@ pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> bool {
         dev,
         bytes,
         usage::container_used(region, dev),
-        usage::limit(region, dev),
+        usage::limit(region, dev).unwrap_or(0),
     );
-    false
+    None
+}
+
+/// [`reserve`] and keep: for tests that count without a driver call.
+#[cfg(test)]
+pub fn reserve_committed(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> bool {
+    reserve(att, dev, bytes, kind)
+        .map(Reservation::commit)
+        .is_some()
+}
+
+/// Takes back `bytes` of `kind` on `dev` that a committed [`Reservation`]
+/// counted (the object was freed), from the slot and the shadow.
+pub fn release_counted(att: &Attachment, dev: usize, bytes: u64, kind: Kind) {
+    if let Some(s) = att.region().procs.get(att.slot_index()) {
+        usage::sub(s, dev, bytes, kind);
+        att.note_released(dev, bytes, kind);
+    }
 }
 
 /// One optimistic attempt: true when `bytes` are now counted in `slot` and
@@ -79,11 +133,11 @@ pub fn try_reserve(region: &SharedRegion, slot: usize, dev: usize, bytes: u64, k
         return false;
     }
     let lim = usage::limit(region, dev);
-    if lim != 0 && bytes > lim {
+    if lim.is_some_and(|l| bytes > l) {
         return false;
     }
     usage::add(s, dev, bytes, kind);
-    if lim == 0 || usage::container_used(region, dev) <= lim {
+    if lim.is_none_or(|l| usage::container_used(region, dev) <= l) {
         return true;
     }
     usage::sub(s, dev, bytes, kind);

@@ -1,8 +1,9 @@
 //! Memory accounting: every entry point that takes device memory reserves
-//! before the driver call and releases on failure (`counted`; the limit
-//! check that refuses an allocation is [`limit::reserve`]), and every
-//! free releases what was counted (`uncounted`); frees of objects the hook
-//! never saw are forwarded unchanged.
+//! before the driver call and commits the reservation once the driver
+//! succeeded (`counted`; the limit check that refuses an allocation is
+//! [`limit::reserve`], whose reservation is taken back on any other path),
+//! and every free releases what was counted (`uncounted`); frees of objects
+//! the hook never saw are forwarded unchanged.
 
 #![forbid(unsafe_code)]
 
@@ -81,17 +82,17 @@ pub fn counted_as(
     e: Entry,
     call: impl FnOnce() -> (CUresult, u64),
 ) -> CUresult {
-    if !limit::reserve(&p.att, e.dev, e.bytes, e.kind) {
+    let Some(r) = limit::reserve(&p.att, e.dev, e.bytes, e.kind) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
-    }
+    };
     let (rc, key) = call();
     if rc != CUDA_SUCCESS || key == 0 {
-        p.att.release(e.dev, e.bytes, e.kind);
         return rc;
     }
+    r.commit();
     if let Some(old) = tracker.insert(key, e) {
         // The driver handed out a key we still track: its free escaped us.
-        p.att.release(old.dev, old.bytes, old.kind);
+        limit::release_counted(&p.att, old.dev, old.bytes, old.kind);
     }
     rc
 }
@@ -108,7 +109,7 @@ pub fn uncounted(
     let rc = call();
     if let Some(e) = entry {
         if rc == CUDA_SUCCESS {
-            p.att.release(e.dev, e.bytes, e.kind);
+            limit::release_counted(&p.att, e.dev, e.bytes, e.kind);
         } else {
             tracker.insert(key, e);
         }

@@ -100,7 +100,7 @@ pub fn released_with_context(p: &Process, dev: usize) {
     if let Some(m) = p.module_bytes.get(dev) {
         let b = m.swap(0, SeqCst);
         if b > 0 {
-            p.att.release(dev, b, Kind::Module);
+            super::limit::release_counted(&p.att, dev, b, Kind::Module);
         }
     }
 }

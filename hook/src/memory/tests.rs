@@ -134,7 +134,7 @@ fn counters_never_underflow_and_total_stays_the_sum() {
     let p = Process::new(&cfg(dir.path(), "0"), 4244, 0).unwrap();
     p.att.add_unchecked(1, 5, Kind::Context);
     p.att.add_unchecked(1, 7, Kind::Data);
-    p.att.release(1, 100, Kind::Data);
+    super::limit::release_counted(&p.att, 1, 100, Kind::Data);
     let m = &p.att.region().procs[p.att.slot_index()].used[1];
     assert_eq!(m.data_size.load(SeqCst), 0);
     assert_eq!(m.context_size.load(SeqCst), 5);
@@ -235,8 +235,11 @@ fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
     assert_eq!(r.proc_num.load(SeqCst), 2);
     // b "dies" holding memory: reclaimed by the next allocation that fails.
     b.att.add_unchecked(0, 1 << 30, Kind::Data);
-    let me =
-        vgpu_common::identity::Identity::read(std::path::Path::new("/proc"), lc.pid(), lc.pid());
+    let me = vgpu_common::proc_identity::ProcIdentity::read(
+        std::path::Path::new("/proc"),
+        lc.pid(),
+        lc.pid(),
+    );
     let n = slots::reclaim_dead(r, &me, |pid| (pid != lb.pid()).then_some((0, 0)));
     assert_eq!(n, 1);
     assert_eq!(used(&c2, 0), 0);
@@ -443,12 +446,38 @@ fn an_exact_size_is_shared_and_then_reserved_before_creation() {
     refused_before_creating(&b, &fake);
 }
 
+/// A reservation counts at once; dropped uncommitted (an error path) it
+/// takes its bytes back, committed it keeps them until the free.
+#[test]
+fn a_reservation_is_taken_back_when_dropped_unless_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = Process::new(&cfg(dir.path(), "1g"), 8006, 0).unwrap();
+    let r = super::limit::reserve(&p.att, 0, 100 * M, Kind::Data).unwrap();
+    assert_eq!(used(&p, 0), 100 * M);
+    drop(r);
+    assert_eq!(used(&p, 0), 0);
+    super::limit::reserve(&p.att, 0, 100 * M, Kind::Data)
+        .unwrap()
+        .commit();
+    assert_eq!(used(&p, 0), 100 * M);
+    // Over the limit: nothing counted, nothing to take back.
+    assert!(super::limit::reserve(&p.att, 0, 1024 * M, Kind::Data).is_none());
+    assert_eq!(used(&p, 0), 100 * M);
+    super::limit::release_counted(&p.att, 0, 100 * M, Kind::Data);
+    assert_eq!(used(&p, 0), 0);
+}
+
 #[test]
 fn a_primary_reset_releases_the_device_s_allocations() {
     let dir = tempfile::tempdir().unwrap();
     let p = Process::new(&cfg(dir.path(), "1g"), 8004, 0).unwrap();
     p.ctx_size[0].store(10 * M, SeqCst);
-    assert!(super::limit::reserve(&p.att, 0, 10 * M, Kind::Context));
+    assert!(super::limit::reserve_committed(
+        &p.att,
+        0,
+        10 * M,
+        Kind::Context
+    ));
     let mut retained = 1;
     for (i, t) in [&p.ptrs, &p.handles, &p.arrays].into_iter().enumerate() {
         let rc = counted(&p, t, 0, 20 * M, Kind::Data, || {
@@ -478,7 +507,12 @@ fn a_context_destroy_releases_only_that_context_s_allocations() {
     let (a, b) = (0xa000, 0xb000);
     let mut key = 0x100;
     let mut add = |t: &super::track::Tracker, ctx: u64, bytes: u64| {
-        assert!(super::limit::reserve(&p.att, 0, bytes, Kind::Data));
+        assert!(super::limit::reserve_committed(
+            &p.att,
+            0,
+            bytes,
+            Kind::Data
+        ));
         key += 1;
         t.insert(
             key,
@@ -511,7 +545,12 @@ fn a_context_destroy_releases_only_that_context_s_allocations() {
 fn with_context(dir: &std::path::Path, pid: i32, nvml: u64) -> (Process, Fake) {
     let p = Process::new(&cfg(dir, "1g"), pid, 0).unwrap();
     p.ctx_size[0].store(10 * M, SeqCst);
-    assert!(super::limit::reserve(&p.att, 0, 10 * M, Kind::Context));
+    assert!(super::limit::reserve_committed(
+        &p.att,
+        0,
+        10 * M,
+        Kind::Context
+    ));
     let fake = Fake {
         own: Some(4242),
         procs: std::sync::Mutex::new(Some(vec![(7, 300 * M), (4242, nvml)])),

@@ -252,7 +252,7 @@ pub fn unmap(p: &Process, ptr: u64, size: u64, call: impl FnOnce() -> CUresult) 
     let rc = call();
     if rc == CUDA_SUCCESS {
         for (_, e) in &freed {
-            p.att.release(e.dev, e.bytes, e.kind);
+            super::limit::release_counted(&p.att, e.dev, e.bytes, e.kind);
         }
     } else {
         for (h, e) in freed {
@@ -441,7 +441,7 @@ mod tests {
         // A primary-context reset frees everything and drops the count;
         // the driver then hands the value 5 out again.
         for e in p.handles.drain_where(|_| true) {
-            p.att.release(e.dev, e.bytes, e.kind);
+            crate::memory::limit::release_counted(&p.att, e.dev, e.bytes, e.kind);
         }
         assert_eq!(create(&p, 5), CUDA_SUCCESS);
         assert_eq!(unmap(&p, 0x7000_0000, SEG, ok), CUDA_SUCCESS);

@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use vgpu_common::identity::Identity;
 use vgpu_common::lock;
+use vgpu_common::proc_identity::ProcIdentity;
 use vgpu_common::region::{
-    ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
+    rules, ProcSlot, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MINOR_VERSION, REGION_SIZE,
 };
 use vgpu_common::view::{RegionError, RegionFile};
 
@@ -37,7 +37,7 @@ pub enum AttachError {
 #[derive(Debug)]
 pub struct Attachment {
     file: RegionFile,
-    me: Identity,
+    me: ProcIdentity,
     /// `monotonic_ms` of the last reclaim (`reclaim_now_and_then`); 0 = none.
     last_reclaim_ms: AtomicU64,
     /// OFD locks do not exclude threads sharing the file description.
@@ -53,9 +53,9 @@ impl Attachment {
     /// this PID namespace: its identity is read from `/proc`).
     pub fn open(cfg: &Config, pid: i32) -> Result<Self, AttachError> {
         let me = if u32::try_from(pid) == Ok(std::process::id()) {
-            Identity::read_dir(std::path::Path::new("/proc/self"), pid)
+            ProcIdentity::read_dir(std::path::Path::new("/proc/self"), pid)
         } else {
-            Identity::read(std::path::Path::new("/proc"), pid, pid)
+            ProcIdentity::read(std::path::Path::new("/proc"), pid, pid)
         };
         let file = RegionFile::create_or_open(&cfg.region_path)?;
         let shadow = Box::<Shadow>::default();
@@ -220,7 +220,9 @@ impl Attachment {
     /// Refreshes the shadow's copy of `dev`'s limit (what a truncated
     /// region is refilled with).
     pub fn see_limit(&self, dev: usize) {
-        self.shadow.see_limit(dev, usage::limit(self.region(), dev));
+        // The shadow keeps the cell as the region holds it: 0 for none.
+        self.shadow
+            .see_limit(dev, usage::limit(self.region(), dev).unwrap_or(0));
     }
 
     /// Mirrors in the shadow what `crate::memory::limit` just counted in
@@ -229,12 +231,10 @@ impl Attachment {
         self.shadow.add(dev, bytes, kind);
     }
 
-    /// Takes back `bytes` counted by `crate::memory::limit::reserve`.
-    pub fn release(&self, dev: usize, bytes: u64, kind: Kind) {
-        if let Some(s) = self.region().procs.get(self.slot_index()) {
-            usage::sub(s, dev, bytes, kind);
-            self.shadow.sub(dev, bytes, kind);
-        }
+    /// Mirrors in the shadow what `crate::memory::limit::release_counted` just
+    /// took back from this process's slot.
+    pub fn note_released(&self, dev: usize, bytes: u64, kind: Kind) {
+        self.shadow.sub(dev, bytes, kind);
     }
 
     /// Counts memory that already exists, without a limit check: GPU code
@@ -331,7 +331,8 @@ fn check_existing(r: &SharedRegion, cfg: &Config) {
     let differs: Vec<String> = (0..MAX_DEVICES)
         .filter_map(|dev| {
             let (have, want) = (r.limit[dev].load(SeqCst), cfg.mem_limit[dev]);
-            (want != 0 && have != want).then(|| format!("device {dev}: {have} (asked {want})"))
+            (rules::memory_limit(want).is_some() && have != want)
+                .then(|| format!("device {dev}: {have} (asked {want})"))
         })
         .collect();
     if !differs.is_empty() {

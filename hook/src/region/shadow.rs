@@ -12,7 +12,7 @@ use vgpu_common::region::{
     status, SharedRegion, MAGIC, MAJOR_VERSION, MAX_DEVICES, MAX_PROCS, MINOR_VERSION, REGION_SIZE,
 };
 
-use vgpu_common::identity::Identity;
+use vgpu_common::proc_identity::ProcIdentity;
 
 use super::usage::Kind;
 
@@ -53,7 +53,7 @@ fn index(kind: Kind) -> usize {
 }
 
 impl Shadow {
-    pub fn set_slot(&self, slot: usize, me: &Identity) {
+    pub fn set_slot(&self, slot: usize, me: &ProcIdentity) {
         self.pid.store(me.pid, SeqCst);
         self.pidns.store(me.pidns, SeqCst);
         self.start.store(me.start, SeqCst);
@@ -220,10 +220,15 @@ mod tests {
             .unwrap();
         let sibling = Attachment::open(&cfg, other.id() as i32).unwrap();
         assert_ne!(sibling.slot_index(), att.slot_index());
-        assert!(crate::memory::limit::reserve(&att, 0, 600 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve_committed(
+            &att,
+            0,
+            600 * M,
+            Kind::Data
+        ));
         att.add_unchecked(0, 64 * M, Kind::Context);
-        att.release(0, 100 * M, Kind::Data);
-        assert!(crate::memory::limit::reserve(
+        crate::memory::limit::release_counted(&att, 0, 100 * M, Kind::Data);
+        assert!(crate::memory::limit::reserve_committed(
             &sibling,
             0,
             200 * M,
@@ -252,20 +257,25 @@ mod tests {
         assert_eq!(s.used[0].total.load(SeqCst), 564 * M);
         // 564 + the sibling's 200 held: 300 more would pass 1 GiB.
         assert!(
-            !crate::memory::limit::reserve(&sibling, 0, 300 * M, Kind::Data),
+            !crate::memory::limit::reserve_committed(&sibling, 0, 300 * M, Kind::Data),
             "the sibling's own 200 MiB count again"
         );
-        assert!(crate::memory::limit::reserve(
+        assert!(crate::memory::limit::reserve_committed(
             &sibling,
             0,
             200 * M,
             Kind::Data
         ));
         assert!(
-            !crate::memory::limit::reserve(&att, 0, 100 * M, Kind::Data),
+            !crate::memory::limit::reserve_committed(&att, 0, 100 * M, Kind::Data),
             "past the limit"
         );
-        assert!(crate::memory::limit::reserve(&att, 0, 50 * M, Kind::Data));
+        assert!(crate::memory::limit::reserve_committed(
+            &att,
+            0,
+            50 * M,
+            Kind::Data
+        ));
         let _ = other.kill();
         let _ = other.wait();
     }

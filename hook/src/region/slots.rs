@@ -8,7 +8,7 @@
 //! by a compare-and-swap of its `pid` from 0, over all `MAX_PROCS` slots
 //! whatever `proc_num` says, so a lowered `proc_num` or a zeroed magic never
 //! makes a live slot look free. A slot names its process by
-//! [`Identity`] (namespace PID, PID namespace inode, start time): slots of
+//! [`ProcIdentity`] (namespace PID, PID namespace inode, start time): slots of
 //! processes in another PID namespace are never taken over nor reclaimed
 //! from here (only the daemon, which sees host PIDs, can judge them).
 //! Whether a slot's process is dead, and the writes that free its slot, are
@@ -18,7 +18,7 @@
 
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::identity::{is_dead_state, Identity};
+use vgpu_common::proc_identity::{is_dead_state, ProcIdentity};
 use vgpu_common::reclaim::{self, SlotStore as _};
 use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_PROCS};
 
@@ -33,7 +33,7 @@ pub enum SlotError {
 
 /// Whether slot `s` is recorded in the PID namespace of `me` (or records
 /// none: a HAMi-core process, judged as HAMi does, by PID alone).
-fn same_namespace(s: &ProcSlot, me: &Identity) -> bool {
+fn same_namespace(s: &ProcSlot, me: &ProcIdentity) -> bool {
     let ns = s.pidns.load(SeqCst);
     ns == 0 || me.pidns == 0 || ns == me.pidns
 }
@@ -56,7 +56,7 @@ fn high_water(region: &SharedRegion) -> usize {
 /// namespace (a dead predecessor with a reused PID, or this process before
 /// an `exec`: either way its memory is gone), else the first free one,
 /// claimed by CAS. Returns the slot index.
-pub fn register(region: &SharedRegion, me: &Identity) -> Result<usize, SlotError> {
+pub fn register(region: &SharedRegion, me: &ProcIdentity) -> Result<usize, SlotError> {
     let own = region
         .procs
         .iter()
@@ -120,7 +120,7 @@ pub fn probe(pid: i32) -> Option<(u64, u64)> {
     if !pid_alive(pid) {
         return None;
     }
-    let id = Identity::read(std::path::Path::new("/proc"), pid, pid);
+    let id = ProcIdentity::read(std::path::Path::new("/proc"), pid, pid);
     Some((id.pidns, id.start))
 }
 
@@ -133,7 +133,7 @@ pub fn probe(pid: i32) -> Option<(u64, u64)> {
 /// another process by that PID). Returns how many were reclaimed.
 pub fn reclaim_dead(
     region: &SharedRegion,
-    me: &Identity,
+    me: &ProcIdentity,
     probe: impl Fn(i32) -> Option<(u64, u64)>,
 ) -> usize {
     let mut n = 0;
@@ -150,7 +150,7 @@ pub fn reclaim_dead(
         if pid == me.pid || !same_namespace(s, me) {
             continue;
         }
-        let recorded = Identity {
+        let recorded = ProcIdentity {
             pid,
             pidns: s.pidns.load(SeqCst),
             start: s.start.load(SeqCst),
@@ -162,7 +162,7 @@ pub fn reclaim_dead(
             Some((pidns, start)) => {
                 pidns != 0
                     && pidns == me.pidns
-                    && reclaim::is_dead(&recorded, Some(&Identity { pid, pidns, start }))
+                    && reclaim::is_dead(&recorded, Some(&ProcIdentity { pid, pidns, start }))
             }
         };
         if dead && matches!(reclaim::free(region, i, pid), Ok(true)) {
@@ -180,8 +180,8 @@ mod tests {
 
     const G: u64 = 1 << 30;
 
-    fn id(pid: i32, pidns: u64, start: u64) -> Identity {
-        Identity { pid, pidns, start }
+    fn id(pid: i32, pidns: u64, start: u64) -> ProcIdentity {
+        ProcIdentity { pid, pidns, start }
     }
 
     fn region() -> (tempfile::TempDir, RegionFile) {

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-use vgpu_common::region::{ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS};
+use vgpu_common::region::{rules, ProcSlot, SharedRegion, MAX_PROCS};
 
 /// The highest slot count this process has seen in use (registration and
 /// reclaim scans read every slot): the usage sum covers at least these
@@ -89,19 +89,13 @@ pub fn sub(slot: &ProcSlot, dev: usize, bytes: u64, kind: Kind) {
     }
 }
 
-/// The container's usage of `dev`: `total` summed over live slots.
+/// The container's usage of `dev` ([`rules::used_by_slots`] over every
+/// slot seen in use).
 pub fn container_used(region: &SharedRegion, dev: usize) -> u64 {
-    if dev >= MAX_DEVICES {
-        return 0;
-    }
-    summed(region)
-        .iter()
-        .filter(|s| s.pid.load(SeqCst) != 0)
-        .map(|s| s.used[dev].total.load(SeqCst))
-        .fold(0u64, u64::saturating_add)
+    rules::used_by_slots(summed(region), dev)
 }
 
-/// The limit of `dev` in bytes, 0 = none.
-pub fn limit(region: &SharedRegion, dev: usize) -> u64 {
-    region.limit.get(dev).map_or(0, |l| l.load(SeqCst))
+/// The limit of `dev` in bytes ([`rules::memory_limit`]).
+pub fn limit(region: &SharedRegion, dev: usize) -> Option<u64> {
+    region.memory_limit_of(dev)
 }

@@ -8,10 +8,10 @@ pub const FRAME_NS: u64 = vgpu_common::node::FRAME_NS;
 
 /// A lower-priority container's queued GPU work while a higher one is
 /// active: what a request of the higher one may find ahead of it on a
-/// time-sliced GPU: a few large matmuls' worth (docs/benchmarks.md,
-/// "Eighth run", has the figures). Short enough for a service's p99 to stay
-/// within 1.5× of its time alone, long enough that the held container's
-/// host, woken each time, keeps the GPU busy.
+/// time-sliced GPU: a few large matmuls' worth (docs/benchmarks.md, "a
+/// latency-bound service beside a trainer"). Short enough for a service's
+/// p99 to stay within 1.5× of its time alone, long enough that the held
+/// container's host, woken each time, keeps the GPU busy.
 pub const LOW_QUEUE_NS: u64 = 500_000;
 
 /// The longest a lower-priority launch waits for a higher one's work in
@@ -171,7 +171,7 @@ pub const DEMAND_WINDOW_NS: u64 = 100_000_000;
 /// container reaches more than 0.8 of its share even when the GPU
 /// time-slices it with a neighbour, while a launch-bound loop of tiny
 /// kernels or a service between requests stays far below (docs/benchmarks.md,
-/// "Sixth run", has the figures this threshold sits between).
+/// "containers taking turns", has the figures this threshold sits between).
 pub const WANT_FRACTION: f64 = 0.7;
 
 // `feedback.rs`, `correction.rs`

@@ -22,7 +22,7 @@ use crate::daemon::integrity::spec::{SpecPattern, DEFAULT_SPECS};
 use crate::daemon::integrity::Config as IntegrityConfig;
 use crate::daemon::libs::LibWatch;
 use crate::daemon::nvml::NvmlView;
-use crate::daemon::observer::{Observer, Settings};
+use crate::daemon::observer::{Observer, ObserverSettings};
 use crate::daemon::procfs::Procfs;
 use crate::daemon::retention::DEFAULT_RETENTION;
 use crate::host_pidns;
@@ -232,7 +232,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
     };
-    let settings = Settings {
+    let settings = ObserverSettings {
         thresholds: Thresholds {
             min_bytes: args.min_untracked_mib.saturating_mul(MIB),
             ratio: args.untracked_percent.max(0.0) / 100.0,

@@ -181,12 +181,9 @@ fn print_region(w: &mut impl std::io::Write, s: &RegionSummary) -> std::io::Resu
         "DEV", "UUID", "LIMIT", "SM%", "USED"
     )?;
     for d in &s.devices {
-        let limit = if d.limit_bytes == 0 {
-            "none".to_owned()
-        } else {
-            bytes(d.limit_bytes)
-        };
-        let sm = if matches!(d.sm_limit_percent, 0 | 100) {
+        let limit = vgpu_common::region::rules::memory_limit(d.limit_bytes)
+            .map_or("none".to_owned(), bytes);
+        let sm = if vgpu_common::region::rules::sm_limit(d.sm_limit_percent).is_none() {
             "none".to_owned()
         } else {
             d.sm_limit_percent.to_string()

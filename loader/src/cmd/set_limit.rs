@@ -164,7 +164,7 @@ pub fn run_sm(args: SmArgs) -> anyhow::Result<ExitCode> {
     )?;
     let changes = set_limit(&file, LimitKind::Sm, args.which.devices(), value)?;
     let show = |v: u64| {
-        if matches!(v, 0 | 100) {
+        if vgpu_common::region::rules::sm_limit(v).is_none() {
             "none".to_owned()
         } else {
             format!("{v}%")

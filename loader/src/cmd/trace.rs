@@ -44,11 +44,11 @@ use crate::{
 /// /proc/<pid>/environ). Without NVML only the ordinal is shown.
 ///
 /// OVERHEAD: a uprobe is a trap taken on every probed call, by every process
-/// using the library, while vgpu trace runs. Measured on an H200 (driver
-/// 580, 2026-11-22; docs/benchmarks.md) on a 3.4 us empty-kernel launch: an
-/// empty uprobe adds 0.7 us, the default view 0.85 us (1.03x the empty
-/// probe), --json 2.3 us and --events 3.2 us per launch. Nothing is probed
-/// after vgpu trace exits.
+/// using the library, while vgpu trace runs. The default view counts in the
+/// kernel and costs about what the bare trap costs; --json and --events
+/// send an event per call and cost several times more (figures per GPU:
+/// docs/benchmarks.md, "vgpu trace overhead"). Nothing is probed after
+/// vgpu trace exits.
 ///
 /// Needs root or CAP_BPF+CAP_PERFMON. Events the probes could not record
 /// (full ring buffer or maps) are counted and reported, never dropped silently.

@@ -7,8 +7,8 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::check::{Excess, Observation, Source};
+use super::container_identity::ContainerIdentity;
 use super::hostpid::Miss;
-use super::identity::Identity;
 
 /// Name of the state file under `--state-dir`.
 pub const FILE_NAME: &str = "findings.json";
@@ -127,6 +127,41 @@ pub struct Finding {
     pub resolved_unix_ms: Option<u64>,
 }
 
+impl Finding {
+    /// A finding of `kind` about `container`, holding since `since_unix_ms`
+    /// and saying `message`; the process, region and byte fields are empty
+    /// for the caller to fill (`Finding { pid, ..Finding::new(..) }`).
+    pub fn new(
+        kind: Kind,
+        container: &ContainerIdentity,
+        since_unix_ms: u64,
+        message: String,
+    ) -> Finding {
+        Finding {
+            kind,
+            pid: 0,
+            ns_pid: 0,
+            comm: String::new(),
+            cgroup: container.cgroup.clone(),
+            pod_uid: container.pod_uid.clone(),
+            container_id: container.container_id.clone(),
+            region: None,
+            slot: None,
+            untracked_bytes: 0,
+            source: None,
+            probe_bytes: None,
+            nvml_bytes: None,
+            tracked_data_bytes: 0,
+            tracked_total_bytes: 0,
+            since_unix_ms,
+            message,
+            limits: Vec::new(),
+            action: None,
+            resolved_unix_ms: None,
+        }
+    }
+}
+
 /// The process a cross-check finding is about.
 #[derive(Clone, Copy, Debug)]
 pub struct Subject<'a> {
@@ -135,7 +170,7 @@ pub struct Subject<'a> {
     /// PID in its own namespace (0: unknown).
     pub ns_pid: u32,
     pub comm: &'a str,
-    pub container: &'a Identity,
+    pub container: &'a ContainerIdentity,
     /// Its region file as it names it, and its slot there (none without a
     /// slot).
     pub region: Option<&'a Path>,
@@ -193,13 +228,9 @@ pub fn cross_check(
         other => format!("{}: pid {pid} ({comm}) container {ctr}", other.name()),
     };
     Finding {
-        kind,
         pid,
         ns_pid: who.ns_pid,
         comm: comm.to_owned(),
-        cgroup: who.container.cgroup.clone(),
-        pod_uid: who.container.pod_uid.clone(),
-        container_id: who.container.container_id.clone(),
         region: who.region.map(Path::to_owned),
         slot: who.slot,
         untracked_bytes: bytes,
@@ -208,11 +239,7 @@ pub fn cross_check(
         nvml_bytes: obs.nvml_bytes,
         tracked_data_bytes: obs.tracked_data,
         tracked_total_bytes: obs.tracked_total,
-        since_unix_ms: since,
-        message,
-        limits: Vec::new(),
-        action: None,
-        resolved_unix_ms: None,
+        ..Finding::new(kind, who.container, since, message)
     }
 }
 
@@ -360,7 +387,7 @@ mod tests {
 
     #[test]
     fn cross_check_findings_say_what_each_view_saw() {
-        let container = Identity {
+        let container = ContainerIdentity {
             cgroup: "/kubepods/pod1/abc".into(),
             pod_uid: Some("pod1".into()),
             container_id: Some("0123456789abcdef0123".into()),
@@ -411,7 +438,7 @@ mod tests {
             f.message
         );
 
-        let bare = Identity {
+        let bare = ContainerIdentity {
             container_id: None,
             ..container.clone()
         };
@@ -431,7 +458,7 @@ mod tests {
              initialised yet)); 0 bytes untracked"
         );
         assert_eq!((f.region, f.slot, f.source), (None, None, None));
-        let nobody = Identity::default();
+        let nobody = ContainerIdentity::default();
         let who = Subject {
             container: &nobody,
             miss: None,

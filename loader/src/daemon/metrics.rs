@@ -15,9 +15,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use vgpu_common::event::ProcCounters;
+use vgpu_common::region::rules;
 
+use super::container_identity::ContainerIdentity;
 use super::findings::{Finding, Kind};
-use super::identity::Identity;
 use super::nvml::DeviceSample;
 use super::region_cache::Overruns;
 
@@ -41,7 +42,7 @@ pub struct RegionDevice {
     /// Kernel and graph launches the container's processes counted
     /// (monotonic: `launches::Ledger`).
     pub launches: u64,
-    /// The region's `sm_limit` (0 or 100: none).
+    /// The region's raw `sm_limit` (`rules::sm_limit` says what it means).
     pub sm_limit: u64,
 }
 
@@ -71,7 +72,7 @@ pub struct Snapshot<'a> {
     pub host: Vec<DeviceSample>,
     pub findings: &'a [Finding],
     /// Untracked bytes per container (cgroup identity).
-    pub untracked: Vec<(Identity, u64)>,
+    pub untracked: Vec<(ContainerIdentity, u64)>,
     /// Probed libcuda entry points: (symbol, libcuda path).
     pub probes: Vec<(String, String)>,
     /// Processes the probes know.
@@ -138,7 +139,7 @@ pub fn one(k: &str, v: &str) -> Labels {
     vec![(k.to_owned(), v.to_owned())]
 }
 
-fn identity_labels(id: &Identity) -> Labels {
+fn identity_labels(id: &ContainerIdentity) -> Labels {
     vec![
         ("pod_uid".into(), id.pod_uid.clone().unwrap_or_default()),
         (
@@ -153,15 +154,6 @@ type GaugeF = Gauge<f64, AtomicU64>;
 /// Byte counts are u64 in a region (and a tenant may write any value):
 /// exported as u64, never wrapped into a negative i64.
 type GaugeU = Gauge<u64, AtomicU64>;
-
-/// A region's `sm_limit` as the share it allows: 0 (unset), 100 and more
-/// all mean no limit.
-fn sm_limit_percent(raw: u64) -> i64 {
-    match raw {
-        1..=99 => raw as i64,
-        _ => 100,
-    }
-}
 
 /// One series of a region: its labels, shared by every series of the
 /// region (one copy per region, not one per series), then the device's.
@@ -241,7 +233,9 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
             vmod.get_or_create(&l).set(d.module);
             vbuf.get_or_create(&l).set(d.data);
             cutil.get_or_create(&l).set(d.sm_util as f64);
-            smlimit.get_or_create(&l).set(sm_limit_percent(d.sm_limit));
+            smlimit
+                .get_or_create(&l)
+                .set(rules::sm_limit_shown(d.sm_limit) as i64);
             launches.get_or_create(&l).inc_by(d.launches);
             if r.last_kernel_time > 0 {
                 let ago = s.now_unix.saturating_sub(r.last_kernel_time);
@@ -597,14 +591,5 @@ mod tests {
             !text.contains("Device_last_kernel_of_container{"),
             "never launched"
         );
-    }
-
-    #[test]
-    fn an_unset_or_full_sm_limit_reads_as_none() {
-        assert_eq!(sm_limit_percent(0), 100);
-        assert_eq!(sm_limit_percent(1), 1);
-        assert_eq!(sm_limit_percent(99), 99);
-        assert_eq!(sm_limit_percent(100), 100);
-        assert_eq!(sm_limit_percent(250), 100);
     }
 }

@@ -23,11 +23,11 @@
 //! See docs/daemon.md.
 
 pub mod check;
+pub mod container_identity;
 pub mod exposition;
 pub mod findings;
 pub mod hostpid;
 pub mod http;
-pub mod identity;
 pub mod integrity;
 pub mod launches;
 pub mod legacy_metrics;

@@ -34,8 +34,8 @@ use vgpu_common::env::TASK_PRIORITY;
 use vgpu_common::node::{NodeView, MEMBERS, SIZE as TABLE_SIZE};
 use vgpu_common::sidecar;
 
+use super::container_identity::ContainerIdentity;
 use super::findings::{Finding, Kind};
-use super::identity::Identity;
 use super::integrity::expected::lookup;
 use super::integrity::spec::{self, SpecPattern};
 use super::procfs::Procfs;
@@ -61,7 +61,7 @@ const SIDECAR_ID_AT: u64 = 16;
 pub struct Holder<'a> {
     /// Host PID.
     pub pid: u32,
-    pub identity: &'a Identity,
+    pub identity: &'a ContainerIdentity,
     /// The region as the process names it, or its host path.
     pub region: &'a Path,
     /// `region` is a host path (found under HAMi's containers directory).
@@ -72,7 +72,7 @@ pub struct Holder<'a> {
 #[derive(Clone, Debug)]
 struct Voucher {
     pid: u32,
-    identity: Identity,
+    identity: ContainerIdentity,
     /// The rank the container's spec allows at most (`None`: no spec).
     rank: Option<u32>,
 }
@@ -312,7 +312,7 @@ fn write_if_owner(
 
 fn finding(
     path: &Path,
-    identity: Option<&Identity>,
+    identity: Option<&ContainerIdentity>,
     pid: u32,
     message: String,
     action: &str,
@@ -320,26 +320,10 @@ fn finding(
 ) -> Finding {
     let id = identity.cloned().unwrap_or_default();
     Finding {
-        kind: Kind::NodeTableForged,
         pid,
-        ns_pid: 0,
-        comm: String::new(),
-        cgroup: id.cgroup,
-        pod_uid: id.pod_uid,
-        container_id: id.container_id,
         region: Some(path.to_owned()),
-        slot: None,
-        untracked_bytes: 0,
-        source: None,
-        probe_bytes: None,
-        nvml_bytes: None,
-        tracked_data_bytes: 0,
-        tracked_total_bytes: 0,
-        since_unix_ms: now_ms,
-        message,
-        limits: Vec::new(),
         action: Some(action.to_owned()),
-        resolved_unix_ms: None,
+        ..Finding::new(Kind::NodeTableForged, &id, now_ms, message)
     }
 }
 

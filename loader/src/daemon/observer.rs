@@ -11,10 +11,10 @@ use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::check::{excess, Observation, Streaks, Thresholds};
+use super::container_identity::{ContainerIdentities, ContainerIdentity};
 use super::exposition::Exposition;
 use super::findings::{self, Finding, Kind, Subject};
 use super::hostpid::{self, Miss, SlotRef};
-use super::identity::{Identities, Identity};
 use super::integrity::{self, Integrity, ProcInput};
 use super::launches::Ledger;
 use super::libs::LibWatch;
@@ -66,9 +66,9 @@ pub fn daemon_funcs() -> Vec<Func> {
         .collect()
 }
 
-/// Settings.
+/// What `vgpu daemon` was told to observe and how (its flags).
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub struct ObserverSettings {
     pub thresholds: Thresholds,
     /// How long a process may run without a slot before it is `no_region`.
     pub slot_grace: Duration,
@@ -95,7 +95,7 @@ pub struct Settings {
 #[derive(Debug)]
 struct Proc {
     caller: Caller,
-    identity: Option<Identity>,
+    identity: Option<ContainerIdentity>,
     first_seen: Instant,
     counts: ProcCounters,
     /// Seen in NVML's list but never in the probed libcuda.
@@ -135,12 +135,12 @@ pub struct ScanOutput {
 
 /// The daemon.
 pub struct Observer {
-    settings: Settings,
+    settings: ObserverSettings,
     probes: ProbeSet,
     libs: LibWatch,
     procfs: Procfs,
     cache: RegionCache,
-    ids: Identities,
+    ids: ContainerIdentities,
     pods: PodNames,
     nvml: Option<NvmlView>,
     procs: HashMap<u32, Proc>,
@@ -171,7 +171,7 @@ pub struct Observer {
 
 impl Observer {
     pub fn new(
-        settings: Settings,
+        settings: ObserverSettings,
         probes: ProbeSet,
         libs: LibWatch,
         nvml: Option<NvmlView>,
@@ -195,7 +195,7 @@ impl Observer {
             libs,
             procfs: Procfs::default(),
             cache: RegionCache::default(),
-            ids: Identities::default(),
+            ids: ContainerIdentities::default(),
             nvml,
             procs: HashMap::new(),
             streaks: Streaks::default(),
@@ -349,8 +349,27 @@ impl Observer {
         Ok(())
     }
 
-    /// Slow job: NVML, the cross-check, findings, metrics.
+    /// Slow job, in three stages: collect (regions, NVML, the probes'
+    /// counters), judge (the cross-check, limit integrity, node tables),
+    /// publish (metrics, findings, utilization).
     pub fn scan(&mut self) -> ScanOutput {
+        let started = Instant::now();
+        let nv = self.collect();
+        let now_ms = findings::now_ms();
+        let mut out = self.judge_processes(nv.as_ref(), now_ms);
+        let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
+        region_view::write_measured_sm_util(&self.cache, &views.sm_util);
+        self.cache.evict_idle(Duration::from_secs(60));
+        let untracked = untracked_by_container(&out);
+        out.extend(self.check_and_restore_limits(nv.as_ref(), now_ms));
+        out.extend(self.check_and_repair_node_tables(now_ms));
+        self.publish(started, now_ms, nv, views, untracked, out)
+    }
+
+    /// Collect: re-lists and re-reads the regions, frees dead processes'
+    /// slots, samples NVML (adopting the processes only it lists) and
+    /// counts the probes' lost events.
+    fn collect(&mut self) -> Option<Sample> {
         let started = Instant::now();
         if self.root_listed.is_none_or(|t| t.elapsed() >= ROOT_RELIST) {
             self.root_listed = Some(started);
@@ -365,13 +384,19 @@ impl Observer {
         let nv = self.nvml.as_mut().map(NvmlView::sample);
         self.adopt_nvml_processes(nv.as_ref());
         self.count_lost();
-        let now_ms = findings::now_ms();
+        nv
+    }
+
+    /// Judge: the cross-check of every tracked process (untracked
+    /// allocations, processes without a region), sorted, logging what is
+    /// new and what cleared.
+    fn judge_processes(&mut self, nv: Option<&Sample>, now_ms: u64) -> Vec<Finding> {
         let mut out = Vec::new();
         for (&tgid, p) in &self.procs {
             if let Some(at) = p.slot {
                 self.cache.touch(&at.region);
             }
-            let obs = self.observe(tgid, p, nv.as_ref());
+            let obs = self.observe(tgid, p, nv);
             let (kind, ex) = match p.slot {
                 Some(_) => {
                     let e = self.streaks.update(
@@ -422,22 +447,21 @@ impl Observer {
             keep
         });
         out.sort_by(|a, b| (a.kind.name(), a.pid).cmp(&(b.kind.name(), b.pid)));
+        out
+    }
 
-        let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
-        self.cache.evict_idle(Duration::from_secs(60));
-        let mut untracked: HashMap<Identity, u64> = HashMap::new();
-        for f in &out {
-            let id = Identity {
-                cgroup: f.cgroup.clone(),
-                pod_uid: f.pod_uid.clone(),
-                container_id: f.container_id.clone(),
-            };
-            *untracked.entry(id).or_insert(0) += f.untracked_bytes;
-        }
-        let mut untracked: Vec<_> = untracked.into_iter().collect();
-        untracked.sort();
-        out.extend(self.check_integrity(nv.as_ref(), now_ms));
-        out.extend(self.check_node_tables(now_ms));
+    /// Publish: keeps findings for their retention and renders `/metrics`
+    /// (at most every `RENDER_EVERY` unless what it shows changed), the
+    /// findings file and the utilization file.
+    fn publish(
+        &mut self,
+        started: Instant,
+        now_ms: u64,
+        nv: Option<Sample>,
+        views: region_view::Views,
+        untracked: Vec<(ContainerIdentity, u64)>,
+        out: Vec<Finding>,
+    ) -> ScanOutput {
         let published = self.retention.update(&out, now_ms);
         let snap = Snapshot {
             regions: views.regions,
@@ -502,13 +526,13 @@ impl Observer {
     }
 
     /// The integrity checks over every known process.
-    fn check_integrity(&mut self, nv: Option<&Sample>, now_ms: u64) -> Vec<Finding> {
+    fn check_and_restore_limits(&mut self, nv: Option<&Sample>, now_ms: u64) -> Vec<Finding> {
         if self.integrity.is_none() {
             return Vec::new();
         }
         let mut procs: Vec<(&u32, &Proc)> = self.procs.iter().collect();
         procs.sort_by_key(|(pid, _)| **pid);
-        let empty = Identity::default();
+        let empty = ContainerIdentity::default();
         let inputs: Vec<ProcInput<'_>> = procs
             .into_iter()
             .map(|(&tgid, p)| {
@@ -540,14 +564,14 @@ impl Observer {
     /// the regions live tracked processes hold slots in vouch for them.
     /// Without the host's PIDs the daemon tracks nobody, so every member
     /// would look forged: nothing is judged.
-    fn check_node_tables(&mut self, now_ms: u64) -> Vec<Finding> {
+    fn check_and_repair_node_tables(&mut self, now_ms: u64) -> Vec<Finding> {
         let Some(tables) = self.node_tables.as_mut() else {
             return Vec::new();
         };
         if self.settings.host_pids.is_err() {
             return Vec::new();
         }
-        let empty = Identity::default();
+        let empty = ContainerIdentity::default();
         let holders: Vec<Holder<'_>> = self
             .procs
             .iter()
@@ -665,8 +689,8 @@ impl Observer {
     }
 
     /// One view per open region. `devices` (NVML) gives each container's
-    /// utilization; it is also written into the slots of devices the region
-    /// does not SM-limit.
+    /// utilization, and the per-slot values to write into the slots of
+    /// devices the region does not SM-limit (`region_view::write_measured_sm_util`).
     fn region_views(&mut self, devices: &[DeviceSample]) -> region_view::Views {
         self.pods.refresh();
         let util = Utilization::new(
@@ -702,6 +726,22 @@ impl Observer {
             fam.inc_by(n.saturating_sub(last));
         }
     }
+}
+
+/// The bytes the cross-check found untracked, summed per container.
+fn untracked_by_container(out: &[Finding]) -> Vec<(ContainerIdentity, u64)> {
+    let mut untracked: HashMap<ContainerIdentity, u64> = HashMap::new();
+    for f in out {
+        let id = ContainerIdentity {
+            cgroup: f.cgroup.clone(),
+            pod_uid: f.pod_uid.clone(),
+            container_id: f.container_id.clone(),
+        };
+        *untracked.entry(id).or_insert(0) += f.untracked_bytes;
+    }
+    let mut untracked: Vec<_> = untracked.into_iter().collect();
+    untracked.sort();
+    untracked
 }
 
 #[cfg(test)]

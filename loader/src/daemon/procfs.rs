@@ -5,9 +5,9 @@
 use std::io;
 use std::path::PathBuf;
 
-use vgpu_common::identity::is_dead_state;
+use vgpu_common::proc_identity::is_dead_state;
 
-pub use vgpu_common::identity::Identity as ProcIdentity;
+pub use vgpu_common::proc_identity::ProcIdentity;
 
 /// `/proc` (a parameter so tests can point at a fake tree).
 #[derive(Clone, Debug)]

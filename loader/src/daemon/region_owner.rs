@@ -15,7 +15,7 @@
 //! directory disagree, the kernel wins and the container name (which only
 //! the directory gives) is left out; with neither, the labels stay empty.
 
-use super::identity::Identity;
+use super::container_identity::ContainerIdentity;
 use crate::regions::discover::ContainerRef;
 
 /// A region's pod UID and container name; empty strings when unknown.
@@ -28,7 +28,7 @@ pub struct RegionOwner {
 /// The owner of a region: `hami` is the HAMi directory it was found in
 /// under `--regions-root` (never one derived from a path a process names),
 /// `kernel` the cgroup identity of a process using it (default: none seen).
-pub fn region_owner(hami: Option<&ContainerRef>, kernel: &Identity) -> RegionOwner {
+pub fn region_owner(hami: Option<&ContainerRef>, kernel: &ContainerIdentity) -> RegionOwner {
     match (kernel.pod_uid.as_deref(), hami) {
         (Some(uid), Some(h)) if h.pod_uid == uid => RegionOwner {
             pod_uid: uid.to_owned(),
@@ -63,8 +63,9 @@ mod tests {
 
     #[test]
     fn the_kernel_decides_and_a_matching_directory_names_the_container() {
-        let in_a = Identity::from_cgroup_path(&format!("/kubepods/burstable/pod{POD_A}/{CID}"));
-        let outside = Identity::from_cgroup_path("/system.slice/job.scope");
+        let in_a =
+            ContainerIdentity::from_cgroup_path(&format!("/kubepods/burstable/pod{POD_A}/{CID}"));
+        let outside = ContainerIdentity::from_cgroup_path("/system.slice/job.scope");
         // Kernel and HAMi's directory agree: both labels.
         assert_eq!(
             region_owner(Some(&hami(POD_A, "main")), &in_a),
@@ -85,7 +86,7 @@ mod tests {
         assert_eq!(region_owner(None, &in_a).pod_uid, POD_A);
         // No pod in the kernel's view (no process yet, or one outside
         // Kubernetes): the device plugin's directory.
-        for id in [&Identity::default(), &outside] {
+        for id in [&ContainerIdentity::default(), &outside] {
             assert_eq!(
                 region_owner(Some(&hami(POD_B, "c")), id),
                 RegionOwner {

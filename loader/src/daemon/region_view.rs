@@ -6,9 +6,9 @@ use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES};
+use vgpu_common::region::{rules, status, ProcSlot, SharedRegion, MAX_DEVICES};
 
-use super::identity::{Identities, Identity};
+use super::container_identity::{ContainerIdentities, ContainerIdentity};
 use super::launches::Ledger;
 use super::metrics::{Labels, RegionDevice, RegionView};
 use super::pods::{PodName, PodNames};
@@ -50,7 +50,12 @@ pub fn bounded_label(v: String, max: usize) -> (String, bool) {
 /// the device's `vdevice_index` and `device_uuid` follow per device), then
 /// vgpu's. `name` is the pod's, `owner` says whose the region is
 /// ([`region_owner`]), `id` is the cgroup identity of a process using it.
-pub fn labels(name: Option<&PodName>, owner: RegionOwner, id: &Identity, region: &Path) -> Labels {
+pub fn labels(
+    name: Option<&PodName>,
+    owner: RegionOwner,
+    id: &ContainerIdentity,
+    region: &Path,
+) -> Labels {
     vec![
         (
             "namespace".to_owned(),
@@ -97,16 +102,46 @@ pub struct Views {
     pub measured: Vec<Measured>,
     /// Containers with a label value shortened to its bound.
     pub labels_shortened: usize,
+    /// The slots' measured `sm_util` to write ([`write_measured_sm_util`]).
+    pub sm_util: Vec<SmUtilWrite>,
+}
+
+/// One process's SM utilization of one device, measured by the daemon, for
+/// its slot in a region that does not SM-limit the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SmUtilWrite {
+    pub region: RegionKey,
+    pub slot: usize,
+    /// The slot's host PID when measured: a slot taken over since keeps
+    /// its value.
+    pub host_pid: u32,
+    pub device: usize,
+    pub percent: u64,
+}
+
+/// Writes each measured `sm_util` of [`Views::sm_util`] into its slot,
+/// where HAMi's monitor reads it (the only write into tenants' regions of
+/// a scan's views).
+pub fn write_measured_sm_util(cache: &RegionCache, writes: &[SmUtilWrite]) {
+    for w in writes {
+        let Some(r) = cache.get(&w.region) else {
+            continue;
+        };
+        if let Err(e) = r.write_sm_util(w.slot, w.host_pid, w.device, w.percent) {
+            tracing::debug!("{e}");
+        }
+    }
 }
 
 /// One view per open, initialised region of `cache`, and each container's
 /// measured utilization: labels (`ids`, `pods`, each value within its
 /// bound), per-device sums, launches (`launches` keeps them monotonic) and
-/// the utilization `util` gives, which is also written into the slots of
-/// devices the region does not SM-limit.
+/// the utilization `util` gives, with the per-slot values to write into
+/// the slots of devices the region does not SM-limit (written by
+/// [`write_measured_sm_util`], not here: the regions are only read).
 pub fn views(
     cache: &RegionCache,
-    ids: &mut Identities,
+    ids: &mut ContainerIdentities,
     pods: &PodNames,
     launches: &mut Ledger,
     dead: &mut DeadSlots,
@@ -115,6 +150,7 @@ pub fn views(
     let mut views = Vec::new();
     let mut measured = Vec::new();
     let mut shortened = std::collections::HashSet::new();
+    let mut sm_util = Vec::new();
     launches.begin_scan();
     dead.begin_scan();
     // In file order, so the views come out the same at every scan without
@@ -150,10 +186,14 @@ pub fn views(
                 m.devices.push((d.index, u));
             }
             if daemon_publishes(d.sm_limit) {
-                for (slot, host_pid, pct) in util.per_slot(key, &d.uuid, d.index) {
-                    if let Err(e) = r.write_sm_util(slot, host_pid, d.index, pct) {
-                        tracing::debug!("{e}");
-                    }
+                for (slot, host_pid, percent) in util.per_slot(key, &d.uuid, d.index) {
+                    sm_util.push(SmUtilWrite {
+                        region: *key,
+                        slot,
+                        host_pid,
+                        device: d.index,
+                        percent,
+                    });
                 }
             }
         }
@@ -174,6 +214,7 @@ pub fn views(
         regions: views,
         measured,
         labels_shortened: shortened.len(),
+        sm_util,
     }
 }
 
@@ -209,7 +250,11 @@ pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
                 .saturating_add(s.device_util[d].sm_util.load(SeqCst));
         }
     }
-    devs.retain(|d| d.index < device_num || d.total != 0 || (device_num == 0 && d.limit != 0));
+    devs.retain(|d| {
+        d.index < device_num
+            || d.total != 0
+            || (device_num == 0 && rules::memory_limit(d.limit).is_some())
+    });
     // Only for the devices shown: a scan of thousands of regions makes
     // no string for the other 15.
     for d in &mut devs {

@@ -118,10 +118,10 @@ impl<'a> Utilization<'a> {
 }
 
 /// Whether the daemon writes a device's `sm_util` into the slots: only where
-/// the region sets no SM limit (0 and >= 100 mean none); a limited device's
+/// the region sets no SM limit (`rules::sm_limit`); a limited device's
 /// `sm_util` belongs to the hook's feedback loop.
 pub fn daemon_publishes(sm_limit: u64) -> bool {
-    sm_limit == 0 || sm_limit >= 100
+    vgpu_common::region::rules::sm_limit(sm_limit).is_none()
 }
 
 #[cfg(test)]

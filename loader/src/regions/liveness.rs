@@ -22,7 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::identity::{is_dead_state, state, Identity};
+use vgpu_common::proc_identity::{is_dead_state, state, ProcIdentity};
 use vgpu_common::region::ProcSlot;
 
 /// How a liveness answer was reached.
@@ -73,7 +73,7 @@ pub fn proc_alive(pid: i64) -> bool {
 /// (innermost namespace PID, PID namespace inode, start time).
 #[derive(Debug, Clone, Default)]
 pub struct Mappers {
-    procs: Vec<(i32, Identity)>,
+    procs: Vec<(i32, ProcIdentity)>,
     /// Namespace PIDs of processes whose maps could not be read (they may
     /// map the region unseen).
     unreadable: Vec<i32>,
@@ -147,7 +147,7 @@ impl Mappers {
             if maps_it && proc_alive(i64::from(pid)) {
                 if let Some(ns) = innermost_nspid(pid) {
                     out.procs
-                        .push((pid, Identity::read(Path::new("/proc"), pid, ns)));
+                        .push((pid, ProcIdentity::read(Path::new("/proc"), pid, ns)));
                 }
             }
         }
@@ -169,7 +169,7 @@ impl Mappers {
     }
 
     /// The host PID of the one mapping process that can be `slot`.
-    fn host_pid_matching(&self, slot: &Identity) -> Option<i32> {
+    fn host_pid_matching(&self, slot: &ProcIdentity) -> Option<i32> {
         let mut it = self.matching(slot);
         match (it.next(), it.next()) {
             (Some(host), None) => Some(host),
@@ -177,7 +177,7 @@ impl Mappers {
         }
     }
 
-    fn matching<'a>(&'a self, slot: &'a Identity) -> impl Iterator<Item = i32> + 'a {
+    fn matching<'a>(&'a self, slot: &'a ProcIdentity) -> impl Iterator<Item = i32> + 'a {
         self.procs
             .iter()
             .filter(|(_, id)| id.pid == slot.pid && id.matches(slot.pidns, slot.start))
@@ -188,7 +188,7 @@ impl Mappers {
     /// PID `hostpid` (0 = unknown), no identity recorded.
     pub fn liveness(&self, pid: i32, hostpid: i32) -> Alive {
         self.liveness_of(
-            &Identity {
+            &ProcIdentity {
                 pid,
                 pidns: 0,
                 start: 0,
@@ -199,7 +199,7 @@ impl Mappers {
 
     /// Liveness of the process of `slot`, its identity included.
     pub fn slot_liveness(&self, slot: &ProcSlot) -> Alive {
-        let id = Identity {
+        let id = ProcIdentity {
             pid: slot.pid.load(SeqCst),
             pidns: slot.pidns.load(SeqCst),
             start: slot.start.load(SeqCst),
@@ -210,13 +210,14 @@ impl Mappers {
     /// Liveness of a process recorded as `slot` with host PID `hostpid`. A
     /// live `hostpid` whose identity differs from the recorded one is not
     /// the slot's process: the answer then comes from the mappers.
-    pub fn liveness_of(&self, slot: &Identity, hostpid: i32) -> Alive {
+    pub fn liveness_of(&self, slot: &ProcIdentity, hostpid: i32) -> Alive {
         let pid = slot.pid;
         if hostpid > 0 {
             let alive = proc_alive(i64::from(hostpid));
             let recorded = slot.pidns != 0 || slot.start != 0;
-            let same =
-                || Identity::read(Path::new("/proc"), hostpid, pid).matches(slot.pidns, slot.start);
+            let same = || {
+                ProcIdentity::read(Path::new("/proc"), hostpid, pid).matches(slot.pidns, slot.start)
+            };
             if !alive || !recorded || same() {
                 return Alive {
                     alive,
@@ -326,17 +327,17 @@ mod tests {
             .map_raw_read_only(&file)
             .unwrap();
         let me = std::process::id() as i32;
-        let id = Identity::read(Path::new("/proc"), me, me);
+        let id = ProcIdentity::read(Path::new("/proc"), me, me);
         let m = Mappers::scan(&file);
         let got = m.liveness_of(&id, 0);
         assert!(got.alive && got.host_pid == Some(me), "{got:?}");
         let got = m.liveness_of(&id, me);
         assert_eq!((got.alive, got.by), (true, AliveBy::Hostpid));
-        let other_ns = Identity {
+        let other_ns = ProcIdentity {
             pidns: id.pidns + 1,
             ..id
         };
-        let reused = Identity {
+        let reused = ProcIdentity {
             start: id.start + 1,
             ..id
         };

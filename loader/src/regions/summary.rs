@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::region::{status, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS, MINOR_VERSION};
+use vgpu_common::region::{
+    rules, status, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS, MINOR_VERSION,
+};
 use vgpu_common::region_io::{IoError, RegionIo};
 
 use super::discover::ContainerRef;
@@ -40,7 +42,7 @@ pub struct RegionSummary {
     pub slots: Vec<SlotSummary>,
     /// Free, clean slots below `proc_num`.
     pub free_slots: usize,
-    pub findings: Vec<Finding>,
+    pub findings: Vec<RegionFinding>,
 }
 
 /// Limits and container-wide usage of one device.
@@ -51,7 +53,7 @@ pub struct DeviceSummary {
     pub uuid: String,
     /// Bytes; 0 = no limit.
     pub limit_bytes: u64,
-    /// Percent; 0 or 100 = no limit.
+    /// Percent, 100 = no limit (`rules::sm_limit_shown` of the region's value).
     pub sm_limit_percent: u64,
     /// Sum of `total` over slots with a nonzero pid (what the hook checks
     /// the limit against).
@@ -115,18 +117,18 @@ pub enum Severity {
 /// Something an operator should know; `kind` values are listed in
 /// `docs/inspect.md`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Finding {
-    pub kind: FindingKind,
+pub struct RegionFinding {
+    pub kind: RegionFindingKind,
     pub severity: Severity,
     pub slot: Option<usize>,
     pub device: Option<usize>,
     pub message: String,
 }
 
-/// Finding kinds (stable, snake_case in JSON).
+/// Kinds of region findings (stable, snake_case in JSON).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum FindingKind {
+pub enum RegionFindingKind {
     DeadSlot,
     HostpidMissing,
     ExitedSlotWithUsage,
@@ -215,28 +217,23 @@ impl RegionSummary {
         let mut findings = Vec::new();
         let mut slots = Vec::new();
         let mut free_slots = 0;
-        let mut used = [0u64; MAX_DEVICES];
         for (index, slot) in r.active_slots().iter().enumerate() {
             if vgpu_common::reclaim::is_clean(slot) {
                 free_slots += 1;
                 continue;
             }
             let s = read_slot(index, slot, mappers);
-            if s.pid != 0 {
-                for u in &s.usage {
-                    used[u.device] = used[u.device].saturating_add(u.total_bytes);
-                }
-            }
             slot_findings(&s, device_num, &mut findings);
             slots.push(s);
         }
+        let used: [u64; MAX_DEVICES] =
+            std::array::from_fn(|d| rules::used_by_slots(r.active_slots(), d));
         let devices = (0..MAX_DEVICES)
             .filter(|&d| {
                 (d as u64) < device_num
                     || used[d] != 0
                     || (device_num == 0
-                        && (r.limit[d].load(SeqCst) != 0
-                            || !matches!(r.sm_limit[d].load(SeqCst), 0 | 100)))
+                        && (r.memory_limit_of(d).is_some() || r.sm_limit_of(d).is_some()))
             })
             .map(|d| {
                 let (uuid, len) = r.uuid(d);
@@ -244,15 +241,15 @@ impl RegionSummary {
                     index: d,
                     uuid: String::from_utf8_lossy(&uuid[..len]).into_owned(),
                     limit_bytes: r.limit[d].load(SeqCst),
-                    sm_limit_percent: r.sm_limit[d].load(SeqCst),
+                    sm_limit_percent: rules::sm_limit_shown(r.sm_limit[d].load(SeqCst)),
                     used_bytes: used[d],
                 }
             })
             .collect::<Vec<_>>();
         for d in &devices {
             if d.limit_bytes != 0 && d.used_bytes > d.limit_bytes {
-                findings.push(Finding {
-                    kind: FindingKind::OverLimit,
+                findings.push(RegionFinding {
+                    kind: RegionFindingKind::OverLimit,
                     severity: Severity::Warning,
                     slot: None,
                     device: Some(d.index),
@@ -266,8 +263,8 @@ impl RegionSummary {
             }
         }
         if !(0..=MAX_PROCS as i32).contains(&proc_num) {
-            findings.push(Finding {
-                kind: FindingKind::ProcNumOutOfRange,
+            findings.push(RegionFinding {
+                kind: RegionFindingKind::ProcNumOutOfRange,
                 severity: Severity::Error,
                 slot: None,
                 device: None,
@@ -276,8 +273,8 @@ impl RegionSummary {
         }
         let minor = r.minor_version.load(SeqCst);
         if minor != MINOR_VERSION {
-            findings.push(Finding {
-                kind: FindingKind::MinorVersion,
+            findings.push(RegionFinding {
+                kind: RegionFindingKind::MinorVersion,
                 severity: Severity::Info,
                 slot: None,
                 device: None,
@@ -332,9 +329,9 @@ fn read_slot(index: usize, slot: &ProcSlot, mappers: &Mappers) -> SlotSummary {
     }
 }
 
-fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<Finding>) {
+fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<RegionFinding>) {
     let mut push = |kind, severity, device, message: String| {
-        out.push(Finding {
+        out.push(RegionFinding {
             kind,
             severity,
             slot: Some(s.index),
@@ -349,7 +346,7 @@ fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<Finding>) {
         .fold(0, u64::saturating_add);
     match s.alive {
         Some(a) if !a.alive => push(
-            FindingKind::DeadSlot,
+            RegionFindingKind::DeadSlot,
             Severity::Warning,
             None,
             format!(
@@ -360,14 +357,14 @@ fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<Finding>) {
             ),
         ),
         Some(_) if s.hostpid == 0 => push(
-            FindingKind::HostpidMissing,
+            RegionFindingKind::HostpidMissing,
             Severity::Warning,
             None,
             format!("live pid {} has no host PID recorded", s.pid),
         ),
         Some(_) => {}
         None if !s.usage.is_empty() => push(
-            FindingKind::ExitedSlotWithUsage,
+            RegionFindingKind::ExitedSlotWithUsage,
             Severity::Warning,
             None,
             format!("pid 0 (free) but its counters still hold {}", bytes(total)),
@@ -376,27 +373,27 @@ fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<Finding>) {
     }
     match s.status {
         status::EXITED if s.pid != 0 => push(
-            FindingKind::InvalidStatus,
+            RegionFindingKind::InvalidStatus,
             Severity::Info,
             None,
             format!("pid {} has status 0 (exited)", s.pid),
         ),
         status::EXITED => {}
         status::RUNNING if s.pid == 0 => push(
-            FindingKind::InvalidStatus,
+            RegionFindingKind::InvalidStatus,
             Severity::Info,
             None,
             "pid 0 (free) with status 1 (running)".to_owned(),
         ),
         status::RUNNING => {}
         status::SUSPENDED => push(
-            FindingKind::Suspended,
+            RegionFindingKind::Suspended,
             Severity::Info,
             None,
             format!("pid {} is suspended", s.pid),
         ),
         other => push(
-            FindingKind::InvalidStatus,
+            RegionFindingKind::InvalidStatus,
             Severity::Error,
             None,
             format!("status {other} is not 0, 1 or 2"),
@@ -409,7 +406,7 @@ fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<Finding>) {
             .and_then(|x| x.checked_add(u.data_bytes));
         if sum != Some(u.total_bytes) {
             push(
-                FindingKind::TotalMismatch,
+                RegionFindingKind::TotalMismatch,
                 Severity::Error,
                 Some(u.device),
                 format!(
@@ -428,7 +425,7 @@ fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<Finding>) {
         for (name, v) in fields {
             if v > IMPLAUSIBLE_BYTES {
                 push(
-                    FindingKind::CounterUnderflow,
+                    RegionFindingKind::CounterUnderflow,
                     Severity::Error,
                     Some(u.device),
                     format!(
@@ -440,7 +437,7 @@ fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<Finding>) {
         }
         if device_num > 0 && u.device as u64 >= device_num {
             push(
-                FindingKind::DeviceOutOfRange,
+                RegionFindingKind::DeviceOutOfRange,
                 Severity::Warning,
                 Some(u.device),
                 format!(
@@ -452,11 +449,11 @@ fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<Finding>) {
     }
 }
 
-fn lock_findings(l: &LockSummary, out: &mut Vec<Finding>) {
+fn lock_findings(l: &LockSummary, out: &mut Vec<RegionFinding>) {
     let owner_dead = l.owner.is_some_and(|a| !a.alive);
     if owner_dead {
-        out.push(Finding {
-            kind: FindingKind::LockHolderDead,
+        out.push(RegionFinding {
+            kind: RegionFindingKind::LockHolderDead,
             severity: Severity::Warning,
             slot: None,
             device: None,
@@ -467,8 +464,8 @@ fn lock_findings(l: &LockSummary, out: &mut Vec<Finding>) {
         });
     }
     if l.sem_value == 0 && (l.owner_pid == 0 || owner_dead) {
-        out.push(Finding {
-            kind: FindingKind::SemStuck,
+        out.push(RegionFinding {
+            kind: RegionFindingKind::SemStuck,
             severity: Severity::Warning,
             slot: None,
             device: None,

@@ -5,6 +5,8 @@
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
+use vgpu_common::region::rules;
+
 use super::summary::{bytes, RegionSummary};
 use crate::printable::escape_controls;
 
@@ -71,14 +73,6 @@ pub enum SortKey {
     Findings,
     /// Container name.
     Name,
-}
-
-/// A limit of 0 or 100 and more reads as none (100), as HAMi.
-fn sm_limit(raw: u64) -> u64 {
-    match raw {
-        1..=99 => raw,
-        _ => 100,
-    }
 }
 
 /// A daemon finding (from `findings.json`) is about a region when it names
@@ -163,7 +157,7 @@ pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
                 } else {
                     "slots"
                 },
-                sm_limit_percent: sm_limit(d.sm_limit_percent),
+                sm_limit_percent: d.sm_limit_percent,
                 launches_total: processes
                     .iter()
                     .fold(0u64, |a, p| a.saturating_add(p.launches)),
@@ -176,7 +170,7 @@ pub fn rows(regions: &[Input], daemon: Option<&serde_json::Value>) -> Vec<Row> {
     out
 }
 
-fn kind_name(k: &super::summary::FindingKind) -> String {
+fn kind_name(k: &super::summary::RegionFindingKind) -> String {
     serde_json::to_value(k)
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
@@ -259,12 +253,8 @@ pub fn table(rows: &[Row], width: usize) -> Vec<String> {
             let tail: String = name.chars().rev().take(name_w - 1).collect();
             name = format!("…{}", tail.chars().rev().collect::<String>());
         }
-        let limit = if r.memory_limit_bytes == 0 {
-            "none".to_owned()
-        } else {
-            bytes(r.memory_limit_bytes)
-        };
-        let sm_limit = if r.sm_limit_percent >= 100 {
+        let limit = rules::memory_limit(r.memory_limit_bytes).map_or("none".to_owned(), bytes);
+        let sm_limit = if rules::sm_limit(r.sm_limit_percent).is_none() {
             "none".to_owned()
         } else {
             r.sm_limit_percent.to_string()

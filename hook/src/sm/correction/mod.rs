@@ -155,8 +155,7 @@ pub(crate) fn step(factor: f64, limit: u32, r: Reading) -> f64 {
     } else {
         1.0
     };
-    if limit == 0
-        || limit >= 100
+    if vgpu_common::region::rules::sm_limit(u64::from(limit)).is_none()
         || !r.measured.is_finite()
         || !r.charged.is_finite()
         || r.charged < MIN_CHARGED

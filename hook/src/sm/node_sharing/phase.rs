@@ -6,8 +6,8 @@
 //! costs device time that neither gets (about a tenth of the device), and
 //! the larger share loses most of it, whatever the batch size of the
 //! smaller. Exclusive turns, each container draining its queue before the
-//! other's turn, give each its share (docs/benchmarks.md, "Sixth run", has
-//! the figures).
+//! other's turn, give each its share (docs/benchmarks.md, "containers
+//! taking turns", has the figures).
 //!
 //! So while two or more limited containers on a GPU each use most of their
 //! share (`demand`), each one runs only in its own phase of a common frame

@@ -11,15 +11,10 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
-use vgpu_common::region::{policy, SharedRegion, MAX_DEVICES};
+use vgpu_common::region::{policy, rules, SharedRegion, MAX_DEVICES};
 
 /// `recent_kernel` value meaning "launched recently".
 pub const ACTIVE: i32 = 2;
-
-/// The percent to enforce from a raw `sm_limit`, or `None` (no limit).
-pub fn limit_pct(raw: u64) -> Option<u32> {
-    (raw > 0 && raw < 100).then_some(raw as u32)
-}
 
 /// Whether the limit is enforced under `policy` with the monitor's switch.
 pub fn enforced(policy_: i32, switch: i32) -> bool {
@@ -56,7 +51,7 @@ impl RegionReading {
 pub fn read(region: &SharedRegion, policy_: i32) -> RegionReading {
     let mut limits = [0u32; MAX_DEVICES];
     for (d, l) in limits.iter_mut().enumerate() {
-        *l = limit_pct(region.sm_limit[d].load(Relaxed)).unwrap_or(0);
+        *l = rules::sm_limit(region.sm_limit[d].load(Relaxed)).unwrap_or(0);
     }
     RegionReading {
         limits,
@@ -125,10 +120,6 @@ mod tests {
 
     #[test]
     fn limits_and_policy() {
-        assert_eq!(limit_pct(0), None);
-        assert_eq!(limit_pct(100), None);
-        assert_eq!(limit_pct(150), None);
-        assert_eq!(limit_pct(30), Some(30));
         assert!(enforced(policy::FORCE, 0));
         assert!(!enforced(policy::DISABLE, 1));
         assert!(enforced(policy::DEFAULT, 1));

@@ -15,7 +15,7 @@ fn stall_bound(cost: u64, pct: u32) -> u64 {
         + 1_000_000
 }
 
-/// Issue 16: a process saturating the device is killed, and its queued
+/// A process saturating the device is killed, and its queued
 /// kernels still occupy the device when a new process at 30 % starts the
 /// same loop: the new one's first timing waited behind them. It must make
 /// progress at once and get its 30 %.

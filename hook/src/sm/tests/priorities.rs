@@ -60,10 +60,9 @@ fn ranked_trainer() -> (
     (c, service)
 }
 
-/// Issue 16, part 2: beside an active service of higher priority, the
-/// trainer keeps at most `LOW_QUEUE_NS` queued, so each request finds at
-/// most that ahead of it (it found the driver's whole 50 ms queue before),
-/// while the trainer keeps the device busy. When the service stops, the
+/// Beside an active service of higher priority, the trainer keeps at most
+/// `LOW_QUEUE_NS` queued, so each request finds at most that ahead of it
+/// (not the driver's whole 50 ms queue), while the trainer keeps the device busy. When the service stops, the
 /// trainer is free again within a frame.
 #[test]
 fn a_low_priority_trainer_keeps_its_queue_short_beside_a_service() {

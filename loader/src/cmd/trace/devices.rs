@@ -13,7 +13,7 @@ use std::{collections::HashMap, io::Read as _, path::Path};
 use vgpu_common::{
     devices::{environ_value, process_devices, OrdinalDevice},
     env::{CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES},
-    identity::start_time,
+    proc_identity::start_time,
 };
 
 /// Bytes of `/proc/<pid>/environ` read at most. The variables are looked

@@ -5,11 +5,12 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::expected::{normal_sm, Limits};
+use super::expected::Limits;
 use super::overrides::FileKey;
 use super::{enforce, RegionAccess};
 use crate::daemon::findings::LimitMismatch;
 use crate::daemon::region_cache::RegionCache;
+use vgpu_common::region::rules::sm_limit_shown;
 
 impl RegionAccess for RegionCache {
     fn limits(&self, key: &FileKey) -> Option<Limits> {
@@ -23,7 +24,7 @@ impl RegionAccess for RegionCache {
         };
         for d in 0..MAX_DEVICES {
             l.mem[d] = r.limit[d].load(SeqCst);
-            l.sm[d] = normal_sm(r.sm_limit[d].load(SeqCst));
+            l.sm[d] = sm_limit_shown(r.sm_limit[d].load(SeqCst));
         }
         Some(l)
     }

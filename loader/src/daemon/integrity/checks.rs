@@ -10,8 +10,8 @@ use super::expected::Expected;
 use super::overrides::FileKey;
 use super::report::{base, describe, short};
 use super::{Integrity, OwnEnv, ProcInput, RegionAccess, Subject, OVER_SCANS};
+use crate::daemon::container_identity::ContainerIdentity;
 use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
-use crate::daemon::identity::Identity;
 use crate::regions::summary::bytes;
 
 impl Integrity {
@@ -257,7 +257,7 @@ impl Integrity {
 
     /// Carries out `plan`'s kill of `pid`, once per process: later calls
     /// return the first outcome.
-    pub(super) fn act(&mut self, plan: Plan, pid: u32, id: &Identity) -> Option<String> {
+    pub(super) fn act(&mut self, plan: Plan, pid: u32, id: &ContainerIdentity) -> Option<String> {
         if !plan.kill {
             return None;
         }

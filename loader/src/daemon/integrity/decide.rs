@@ -4,8 +4,9 @@
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::expected::{Limits, SM_NONE};
+use super::expected::Limits;
 use crate::daemon::findings::{Kind, LimitMismatch, LimitName};
+use vgpu_common::region::rules::{memory_limit, SM_UNLIMITED};
 
 /// What the daemon does about a violation (`--on-violation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -92,7 +93,7 @@ fn differing(expected: &Limits, found: &Limits, cmp: Compare) -> Vec<LimitMismat
     for (d, (&e, &f)) in expected.sm.iter().zip(&found.sm).enumerate() {
         let differs = match cmp {
             Compare::Any => e != f,
-            Compare::Looser => e != SM_NONE && f > e,
+            Compare::Looser => e != SM_UNLIMITED && f > e,
         };
         if differs {
             push(LimitName::SmPercent, d, e, f);
@@ -105,9 +106,9 @@ fn differing(expected: &Limits, found: &Limits, cmp: Compare) -> Vec<LimitMismat
 /// when one of them has no memory limit.
 pub fn allowance(expected: &Limits, devices: usize) -> Option<u64> {
     let n = devices.clamp(1, MAX_DEVICES);
-    expected.mem[..n]
-        .iter()
-        .try_fold(0u64, |acc, &m| (m != 0).then(|| acc.saturating_add(m)))
+    expected.mem[..n].iter().try_fold(0u64, |acc, &m| {
+        memory_limit(m).map(|m| acc.saturating_add(m))
+    })
 }
 
 /// How many GPUs a container's limits apply to, from facts the tenant
@@ -225,7 +226,7 @@ mod tests {
         assert!(mismatches(&want, &want).is_empty());
         let mut got = want;
         got.mem[0] = 64 * G;
-        got.sm[3] = SM_NONE;
+        got.sm[3] = SM_UNLIMITED;
         let m = mismatches(&want, &got);
         assert_eq!(
             m,
@@ -240,7 +241,7 @@ mod tests {
                     device: 3,
                     limit: LimitName::SmPercent,
                     expected: 30,
-                    found: SM_NONE
+                    found: SM_UNLIMITED
                 },
             ]
         );
@@ -249,7 +250,7 @@ mod tests {
         low.mem[1] = G / 2;
         assert_eq!(mismatches(&want, &low).len(), 1);
         // An SM limit the container was not given.
-        let free = limits(G, SM_NONE);
+        let free = limits(G, SM_UNLIMITED);
         let mut sm = free;
         sm.sm[0] = 50;
         assert_eq!(mismatches(&free, &sm).len(), 1);
@@ -263,14 +264,16 @@ mod tests {
             looser(&want, &limits(G / 2, 10)).is_empty(),
             "stricter is fine"
         );
-        let unset = looser(&want, &limits(0, SM_NONE));
+        let unset = looser(&want, &limits(0, SM_UNLIMITED));
         assert_eq!(unset.len(), 2 * MAX_DEVICES);
-        assert!(unset.iter().all(|m| m.found == 0 || m.found == SM_NONE));
+        assert!(unset
+            .iter()
+            .all(|m| m.found == 0 || m.found == SM_UNLIMITED));
         assert_eq!(looser(&want, &limits(2 * G, 30)).len(), MAX_DEVICES);
         assert_eq!(looser(&want, &limits(G, 40)).len(), MAX_DEVICES);
         // Nothing expected: nothing can be looser.
-        assert!(looser(&limits(0, SM_NONE), &limits(0, SM_NONE)).is_empty());
-        assert!(looser(&limits(0, SM_NONE), &limits(G, 50)).is_empty());
+        assert!(looser(&limits(0, SM_UNLIMITED), &limits(0, SM_UNLIMITED)).is_empty());
+        assert!(looser(&limits(0, SM_UNLIMITED), &limits(G, 50)).is_empty());
     }
 
     #[test]

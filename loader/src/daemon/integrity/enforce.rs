@@ -10,9 +10,9 @@ use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 use vgpu_common::region_io::RegionIo;
 
-use super::expected::normal_sm;
 use crate::daemon::findings::{LimitMismatch, LimitName};
 use crate::daemon::procfs::Procfs;
+use vgpu_common::region::rules::sm_limit_shown;
 
 /// A region's limit cells, as [`restore`] reads and writes them.
 pub trait LimitCells {
@@ -57,7 +57,7 @@ pub fn restore(cells: &impl LimitCells, mismatches: &[LimitMismatch]) -> usize {
         };
         let same = match m.limit {
             LimitName::MemoryBytes => now == m.found,
-            LimitName::SmPercent => normal_sm(now) == m.found,
+            LimitName::SmPercent => sm_limit_shown(now) == m.found,
         };
         if same && cells.write(m.limit, m.device, m.expected) {
             n += 1;

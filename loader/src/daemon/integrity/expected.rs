@@ -6,15 +6,13 @@ use std::path::PathBuf;
 
 use vgpu_common::env::{MEMORY_LIMIT, SHARED_CACHE, SHARED_CACHE_DEFAULT, SM_LIMIT};
 use vgpu_common::limit::{device_limits, parse_percent, parse_size, LimitError};
+use vgpu_common::region::rules::{memory_limit, sm_limit_shown, SM_UNLIMITED};
 use vgpu_common::region::MAX_DEVICES;
 
 /// HAMi's per-container opt-in to having processes over their limit killed
 /// (its library reads it and never acts on it).
 pub const ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
 pub use vgpu_common::env::{CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES};
-
-/// No SM limit, as the hook stores it.
-pub const SM_NONE: u64 = 100;
 
 /// Per-device limits as the hook stores them in a region: bytes (0 = none)
 /// and percent (100 = none).
@@ -32,13 +30,13 @@ impl Limits {
     ) -> (Limits, Vec<LimitError>) {
         let get = |name: &str| lookup(env.clone(), name);
         let mem = device_limits(MEMORY_LIMIT, 0, parse_size, get);
-        let sm = device_limits(SM_LIMIT, SM_NONE, parse_percent, get);
+        let sm = device_limits(SM_LIMIT, SM_UNLIMITED, parse_percent, get);
         let mut errors = mem.errors;
         errors.extend(sm.errors);
         (
             Limits {
                 mem: mem.values,
-                sm: sm.values.map(normal_sm),
+                sm: sm.values.map(sm_limit_shown),
             },
             errors,
         )
@@ -46,17 +44,8 @@ impl Limits {
 
     /// Whether any device has a memory or SM limit.
     pub fn any(&self) -> bool {
-        self.mem.iter().any(|&m| m != 0) || self.sm.iter().any(|&s| s != SM_NONE)
-    }
-}
-
-/// A region's `sm_limit` as a percent where 100 means none (the region
-/// also uses 0 and anything above 100 for none).
-pub fn normal_sm(v: u64) -> u64 {
-    if v == 0 || v >= SM_NONE {
-        SM_NONE
-    } else {
-        v
+        self.mem.iter().any(|&m| memory_limit(m).is_some())
+            || self.sm.iter().any(|&s| s != SM_UNLIMITED)
     }
 }
 
@@ -115,7 +104,7 @@ impl Expected {
         }
         for (&d, &v) in &o.sm {
             if let Some(cell) = l.sm.get_mut(d) {
-                *cell = normal_sm(v);
+                *cell = sm_limit_shown(v);
             }
         }
         l
@@ -245,6 +234,6 @@ mod tests {
         };
         let l = e.with_overrides(&o);
         assert_eq!((l.mem[0], l.mem[1]), (4 * G, G));
-        assert_eq!(l.sm[1], SM_NONE);
+        assert_eq!(l.sm[1], SM_UNLIMITED);
     }
 }

@@ -37,8 +37,8 @@ use self::expected::{Expected, Limits};
 use self::overrides::FileKey;
 use self::report::{short, show_mem};
 use self::spec::SpecPattern;
+use super::container_identity::ContainerIdentity;
 use super::findings::{Finding, Kind, LimitMismatch};
-use super::identity::Identity;
 use super::procfs::Procfs;
 
 /// A spec that was not found is looked for again after this long.
@@ -66,7 +66,7 @@ pub struct ProcInput<'a> {
     pub pid: u32,
     pub ns_pid: u32,
     pub comm: String,
-    pub identity: &'a Identity,
+    pub identity: &'a ContainerIdentity,
     /// The region of its slot.
     pub region: Option<FileKey>,
     /// No slot after the grace period: the hook does not account it.

@@ -1,39 +1,25 @@
 //! How integrity findings read: the common fields and the sentences.
 
-use super::expected::SM_NONE;
 use super::ProcInput;
+use crate::daemon::container_identity::ContainerIdentity;
 use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
-use crate::daemon::identity::Identity;
 use crate::regions::summary::bytes;
+use vgpu_common::region::rules::{memory_limit, SM_UNLIMITED};
 
 /// A finding with the process and container fields filled.
 pub(super) fn base(
     kind: Kind,
     p: Option<&ProcInput<'_>>,
-    id: &Identity,
+    id: &ContainerIdentity,
     message: String,
 ) -> Finding {
     Finding {
-        kind,
         pid: p.map_or(0, |p| p.pid),
         ns_pid: p.map_or(0, |p| p.ns_pid),
         comm: p.map(|p| p.comm.clone()).unwrap_or_default(),
-        cgroup: id.cgroup.clone(),
-        pod_uid: id.pod_uid.clone(),
-        container_id: id.container_id.clone(),
-        region: None,
-        slot: None,
-        untracked_bytes: 0,
-        source: None,
         probe_bytes: p.and_then(|p| p.probe_bytes),
-        nvml_bytes: None,
-        tracked_data_bytes: 0,
         tracked_total_bytes: p.map_or(0, |p| p.tracked_bytes),
-        since_unix_ms: 0,
-        message,
-        limits: Vec::new(),
-        action: None,
-        resolved_unix_ms: None,
+        ..Finding::new(kind, id, 0, message)
     }
 }
 
@@ -42,15 +28,11 @@ pub(super) fn short(id: &str) -> &str {
 }
 
 pub(super) fn show_mem(v: u64) -> String {
-    if v == 0 {
-        "none".to_owned()
-    } else {
-        bytes(v)
-    }
+    memory_limit(v).map_or("none".to_owned(), bytes)
 }
 
 pub(super) fn show_sm(v: u64) -> String {
-    if v == SM_NONE {
+    if v == SM_UNLIMITED {
         "none".to_owned()
     } else {
         format!("{v}%")

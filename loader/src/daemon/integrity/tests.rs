@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use vgpu_common::region::MAX_DEVICES;
 
 use super::decide::Policy;
-use super::expected::{self, Limits};
+use super::expected::Limits;
 use super::overrides::{self, FileKey};
 use super::{Config, Integrity, ProcInput, RegionAccess};
+use crate::daemon::container_identity::ContainerIdentity;
 use crate::daemon::findings::{Kind, LimitMismatch, LimitName};
-use crate::daemon::identity::Identity;
 use crate::daemon::procfs::Procfs;
 
 const G: u64 = 1 << 30;
@@ -44,7 +44,7 @@ impl RegionAccess for Fake {
 fn limits(mem: u64) -> Limits {
     Limits {
         mem: [mem; MAX_DEVICES],
-        sm: [expected::SM_NONE; MAX_DEVICES],
+        sm: [vgpu_common::region::rules::SM_UNLIMITED; MAX_DEVICES],
     }
 }
 
@@ -87,7 +87,7 @@ fn one_container_through_tampering_an_admin_change_and_excess() {
         },
         Procfs::at(d.join("proc")),
     );
-    let id = Identity {
+    let id = ContainerIdentity {
         cgroup: format!("/kubepods/pod0f9c1d2e-3a4b-4c5d-8e6f-7a8b9c0d1e2f/{CID}"),
         pod_uid: None,
         container_id: Some(CID.to_owned()),
@@ -166,7 +166,7 @@ fn one_container_through_tampering_an_admin_change_and_excess() {
     assert!(integ.scan(&hidden, &regions, Some(2), 22).is_empty());
 
     // A container without a spec is not checked.
-    let other = Identity {
+    let other = ContainerIdentity {
         container_id: Some(CID.replace('4', "5")),
         ..id.clone()
     };

@@ -140,7 +140,7 @@ mod tests {
     use super::*;
     use crate::regions::admin::testutil::{dead_pid, fixture, me};
     use std::sync::atomic::Ordering::Relaxed;
-    use vgpu_common::identity::Identity;
+    use vgpu_common::proc_identity::ProcIdentity;
     use vgpu_common::region::status;
 
     const M: u64 = 1 << 20;
@@ -155,9 +155,9 @@ mod tests {
         let dead = dead_pid();
         fx.slot(0, id, host, 100 * M);
         // A free slot a HAMi-core exit left with counters and a status.
-        fx.slot(1, Identity { pid: 0, ..id }, 0, 7 * M);
-        fx.slot(2, Identity { pid: 4242, ..id }, dead, 300 * M);
-        fx.slot(3, Identity { pid: 4243, ..id }, dead, 5 * M);
+        fx.slot(1, ProcIdentity { pid: 0, ..id }, 0, 7 * M);
+        fx.slot(2, ProcIdentity { pid: 4242, ..id }, dead, 300 * M);
+        fx.slot(3, ProcIdentity { pid: 4243, ..id }, dead, 5 * M);
         let report = cleanup(&fx.io).unwrap();
         let freed: Vec<_> = report
             .reclaimed
@@ -194,7 +194,7 @@ mod tests {
     fn a_live_hostpid_of_another_identity_does_not_keep_a_slot() {
         let fx = fixture();
         let (host, id) = me();
-        let other = Identity {
+        let other = ProcIdentity {
             start: id.start + 1,
             ..id
         };
@@ -219,7 +219,7 @@ mod tests {
         let r = fx.r();
         let (host, id) = me();
         fx.slot(0, id, host, M);
-        fx.slot(1, Identity { pid: 4242, ..id }, dead_pid(), M);
+        fx.slot(1, ProcIdentity { pid: 4242, ..id }, dead_pid(), M);
         let other = fx.other_fd();
         let _held = lock::try_lock(&other).unwrap().expect("lock");
         r.owner_pid.store(id.pid as u64, Relaxed);

@@ -4,7 +4,7 @@
 use std::mem::offset_of;
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::region::{SharedRegion, MAX_DEVICES};
+use vgpu_common::region::{rules, SharedRegion, MAX_DEVICES};
 use vgpu_common::region_io::RegionIo;
 
 use super::AdminError;
@@ -65,14 +65,6 @@ pub fn resolve_devices(
     }
 }
 
-fn used(r: &SharedRegion, dev: usize) -> u64 {
-    r.active_slots()
-        .iter()
-        .filter(|s| s.pid.load(SeqCst) != 0)
-        .map(|s| s.used_total(dev))
-        .fold(0, u64::saturating_add)
-}
-
 /// Writes `value` into `limit[]` or `sm_limit[]` of the devices. Running
 /// processes read these on their allocation / launch paths.
 pub fn set_limit(
@@ -94,7 +86,7 @@ pub fn set_limit(
             device: d,
             old: cells[d].load(SeqCst),
             new: value,
-            used_bytes: used(&r, d),
+            used_bytes: rules::used_by_slots(r.active_slots(), d),
         });
     }
     Ok(out)

@@ -187,7 +187,7 @@ mod tests {
     use crate::regions::admin::testutil::{dead_pid, fixture, me};
     use std::sync::atomic::AtomicUsize;
     use std::sync::atomic::Ordering::Relaxed;
-    use vgpu_common::identity::Identity;
+    use vgpu_common::proc_identity::ProcIdentity;
 
     static CAUGHT: AtomicUsize = AtomicUsize::new(0);
 
@@ -206,7 +206,7 @@ mod tests {
         let r = fx.r();
         let (host, id) = me();
         fx.slot(0, id, host, 0);
-        fx.slot(1, Identity { pid: 4242, ..id }, dead_pid(), 0);
+        fx.slot(1, ProcIdentity { pid: 4242, ..id }, dead_pid(), 0);
         let e = plan_signal(&fx.io, SignalAction::Suspend).unwrap_err();
         assert!(
             matches!(
@@ -274,7 +274,7 @@ mod tests {
             .spawn()
             .unwrap();
         let cpid = child.id() as i32;
-        let id = Identity::read(std::path::Path::new("/proc"), cpid, cpid);
+        let id = ProcIdentity::read(std::path::Path::new("/proc"), cpid, cpid);
         fx.slot(0, id, cpid, 0);
         let e = plan_signal(&fx.io, SignalAction::Resume).unwrap_err();
         let forged = Target {

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
 
-use vgpu_common::identity::Identity;
+use vgpu_common::proc_identity::ProcIdentity;
 use vgpu_common::region::{status, SharedRegion, MAGIC, MAJOR_VERSION};
 use vgpu_common::region_io::RegionIo;
 use vgpu_common::view::RegionFile;
@@ -41,7 +41,7 @@ impl Fx {
 
     /// Slot `i` in use by `id` at host PID `hostpid`, counting `bytes` on
     /// device 0.
-    pub fn slot(&self, i: usize, id: Identity, hostpid: i32, bytes: u64) {
+    pub fn slot(&self, i: usize, id: ProcIdentity, hostpid: i32, bytes: u64) {
         let r = self.r();
         let s = &r.procs[i];
         s.pid.store(id.pid, Relaxed);
@@ -67,7 +67,7 @@ impl Fx {
 
 /// This process: its host PID and its identity with the PID it sees for
 /// itself (the last `NSpid`, what a hook records).
-pub fn me() -> (i32, Identity) {
+pub fn me() -> (i32, ProcIdentity) {
     let host = std::process::id() as i32;
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let nspid = status
@@ -75,7 +75,7 @@ pub fn me() -> (i32, Identity) {
         .find_map(|l| l.strip_prefix("NSpid:"))
         .and_then(|l| l.split_ascii_whitespace().last()?.parse().ok())
         .unwrap_or(host);
-    (host, Identity::read_dir(Path::new("/proc/self"), nspid))
+    (host, ProcIdentity::read_dir(Path::new("/proc/self"), nspid))
 }
 
 /// The PID of a process that has exited and been reaped.

@@ -111,7 +111,7 @@ mod tests {
     use super::*;
     use crate::regions::admin::testutil::{dead_pid, fixture, me};
     use std::sync::atomic::Ordering::Relaxed;
-    use vgpu_common::identity::Identity;
+    use vgpu_common::proc_identity::ProcIdentity;
 
     /// A dead owner (its slot's host PID is gone) that left HAMi-core's
     /// semaphore taken: the semaphore is reset and `owner_pid` cleared.
@@ -120,7 +120,7 @@ mod tests {
         let fx = fixture();
         let r = fx.r();
         let (_, id) = me();
-        fx.slot(0, Identity { pid: 4242, ..id }, dead_pid(), 0);
+        fx.slot(0, ProcIdentity { pid: 4242, ..id }, dead_pid(), 0);
         r.owner_pid.store(4242, Relaxed);
         r.sem[0].store(0, Relaxed);
         let rep = unlock(&fx.io).unwrap();

@@ -9,18 +9,18 @@ use crate::cgroup::{CgroupIndex, ContainerInfo};
 
 /// A process's container, as far as its cgroup tells.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Identity {
+pub struct ContainerIdentity {
     /// Path under the cgroup2 mount (`/kubepods/...`); empty if unknown.
     pub cgroup: String,
     pub pod_uid: Option<String>,
     pub container_id: Option<String>,
 }
 
-impl Identity {
+impl ContainerIdentity {
     /// Parses a cgroup path (cgroupfs and systemd layouts, docker/cri-o/containerd).
-    pub fn from_cgroup_path(path: &str) -> Identity {
+    pub fn from_cgroup_path(path: &str) -> ContainerIdentity {
         let info = ContainerInfo::from_path(path);
-        Identity {
+        ContainerIdentity {
             cgroup: path.to_owned(),
             pod_uid: info.pod_uid,
             container_id: info.container_id,
@@ -29,11 +29,11 @@ impl Identity {
 }
 
 /// cgroup id -> identity, rescanning the hierarchy on a miss (at most once a second).
-pub struct Identities {
+pub struct ContainerIdentities {
     index: CgroupIndex,
 }
 
-impl Default for Identities {
+impl Default for ContainerIdentities {
     fn default() -> Self {
         Self {
             index: CgroupIndex::new(),
@@ -41,22 +41,22 @@ impl Default for Identities {
     }
 }
 
-impl Identities {
+impl ContainerIdentities {
     /// The identity of cgroup `id` (empty when the id is unknown or 0).
-    pub fn of(&mut self, id: u64) -> Identity {
+    pub fn of(&mut self, id: u64) -> ContainerIdentity {
         if id == 0 {
-            return Identity::default();
+            return ContainerIdentity::default();
         }
         self.index
             .path(id)
-            .map(Identity::from_cgroup_path)
+            .map(ContainerIdentity::from_cgroup_path)
             .unwrap_or_default()
     }
 
     /// The identity of host process `pid` with probe cgroup id `cgroup_id`;
     /// without one (a process only NVML listed), from its `0::/path` line
     /// in `/proc/<pid>/cgroup`.
-    pub fn of_process(&mut self, procfs: &Procfs, pid: u32, cgroup_id: u64) -> Identity {
+    pub fn of_process(&mut self, procfs: &Procfs, pid: u32, cgroup_id: u64) -> ContainerIdentity {
         let id = self.of(cgroup_id);
         if !id.cgroup.is_empty() {
             return id;
@@ -67,7 +67,7 @@ impl Identities {
                 s.lines()
                     .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
             })
-            .map(|p| Identity::from_cgroup_path(&p))
+            .map(|p| ContainerIdentity::from_cgroup_path(&p))
             .unwrap_or_default()
     }
 }
@@ -83,7 +83,7 @@ mod tests {
     fn cgroupfs_driver_layouts() {
         for qos in ["", "burstable/", "besteffort/"] {
             let p = format!("/kubepods/{qos}pod{UID}/{CID}");
-            let id = Identity::from_cgroup_path(&p);
+            let id = ContainerIdentity::from_cgroup_path(&p);
             assert_eq!(id.pod_uid.as_deref(), Some(UID), "{p}");
             assert_eq!(id.container_id.as_deref(), Some(CID), "{p}");
             assert_eq!(id.cgroup, p);
@@ -101,21 +101,27 @@ mod tests {
             let p = format!(
                 "/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid_}.slice/{runtime}-{CID}.scope"
             );
-            let id = Identity::from_cgroup_path(&p);
+            let id = ContainerIdentity::from_cgroup_path(&p);
             assert_eq!(id.pod_uid.as_deref(), Some(UID), "{p}");
             assert_eq!(id.container_id.as_deref(), Some(CID), "{p}");
         }
         // Guaranteed pods sit directly under kubepods.slice.
         let p = format!("/kubepods.slice/kubepods-pod{uid_}.slice/cri-containerd-{CID}.scope");
-        assert_eq!(Identity::from_cgroup_path(&p).pod_uid.as_deref(), Some(UID));
+        assert_eq!(
+            ContainerIdentity::from_cgroup_path(&p).pod_uid.as_deref(),
+            Some(UID)
+        );
     }
 
     #[test]
     fn non_kubernetes_paths() {
-        let id = Identity::from_cgroup_path(&format!("/system.slice/docker-{CID}.scope"));
+        let id = ContainerIdentity::from_cgroup_path(&format!("/system.slice/docker-{CID}.scope"));
         assert_eq!((id.pod_uid, id.container_id.as_deref()), (None, Some(CID)));
-        let id = Identity::from_cgroup_path("/user.slice/user-0.slice/session-1.scope");
+        let id = ContainerIdentity::from_cgroup_path("/user.slice/user-0.slice/session-1.scope");
         assert_eq!((id.pod_uid, id.container_id), (None, None));
-        assert_eq!(Identities::default().of(0), Identity::default());
+        assert_eq!(
+            ContainerIdentities::default().of(0),
+            ContainerIdentity::default()
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 /// A process as a slot records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Identity {
+pub struct ProcIdentity {
     /// PID in the process's own namespace.
     pub pid: i32,
     /// Inode of its PID namespace; 0 = unknown.
@@ -17,7 +17,7 @@ pub struct Identity {
     pub start: u64,
 }
 
-impl Identity {
+impl ProcIdentity {
     /// The identity of `pid` as seen through `proc` (a procfs mount whose
     /// namespace `pid` is in), with its innermost namespace PID `nspid`.
     /// Unknown parts are 0.
@@ -101,7 +101,7 @@ mod tests {
     #[test]
     fn own_identity_is_read_and_matches_itself_only() {
         let me = std::process::id() as i32;
-        let id = Identity::read(Path::new("/proc"), me, me);
+        let id = ProcIdentity::read(Path::new("/proc"), me, me);
         assert_ne!(id.pidns, 0);
         assert_ne!(id.start, 0);
         assert!(id.matches(id.pidns, id.start));
