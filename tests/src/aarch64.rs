@@ -36,21 +36,23 @@ pub fn command(program: &Path) -> Command {
     c
 }
 
-/// Compiles `tests/c/<name>.c` for aarch64 (glibc 2.17, as the hook) into
-/// `out_dir/<name>`, linked against the aarch64 simulated `libcuda.so.1`.
+/// Compiles `tests/c/<name>.c` for aarch64 into `out_dir/<name>`, linked
+/// against the aarch64 simulated `libcuda.so.1`, whose references to glibc
+/// newer than the program's floor (2.28, as xtask's cross-built programs)
+/// resolve at run time against the sysroot's.
 pub fn compile_c(name: &str, out_dir: &Path) -> PathBuf {
     let sim = dist_dir().join("sim");
     let src = dist::c_dir().join(format!("{name}.c"));
     let exe = out_dir.join(name);
     let out = Command::new("python3")
-        .args(["-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.17"])
+        .args(["-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.28"])
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&exe)
         .arg(&src)
         .arg("-I")
         .arg(dist::c_dir())
         .arg(format!("-L{}", sim.display()))
-        .args(["-lcuda", "-lpthread", "-ldl"])
+        .args(["-lcuda", "-lpthread", "-ldl", "-Wl,--allow-shlib-undefined"])
         .output()
         .unwrap_or_else(|e| panic!("run zig cc (python3 -m ziglang): {e}"));
     assert!(
@@ -71,4 +73,30 @@ pub fn elf_machine(path: &Path) -> u16 {
         path.display()
     );
     u16::from_le_bytes([bytes[18], bytes[19]])
+}
+
+/// The eBPF object (`EM_BPF`) embedded in the `vgpu` binary at `path`: an
+/// ELF header at some offset whose section headers end the object.
+pub fn embedded_bpf_object(path: &Path) -> Vec<u8> {
+    const EM_BPF: u16 = 247;
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+    let mut from = 0;
+    while let Some(i) = bytes[from..]
+        .windows(6)
+        .position(|w| w == b"\x7fELF\x02\x01")
+        .map(|i| from + i)
+    {
+        if i + 64 <= bytes.len() && u16_at(i + 18) == EM_BPF {
+            let mut shoff = [0u8; 8];
+            shoff.copy_from_slice(&bytes[i + 0x28..i + 0x30]);
+            let end = i
+                + u64::from_le_bytes(shoff) as usize
+                + usize::from(u16_at(i + 0x3a)) * usize::from(u16_at(i + 0x3c));
+            assert!(end <= bytes.len(), "truncated eBPF object in {}", path.display());
+            return bytes[i..end].to_vec();
+        }
+        from = i + 1;
+    }
+    panic!("no eBPF object embedded in {}", path.display())
 }
