@@ -44,8 +44,7 @@ pub fn compile_c(name: &str, out_dir: &Path) -> PathBuf {
     let sim = dist_dir().join("sim");
     let src = dist::c_dir().join(format!("{name}.c"));
     let exe = out_dir.join(name);
-    let out = Command::new("python3")
-        .args(["-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.28"])
+    let out = cc()
         .args(["-O1", "-Wall", "-Werror", "-o"])
         .arg(&exe)
         .arg(&src)
@@ -62,6 +61,14 @@ pub fn compile_c(name: &str, out_dir: &Path) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     exe
+}
+
+/// zig's C compiler for aarch64 glibc 2.28 (as xtask's cross-built
+/// programs): append the arguments of `cc`.
+pub fn cc() -> Command {
+    let mut c = Command::new("python3");
+    c.args(["-m", "ziglang", "cc", "-target", "aarch64-linux-gnu.2.28"]);
+    c
 }
 
 /// The ELF machine of `path` (`e_machine`): 183 for AArch64, 62 for x86-64.
@@ -93,7 +100,11 @@ pub fn embedded_bpf_object(path: &Path) -> Vec<u8> {
             let end = i
                 + u64::from_le_bytes(shoff) as usize
                 + usize::from(u16_at(i + 0x3a)) * usize::from(u16_at(i + 0x3c));
-            assert!(end <= bytes.len(), "truncated eBPF object in {}", path.display());
+            assert!(
+                end <= bytes.len(),
+                "truncated eBPF object in {}",
+                path.display()
+            );
             return bytes[i..end].to_vec();
         }
         from = i + 1;

@@ -178,7 +178,12 @@ fn manifest_lists_an_amd64_and_an_arm64_image_and_the_arm64_one_runs() {
         .as_array()
         .expect("a manifest list")
         .iter()
-        .map(|m| m["platform"]["architecture"].as_str().unwrap_or("").to_owned())
+        .map(|m| {
+            m["platform"]["architecture"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
         .collect();
     arches.sort();
     assert_eq!(arches, ["amd64", "arm64"], "{index}");

@@ -134,7 +134,11 @@ fn generate_assets(arch: Arch, dist: &Path) -> Result<()> {
     if share.exists() {
         fs::remove_dir_all(&share).with_context(|| format!("remove {}", share.display()))?;
     }
-    util::run(arch.command(&dist.join("vgpu")).arg("generate-assets").arg(&share))
+    util::run(
+        arch.command(&dist.join("vgpu"))
+            .arg("generate-assets")
+            .arg(&share),
+    )
 }
 
 /// Moves the debug info of `dist/<name>` into `dist/debug/<name>.debug`
