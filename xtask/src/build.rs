@@ -76,6 +76,14 @@ pub fn run(args: &Args) -> Result<PathBuf> {
         if !args.debug {
             cmd.arg("--release");
         }
+        if !arch.is_host() {
+            // Debug info only for the workspace's own crates: a second
+            // architecture's dependencies, build scripts and proc-macros
+            // (the nested eBPF build's too, which inherits the environment)
+            // would otherwise add about as much disk as the host's build.
+            cmd.args(["--config", "profile.release.package.'*'.debug=false"])
+                .env("CARGO_PROFILE_RELEASE_BUILD_OVERRIDE_DEBUG", "false");
+        }
         util::run(&mut cmd)?;
         Ok(target_dir.join(arch.gnu_target()).join(profile_name))
     };
