@@ -4,6 +4,7 @@
 //! `target/dist/`): the hook, the loader and the simulated GPU driver.
 //! `cargo xtask test` builds them first, then runs these tests as root.
 
+pub mod aarch64;
 pub mod admin_prog;
 pub mod container;
 pub mod daemon;

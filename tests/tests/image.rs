@@ -122,3 +122,97 @@ fn image_builds_from_scratch_runs_and_installs_the_hook() {
     );
     assert!(!host.join("libvgpu.so.v2.10.0").exists());
 }
+
+/// The manifest list and its images, removed at the end.
+struct Manifest(String);
+
+impl Drop for Manifest {
+    fn drop(&mut self) {
+        let _ = Command::new("buildah")
+            .args(["manifest", "rm", &self.0])
+            .output();
+        for arch in ["amd64", "arm64"] {
+            let _ = Command::new("podman")
+                .args(["rmi", "-f", &format!("{}-{arch}", self.0)])
+                .output();
+        }
+    }
+}
+
+/// deploy/image/manifest.sh builds an image per architecture, each labelled
+/// with it, under one manifest list; the arm64 image's files (the aarch64
+/// `vgpu`, its dynamic loader and libraries from Debian's arm64 C library)
+/// run by themselves: under qemu-user with the staged root as its root
+/// (this machine has no arm64 library where that loader looks).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn manifest_lists_an_amd64_and_an_arm64_image_and_the_arm64_one_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = Manifest(format!("localhost/vgpu-test-list:{}", std::process::id()));
+    let stage = dir.path().join("stage");
+    let out = Command::new("sh")
+        .arg(workspace_root().join("deploy/image/manifest.sh"))
+        .arg(&list.0)
+        .arg(&stage)
+        .arg(format!("x86_64={}", dist_dir().display()))
+        .arg(format!(
+            "aarch64={}",
+            vgpu_tests::aarch64::dist_dir().display()
+        ))
+        .output()
+        .expect("run manifest.sh");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = Command::new("buildah")
+        .args(["manifest", "inspect", &list.0])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let index: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut arches: Vec<String> = index["manifests"]
+        .as_array()
+        .expect("a manifest list")
+        .iter()
+        .map(|m| {
+            m["platform"]["architecture"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    arches.sort();
+    assert_eq!(arches, ["amd64", "arm64"], "{index}");
+    for arch in ["amd64", "arm64"] {
+        let out = Command::new("buildah")
+            .args(["inspect", "--format", "{{.OCIv1.Architecture}}"])
+            .arg(format!("{}-{arch}", list.0))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), arch);
+    }
+
+    let rootfs = stage.join("aarch64/rootfs");
+    let out = Command::new("qemu-aarch64-static")
+        .arg("-L")
+        .arg(&rootfs)
+        .arg(rootfs.join("usr/local/bin/vgpu"))
+        .arg("--version")
+        .output()
+        .expect("run qemu-aarch64-static");
+    let built = Command::new(vgpu_bin()).arg("--version").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, built.stdout);
+    assert_eq!(
+        std::fs::read(rootfs.join("opt/vgpu/libvgpu.so")).unwrap(),
+        std::fs::read(vgpu_tests::aarch64::dist_dir().join("libvgpu.so")).unwrap()
+    );
+}

@@ -1,7 +1,8 @@
 //! `cargo xtask lint`: every gate that needs no test machine.
 //!
-//! - rustfmt, and clippy `-D warnings` in two passes (the eBPF crate needs
-//!   its own target and toolchain);
+//! - rustfmt, and clippy `-D warnings` in separate passes: the host crates,
+//!   the shipped crates for aarch64 (code behind `target_arch` cfgs), and
+//!   the eBPF crate (its own target and toolchain) once per architecture;
 //! - every workspace member opts into the workspace's `[lints]`;
 //! - `cargo deny` (offline, after `cargo fetch --locked`: licenses, bans,
 //!   sources; `deny.toml`);
@@ -17,6 +18,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+use crate::arch::Arch;
 use crate::{abi, docs_map, driver_seam, setup, unsafe_free, util};
 
 pub fn run() -> Result<()> {
@@ -72,20 +74,41 @@ pub fn run() -> Result<()> {
             .args(["-A", "clippy::unwrap_used", "-A", "clippy::expect_used"])
             .env("AYA_BUILD_SKIP", "1"),
     )?;
-    // The eBPF crate, with Debian's toolchain and its prebuilt bpfel `core`.
-    let mut ebpf = Command::new("cargo");
-    ebpf.current_dir(util::root())
-        .args([
-            &format!("+{}", setup::EBPF_TOOLCHAIN),
-            "clippy",
-            "-p",
-            "vgpu-ebpf",
-        ])
-        .args(["--target", "bpfel-unknown-none", "--", "-D", "warnings"])
-        .env("AYA_BUILD_SKIP", "1")
-        .env("RUSTC_BOOTSTRAP", "aya_ebpf")
-        .env("CARGO_TARGET_DIR", util::target_dir().join("ebpf-lint"));
-    util::run(&mut ebpf)
+    // The shipped crates for the other architecture too: code behind
+    // `target_arch` cfgs (the hook's dlsym trampoline, the node
+    // architecture `install-hook` checks against) compiles only there.
+    for arch in Arch::ALL.into_iter().filter(|a| !a.is_host()) {
+        util::run(
+            util::cargo()
+                .args(["clippy", "--target", &arch.gnu_target()])
+                .args(["-p", "vgpu-hook", "-p", "vgpu-loader", "-p", "vgpu-common"])
+                .args(["--", "-D", "warnings"])
+                .env("AYA_BUILD_SKIP", "1"),
+        )?;
+    }
+    // The eBPF crate, with Debian's toolchain and its prebuilt bpfel `core`,
+    // once per architecture it reads probe arguments for (`bpf_target_arch`),
+    // each in its own target dir so neither pass invalidates the other.
+    for arch in Arch::ALL {
+        let mut ebpf = Command::new("cargo");
+        ebpf.current_dir(util::root())
+            .args([
+                &format!("+{}", setup::EBPF_TOOLCHAIN),
+                "clippy",
+                "-p",
+                "vgpu-ebpf",
+            ])
+            .args(["--target", "bpfel-unknown-none", "--", "-D", "warnings"])
+            .env("AYA_BUILD_SKIP", "1")
+            .env("AYA_BPF_TARGET_ARCH", arch.name())
+            .env("RUSTC_BOOTSTRAP", "aya_ebpf")
+            .env(
+                "CARGO_TARGET_DIR",
+                util::target_dir().join(format!("ebpf-lint-{}", arch.name())),
+            );
+        util::run(&mut ebpf)?;
+    }
+    Ok(())
 }
 
 /// Every member of the workspace has `[lints] workspace = true`, so the

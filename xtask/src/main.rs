@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: every developer and CI task, one module each.
 
 mod abi;
+mod arch;
 mod bench;
 mod build;
 mod demo;
@@ -27,9 +28,11 @@ struct Cli {
 enum Task {
     /// Install what the build needs (Debian toolchain for eBPF, bpf-linker); idempotent.
     Setup(setup::Args),
-    /// Build everything into target/dist/ (hook, loader with embedded eBPF, simulated GPU).
+    /// Build everything into target/dist/ (hook, loader with embedded eBPF, simulated GPU);
+    /// `--arch aarch64` cross-builds the same into target/dist-aarch64/.
     Build(build::Args),
-    /// Build the vgpu image from scratch with buildah (needs root; no registry).
+    /// Build the vgpu image from scratch with buildah (needs root; no registry); with
+    /// `--arch` twice (or `--all-arches`), one image per architecture under one manifest list.
     Image(image::Args),
     /// Run every test, the root and eBPF ones included (needs root).
     Test(test::Args),

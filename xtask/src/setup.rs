@@ -26,8 +26,14 @@ const DEB_PACKAGES: &[&str] = &[
     "buildah",
     "podman",
     "runc",
+    // The arm64 build's test run (`cargo xtask build --arch aarch64`):
+    // qemu-user runs its programs, on Debian's arm64 C library.
+    "qemu-user-static",
+    "libc6-arm64-cross",
 ];
-const LLVM_MAJOR: &str = "22";
+/// Rust targets beside the host's: the arm64 build links glibc programs.
+const RUST_TARGETS: &[&str] = &["aarch64-unknown-linux-gnu"];
+pub const LLVM_MAJOR: &str = "22";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Zig as the linker lets the hook link against glibc 2.17's symbol versions,
 /// so it loads in every container image, not only ones as new as this
@@ -207,6 +213,25 @@ fn missing_steps() -> Vec<Step> {
                 .iter()
                 .map(|s| s.to_string())
                 .chain([format!("cargo-deny@{CARGO_DENY_VERSION}")])
+                .collect(),
+            env: vec![],
+        });
+    }
+    let targets =
+        output(Command::new("rustup").args(["target", "list", "--installed"])).unwrap_or_default();
+    let missing: Vec<&str> = RUST_TARGETS
+        .iter()
+        .copied()
+        .filter(|t| !targets.lines().any(|l| l.trim() == *t))
+        .collect();
+    if !missing.is_empty() {
+        steps.push(Step {
+            what: format!("the Rust targets {}", missing.join(", ")),
+            command: ["rustup", "target", "add"]
+                .iter()
+                .copied()
+                .chain(missing.iter().copied())
+                .map(str::to_string)
                 .collect(),
             env: vec![],
         });

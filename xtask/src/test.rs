@@ -1,10 +1,13 @@
-//! `cargo xtask test`: every test. Builds the artifacts, lints, runs the unit
-//! tests, then the integration tests (`tests/`), which need root: they load
-//! eBPF programs, create cgroups and PID namespaces. They are never skipped;
-//! without root this task stops and says how to run it.
+//! `cargo xtask test`: every test. Builds the artifacts (this machine's and,
+//! on x86-64, the aarch64 ones the `arch_aarch64` suite runs under
+//! qemu-user), lints, runs the unit tests, then the integration tests
+//! (`tests/`), which need root: they load eBPF programs, create cgroups and
+//! PID namespaces. They are never skipped; without root this task stops and
+//! says how to run it.
 
 use anyhow::{bail, Result};
 
+use crate::arch::Arch;
 use crate::{build, lint, util};
 
 #[derive(clap::Args)]
@@ -24,6 +27,18 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let dist = build::run(&build::Args::default())?;
+    // The aarch64 suite runs on x86-64 hosts, where qemu-user stands in.
+    let foreign: Vec<(Arch, std::path::PathBuf)> = [Arch::Aarch64]
+        .into_iter()
+        .filter(|a| !a.is_host())
+        .map(|arch| {
+            let dist = build::run(&build::Args {
+                arch: Some(arch),
+                ..build::Args::default()
+            })?;
+            Ok((arch, dist))
+        })
+        .collect::<Result<_>>()?;
     if !args.no_lint {
         lint::run()?;
     }
@@ -44,12 +59,15 @@ pub fn run(args: &Args) -> Result<()> {
     )?;
     // Integration tests against the built artifacts; every suite runs even
     // after a failure, so one run reports all of them.
-    util::run(
-        util::cargo()
-            .args(["test", "-p", "vgpu-tests", "--no-fail-fast", "--"])
-            .args(&filter)
-            .env("VGPU_DIST", &dist),
-    )?;
+    let mut suites = util::cargo();
+    suites
+        .args(["test", "-p", "vgpu-tests", "--no-fail-fast", "--"])
+        .args(&filter)
+        .env("VGPU_DIST", &dist);
+    for (arch, dist) in &foreign {
+        suites.env(format!("VGPU_DIST_{}", arch.name().to_uppercase()), dist);
+    }
+    util::run(&mut suites)?;
     eprintln!("test: all passed");
     Ok(())
 }

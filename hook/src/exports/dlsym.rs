@@ -9,9 +9,11 @@
 //! the caller's own return address still on the stack, so glibc resolves
 //! `RTLD_NEXT` relative to the real caller exactly as without the hook
 //! (a Rust function calling glibc would make every `RTLD_NEXT` lookup
-//! relative to libvgpu.so instead). On x86_64 that needs a few instructions
-//! of assembly; other architectures use a plain call (RTLD_NEXT from other
-//! objects is then resolved relative to libvgpu.so).
+//! relative to libvgpu.so instead, and a wrapper preloaded after the hook
+//! would find itself as its own "next" and recurse). On x86_64 and aarch64
+//! that takes a few instructions of assembly; other architectures use a
+//! plain call (RTLD_NEXT from other objects is then resolved relative to
+//! libvgpu.so).
 
 use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -102,11 +104,45 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
     )
 }
 
+/// glibc `dlsym`, interposed.
+///
+/// # Safety
+/// 1. Same contract as glibc's `dlsym`.
+// Not in unit tests: the test binary must not interpose its own dlsym.
+#[cfg(all(target_arch = "aarch64", not(test)))]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // Entry: x0 = handle, x1 = symbol, x30 = the caller's return address,
+    // which glibc's dlsym reads. Push a 48-byte frame (sp stays 16-aligned):
+    // x29/x30, the two arguments, an 8-byte out slot. Call `route(handle,
+    // symbol, &out)`, restore, and either branch to glibc's dlsym with x30
+    // again the caller's (x16: the register an indirect tail branch uses,
+    // which BTI landing pads accept) or return `out`.
+    core::arch::naked_asm!(
+        "stp x29, x30, [sp, #-48]!",
+        "mov x29, sp",
+        "stp x0, x1, [sp, #16]",
+        "add x2, sp, #32",
+        "bl {route}",
+        "mov x16, x0",
+        "ldr x9, [sp, #32]",
+        "ldp x0, x1, [sp, #16]",
+        "ldp x29, x30, [sp], #48",
+        "cbz x16, 2f",
+        "br x16",
+        "2:",
+        "mov x0, x9",
+        "ret",
+        route = sym route,
+    )
+}
+
 /// glibc `dlsym`, interposed (portable version).
 ///
 /// # Safety
 /// 1. Same contract as glibc's `dlsym`.
-#[cfg(all(not(target_arch = "x86_64"), not(test)))]
+#[cfg(all(not(any(target_arch = "x86_64", target_arch = "aarch64")), not(test)))]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
     let mut out = std::ptr::null_mut();
