@@ -645,7 +645,7 @@ phase_oversub() {
             python3 "$ROOT/scripts/gpu/gpt2_train.py" --steps "$steps"
     }
     say "GPT-2 small under the hook (8 GiB), no pressure, CUDA_OVERSUBSCRIBE=true"
-    hook calm CUDA_OVERSUBSCRIBE=true 2>&1 | grep -E '^(step|gpt2)|rror' | tail -8
+    hook calm CUDA_OVERSUBSCRIBE=true 2>&1 | grep -E '^(step|gpt2)|Error' | tail -8
     say "another process holds all but ${FREE_GIB:-2} GiB of the card"
     python3 - "$W/os/release" "${FREE_GIB:-2}" <<'PY' &
 import os, sys, time, torch
@@ -672,10 +672,10 @@ print(sum(u.get("host_bytes",0) for s in r["slots"] for u in s["usage"]) >> 20)'
         [ -n "$h" ] && [ "$h" -gt "$host" ] && host=$h
         sleep 1
     done
-    grep -E '^(step|gpt2)|rror|vgpu' "$W/os/press.txt" | tail -10
+    grep -E '^(step|gpt2)|Error|vgpu' "$W/os/press.txt" | tail -10
     echo "peak device memory of the container's process (NVML): $peak MiB; peak host-backed (inspect): $host MiB"
     say "the same without CUDA_OVERSUBSCRIBE"
-    hook plain 2>&1 | grep -E '^(step|gpt2)|rror' | tail -4
+    hook plain 2>&1 | grep -E '^(step|gpt2)|Error' | tail -4
     touch "$W/os/release"
     wait $hp
 }
