@@ -155,7 +155,8 @@ for f in fs: print({k: f.get(k) for k in ("kind","pid","untracked_bytes","probe_
 fi
 
 if has ncclcount; then
-    for v in "NCCL_CUMEM_ENABLE=1" "NCCL_CUMEM_ENABLE=0" "NCCL_CUMEM_ENABLE=1 NCCL_NVLS_ENABLE=0"; do
+    mapfile -t variants < <(printf '%s\n' "${NCCL_VARIANTS:-NCCL_CUMEM_ENABLE=1;NCCL_CUMEM_ENABLE=0}" | tr ';' '\n')
+    for v in "${variants[@]}"; do
         say "NCCL memory stage by stage under the hook (16 GiB each), $v"
         rm -rf "$W/containers/pod-ncc_c"
         # shellcheck disable=SC2086

@@ -22,7 +22,15 @@ pub fn mem_create(
         return forward();
     };
     if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 {
-        return forward();
+        let rc = forward();
+        vlog!(
+            crate::log::DEBUG,
+            "cuMemCreate({size}, location type {} id {}) -> {:#x} rc {rc}: not device memory",
+            loc.type_,
+            loc.id,
+            read(handle).unwrap_or(0)
+        );
+        return rc;
     }
     let (Some(p), Some(dev)) = (process(), crate::devices::index_of(loc.id)) else {
         return forward();
@@ -34,6 +42,11 @@ pub fn mem_create(
     if let Some(h) = read(handle).filter(|&h| rc == CUDA_SUCCESS && h != 0) {
         p.vmm.created(h);
     }
+    vlog!(
+        crate::log::DEBUG,
+        "cuMemCreate({size}, device {dev}) -> {:#x} rc {rc}",
+        read(handle).unwrap_or(0)
+    );
     rc
 }
 
@@ -42,7 +55,9 @@ pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
     let Some(p) = process() else {
         return forward();
     };
-    vmm_lifetime::release(p, handle, forward)
+    let rc = vmm_lifetime::release(p, handle, forward);
+    vlog!(crate::log::DEBUG, "cuMemRelease({handle:#x}) rc {rc}");
+    rc
 }
 
 pub fn mem_retain(
@@ -53,10 +68,16 @@ pub fn mem_retain(
     let Some(p) = process() else {
         return forward();
     };
-    vmm_lifetime::retain(p, || {
+    let rc = vmm_lifetime::retain(p, || {
         let rc = forward();
         (rc, read(handle).unwrap_or(0))
-    })
+    });
+    vlog!(
+        crate::log::DEBUG,
+        "cuMemRetainAllocationHandle({addr:?}) -> {:#x} rc {rc}",
+        read(handle).unwrap_or(0)
+    );
+    rc
 }
 
 pub fn mem_map(
@@ -70,7 +91,12 @@ pub fn mem_map(
     let Some(p) = process() else {
         return forward();
     };
-    vmm_lifetime::map(p, ptr, handle, forward)
+    let rc = vmm_lifetime::map(p, ptr, handle, forward);
+    vlog!(
+        crate::log::DEBUG,
+        "cuMemMap({ptr:#x}, {size}, {offset}, {handle:#x}) rc {rc}"
+    );
+    rc
 }
 
 pub fn mem_unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
@@ -78,5 +104,7 @@ pub fn mem_unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let Some(p) = process() else {
         return forward();
     };
-    vmm_lifetime::unmap(p, ptr, size as u64, forward)
+    let rc = vmm_lifetime::unmap(p, ptr, size as u64, forward);
+    vlog!(crate::log::DEBUG, "cuMemUnmap({ptr:#x}, {size}) rc {rc}");
+    rc
 }
