@@ -3,7 +3,7 @@
 use super::limit;
 use super::{counted, target, target_in, uncounted};
 use crate::driver::native::Native;
-use crate::driver::{Context, Memory};
+use crate::driver::{Context, Memory, Nvml};
 use crate::ffi::*;
 use crate::real::cuda::{mem, status};
 use crate::region::Kind;
@@ -16,7 +16,7 @@ pub fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
 /// `cuMemAlloc_v2` over the driver `d` for the process state `p`.
 #[inline]
 pub(crate) fn mem_alloc_in(
-    d: &(impl Context + Memory),
+    d: &(impl Context + Memory + Nvml),
     p: Option<&Process>,
     dptr: *mut CUdeviceptr,
     bytesize: usize,

@@ -26,7 +26,7 @@ mod tests;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use crate::driver::Context;
+use crate::driver::{Context, Nvml};
 use crate::ffi::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use crate::region::Kind;
 use crate::state::Process;
@@ -34,19 +34,15 @@ use track::{Entry, Tracker};
 
 /// The process state and the current context's device, when the call should
 /// be counted; `None` means forward unchanged.
-pub fn target(d: &impl Context) -> Option<(&'static Process, usize)> {
-    let (p, dev) = target_in(d, crate::state::process())?;
-    modules::reconcile_now_and_then(
-        p,
-        &crate::driver::native::Native,
-        &context_host::RealHost,
-        dev,
-    );
-    Some((p, dev))
+pub fn target(d: &(impl Context + Nvml)) -> Option<(&'static Process, usize)> {
+    target_in(d, crate::state::process())
 }
 
 /// [`target`] for the process state `p` (`None`: the hook has none).
-pub fn target_in<'a>(d: &impl Context, p: Option<&'a Process>) -> Option<(&'a Process, usize)> {
+pub fn target_in<'a>(
+    d: &(impl Context + Nvml),
+    p: Option<&'a Process>,
+) -> Option<(&'a Process, usize)> {
     let p = p?;
     let dev = d.current_device()?;
     if dev >= MAX_DEVICES {
@@ -56,6 +52,9 @@ pub fn target_in<'a>(d: &impl Context, p: Option<&'a Process>) -> Option<(&'a Pr
         );
         return None;
     }
+    // GPU code the driver loaded since the last look counts before this
+    // allocation is judged (at most once a second: `modules`).
+    modules::reconcile_now_and_then(p, d, &context_host::RealHost, dev);
     Some((p, dev))
 }
 
