@@ -49,6 +49,8 @@ pub struct Process {
     pub module_bytes: [AtomicU64; MAX_DEVICES],
     /// When the allocation path next compares NVML with the count (ns).
     pub module_check: AtomicU64,
+    /// How far NVML read under the count at the last look, per device.
+    pub module_deficit: [AtomicU64; MAX_DEVICES],
 }
 
 impl Process {
@@ -67,6 +69,7 @@ impl Process {
             ctx_size: std::array::from_fn(|_| AtomicU64::new(UNKNOWN)),
             module_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             module_check: AtomicU64::new(0),
+            module_deficit: std::array::from_fn(|_| AtomicU64::new(0)),
         })
     }
 }

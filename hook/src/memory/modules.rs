@@ -8,10 +8,11 @@
 //! it counted on the device and counts what NVML shows beyond it as
 //! module memory (`module_size`; docs/hook.md, "Module memory").
 //!
-//! Only ever raised: a race with this process's own allocations can only
-//! make NVML read *less* than the count (an allocation is counted before
-//! the driver makes it, a free uncounted after), never more, and memory
-//! loaded for code goes with the context (released with it).
+//! Raised at once: a race with this process's own allocations can only make
+//! NVML read *less* than the count (an allocation is counted before the
+//! driver makes it, a free uncounted after), never more. Lowered only when
+//! two looks in a row read less, and only by what this module counted;
+//! the rest goes with the context (released with it).
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
@@ -64,6 +65,30 @@ pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize
         .filter(|(q, _)| *q == pid)
         .map(|(_, u)| *u)
         .sum();
+    let deficit = p.module_deficit.get(dev);
+    if nvml.saturating_add(SLACK) < counted {
+        // An allocation in flight reads like this (counted before the
+        // driver makes it), so one look lowers nothing; two in a row that
+        // read less lower what this module counted (code unloaded, or a
+        // transient it counted), never what the entry points counted.
+        let short = counted - nvml;
+        let before = deficit.map_or(0, |d| d.swap(short, SeqCst));
+        let held = p.module_bytes.get(dev).map_or(0, |m| m.load(SeqCst));
+        let lower = short.min(before).min(held);
+        if before > SLACK && lower > 0 {
+            if let Some(m) = p.module_bytes.get(dev) {
+                m.fetch_sub(lower, SeqCst);
+            }
+            super::limit::release_counted(&p.att, dev, lower, Kind::Module);
+            if let Some(d) = deficit {
+                d.store(0, SeqCst);
+            }
+        }
+        return 0;
+    }
+    if let Some(d) = deficit {
+        d.store(0, SeqCst);
+    }
     if nvml <= counted.saturating_add(SLACK) {
         return 0;
     }

@@ -593,6 +593,26 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
 }
 
 #[test]
+fn two_looks_reading_less_lower_only_what_was_counted_for_code() {
+    use super::modules::reconcile;
+    let dir = tempfile::tempdir().unwrap();
+    let (p, fake) = with_context(dir.path(), 8105, 10 * M + 40 * M);
+    assert_eq!(reconcile(&p, &fake, &fake, 0), 40 * M);
+    // The code's memory went away (unloaded): one look lowers nothing...
+    *fake.procs.lock().unwrap() = Some(vec![(4242, 20 * M)]);
+    assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
+    assert_eq!(used(&p, 0), 50 * M);
+    // ...the second lowers what was counted for code, 30 of its 40 MiB.
+    assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
+    assert_eq!(used(&p, 0), 20 * M);
+    // Never below what the entry points counted (the 10 MiB context).
+    *fake.procs.lock().unwrap() = Some(vec![(4242, 0)]);
+    reconcile(&p, &fake, &fake, 0);
+    reconcile(&p, &fake, &fake, 0);
+    assert_eq!(used(&p, 0), 10 * M);
+}
+
+#[test]
 fn nvml_reading_less_than_the_count_lowers_nothing() {
     // An allocation is counted before the driver makes it: NVML lags.
     let dir = tempfile::tempdir().unwrap();
