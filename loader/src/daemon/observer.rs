@@ -33,10 +33,13 @@ use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_bounded, Bounds};
 use crate::regions::open::{open_under, Access};
 
-/// `/metrics` is rendered anew at most this often while the set of regions
-/// and findings stays the same (values then lag by at most this much); a
-/// region or finding that comes or goes is rendered at the next scan.
-/// Rendering thousands of regions' series is most of a scan's work.
+/// The region pass (every open region re-read, dead slots judged and
+/// freed, `/metrics` rendered) runs at most this often while the set of
+/// regions and findings stays the same, so values lag by at most this
+/// much; a region or finding that comes or goes starts one at the next
+/// scan. The regions of processes the daemon tracks are re-read at every
+/// scan: the cross-check and the integrity checks judge them. Reading and
+/// rendering thousands of regions is most of the daemon's work.
 pub const RENDER_EVERY: Duration = Duration::from_secs(1);
 
 /// The regions root is listed at most this often (a thousand container
@@ -162,6 +165,8 @@ pub struct Observer {
     /// The last render: when, what it showed (a fingerprint of the regions
     /// and findings), the text.
     rendered: Option<(Instant, u64, Exposition)>,
+    /// [`ScanOutput::utilization_json`] of the last region pass.
+    utilization_json: String,
     reclaimer: Reclaimer,
     launches: Ledger,
     retention: Retention,
@@ -209,6 +214,7 @@ impl Observer {
             root_listed: None,
             last_timing: metrics::ScanTiming::default(),
             rendered: None,
+            utilization_json: String::new(),
             reclaimer,
             launches: Ledger::default(),
             dead_slots: region_view::DeadSlots::default(),
@@ -360,8 +366,14 @@ impl Observer {
                 self.cache.touch(key);
             }
         }
-        self.cache.refresh();
-        self.reclaim_dead_slots();
+        // What the cross-check and the integrity checks read now; every
+        // other region waits for the region pass.
+        let judged: Vec<RegionKey> = self
+            .procs
+            .values()
+            .filter_map(|p| Some(p.slot?.region))
+            .collect();
+        self.cache.refresh_only(&judged);
         let nv = self.nvml.as_mut().map(NvmlView::sample);
         self.adopt_nvml_processes(nv.as_ref());
         self.count_lost();
@@ -423,8 +435,6 @@ impl Observer {
         });
         out.sort_by(|a, b| (a.kind.name(), a.pid).cmp(&(b.kind.name(), b.pid)));
 
-        let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
-        self.cache.evict_idle(Duration::from_secs(60));
         let mut untracked: HashMap<Identity, u64> = HashMap::new();
         for f in &out {
             let id = Identity {
@@ -439,6 +449,23 @@ impl Observer {
         out.extend(self.check_integrity(nv.as_ref(), now_ms));
         out.extend(self.check_node_tables(now_ms));
         let published = self.retention.update(&out, now_ms);
+        let findings_json = findings::to_json(&published, now_ms);
+        let shown = self.shown_fingerprint(&out);
+        if let Some((at, fp, text)) = &self.rendered {
+            if *fp == shown && at.elapsed() < RENDER_EVERY {
+                return ScanOutput {
+                    metrics: text.clone(),
+                    findings_json,
+                    findings: out.len(),
+                    utilization_json: self.utilization_json.clone(),
+                };
+            }
+        }
+        // The region pass.
+        self.cache.refresh();
+        self.reclaim_dead_slots();
+        let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
+        self.cache.evict_idle(Duration::from_secs(60));
         let snap = Snapshot {
             regions: views.regions,
             host: nv.map(|s| s.devices).unwrap_or_default(),
@@ -454,30 +481,27 @@ impl Observer {
             node: &self.settings.node,
             legacy: self.settings.legacy_metrics,
         };
-        let shown = self.shown_fingerprint(&out);
-        let metrics = match &self.rendered {
-            Some((at, fp, text)) if *fp == shown && at.elapsed() < RENDER_EVERY => text.clone(),
-            _ => {
-                let rendering = Instant::now();
-                let text = Exposition::from_openmetrics(metrics::render(&snap, &self.counters));
-                self.last_timing = metrics::ScanTiming {
-                    render: rendering.elapsed(),
-                    scan: started.elapsed(),
-                };
-                self.rendered = Some((rendering, shown, text.clone()));
-                text
-            }
+        let rendering = Instant::now();
+        let metrics = Exposition::from_openmetrics(metrics::render(&snap, &self.counters));
+        drop(snap);
+        self.last_timing = metrics::ScanTiming {
+            render: rendering.elapsed(),
+            scan: started.elapsed(),
         };
+        // After the pass: a region it dropped is no change next time.
+        let shown = self.shown_fingerprint(&out);
+        self.rendered = Some((rendering, shown, metrics.clone()));
+        self.utilization_json = serde_json::to_string(&utilization::State {
+            version: 1,
+            updated_unix_ms: now_ms,
+            regions: views.measured,
+        })
+        .unwrap_or_default();
         ScanOutput {
             metrics,
-            findings_json: findings::to_json(&published, now_ms),
+            findings_json,
             findings: out.len(),
-            utilization_json: serde_json::to_string(&utilization::State {
-                version: 1,
-                updated_unix_ms: now_ms,
-                regions: views.measured,
-            })
-            .unwrap_or_default(),
+            utilization_json: self.utilization_json.clone(),
         }
     }
 
@@ -497,7 +521,13 @@ impl Observer {
     /// slots of processes the daemon tracks are left alone.
     fn reclaim_dead_slots(&mut self) {
         let tracked: HashSet<SlotRef> = self.procs.values().filter_map(|p| p.slot).collect();
-        let n = self.reclaimer.run(&mut self.cache, &self.procfs, &tracked);
+        let dead_slots = &self.dead_slots;
+        let n = self.reclaimer.run(
+            &mut self.cache,
+            &self.procfs,
+            &tracked,
+            &|key, i, s| dead_slots.alive_lately(key, i, s),
+        );
         self.counters.slots_reclaimed.inc_by(n as u64);
     }
 

@@ -303,6 +303,24 @@ impl RegionCache {
         };
     }
 
+    /// Re-reads the regions `keys` name (each within the slots the last
+    /// [`Self::refresh`] gave it) and drops those that can no longer be read
+    /// as a region. A deleted file is left to the next full refresh.
+    pub fn refresh_only(&mut self, keys: &[RegionKey]) {
+        let mut keys = keys.to_vec();
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys {
+            let Some(r) = self.open.get_mut(&key) else {
+                continue;
+            };
+            if let Err(e) = r.snapshot(Duration::ZERO) {
+                tracing::info!("{e}; no longer tracked");
+                self.remove(&key);
+            }
+        }
+    }
+
     /// Closes regions nobody used for `idle`.
     pub fn evict_idle(&mut self, idle: Duration) {
         let idle: Vec<RegionKey> = self
