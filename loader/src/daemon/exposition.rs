@@ -393,7 +393,10 @@ mod tests {
         assert!(body.is_end_stream());
         assert_eq!(String::from_utf8(got).unwrap(), want);
         assert_eq!(
-            e.classic.iter().filter(|p| matches!(p, Piece::Shared(_))).count(),
+            e.classic
+                .iter()
+                .filter(|p| matches!(p, Piece::Shared(_)))
+                .count(),
             2,
             "{:?}",
             e.classic

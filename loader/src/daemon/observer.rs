@@ -522,12 +522,11 @@ impl Observer {
     fn reclaim_dead_slots(&mut self) {
         let tracked: HashSet<SlotRef> = self.procs.values().filter_map(|p| p.slot).collect();
         let dead_slots = &self.dead_slots;
-        let n = self.reclaimer.run(
-            &mut self.cache,
-            &self.procfs,
-            &tracked,
-            &|key, i, s| dead_slots.alive_lately(key, i, s),
-        );
+        let n = self
+            .reclaimer
+            .run(&mut self.cache, &self.procfs, &tracked, &|key, i, s| {
+                dead_slots.alive_lately(key, i, s)
+            });
         self.counters.slots_reclaimed.inc_by(n as u64);
     }
 
