@@ -30,7 +30,7 @@ use super::retention::Retention;
 use super::utilization::{self, SlotProc, Utilization};
 use crate::host_pidns::NotHost;
 use crate::probes::{ProbeError, ProbeSet};
-use crate::regions::discover::{discover_bounded, Bounds};
+use crate::regions::discover::{discover_listed, Bounds, Listings};
 use crate::regions::open::{open_under, Access};
 
 /// The region pass (every open region re-read, dead slots judged and
@@ -160,6 +160,9 @@ pub struct Observer {
     /// from the cache when the old one's last name goes).
     root_open: HashMap<PathBuf, RegionKey>,
     root_listed: Option<Instant>,
+    /// The container directories' last listings (an unchanged one is not
+    /// read again).
+    listings: Listings,
     /// How long the last scan and its render took.
     last_timing: metrics::ScanTiming,
     /// The last render: when, what it showed (a fingerprint of the regions
@@ -212,6 +215,7 @@ impl Observer {
             skipped: 0,
             root_open: HashMap::new(),
             root_listed: None,
+            listings: Listings::default(),
             last_timing: metrics::ScanTiming::default(),
             rendered: None,
             utilization_json: String::new(),
@@ -646,7 +650,7 @@ impl Observer {
         let Some(root) = self.settings.regions_root.clone() else {
             return;
         };
-        let Ok(found) = discover_bounded(&root, SCAN_BOUNDS) else {
+        let Ok(found) = discover_listed(&root, SCAN_BOUNDS, &mut self.listings) else {
             return;
         };
         if found.skipped != self.skipped {
