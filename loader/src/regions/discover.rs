@@ -157,18 +157,23 @@ pub struct Listings {
 struct Listing {
     stamp: Stamp,
     read_at: Instant,
-    /// The names of its regular files that look like regions, sorted.
+    /// The first names (sorted) of its regular files that look like
+    /// regions, as many as a walk takes of one directory: a tenant filling
+    /// its directory must not fill the daemon's memory.
     files: Vec<OsString>,
+    /// How many more there were.
+    more: usize,
 }
 
 /// Identity and change times of a directory: (dev, inode, ctime, mtime).
 type Stamp = (u64, u64, (i64, i64), (i64, i64));
 
 impl Listings {
-    /// The region-like file names of directory `dir` (an entry of the root
-    /// the walk found to be a directory), from the last listing while the
-    /// directory is unchanged.
-    fn files(&mut self, dir: &Path) -> Option<&[OsString]> {
+    /// The first `keep` region-like file names of directory `dir` (an
+    /// entry of the root the walk found to be a directory) and how many
+    /// more it holds, from the last listing while the directory is
+    /// unchanged.
+    fn files(&mut self, dir: &Path, keep: usize) -> Option<(&[OsString], usize)> {
         use std::os::unix::fs::MetadataExt as _;
         let md = std::fs::symlink_metadata(dir).ok().filter(|m| m.is_dir())?;
         let stamp = (
@@ -183,12 +188,15 @@ impl Listings {
             .is_some_and(|l| l.stamp == stamp && l.read_at.elapsed() < RELIST_ALL);
         if !reuse {
             let entries = read_dir(dir).ok()?;
-            let files = entries
+            let mut files: Vec<OsString> = entries
                 .into_iter()
                 .filter(|f| f.file_type().is_ok_and(|t| t.is_file()))
                 .map(|f| f.file_name())
                 .filter(|n| n.to_str().is_some_and(is_region_name))
                 .collect();
+            let more = files.len().saturating_sub(keep);
+            files.truncate(keep);
+            files.shrink_to_fit();
             #[cfg(test)]
             {
                 self.reads += 1;
@@ -214,10 +222,11 @@ impl Listings {
                     stamp,
                     read_at: Instant::now(),
                     files,
+                    more,
                 },
             );
         }
-        self.dirs.get(dir).map(|l| &l.files[..])
+        self.dirs.get(dir).map(|l| (&l.files[..], l.more))
     }
 }
 
@@ -255,7 +264,7 @@ pub fn discover_listed(
             continue;
         };
         if kind.is_dir() {
-            let Some(files) = listings.files(&path) else {
+            let Some((files, more)) = listings.files(&path, bounds.per_dir) else {
                 continue;
             };
             let owner = path
@@ -270,6 +279,7 @@ pub fn discover_listed(
                 };
                 take(&mut out, &mut in_dir, found);
             }
+            out.skipped += more;
             seen.insert(path);
         } else if kind.is_file() && entry.file_name().to_str().is_some_and(is_region_name) {
             take(&mut out, &mut top, Found { path, owner: None });
@@ -373,6 +383,28 @@ mod tests {
             .regions
             .is_empty());
         assert!(l.dirs.is_empty());
+    }
+
+    /// A directory full of region-like files costs a listing of the bound,
+    /// not of what it holds; the rest is counted as skipped.
+    #[test]
+    fn a_listing_keeps_only_what_a_walk_takes() {
+        let root = tempfile::tempdir().unwrap();
+        let c = root.path().join("pod_main");
+        std::fs::create_dir_all(&c).unwrap();
+        for i in 0..50 {
+            std::fs::write(c.join(format!("r{i:02}.cache")), b"x").unwrap();
+        }
+        let mut l = Listings::default();
+        let bounds = Bounds {
+            per_dir: 3,
+            total: 100,
+        };
+        let d = discover_listed(root.path(), bounds, &mut l).unwrap();
+        assert_eq!((d.regions.len(), d.skipped), (3, 47));
+        assert_eq!(d.regions[0].path, c.join("r00.cache"));
+        let kept = &l.dirs[&c];
+        assert_eq!((kept.files.len(), kept.more), (3, 47));
     }
 
     #[test]
