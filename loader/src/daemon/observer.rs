@@ -42,9 +42,10 @@ use crate::regions::open::{open_under, Access};
 /// rendering thousands of regions is most of the daemon's work.
 pub const RENDER_EVERY: Duration = Duration::from_secs(1);
 
-/// The regions root is listed at most this often (a thousand container
-/// directories cost a listing each); a region found through a process needs
-/// no listing, and a deleted one is dropped at the next scan whatever.
+/// The regions root is listed at most this often (a container directory is
+/// read again only when it changed: [`Listings`]); a region found through a
+/// process needs no listing, and a deleted one is dropped at the next
+/// region pass whatever.
 pub const ROOT_RELIST: Duration = Duration::from_secs(1);
 
 /// Region files read per container directory and per scan under the
