@@ -1,15 +1,25 @@
 //! The two text formats `/metrics` serves and which one a client gets.
 //!
-//! [`super::metrics`] renders OpenMetrics once per scan; [`classic`]
-//! derives the Prometheus text format 0.0.4 from it in one linear pass, so
-//! both are ready before any request and a scrape only picks one
-//! ([`negotiate`]). A client that asks for OpenMetrics in its `Accept`
-//! header (Prometheus does, by default) gets it; every other client (curl,
-//! older scrapers, HAMi's own tooling) gets 0.0.4, as HAMi's monitor serves.
+//! [`super::metrics`] renders OpenMetrics once per region pass. The
+//! Prometheus text format 0.0.4 differs from it only in its comment lines,
+//! so it is not kept as a second copy of the text: [`classic_pieces`]
+//! notes, in one linear pass at render time, which runs of sample lines
+//! it shares with the OpenMetrics text and the rewritten comment lines
+//! between them, and a scrape of the classic format streams those runs as
+//! slices of the one buffer ([`Chunks`]). A client that asks for
+//! OpenMetrics in its `Accept` header (Prometheus does, by default) gets
+//! it; every other client (curl, older scrapers, HAMi's own tooling) gets
+//! 0.0.4, as HAMi's monitor serves ([`negotiate`]).
 
 use std::borrow::Cow;
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::ops::Range;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use hyper::body::Bytes;
+use hyper::body::{Body, Bytes, Frame, SizeHint};
 
 use super::legacy_metrics::UNSUFFIXED_COUNTERS;
 
@@ -18,28 +28,90 @@ pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; char
 /// `Content-Type` of the classic Prometheus text format.
 pub const CLASSIC: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// One render in both formats.
+/// One render: the OpenMetrics text and how the classic text is made of it.
 #[derive(Clone, Debug, Default)]
 pub struct Exposition {
     pub openmetrics: Bytes,
-    pub classic: Bytes,
+    classic: Arc<[Piece]>,
+}
+
+/// A piece of the classic text: lines it shares with the OpenMetrics text
+/// (a byte range of it), or comment lines of its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    Shared(Range<usize>),
+    Own(Bytes),
 }
 
 impl Exposition {
-    /// Both formats of OpenMetrics text `om`.
+    /// OpenMetrics text `om` and the pieces of its classic form.
     pub fn from_openmetrics(om: String) -> Self {
         Self {
-            classic: Bytes::from(classic(&om)),
+            classic: classic_pieces(&om).into(),
             openmetrics: Bytes::from(om),
         }
     }
 
     /// The body and `Content-Type` of `format`.
-    pub fn body(&self, format: Format) -> (Bytes, &'static str) {
+    pub fn body(&self, format: Format) -> (Chunks, &'static str) {
         match format {
-            Format::OpenMetrics => (self.openmetrics.clone(), OPENMETRICS),
-            Format::Classic => (self.classic.clone(), CLASSIC),
+            Format::OpenMetrics => (Chunks::from(self.openmetrics.clone()), OPENMETRICS),
+            Format::Classic => {
+                let parts = self.classic.iter().map(|p| match p {
+                    Piece::Shared(r) => self.openmetrics.slice(r.clone()),
+                    Piece::Own(b) => b.clone(),
+                });
+                (Chunks::new(parts.collect()), CLASSIC)
+            }
         }
+    }
+}
+
+/// A response body sent as a few buffers, each shared with what it was cut
+/// from (nothing copied), with its exact length (`Content-Length`).
+#[derive(Debug, Default)]
+pub struct Chunks {
+    parts: VecDeque<Bytes>,
+    left: u64,
+}
+
+impl Chunks {
+    pub fn new(parts: VecDeque<Bytes>) -> Self {
+        let left = parts.iter().map(|b| b.len() as u64).sum();
+        Self { parts, left }
+    }
+}
+
+impl From<Bytes> for Chunks {
+    fn from(b: Bytes) -> Self {
+        Self::new(VecDeque::from([b]))
+    }
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        while let Some(b) = this.parts.pop_front() {
+            if !b.is_empty() {
+                this.left -= b.len() as u64;
+                return Poll::Ready(Some(Ok(Frame::data(b))));
+            }
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
     }
 }
 
@@ -53,9 +125,12 @@ pub enum Format {
 /// The classic text format (0.0.4) of OpenMetrics text `om` as
 /// `prometheus_client` writes it: no `# EOF` and no `# UNIT`; a counter
 /// family is named after its samples (`x_total`), `unknown` is `untyped`
-/// and `info` a gauge named `x_info`, as 0.0.4 parsers expect.
-pub fn classic(om: &str) -> String {
-    let mut out = String::with_capacity(om.len());
+/// and `info` a gauge named `x_info`, as 0.0.4 parsers expect. Sample
+/// lines are the same in both: they are ranges of `om`.
+pub fn classic_pieces(om: &str) -> Vec<Piece> {
+    let mut pieces = Vec::new();
+    let mut own = String::new();
+    let mut shared: Option<Range<usize>> = None;
     // `# HELP` comes before `# TYPE`, which decides the family's 0.0.4 name.
     let mut help: Option<(&str, &str)> = None;
     let flush = |out: &mut String, help: &mut Option<(&str, &str)>| {
@@ -63,31 +138,76 @@ pub fn classic(om: &str) -> String {
             push_line(out, &["# HELP ", name, " ", text]);
         }
     };
-    for line in om.lines() {
+    let mut at = 0;
+    for raw in om.split_inclusive('\n') {
+        let from = at;
+        at += raw.len();
+        let line = raw.strip_suffix('\n').unwrap_or(raw);
+        if !line.starts_with('#') {
+            flush(&mut own, &mut help);
+            if !own.is_empty() {
+                if let Some(r) = shared.take() {
+                    pieces.push(Piece::Shared(r));
+                }
+                pieces.push(Piece::Own(Bytes::from(std::mem::take(&mut own))));
+            }
+            shared = match shared.take() {
+                Some(r) if r.end == from => Some(r.start..at),
+                Some(r) => {
+                    pieces.push(Piece::Shared(r));
+                    Some(from..at)
+                }
+                None => Some(from..at),
+            };
+            if !raw.ends_with('\n') {
+                // The last line of a text without a final newline.
+                own.push('\n');
+            }
+            continue;
+        }
         if let Some(rest) = line.strip_prefix("# HELP ") {
-            flush(&mut out, &mut help);
+            flush(&mut own, &mut help);
             help = Some(rest.split_once(' ').unwrap_or((rest, "")));
         } else if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (name, ty) = rest.split_once(' ').unwrap_or((rest, ""));
             let (family, ty) = classic_family(name, ty);
             match help.take() {
                 Some((n, text)) if n == name => {
-                    push_line(&mut out, &["# HELP ", &family, " ", text])
+                    push_line(&mut own, &["# HELP ", &family, " ", text])
                 }
                 other => {
                     help = other;
-                    flush(&mut out, &mut help);
+                    flush(&mut own, &mut help);
                 }
             }
-            push_line(&mut out, &["# TYPE ", &family, " ", ty]);
+            push_line(&mut own, &["# TYPE ", &family, " ", ty]);
         } else if line.starts_with("# UNIT ") || line == "# EOF" {
             continue;
         } else {
-            flush(&mut out, &mut help);
-            push_line(&mut out, &[line]);
+            flush(&mut own, &mut help);
+            push_line(&mut own, &[line]);
         }
     }
-    flush(&mut out, &mut help);
+    flush(&mut own, &mut help);
+    if let Some(r) = shared {
+        pieces.push(Piece::Shared(r));
+    }
+    if !own.is_empty() {
+        pieces.push(Piece::Own(Bytes::from(own)));
+    }
+    pieces
+}
+
+/// [`classic_pieces`] of `om` as one string.
+#[cfg(test)]
+fn classic(om: &str) -> String {
+    let mut out = String::with_capacity(om.len());
+    for p in classic_pieces(om) {
+        match p {
+            Piece::Shared(r) => out.push_str(&om[r]),
+            Piece::Own(b) => out.push_str(&String::from_utf8_lossy(&b)),
+        }
+    }
     out
 }
 
@@ -242,6 +362,50 @@ mod tests {
         assert_eq!(parse_q("1.5"), 0);
         assert_eq!(parse_q("0.1234"), 0);
         assert_eq!(parse_q("x"), 0);
+    }
+
+    /// The classic body is the OpenMetrics text's sample lines, shared
+    /// rather than copied, with the comment lines rewritten; its length is
+    /// announced exactly.
+    #[test]
+    fn the_classic_body_shares_the_sample_lines() {
+        let om = "# HELP a_fills Fills.\n# TYPE a_fills counter\na_fills_total 3\n\
+                  a_fills_total{x=\"2\"} 4\n# HELP b Bytes.\n# TYPE b_bytes gauge\n\
+                  # UNIT b_bytes bytes\nb_bytes 1\n# EOF\n";
+        let e = Exposition::from_openmetrics(om.to_owned());
+        let (mut body, ctype) = e.body(Format::Classic);
+        assert_eq!(ctype, CLASSIC);
+        let want = "# HELP a_fills_total Fills.\n# TYPE a_fills_total counter\n\
+                    a_fills_total 3\na_fills_total{x=\"2\"} 4\n\
+                    # HELP b Bytes.\n# TYPE b_bytes gauge\nb_bytes 1\n";
+        assert_eq!(body.size_hint().exact(), Some(want.len() as u64));
+        let mut got = Vec::new();
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        while let Poll::Ready(Some(Ok(f))) = Pin::new(&mut body).poll_frame(&mut cx) {
+            let b = f.into_data().unwrap();
+            if b.starts_with(b"a_fills_total 3") {
+                // A slice of the one buffer, not a copy.
+                assert!(e.openmetrics.as_ptr_range().contains(&b.as_ptr()));
+            }
+            got.extend_from_slice(&b);
+        }
+        assert!(body.is_end_stream());
+        assert_eq!(String::from_utf8(got).unwrap(), want);
+        assert_eq!(
+            e.classic
+                .iter()
+                .filter(|p| matches!(p, Piece::Shared(_)))
+                .count(),
+            2,
+            "{:?}",
+            e.classic
+        );
+        let (om_body, ctype) = e.body(Format::OpenMetrics);
+        assert_eq!(ctype, OPENMETRICS);
+        assert_eq!(om_body.size_hint().exact(), Some(om.len() as u64));
+        // A text whose last line has no newline still ends in one.
+        assert_eq!(classic("# TYPE u unknown\nu 1"), "# TYPE u untyped\nu 1\n");
     }
 
     #[test]

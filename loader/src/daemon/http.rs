@@ -17,7 +17,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -27,7 +26,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use vgpu_common::paths::{HEALTH_PATH, METRICS_PATH, READY_PATH};
 
-use super::exposition::{self, Exposition};
+use super::exposition::{self, Chunks, Exposition};
 
 /// Path of the findings JSON.
 pub const FINDINGS_PATH: &str = "/findings";
@@ -203,7 +202,7 @@ pub async fn serve(listener: TcpListener, shared: Shared) {
     }
 }
 
-fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Chunks> {
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -245,8 +244,8 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
     }
 }
 
-fn text(status: StatusCode, body: Bytes, ctype: &'static str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body));
+fn text(status: StatusCode, body: impl Into<Chunks>, ctype: &'static str) -> Response<Chunks> {
+    let mut r = Response::new(body.into());
     *r.status_mut() = status;
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

@@ -30,18 +30,22 @@ use super::retention::Retention;
 use super::utilization::{self, SlotProc, Utilization};
 use crate::host_pidns::NotHost;
 use crate::probes::{ProbeError, ProbeSet};
-use crate::regions::discover::{discover_bounded, Bounds};
+use crate::regions::discover::{discover_listed, Bounds, Listings};
 use crate::regions::open::{open_under, Access};
 
-/// `/metrics` is rendered anew at most this often while the set of regions
-/// and findings stays the same (values then lag by at most this much); a
-/// region or finding that comes or goes is rendered at the next scan.
-/// Rendering thousands of regions' series is most of a scan's work.
+/// The region pass (every open region re-read, dead slots judged and
+/// freed, `/metrics` rendered) runs at most this often while the set of
+/// regions and findings stays the same, so values lag by at most this
+/// much; a region or finding that comes or goes starts one at the next
+/// scan. The regions of processes the daemon tracks are re-read at every
+/// scan: the cross-check and the integrity checks judge them. Reading and
+/// rendering thousands of regions is most of the daemon's work.
 pub const RENDER_EVERY: Duration = Duration::from_secs(1);
 
-/// The regions root is listed at most this often (a thousand container
-/// directories cost a listing each); a region found through a process needs
-/// no listing, and a deleted one is dropped at the next scan whatever.
+/// The regions root is listed at most this often (a container directory is
+/// read again only when it changed: [`Listings`]); a region found through a
+/// process needs no listing, and a deleted one is dropped at the next
+/// region pass whatever.
 pub const ROOT_RELIST: Duration = Duration::from_secs(1);
 
 /// Region files read per container directory and per scan under the
@@ -157,11 +161,16 @@ pub struct Observer {
     /// from the cache when the old one's last name goes).
     root_open: HashMap<PathBuf, RegionKey>,
     root_listed: Option<Instant>,
+    /// The container directories' last listings (an unchanged one is not
+    /// read again).
+    listings: Listings,
     /// How long the last scan and its render took.
     last_timing: metrics::ScanTiming,
     /// The last render: when, what it showed (a fingerprint of the regions
     /// and findings), the text.
     rendered: Option<(Instant, u64, Exposition)>,
+    /// [`ScanOutput::utilization_json`] of the last region pass.
+    utilization_json: String,
     reclaimer: Reclaimer,
     launches: Ledger,
     retention: Retention,
@@ -207,8 +216,10 @@ impl Observer {
             skipped: 0,
             root_open: HashMap::new(),
             root_listed: None,
+            listings: Listings::default(),
             last_timing: metrics::ScanTiming::default(),
             rendered: None,
+            utilization_json: String::new(),
             reclaimer,
             launches: Ledger::default(),
             dead_slots: region_view::DeadSlots::default(),
@@ -349,26 +360,24 @@ impl Observer {
         Ok(())
     }
 
-    /// Slow job, in three stages: collect (regions, NVML, the probes'
-    /// counters), judge (the cross-check, limit integrity, node tables),
-    /// publish (metrics, findings, utilization).
+    /// Slow job, in three stages: collect (the judged processes' regions,
+    /// NVML, the probes' counters), judge (the cross-check, limit
+    /// integrity, node tables), publish (findings; at most once a second
+    /// the region pass: every region, dead slots, metrics, utilization).
     pub fn scan(&mut self) -> ScanOutput {
         let started = Instant::now();
         let nv = self.collect();
         let now_ms = findings::now_ms();
         let mut out = self.judge_processes(nv.as_ref(), now_ms);
-        let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
-        region_view::write_measured_sm_util(&self.cache, &views.sm_util);
-        self.cache.evict_idle(Duration::from_secs(60));
         let untracked = untracked_by_container(&out);
         out.extend(self.check_and_restore_limits(nv.as_ref(), now_ms));
         out.extend(self.check_and_repair_node_tables(now_ms));
-        self.publish(started, now_ms, nv, views, untracked, out)
+        self.publish(started, now_ms, nv, untracked, out)
     }
 
-    /// Collect: re-lists and re-reads the regions, frees dead processes'
-    /// slots, samples NVML (adopting the processes only it lists) and
-    /// counts the probes' lost events.
+    /// Collect: re-lists the regions root when due, re-reads the regions of
+    /// the processes it judges, samples NVML (adopting the processes only
+    /// it lists) and counts the probes' lost events.
     fn collect(&mut self) -> Option<Sample> {
         let started = Instant::now();
         if self.root_listed.is_none_or(|t| t.elapsed() >= ROOT_RELIST) {
@@ -379,8 +388,14 @@ impl Observer {
                 self.cache.touch(key);
             }
         }
-        self.cache.refresh();
-        self.reclaim_dead_slots();
+        // What the cross-check and the integrity checks read now; every
+        // other region waits for the region pass.
+        let judged: Vec<RegionKey> = self
+            .procs
+            .values()
+            .filter_map(|p| Some(p.slot?.region))
+            .collect();
+        self.cache.refresh_only(&judged);
         let nv = self.nvml.as_mut().map(NvmlView::sample);
         self.adopt_nvml_processes(nv.as_ref());
         self.count_lost();
@@ -450,19 +465,37 @@ impl Observer {
         out
     }
 
-    /// Publish: keeps findings for their retention and renders `/metrics`
-    /// (at most every `RENDER_EVERY` unless what it shows changed), the
-    /// findings file and the utilization file.
+    /// Publish: keeps findings for their retention, then, at most every
+    /// `RENDER_EVERY` unless what it shows changed, the region pass: every
+    /// open region re-read, dead slots freed, the measured shares written
+    /// into the regions, `/metrics` and the utilization file rendered.
     fn publish(
         &mut self,
         started: Instant,
         now_ms: u64,
         nv: Option<Sample>,
-        views: region_view::Views,
         untracked: Vec<(ContainerIdentity, u64)>,
         out: Vec<Finding>,
     ) -> ScanOutput {
         let published = self.retention.update(&out, now_ms);
+        let findings_json = findings::to_json(&published, now_ms);
+        let shown = self.shown_fingerprint(&out);
+        if let Some((at, fp, text)) = &self.rendered {
+            if *fp == shown && at.elapsed() < RENDER_EVERY {
+                return ScanOutput {
+                    metrics: text.clone(),
+                    findings_json,
+                    findings: out.len(),
+                    utilization_json: self.utilization_json.clone(),
+                };
+            }
+        }
+        // The region pass.
+        self.cache.refresh();
+        self.reclaim_dead_slots();
+        let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
+        region_view::write_measured_sm_util(&self.cache, &views.sm_util);
+        self.cache.evict_idle(Duration::from_secs(60));
         let snap = Snapshot {
             regions: views.regions,
             host: nv.map(|s| s.devices).unwrap_or_default(),
@@ -478,30 +511,27 @@ impl Observer {
             node: &self.settings.node,
             legacy: self.settings.legacy_metrics,
         };
-        let shown = self.shown_fingerprint(&out);
-        let metrics = match &self.rendered {
-            Some((at, fp, text)) if *fp == shown && at.elapsed() < RENDER_EVERY => text.clone(),
-            _ => {
-                let rendering = Instant::now();
-                let text = Exposition::from_openmetrics(metrics::render(&snap, &self.counters));
-                self.last_timing = metrics::ScanTiming {
-                    render: rendering.elapsed(),
-                    scan: started.elapsed(),
-                };
-                self.rendered = Some((rendering, shown, text.clone()));
-                text
-            }
+        let rendering = Instant::now();
+        let metrics = Exposition::from_openmetrics(metrics::render(&snap, &self.counters));
+        drop(snap);
+        self.last_timing = metrics::ScanTiming {
+            render: rendering.elapsed(),
+            scan: started.elapsed(),
         };
+        // After the pass: a region it dropped is no change next time.
+        let shown = self.shown_fingerprint(&out);
+        self.rendered = Some((rendering, shown, metrics.clone()));
+        self.utilization_json = serde_json::to_string(&utilization::State {
+            version: 1,
+            updated_unix_ms: now_ms,
+            regions: views.measured,
+        })
+        .unwrap_or_default();
         ScanOutput {
             metrics,
-            findings_json: findings::to_json(&published, now_ms),
+            findings_json,
             findings: out.len(),
-            utilization_json: serde_json::to_string(&utilization::State {
-                version: 1,
-                updated_unix_ms: now_ms,
-                regions: views.measured,
-            })
-            .unwrap_or_default(),
+            utilization_json: self.utilization_json.clone(),
         }
     }
 
@@ -521,7 +551,12 @@ impl Observer {
     /// slots of processes the daemon tracks are left alone.
     fn reclaim_dead_slots(&mut self) {
         let tracked: HashSet<SlotRef> = self.procs.values().filter_map(|p| p.slot).collect();
-        let n = self.reclaimer.run(&mut self.cache, &self.procfs, &tracked);
+        let dead_slots = &self.dead_slots;
+        let n = self
+            .reclaimer
+            .run(&mut self.cache, &self.procfs, &tracked, &|key, i, s| {
+                dead_slots.alive_lately(key, i, s)
+            });
         self.counters.slots_reclaimed.inc_by(n as u64);
     }
 
@@ -641,7 +676,7 @@ impl Observer {
         let Some(root) = self.settings.regions_root.clone() else {
             return;
         };
-        let Ok(found) = discover_bounded(&root, SCAN_BOUNDS) else {
+        let Ok(found) = discover_listed(&root, SCAN_BOUNDS, &mut self.listings) else {
             return;
         };
         if found.skipped != self.skipped {

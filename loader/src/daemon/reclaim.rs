@@ -21,8 +21,10 @@
 //! `/readyz`.
 //!
 //! Work is bounded: at most [`MAX_CHECKS`] slots are judged and
-//! [`MAX_FREES`] freed per scan, each scan going on where the last one
-//! stopped. The region lock is tried, never waited for: a tenant can hold
+//! [`MAX_FREES`] freed per region pass, each pass going on where the last
+//! one stopped; a slot the dead-slot count found alive at its host PID
+//! less than `region_view::RECHECK_ALIVE` ago is not judged again (the
+//! two would read the same `/proc` entries). The region lock is tried, never waited for: a tenant can hold
 //! it forever, and the region is tried again at the next scan.
 
 use std::collections::HashSet;
@@ -30,7 +32,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use vgpu_common::lock;
-use vgpu_common::region::MAX_DEVICES;
+use vgpu_common::region::{ProcSlot, MAX_DEVICES};
 use vgpu_common::region_io::RegionIo;
 
 use super::hostpid::SlotRef;
@@ -74,12 +76,15 @@ impl Reclaimer {
 
     /// One scan's share: judges and frees slots of the regions in `cache`,
     /// skipping those in `tracked` (slots of live processes the daemon
-    /// knows). Returns how many were freed; their regions are read anew.
+    /// knows) and those `alive_lately` says were found alive moments ago
+    /// (region, slot index, slot as read). Returns how many were freed;
+    /// their regions are read anew.
     pub fn run(
         &mut self,
         cache: &mut RegionCache,
         procfs: &Procfs,
         tracked: &HashSet<SlotRef>,
+        alive_lately: &dyn Fn(RegionKey, usize, &ProcSlot) -> bool,
     ) -> usize {
         if self.refused.is_some() {
             return 0;
@@ -126,6 +131,7 @@ impl Reclaimer {
                         region: key,
                         slot: i,
                     })
+                    || alive_lately(key, i, s)
                 {
                     continue;
                 }
@@ -303,7 +309,7 @@ mod tests {
         fn run(&mut self, r: &mut Reclaimer, tracked: &HashSet<SlotRef>) -> usize {
             self.cache.refresh();
             let procfs = Procfs::at(self.dir.path().join("proc"));
-            r.run(&mut self.cache, &procfs, tracked)
+            r.run(&mut self.cache, &procfs, tracked, &|_, _, _| false)
         }
 
         fn pids(&self) -> Vec<i32> {
@@ -345,6 +351,27 @@ mod tests {
         let snap = fx.cache.get(&fx.key).unwrap().last_snapshot().unwrap();
         assert_eq!(snap.procs[1].pid.load(Relaxed), 0);
         assert_eq!(fx.run(&mut r, &tracked), 0);
+    }
+
+    /// A slot the dead-slot count found alive moments ago is not judged
+    /// again; once that answer is stale, it is.
+    #[test]
+    fn a_slot_found_alive_lately_waits_for_its_next_judgement() {
+        let mut fx = fixture();
+        let ns = fake_proc(fx.dir.path(), 100, 5000);
+        fx.slot(0, ns, 4000, 200); // no /proc/200: dead
+        fx.slot(1, ns, 4000, 200);
+        let key = fx.key;
+        let procfs = Procfs::at(fx.dir.path().join("proc"));
+        let mut r = Reclaimer::default();
+        fx.cache.refresh();
+        let lately = |k: RegionKey, i: usize, s: &ProcSlot| {
+            k == key && i == 0 && s.hostpid.load(Relaxed) == 200
+        };
+        assert_eq!(r.run(&mut fx.cache, &procfs, &HashSet::new(), &lately), 1);
+        assert_eq!(fx.pids(), vec![1, 0]);
+        assert_eq!(fx.run(&mut r, &HashSet::new()), 1);
+        assert_eq!(fx.pids(), vec![0, 0]);
     }
 
     #[test]

@@ -303,6 +303,24 @@ impl RegionCache {
         };
     }
 
+    /// Re-reads the regions `keys` name (each within the slots the last
+    /// [`Self::refresh`] gave it) and drops those that can no longer be read
+    /// as a region. A deleted file is left to the next full refresh.
+    pub fn refresh_only(&mut self, keys: &[RegionKey]) {
+        let mut keys = keys.to_vec();
+        keys.sort_unstable();
+        keys.dedup();
+        for key in keys {
+            let Some(r) = self.open.get_mut(&key) else {
+                continue;
+            };
+            if let Err(e) = r.snapshot(Duration::ZERO) {
+                tracing::info!("{e}; no longer tracked");
+                self.remove(&key);
+            }
+        }
+    }
+
     /// Closes regions nobody used for `idle`.
     pub fn evict_idle(&mut self, idle: Duration) {
         let idle: Vec<RegionKey> = self
@@ -352,6 +370,36 @@ mod tests {
             .unwrap();
         let io = RegionIo::new(file, &path, true).unwrap();
         (path, io)
+    }
+
+    /// A partial refresh re-reads the regions named and no other, and drops
+    /// a named one that is no longer a region.
+    #[test]
+    fn refresh_only_reads_the_regions_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cache = RegionCache::default();
+        let (pa, io) = region(dir.path(), "a", 1);
+        let a = cache.insert(io, &pa, Tenant::Cgroup(1)).unwrap().0;
+        let (pb, io) = region(dir.path(), "b", 1);
+        let b = cache.insert(io, &pb, Tenant::Cgroup(2)).unwrap().0;
+        cache.refresh();
+        for p in [&pa, &pb] {
+            let f = RegionFile::create_or_open(p).unwrap();
+            f.region().procs[1].pid.store(9, Relaxed);
+            f.region().proc_num.store(2, Relaxed);
+        }
+        cache.refresh_only(&[a, a]);
+        let count = |k| cache.get(&k).unwrap().last_snapshot().unwrap().proc_count();
+        assert_eq!((count(a), count(b)), (2, 1));
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&pb)
+            .unwrap()
+            .set_len(4096)
+            .unwrap();
+        cache.refresh_only(&[b]);
+        assert!(cache.get(&b).is_none(), "a truncated region is dropped");
+        assert!(cache.get(&a).is_some());
     }
 
     /// A tenant gets `TENANT_REGIONS` regions and its slot budget shared

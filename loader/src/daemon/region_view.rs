@@ -15,7 +15,7 @@ use super::pods::{PodName, PodNames};
 use super::region_cache::{RegionCache, RegionKey};
 use super::region_owner::{region_owner, RegionOwner};
 use super::utilization::{daemon_publishes, Measured, Utilization};
-use crate::regions::liveness::Mappers;
+use crate::regions::liveness::{AliveBy, Mappers};
 
 /// The longest `region` label value: a path a tenant names may be 4 KB, and
 /// it repeats on every series of its region.
@@ -293,8 +293,30 @@ type SlotKey = (RegionKey, usize, i32, i32, u64, u64);
 /// process that exits is then counted dead within that long.
 #[derive(Debug, Default)]
 pub struct DeadSlots {
-    seen: HashMap<SlotKey, (bool, Instant, u64)>,
+    seen: HashMap<SlotKey, Judged>,
     scan: u64,
+}
+
+/// What [`DeadSlots`] last found of a slot.
+#[derive(Debug, Clone, Copy)]
+struct Judged {
+    dead: bool,
+    /// `/proc/<hostpid>` is the process the slot records.
+    alive_at_hostpid: bool,
+    at: Instant,
+    /// The last scan that saw the slot in use.
+    scan: u64,
+}
+
+fn slot_key(key: RegionKey, i: usize, s: &ProcSlot) -> SlotKey {
+    (
+        key,
+        i,
+        s.pid.load(SeqCst),
+        s.hostpid.load(SeqCst),
+        s.pidns.load(SeqCst),
+        s.start.load(SeqCst),
+    )
 }
 
 impl DeadSlots {
@@ -303,27 +325,33 @@ impl DeadSlots {
         let scan = self.scan;
         in_use(region)
             .filter(|(i, s)| {
-                let k = (
-                    key,
-                    *i,
-                    s.pid.load(SeqCst),
-                    s.hostpid.load(SeqCst),
-                    s.pidns.load(SeqCst),
-                    s.start.load(SeqCst),
-                );
-                let v = self.seen.entry(k).or_insert((false, Instant::now(), 0));
-                let fresh = v.2 != 0 && (v.0 || v.1.elapsed() < RECHECK_ALIVE);
+                let v = self.seen.entry(slot_key(key, *i, s)).or_insert(Judged {
+                    dead: false,
+                    alive_at_hostpid: false,
+                    at: Instant::now(),
+                    scan: 0,
+                });
+                let fresh = v.scan != 0 && (v.dead || v.at.elapsed() < RECHECK_ALIVE);
                 if !fresh {
-                    *v = (
-                        none.slot_liveness(s).is_certainly_dead(),
-                        Instant::now(),
-                        scan,
-                    );
+                    let a = none.slot_liveness(s);
+                    v.dead = a.is_certainly_dead();
+                    v.alive_at_hostpid = a.alive && a.by == AliveBy::Hostpid;
+                    v.at = Instant::now();
                 }
-                v.2 = scan;
-                v.0
+                v.scan = scan;
+                v.dead
             })
             .count() as u64
+    }
+
+    /// Whether slot `i` of region `key`, still recording what `s` records,
+    /// was found alive at its host PID less than [`RECHECK_ALIVE`] ago:
+    /// judging it again now would find what it found then (the reclaimer
+    /// skips it; it is judged again within that long).
+    pub fn alive_lately(&self, key: RegionKey, i: usize, s: &ProcSlot) -> bool {
+        self.seen
+            .get(&slot_key(key, i, s))
+            .is_some_and(|v| v.alive_at_hostpid && v.at.elapsed() < RECHECK_ALIVE)
     }
 
     fn begin_scan(&mut self) {
@@ -333,7 +361,7 @@ impl DeadSlots {
     /// Forgets slots this scan did not see (freed, retaken, region closed).
     fn end_scan(&mut self) {
         let scan = self.scan;
-        self.seen.retain(|_, v| v.2 == scan);
+        self.seen.retain(|_, v| v.scan == scan);
     }
 }
 

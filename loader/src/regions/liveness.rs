@@ -22,7 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
 
-use vgpu_common::proc_identity::{is_dead_state, state, ProcIdentity};
+use vgpu_common::proc_identity::{is_dead_state, pidns_inode, start_time, state, ProcIdentity};
 use vgpu_common::region::ProcSlot;
 
 /// How a liveness answer was reached.
@@ -59,14 +59,37 @@ impl Alive {
 
 /// Whether `pid` (in the caller's namespace) is a live, non-zombie process.
 pub fn proc_alive(pid: i64) -> bool {
+    proc_stat(pid).is_some_and(|stat| stat_alive(&stat))
+}
+
+/// Whether a `/proc/<pid>/stat` line is a live, non-zombie process's (a
+/// line with no state is no live process either).
+fn stat_alive(stat: &str) -> bool {
+    state(stat).is_some() && !is_dead_state(stat)
+}
+
+/// `/proc/<pid>/stat` of `pid` (in the caller's namespace), read with as
+/// few system calls as the kernel allows: the daemon reads it for
+/// thousands of slots.
+fn proc_stat(pid: i64) -> Option<String> {
+    use std::io::Read as _;
     if pid <= 0 || pid > i64::from(i32::MAX) {
-        return false;
+        return None;
     }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // A line with no state is no live process either.
-        Ok(stat) => state(&stat).is_some() && !is_dead_state(&stat),
-        Err(_) => false,
+    let mut f = File::open(format!("/proc/{pid}/stat")).ok()?;
+    // The line is a few hundred bytes (the name is at most 64); a longer
+    // one is read on to its end all the same.
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        match f.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
     }
+    String::from_utf8(buf).ok()
 }
 
 /// The processes that map one region file: host PID and identity
@@ -213,10 +236,18 @@ impl Mappers {
     pub fn liveness_of(&self, slot: &ProcIdentity, hostpid: i32) -> Alive {
         let pid = slot.pid;
         if hostpid > 0 {
-            let alive = proc_alive(i64::from(hostpid));
+            // One read of the stat line answers both "alive" and "started
+            // when the slot says".
+            let stat = proc_stat(i64::from(hostpid));
+            let alive = stat.as_deref().is_some_and(stat_alive);
             let recorded = slot.pidns != 0 || slot.start != 0;
             let same = || {
-                ProcIdentity::read(Path::new("/proc"), hostpid, pid).matches(slot.pidns, slot.start)
+                let now = ProcIdentity {
+                    pid,
+                    pidns: pidns_inode(&Path::new("/proc").join(hostpid.to_string())).unwrap_or(0),
+                    start: stat.as_deref().and_then(start_time).unwrap_or(0),
+                };
+                now.matches(slot.pidns, slot.start)
             };
             if !alive || !recorded || same() {
                 return Alive {
