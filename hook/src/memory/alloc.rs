@@ -2,6 +2,7 @@
 
 use super::driver::Real;
 use super::limit;
+use super::oversubscribe;
 use super::{counted, target, uncounted};
 use crate::ffi::*;
 use crate::real::cuda::{mem, status};
@@ -14,6 +15,7 @@ pub fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     };
     counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
         let rc = mem::alloc(dptr, bytesize);
+        let rc = oversubscribe::or_host(p, rc, dev, bytesize as u64, dptr);
         (rc, read(dptr).unwrap_or(0))
     })
 }
@@ -59,6 +61,8 @@ pub fn mem_alloc_pitch(
     };
     let rc = counted(p, &p.ptrs, dev, bound, Kind::Data, || {
         let rc = forward();
+        let shape = (width, height, PITCH_BOUND);
+        let rc = oversubscribe::or_host_pitched(p, rc, dev, shape, dptr, pitch);
         (rc, read(dptr).unwrap_or(0))
     });
     if rc != CUDA_SUCCESS {
@@ -70,7 +74,7 @@ pub fn mem_alloc_pitch(
     if actual < bound {
         p.att.release(dev, bound - actual, Kind::Data);
     } else if actual > bound && !limit::reserve(&p.att, dev, actual - bound, Kind::Data) {
-        let _ = uncounted(p, &p.ptrs, ptr, || status(mem::free(ptr)));
+        let _ = uncounted(p, &p.ptrs, ptr, || free_any(p, ptr));
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     p.ptrs
@@ -82,5 +86,10 @@ pub fn mem_free(dptr: CUdeviceptr) -> CUresult {
     let Some(p) = process().filter(|_| dptr != 0) else {
         return status(mem::free(dptr));
     };
-    uncounted(p, &p.ptrs, dptr, || status(mem::free(dptr)))
+    uncounted(p, &p.ptrs, dptr, || free_any(p, dptr))
+}
+
+/// Frees device memory, or host memory that served a device allocation.
+fn free_any(p: &crate::state::Process, dptr: CUdeviceptr) -> CUresult {
+    oversubscribe::free(p, dptr).unwrap_or_else(|| status(mem::free(dptr)))
 }

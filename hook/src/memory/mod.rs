@@ -16,6 +16,7 @@ pub mod info;
 pub mod ipc;
 pub mod limit;
 pub mod modules;
+pub mod oversubscribe;
 pub mod track;
 pub mod vmm;
 

@@ -204,6 +204,7 @@ pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
             dev.module = dev.module.saturating_add(m.module_size.load(SeqCst));
             dev.data = dev.data.saturating_add(m.data_size.load(SeqCst));
             dev.offset = dev.offset.saturating_add(m.offset.load(SeqCst));
+            dev.host = dev.host.saturating_add(m.host_bytes.load(SeqCst));
             dev.sm_util = dev
                 .sm_util
                 .saturating_add(s.device_util[d].sm_util.load(SeqCst));
