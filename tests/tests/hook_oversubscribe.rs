@@ -92,11 +92,7 @@ fn an_allocation_past_the_device_but_within_the_limit_overflows_to_host_memory()
     let _n = neighbour(&env, &exe);
     let mut c = Running::start(env.hooked(
         &exe,
-        &[
-            "overflow",
-            &FITS_LIMIT.to_string(),
-            &PAST_LIMIT.to_string(),
-        ],
+        &["overflow", &FITS_LIMIT.to_string(), &PAST_LIMIT.to_string()],
     ));
     let pid = c.child.id();
     let l = c.wait_for("alloc rc");
@@ -128,11 +124,7 @@ fn without_oversubscription_a_full_device_still_refuses() {
     let _n = neighbour(&env, &exe);
     let mut c = Running::start(env.hooked(
         &exe,
-        &[
-            "overflow",
-            &FITS_LIMIT.to_string(),
-            &PAST_LIMIT.to_string(),
-        ],
+        &["overflow", &FITS_LIMIT.to_string(), &PAST_LIMIT.to_string()],
     ));
     let pid = c.child.id();
     let l = c.wait_for("alloc rc");

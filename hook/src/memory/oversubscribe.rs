@@ -15,8 +15,8 @@
 //! Other paths never overflow (docs/hook.md says why): VMM handles, IPC
 //! export, stream-ordered and pool allocations, arrays, managed memory.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{LazyLock, Mutex};
 
 use vgpu_common::region::MAX_DEVICES;
@@ -42,7 +42,13 @@ static TABLE: LazyLock<Tracker> = LazyLock::new(Tracker::new);
 /// and oversubscription is on, serves it from mapped host memory, writes
 /// its address to `dptr` and returns `CUDA_SUCCESS`; otherwise returns
 /// `rc` unchanged.
-pub fn or_host(p: &Process, rc: CUresult, dev: usize, bytes: u64, dptr: *mut CUdeviceptr) -> CUresult {
+pub fn or_host(
+    p: &Process,
+    rc: CUresult,
+    dev: usize,
+    bytes: u64,
+    dptr: *mut CUdeviceptr,
+) -> CUresult {
     if rc != CUDA_ERROR_OUT_OF_MEMORY || !crate::state::config().oversubscribe {
         return rc;
     }
