@@ -23,8 +23,9 @@
  *   hook_mem module <bytes>       context, load a module (GPU code: the simulator charges it
  *                                 SIMGPU_MODULE_BYTES), then print cuMemGetInfo and the result
  *                                 of allocating <bytes>
- *   hook_mem overflow <bytes> <more>
- *                                 context, allocate <bytes> ("alloc rc N"); on success write
+ *   hook_mem overflow <bytes> <more> [pitch]
+ *                                 context, allocate <bytes> ("alloc rc N"; with `pitch`, through
+ *                                 cuMemAllocPitch_v2, 1 MiB rows: "pitch N"); on success write
  *                                 through the device pointer (cuMemsetD8 of its first and last
  *                                 MiB, cuMemcpyHtoD of a pattern into its middle) and read back
  *                                 (cuMemcpyDtoH): "readback ok" or "readback bad"; "held", wait
@@ -415,12 +416,15 @@ static int write_read(CUdeviceptr p, size_t n) {
     return 0;
 }
 
-static int overflow(size_t bytes, size_t more) {
+static int overflow(size_t bytes, size_t more, int pitched) {
     CUdeviceptr p = 0, q = 0;
     char line[16];
+    size_t pitch = 0;
     if (context()) return 1;
-    CUresult r = cuMemAlloc_v2(&p, bytes);
+    CUresult r = pitched ? CALL(pitch_t, cuMemAllocPitch_v2, &p, &pitch, 1 << 20, bytes >> 20, 4)
+                         : cuMemAlloc_v2(&p, bytes);
     printf("alloc rc %d\n", (int)r);
+    if (pitched) printf("pitch %zu\n", pitch);
     if (r == CUDA_SUCCESS) printf("readback %s\n", write_read(p, bytes) ? "bad" : "ok");
     printf("held\n");
     if (!fgets(line, sizeof line, stdin)) return 1;
@@ -476,7 +480,8 @@ int main(int argc, char **argv) {
     }
     if (argc >= 2 && !strcmp(argv[1], "ctxdestroy")) return ctxdestroy();
     if (argc >= 4 && !strcmp(argv[1], "overflow"))
-        return overflow(strtoull(argv[2], 0, 0), strtoull(argv[3], 0, 0));
+        return overflow(strtoull(argv[2], 0, 0), strtoull(argv[3], 0, 0),
+                        argc >= 5 && !strcmp(argv[4], "pitch"));
     if (argc >= 3 && !strcmp(argv[1], "module")) {
         typedef CUresult (*load_t)(void **, const void *);
         load_t load = (load_t)fn("cuModuleLoadData");

@@ -85,18 +85,25 @@ fn next_line(p: &mut Running) {
         .expect("write to the program");
 }
 
-#[test]
-fn an_allocation_past_the_device_but_within_the_limit_overflows_to_host_memory() {
-    let env = env("oversub").env("CUDA_OVERSUBSCRIBE", "true");
+/// Runs the overflow scenario through `cuMemAlloc_v2`, or
+/// `cuMemAllocPitch_v2` with `pitch`.
+fn overflows(name: &str, pitch: bool) {
+    let env = env(name).env("CUDA_OVERSUBSCRIBE", "true");
     let exe = env.build("hook_mem");
     let _n = neighbour(&env, &exe);
-    let mut c = Running::start(env.hooked(
-        &exe,
-        &["overflow", &FITS_LIMIT.to_string(), &PAST_LIMIT.to_string()],
-    ));
+    let (fits, past) = (FITS_LIMIT.to_string(), PAST_LIMIT.to_string());
+    let mut args = vec!["overflow", fits.as_str(), past.as_str()];
+    if pitch {
+        args.push("pitch");
+    }
+    let mut c = Running::start(env.hooked(&exe, &args));
     let pid = c.child.id();
     let l = c.wait_for("alloc rc");
     assert_eq!(field(&l, "alloc rc"), Some(CUDA_SUCCESS), "{l}");
+    if pitch {
+        let l = c.wait_for("pitch");
+        assert_eq!(field(&l, "pitch"), Some(M), "1 MiB rows: {l}");
+    }
     assert_eq!(c.wait_for("readback"), "readback ok");
     assert_eq!(c.wait_for("held"), "held");
     let u = usage(&env, pid);
@@ -115,6 +122,16 @@ fn an_allocation_past_the_device_but_within_the_limit_overflows_to_host_memory()
     assert_eq!(u["host_bytes"], 0, "{u:#}");
     assert_eq!(u["data_bytes"], 0, "{u:#}");
     assert_eq!(u["total_bytes"], CONTEXT, "{u:#}");
+}
+
+#[test]
+fn an_allocation_past_the_device_but_within_the_limit_overflows_to_host_memory() {
+    overflows("oversub", false);
+}
+
+#[test]
+fn a_pitched_allocation_overflows_too() {
+    overflows("oversub-pitch", true);
 }
 
 #[test]
