@@ -28,7 +28,8 @@
  *                                 cuMemAllocPitch_v2, 1 MiB rows: "pitch N"); on success write
  *                                 through the device pointer (cuMemsetD8 of its first and last
  *                                 MiB, cuMemcpyHtoD of a pattern into its middle) and read back
- *                                 (cuMemcpyDtoH): "readback ok" or "readback bad"; "held", wait
+ *                                 (cuMemcpyDtoH): "readback ok" or "readback bad"; load a module
+ *                                 and ask cuMemGetInfo ("module rc N"); "held", wait
  *                                 for a stdin line; allocate <more> ("more rc N", freed at once);
  *                                 free the first ("free rc N"), "freed", wait for stdin EOF
  *   hook_mem ctxdestroy           allocate half the free memory in a second context and
@@ -394,6 +395,7 @@ static int ctxdestroy(void) {
 typedef CUresult (*memset8_t)(CUdeviceptr, unsigned char, size_t);
 typedef CUresult (*htod_t)(CUdeviceptr, const void *, size_t);
 typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
+typedef CUresult (*modload_t)(void **, const void *);
 
 /* Writes through `p` (n >= 2 MiB) and reads it back: 0 when every byte
  * read is the byte written. */
@@ -426,6 +428,10 @@ static int overflow(size_t bytes, size_t more, int pitched) {
     printf("alloc rc %d\n", (int)r);
     if (pitched) printf("pitch %zu\n", pitch);
     if (r == CUDA_SUCCESS) printf("readback %s\n", write_read(p, bytes) ? "bad" : "ok");
+    void *mod = NULL;
+    size_t f = 0, t = 0;
+    printf("module rc %d\n", (int)CALL(modload_t, cuModuleLoadData, &mod, "// ptx\n"));
+    cuMemGetInfo_v2(&f, &t);
     printf("held\n");
     if (!fgets(line, sizeof line, stdin)) return 1;
     r = cuMemAlloc_v2(&q, more);

@@ -51,6 +51,10 @@ pub fn reconcile(p: &Process, d: &impl Driver, dev: usize) -> u64 {
     if counted != before {
         return 0; // an allocation or free ran meanwhile; the next look sees it settled
     }
+    // Host-backed allocations are counted but NVML does not see them. Both
+    // races go the safe way: their bytes are added after the reservation
+    // and taken off before its release, so this reads less, never more.
+    let counted = counted.saturating_sub(super::oversubscribe::on_host(dev));
     let own = d.own_host_pid().or_else(|| p.att.host_pid());
     let (Some(pid), Some(list)) = (own_listed(own, d.own_ns_pid(), &snap), snap.procs.as_ref())
     else {

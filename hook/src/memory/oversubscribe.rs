@@ -167,6 +167,16 @@ fn forget(p: &Process, e: Entry) {
     change(p, e.dev, |v| v.saturating_sub(e.bytes));
 }
 
+/// This process's host-backed bytes on `dev` (its own count, not the
+/// slot's word, which the tenant could write).
+pub fn on_host(dev: usize) -> u64 {
+    if LIVE.load(Relaxed) == 0 {
+        return 0;
+    }
+    let all = HOST_BYTES.lock().unwrap_or_else(|e| e.into_inner());
+    all.get(dev).copied().unwrap_or(0)
+}
+
 /// Applies `f` to the process's host-backed bytes of `dev` and publishes
 /// the result in its slot.
 fn change(p: &Process, dev: usize, f: impl FnOnce(u64) -> u64) {
