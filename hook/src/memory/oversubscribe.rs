@@ -102,9 +102,10 @@ fn host_backed(p: &Process, dev: usize, bytes: u64) -> Option<CUdeviceptr> {
     let host = match mem::host_alloc_mapped(size) {
         Ok(h) => h,
         Err(e) => {
-            vlog!(
+            vlog_once!(
                 crate::log::WARN,
-                "device {dev} is full and {bytes} bytes of host memory were refused too ({e})"
+                "device {dev} is full and {bytes} bytes of host memory were refused too ({e}); \
+                 the allocation fails"
             );
             return None;
         }
