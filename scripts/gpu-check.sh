@@ -30,7 +30,11 @@
 #   bash scripts/gpu-check.sh clients    device memory of real clients against the hook's count, stage
 #                                        by stage: a vLLM-like client (cuMem allocator, profiling, graphs,
 #                                        IPC, sleep/wake), PyTorch expandable_segments, CuPy, JAX
-#   bash scripts/gpu-check.sh oversub    CUDA_OVERSUBSCRIBE: GPT-2-small training under an 8 GiB limit
+#   bash scripts/gpu-check.sh oversub    CUDA_OVERSUBSCRIBE: a neighbour holds all but 2 GiB; a container
+#                                        with an 8 GiB limit allocates 6 GiB (served from host memory,
+#                                        written and read back, shown by inspect), then 4 GiB past its
+#                                        limit (refused); the same without the variable (refused)
+#   bash scripts/gpu-check.sh gpt2oversub CUDA_OVERSUBSCRIBE: GPT-2-small training under an 8 GiB limit
 #                                        while another process holds all but 2 GiB of the card, against
 #                                        the same run without pressure and without the variable
 #   bash scripts/gpu-check.sh hamish     as HAMi deploys it (CUDA_DEVICE_SM_LIMIT always set): priority
@@ -617,6 +621,41 @@ phase_hamish() {
     rm -rf /tmp/vgpulock
 }
 
+# CUDA_OVERSUBSCRIBE on a nearly full GPU (docs/hook.md, "Oversubscription").
+phase_oversub() {
+    local free hold ov
+    free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits | head -1)
+    # The neighbour's own context is about 0.5 GiB: leave 2 GiB free in all.
+    hold=$(((free - 2048 - 512) << 20))
+    say "unhooked neighbour holds $((hold >> 20)) MiB (free before: $free MiB)"
+    mkfifo "$W/neigh.in"
+    "$W/hook_mem" hold $hold <"$W/neigh.in" >"$W/neigh.txt" &
+    exec 7>"$W/neigh.in"
+    wait_line "$W/neigh.txt" held 60
+    cat "$W/neigh.txt"
+    nvidia-smi --query-gpu=memory.used,memory.free --format=csv,noheader
+    for ov in true unset; do
+        say "container, limit 8g, CUDA_OVERSUBSCRIBE=$ov: 6 GiB, then 4 GiB more (past the limit)"
+        local R=$W/ov-$ov.cache ovenv=()
+        [ "$ov" = true ] && ovenv=(CUDA_OVERSUBSCRIBE=true)
+        (sleep 6; echo go; sleep 3) | env "${ovenv[@]}" LIBCUDA_LOG_LEVEL=3 LD_PRELOAD="$DIST/libvgpu.so" \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$R" CUDA_DEVICE_MEMORY_LIMIT=8g \
+            "$W/hook_mem" overflow $((6 << 30)) $((4 << 30)) >"$W/ov-$ov.txt" 2>&1 &
+        local job=$!
+        wait_line "$W/ov-$ov.txt" held 60
+        local cp
+        cp=$(pgrep -f "hook_mem overflow" | head -1)
+        echo "nvidia-smi used by the container ($cp): $(apps_used "$cp") MiB"
+        "$DIST/vgpu" inspect --json "$R" | python3 -c 'import json,sys
+for s in json.load(sys.stdin)["regions"][0]["slots"]:
+    for u in s["usage"]: print("inspect: data_bytes", u["data_bytes"], "host_bytes", u["host_bytes"], "total_bytes", u["total_bytes"])'
+        wait $job
+        cat "$W/ov-$ov.txt"
+    done
+    exec 7>&-
+    wait
+}
+
 # Each client under the hook (16 GiB) in its own region: NVML's figure for the
 # process against the hook's count at every stage.
 phase_clients() {
@@ -634,7 +673,7 @@ phase_clients() {
 # Another process holds all but FREE_GIB (2) of the card; the container
 # (8 GiB) trains with and without CUDA_OVERSUBSCRIBE=true. Its loss must
 # match the unpressured run's; its device memory stays within what was free.
-phase_oversub() {
+phase_gpt2oversub() {
     local steps=${GPT2_STEPS:-30} r
     mkdir -p "$W/os"
     hook() { # name, extra env...

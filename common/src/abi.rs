@@ -131,6 +131,7 @@ pub fn render() -> String {
             offset,
             total,
             launches,
+            host_bytes,
             unused
         }
     );

@@ -126,6 +126,9 @@ macro_rules! entry_points {
                 fn cuThreadExchangeStreamCaptureMode(mode: *mut c_int) -> CUresult;
                 fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
                 fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
+                fn cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, flags: c_uint) -> CUresult;
+                fn cuMemHostGetDevicePointer_v2(dptr: *mut CUdeviceptr, p: *mut c_void, flags: c_uint) -> CUresult;
+                fn cuMemFreeHost(p: *mut c_void) -> CUresult;
             }
             nvml_hooks {
                 fn nvmlInit() -> nvmlReturn_t => nvml::init_v1;

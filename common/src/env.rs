@@ -10,6 +10,10 @@ pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// HAMi's default region path when [`SHARED_CACHE`] is unset.
 pub const SHARED_CACHE_DEFAULT: &str = "/tmp/cudevshr.cache";
+/// `true`: HAMi's device plugin hands out more memory than the device has
+/// (`deviceMemoryScaling` above 1); an allocation that fits the limit but
+/// not the device may be served from host memory.
+pub const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 /// `default` / `force` / `disable`.
 pub const UTILIZATION_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 /// Written into the region's `priority` when the region is created.

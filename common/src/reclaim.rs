@@ -66,6 +66,7 @@ fn counters(slot: &ProcSlot, dev: usize) -> impl Iterator<Item = &AtomicU64> {
         &m.offset,
         &m.total,
         &m.launches,
+        &m.host_bytes,
     ]
     .into_iter()
     .chain(&m.unused)

@@ -63,7 +63,13 @@ pub struct DeviceMemory {
     /// monitor reads or writes it). Only the slot's own process adds to it
     /// (one relaxed increment per launch); zeroed with the slot.
     pub launches: AtomicU64,
-    pub unused: [AtomicU64; 2],
+    /// vgpu's bytes of this process's allocations on this device that are
+    /// served from host memory (`CUDA_OVERSUBSCRIBE`), in HAMi's
+    /// `unused[1]` (neither HAMi-core nor HAMi's monitor reads or writes
+    /// it). Informational: those bytes are also in `data_size` and `total`,
+    /// which the limit counts. Only the slot's own process writes it.
+    pub host_bytes: AtomicU64,
+    pub unused: [AtomicU64; 1],
 }
 
 /// `device_util_t`: NVML utilization samples of one process on one device.
@@ -150,7 +156,8 @@ const _: () = {
     assert!(offset_of!(DeviceMemory, offset) == 24);
     assert!(offset_of!(DeviceMemory, total) == 32);
     assert!(offset_of!(DeviceMemory, launches) == 40);
-    assert!(offset_of!(DeviceMemory, unused) == 48);
+    assert!(offset_of!(DeviceMemory, host_bytes) == 48);
+    assert!(offset_of!(DeviceMemory, unused) == 56);
 
     assert!(size_of::<DeviceUtil>() == 48);
     assert!(offset_of!(DeviceUtil, dec_util) == 0);

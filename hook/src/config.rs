@@ -31,6 +31,10 @@ pub struct Config {
     /// `NVIDIA_VISIBLE_DEVICES`: the container's devices in index order when
     /// it lists UUIDs (`crate::devices`).
     pub nvidia_visible: Option<String>,
+    /// `CUDA_OVERSUBSCRIBE=true`: a plain device allocation that fits the
+    /// limit but not the device is served from host memory
+    /// (`crate::memory::oversubscribe`).
+    pub oversubscribe: bool,
     /// Problems found while reading the environment, reported once at init.
     pub errors: Vec<LimitError>,
     pub other_errors: Vec<String>,
@@ -76,6 +80,18 @@ impl Config {
             _ => None,
         };
         let nvidia_visible = lookup(names::NVIDIA_VISIBLE_DEVICES);
+        let oversubscribe = match lookup(names::OVERSUBSCRIBE).as_deref().map(str::trim) {
+            None | Some("") => false,
+            Some(v) if v.eq_ignore_ascii_case("true") || v == "1" => true,
+            Some(v) if v.eq_ignore_ascii_case("false") || v == "0" => false,
+            Some(v) => {
+                other_errors.push(format!(
+                    "{}={v:?} is neither true nor false; no oversubscription",
+                    names::OVERSUBSCRIBE
+                ));
+                false
+            }
+        };
         let mut errors = mem.errors;
         errors.extend(sm.errors);
         Self {
@@ -88,6 +104,7 @@ impl Config {
             priority,
             policy,
             nvidia_visible,
+            oversubscribe,
             errors,
             other_errors,
         }
@@ -139,6 +156,25 @@ mod tests {
         assert_eq!(cfg.sm_limit[0], 100);
         assert_eq!(cfg.priority, 1);
         assert_eq!(cfg.region_path, PathBuf::from("/tmp/cudevshr.cache"));
+    }
+
+    #[test]
+    fn oversubscription_is_off_unless_hami_says_true() {
+        let with = |v: Option<&str>| {
+            Config::from_lookup(|k| {
+                (k == "CUDA_OVERSUBSCRIBE")
+                    .then(|| v.map(str::to_owned))
+                    .flatten()
+            })
+        };
+        assert!(!with(None).oversubscribe);
+        assert!(with(Some("true")).oversubscribe);
+        assert!(with(Some("TRUE")).oversubscribe);
+        assert!(with(Some("1")).oversubscribe);
+        assert!(!with(Some("false")).oversubscribe);
+        let bad = with(Some("yes please"));
+        assert!(!bad.oversubscribe);
+        assert_eq!(bad.other_errors.len(), 1);
     }
 
     #[test]

@@ -23,6 +23,15 @@
  *   hook_mem module <bytes>       context, load a module (GPU code: the simulator charges it
  *                                 SIMGPU_MODULE_BYTES), then print cuMemGetInfo and the result
  *                                 of allocating <bytes>
+ *   hook_mem overflow <bytes> <more> [pitch]
+ *                                 context, allocate <bytes> ("alloc rc N"; with `pitch`, through
+ *                                 cuMemAllocPitch_v2, 1 MiB rows: "pitch N"); on success write
+ *                                 through the device pointer (cuMemsetD8 of its first and last
+ *                                 MiB, cuMemcpyHtoD of a pattern into its middle) and read back
+ *                                 (cuMemcpyDtoH): "readback ok" or "readback bad"; load a module
+ *                                 and ask cuMemGetInfo ("module rc N"); "held", wait
+ *                                 for a stdin line; allocate <more> ("more rc N", freed at once);
+ *                                 free the first ("free rc N"), "freed", wait for stdin EOF
  *   hook_mem ctxdestroy           allocate half the free memory in a second context and
  *                                 destroy that context without freeing: free memory must
  *                                 come back, and a larger allocation must then succeed.
@@ -383,6 +392,58 @@ static int ctxdestroy(void) {
     return 0;
 }
 
+typedef CUresult (*memset8_t)(CUdeviceptr, unsigned char, size_t);
+typedef CUresult (*htod_t)(CUdeviceptr, const void *, size_t);
+typedef CUresult (*dtoh_t)(void *, CUdeviceptr, size_t);
+typedef CUresult (*modload_t)(void **, const void *);
+
+/* Writes through `p` (n >= 2 MiB) and reads it back: 0 when every byte
+ * read is the byte written. */
+static int write_read(CUdeviceptr p, size_t n) {
+    const size_t w = 1 << 20;
+    static unsigned char want[1 << 20], got[1 << 20];
+    size_t at[3] = {0, n / 2 - w / 2, n - w};
+    for (int i = 0; i < 3; i++) {
+        if (i == 1) {
+            for (size_t k = 0; k < w; k++) want[k] = (unsigned char)(k * 7 + 3);
+            if (CALL(htod_t, cuMemcpyHtoD_v2, p + at[i], want, w)) return 1;
+        } else {
+            memset(want, 0x5a + i, w);
+            if (CALL(memset8_t, cuMemsetD8_v2, p + at[i], 0x5a + i, w)) return 1;
+        }
+        memset(got, 0, w);
+        if (CALL(dtoh_t, cuMemcpyDtoH_v2, got, p + at[i], w)) return 1;
+        if (memcmp(want, got, w)) return 1;
+    }
+    return 0;
+}
+
+static int overflow(size_t bytes, size_t more, int pitched) {
+    CUdeviceptr p = 0, q = 0;
+    char line[16];
+    size_t pitch = 0;
+    if (context()) return 1;
+    CUresult r = pitched ? CALL(pitch_t, cuMemAllocPitch_v2, &p, &pitch, 1 << 20, bytes >> 20, 4)
+                         : cuMemAlloc_v2(&p, bytes);
+    printf("alloc rc %d\n", (int)r);
+    if (pitched) printf("pitch %zu\n", pitch);
+    if (r == CUDA_SUCCESS) printf("readback %s\n", write_read(p, bytes) ? "bad" : "ok");
+    void *mod = NULL;
+    size_t f = 0, t = 0;
+    printf("module rc %d\n", (int)CALL(modload_t, cuModuleLoadData, &mod, "// ptx\n"));
+    cuMemGetInfo_v2(&f, &t);
+    printf("held\n");
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    r = cuMemAlloc_v2(&q, more);
+    printf("more rc %d\n", (int)r);
+    if (r == CUDA_SUCCESS) cuMemFree_v2(q);
+    if (p) printf("free rc %d\n", (int)cuMemFree_v2(p));
+    printf("freed\n");
+    while (fgets(line, sizeof line, stdin)) {
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 3 && !strcmp(argv[1], "-d")) {
@@ -424,6 +485,9 @@ int main(int argc, char **argv) {
         return r != CUDA_SUCCESS;
     }
     if (argc >= 2 && !strcmp(argv[1], "ctxdestroy")) return ctxdestroy();
+    if (argc >= 4 && !strcmp(argv[1], "overflow"))
+        return overflow(strtoull(argv[2], 0, 0), strtoull(argv[3], 0, 0),
+                        argc >= 5 && !strcmp(argv[4], "pitch"));
     if (argc >= 3 && !strcmp(argv[1], "module")) {
         typedef CUresult (*load_t)(void **, const void *);
         load_t load = (load_t)fn("cuModuleLoadData");

@@ -1,6 +1,7 @@
 //! `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocManaged`, `cuMemFree_v2`.
 
 use super::limit;
+use super::oversubscribe;
 use super::{counted, target, target_in, uncounted};
 use crate::driver::native::Native;
 use crate::driver::{Context, Memory, Nvml};
@@ -26,6 +27,7 @@ pub(crate) fn mem_alloc_in(
     };
     counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
         let rc = d.mem_alloc(dptr, bytesize);
+        let rc = oversubscribe::or_host(p, rc, dev, bytesize as u64, dptr);
         (rc, read(dptr).unwrap_or(0))
     })
 }
@@ -71,6 +73,8 @@ pub fn mem_alloc_pitch(
     };
     let rc = counted(p, &p.ptrs, dev, bound, Kind::Data, || {
         let rc = forward();
+        let shape = (width, height, PITCH_BOUND);
+        let rc = oversubscribe::or_host_pitched(p, rc, dev, shape, dptr, pitch);
         (rc, read(dptr).unwrap_or(0))
     });
     if rc != CUDA_SUCCESS {
@@ -83,7 +87,7 @@ pub fn mem_alloc_pitch(
         limit::release_counted(&p.att, dev, bound - actual, Kind::Data);
     } else if actual > bound {
         let Some(more) = limit::reserve(&p.att, dev, actual - bound, Kind::Data) else {
-            let _ = uncounted(p, &p.ptrs, ptr, || status(mem::free(ptr)));
+            let _ = uncounted(p, &p.ptrs, ptr, || free_any(p, ptr));
             return CUDA_ERROR_OUT_OF_MEMORY;
         };
         more.commit();
@@ -103,5 +107,12 @@ pub(crate) fn mem_free_in(d: &impl Memory, p: Option<&Process>, dptr: CUdevicept
     let Some(p) = p.filter(|_| dptr != 0) else {
         return d.mem_free(dptr);
     };
-    uncounted(p, &p.ptrs, dptr, || d.mem_free(dptr))
+    uncounted(p, &p.ptrs, dptr, || {
+        oversubscribe::free(p, dptr).unwrap_or_else(|| d.mem_free(dptr))
+    })
+}
+
+/// Frees device memory, or host memory that served a device allocation.
+fn free_any(p: &Process, dptr: CUdeviceptr) -> CUresult {
+    oversubscribe::free(p, dptr).unwrap_or_else(|| status(mem::free(dptr)))
 }

@@ -360,6 +360,7 @@ pub fn released_by_reset(p: &Process, d: usize, retained: &mut u32) {
         return;
     }
     let on_dev = |e: &Entry| e.dev == d;
+    super::oversubscribe::released_where(p, on_dev);
     let mut freed: Vec<Entry> = Vec::new();
     for t in [&p.ptrs, &p.handles, &p.arrays] {
         freed.extend(t.drain_where(on_dev));
@@ -476,6 +477,7 @@ pub fn released_by_destroy(p: &Process, ctx: u64) {
     if ctx == 0 {
         return;
     }
+    super::oversubscribe::released_where(p, |e| e.ctx == ctx);
     let mut freed: Vec<Entry> = Vec::new();
     for t in [&p.ptrs, &p.arrays] {
         freed.extend(t.drain_where(|e| e.ctx == ctx));

@@ -17,6 +17,7 @@ pub mod info;
 pub mod ipc;
 pub mod limit;
 pub mod modules;
+pub mod oversubscribe;
 pub mod track;
 pub mod vmm;
 pub mod vmm_lifetime;

@@ -53,6 +53,10 @@ pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize
     if counted != before {
         return 0; // an allocation or free ran meanwhile; the next look sees it settled
     }
+    // Host-backed allocations are counted but NVML does not see them. Both
+    // races go the safe way: their bytes are added after the reservation
+    // and taken off before its release, so this reads less, never more.
+    let counted = counted.saturating_sub(super::oversubscribe::on_host(dev));
     let own = host.own_host_pid().or_else(|| p.att.host_pid());
     let (Some(pid), Some(list)) = (
         own_listed(own, host.own_ns_pid(), &snap),

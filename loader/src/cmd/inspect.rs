@@ -205,8 +205,18 @@ fn print_region(w: &mut impl std::io::Write, s: &RegionSummary) -> std::io::Resu
     }
     writeln!(
         w,
-        "  {:<4} {:>8} {:>8} {:<14} {:<9} {:>3} {:>11} {:>11} {:>11} {:>11}",
-        "SLOT", "PID", "HOSTPID", "ALIVE", "STATUS", "DEV", "CONTEXT", "MODULE", "DATA", "TOTAL"
+        "  {:<4} {:>8} {:>8} {:<14} {:<9} {:>3} {:>11} {:>11} {:>11} {:>11} {:>11}",
+        "SLOT",
+        "PID",
+        "HOSTPID",
+        "ALIVE",
+        "STATUS",
+        "DEV",
+        "CONTEXT",
+        "MODULE",
+        "DATA",
+        "TOTAL",
+        "HOST"
     )?;
     for slot in &s.slots {
         let head = format!(
@@ -224,12 +234,13 @@ fn print_region(w: &mut impl std::io::Write, s: &RegionSummary) -> std::io::Resu
             let lead = if i == 0 { head.as_str() } else { "" };
             writeln!(
                 w,
-                "{lead:<50} {:>3} {:>11} {:>11} {:>11} {:>11}",
+                "{lead:<50} {:>3} {:>11} {:>11} {:>11} {:>11} {:>11}",
                 u.device,
                 bytes(u.context_bytes),
                 bytes(u.module_bytes),
                 bytes(u.data_bytes),
-                bytes(u.total_bytes)
+                bytes(u.total_bytes),
+                bytes(u.host_bytes)
             )?;
         }
     }

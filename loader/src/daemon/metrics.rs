@@ -44,6 +44,8 @@ pub struct RegionDevice {
     pub launches: u64,
     /// The region's raw `sm_limit` (`rules::sm_limit` says what it means).
     pub sm_limit: u64,
+    /// Of `data`, bytes served from host memory (`CUDA_OVERSUBSCRIBE`).
+    pub host: u64,
 }
 
 /// One region (one container).
@@ -211,6 +213,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let vctx = Family::<Series, GaugeU>::default();
     let vmod = Family::<Series, GaugeU>::default();
     let vbuf = Family::<Series, GaugeU>::default();
+    let vhost = Family::<Series, GaugeU>::default();
     let smlimit = Family::<Series, Gauge>::default();
     let launches = Family::<Series, Counter>::default();
     let dead = Family::<Series, Gauge>::default();
@@ -232,6 +235,7 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
             vctx.get_or_create(&l).set(d.context);
             vmod.get_or_create(&l).set(d.module);
             vbuf.get_or_create(&l).set(d.data);
+            vhost.get_or_create(&l).set(d.host);
             cutil.get_or_create(&l).set(d.sm_util as f64);
             smlimit
                 .get_or_create(&l)
@@ -282,6 +286,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "hami_vgpu_memory_buffer_bytes",
         "Data (buffer) memory of the container",
         vbuf,
+    );
+    hami.register(
+        "vgpu_memory_host_bytes",
+        "Of the container's data memory, bytes served from host memory (CUDA_OVERSUBSCRIBE); counted in hami_vgpu_memory_used_bytes too",
+        vhost,
     );
     hami.register(
         "vgpu_sm_limit_percent",
@@ -465,6 +474,7 @@ mod tests {
                     context: 500,
                     data: 100,
                     sm_limit: 30,
+                    host: 40,
                     ..RegionDevice::default()
                 }],
                 last_kernel_time: 90,
@@ -486,6 +496,7 @@ mod tests {
             r#"hami_vgpu_memory_context_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 500"#,
             r#"hami_container_last_kernel_elapsed_seconds{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 10.0"#,
             r#"vgpu_sm_limit_percent{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 30"#,
+            r#"vgpu_memory_host_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 40"#,
             r#"vgpu_dead_slots{zone="vGPU",pod_uid="p",container="c"} 2"#,
             "vgpu_hostpid_fills_total 3",
             "vgpu_region_files_skipped 996",

@@ -245,6 +245,7 @@ pub fn devices(region: &SharedRegion) -> Vec<RegionDevice> {
             dev.module = dev.module.saturating_add(m.module_size.load(SeqCst));
             dev.data = dev.data.saturating_add(m.data_size.load(SeqCst));
             dev.offset = dev.offset.saturating_add(m.offset.load(SeqCst));
+            dev.host = dev.host.saturating_add(m.host_bytes.load(SeqCst));
             dev.sm_util = dev
                 .sm_util
                 .saturating_add(s.device_util[d].sm_util.load(SeqCst));
@@ -423,6 +424,7 @@ mod tests {
             s.used[0].data_size.store(100, Relaxed);
             s.used[0].context_size.store(10, Relaxed);
             s.used[0].total.store(110, Relaxed);
+            s.used[0].host_bytes.store(30, Relaxed);
             s.device_util[0].sm_util.store(20, Relaxed);
         }
         r.procs[0].used[3].total.store(7, Relaxed);
@@ -431,8 +433,8 @@ mod tests {
         let d0 = &devs[0];
         assert_eq!(d0.uuid, "GPU-0");
         assert_eq!(
-            (d0.total, d0.data, d0.context, d0.sm_util),
-            (220, 200, 20, 40)
+            (d0.total, d0.data, d0.context, d0.sm_util, d0.host),
+            (220, 200, 20, 40, 60)
         );
         assert_eq!((devs[1].limit, devs[1].total), (0, 7));
         let mut dead = DeadSlots::default();

@@ -103,6 +103,9 @@ pub struct SlotUsage {
     pub sm_util: u64,
     /// Successful kernel and graph launches the process counted.
     pub launches: u64,
+    /// Of `data_bytes`, what is served from host memory
+    /// (`CUDA_OVERSUBSCRIBE`).
+    pub host_bytes: u64,
 }
 
 /// How serious a finding is.
@@ -164,6 +167,7 @@ fn usage_of(slot: &ProcSlot, dev: usize) -> SlotUsage {
         monitor_used_bytes: slot.monitorused[dev].load(SeqCst),
         sm_util: slot.device_util[dev].sm_util.load(SeqCst),
         launches: m.launches.load(SeqCst),
+        host_bytes: m.host_bytes.load(SeqCst),
     }
 }
 
@@ -176,6 +180,7 @@ impl SlotUsage {
             && self.monitor_used_bytes == 0
             && self.sm_util == 0
             && self.launches == 0
+            && self.host_bytes == 0
     }
 }
 
@@ -421,6 +426,7 @@ fn slot_findings(s: &SlotSummary, device_num: u64, out: &mut Vec<RegionFinding>)
             ("data", u.data_bytes),
             ("total", u.total_bytes),
             ("monitorused", u.monitor_used_bytes),
+            ("host", u.host_bytes),
         ];
         for (name, v) in fields {
             if v > IMPLAUSIBLE_BYTES {

@@ -356,6 +356,7 @@ mod tests {
                     monitor_used_bytes: 0,
                     sm_util: slot_util,
                     launches: 40,
+                    host_bytes: 0,
                 }],
             }],
             free_slots: 0,

@@ -192,18 +192,9 @@ pub unsafe extern "C" fn cuMemHostGetDevicePointer_v2(
             return Err(CuErr::InvalidValue);
         }
         let a = p as usize;
-        with(|d| {
-            let pinned = d.host_blocks.iter().any(|(&b, &l)| a >= b && a < b + l)
-                || d.registered
-                    .range(..=a)
-                    .next_back()
-                    .is_some_and(|(&b, &l)| a < b + l);
-            if pinned {
-                Ok(())
-            } else {
-                Err(CuErr::InvalidValue)
-            }
-        })?;
+        if !host_backed(a as u64, 1) {
+            return Err(CuErr::InvalidValue);
+        }
         put!(dptr, a as u64);
         Ok(())
     })
@@ -248,4 +239,20 @@ pub unsafe extern "C" fn cuMemHostUnregister(p: *mut c_void) -> CUresult {
                 .ok_or(CuErr::HostMemoryNotRegistered)
         })
     })
+}
+
+/// Whether `[addr, addr + n)` lies in pinned host memory of this process
+/// (`cuMemHostAlloc`, `cuMemAllocHost_v2`, `cuMemHostRegister`): its
+/// device address is its host address (unified addressing), so copies and
+/// memsets through it reach real memory.
+pub(crate) fn host_backed(addr: u64, n: usize) -> bool {
+    let (Ok(a), Some(end)) = (usize::try_from(addr), (addr as usize).checked_add(n)) else {
+        return false;
+    };
+    with(|d| {
+        let inside = |(&b, &l): (&usize, &usize)| a >= b && end <= b + l;
+        Ok(d.host_blocks.iter().any(inside)
+            || d.registered.range(..=a).next_back().is_some_and(inside))
+    })
+    .unwrap_or(false)
 }

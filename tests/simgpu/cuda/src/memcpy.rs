@@ -1,10 +1,14 @@
 //! Copies and memsets: cheap no-ops that validate their arguments. The
 //! synchronous forms wait for the current context's queued kernels first,
 //! as a real synchronous copy on the legacy stream does; the `_ptds` forms
-//! wait for the calling thread's per-thread stream.
+//! wait for the calling thread's per-thread stream. On pinned host memory
+//! used through its device address (mapped, unified addressing),
+//! `cuMemsetD8_v2`, `cuMemcpyHtoD_v2` and `cuMemcpyDtoH_v2` really write:
+//! a program can check what such memory holds.
 
 use std::ffi::c_void;
 
+use crate::mem::host_backed;
 use crate::state::with;
 use crate::{CUdeviceptr, CUresult, CuErr, Handle};
 
@@ -73,7 +77,14 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    sync_op(ptrs(dst, src as u64, n), false)
+    let rc = sync_op(ptrs(dst, src as u64, n), false);
+    if rc == 0 && n > 0 && host_backed(dst, n) {
+        // SAFETY: `dst..dst+n` is pinned host memory of this process (its
+        // device address is its host address); `src` is the caller's
+        // buffer of `n` bytes (the API's contract), non-NULL per `ptrs`.
+        unsafe { std::ptr::copy(src.cast::<u8>(), dst as usize as *mut u8, n) };
+    }
+    rc
 }
 
 /// `cuMemcpyHtoD_v2_ptds`.
@@ -89,7 +100,13 @@ pub unsafe extern "C" fn cuMemcpyHtoD_v2_ptds(
 /// `cuMemcpyDtoH_v2`.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
-    sync_op(ptrs(dst as u64, src, n), false)
+    let rc = sync_op(ptrs(dst as u64, src, n), false);
+    if rc == 0 && n > 0 && host_backed(src, n) {
+        // SAFETY: `src..src+n` is pinned host memory of this process;
+        // `dst` is the caller's buffer of `n` bytes, non-NULL per `ptrs`.
+        unsafe { std::ptr::copy(src as usize as *const u8, dst.cast::<u8>(), n) };
+    }
+    rc
 }
 
 /// `cuMemcpyDtoH_v2_ptds`.
@@ -210,8 +227,13 @@ pub unsafe extern "C" fn cuMemcpy3DAsync_v2(copy: *const c_void, stream: Handle)
 
 /// `cuMemsetD8_v2`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, _v: u8, n: usize) -> CUresult {
-    sync_op(ptrs(dst, 1, n), false)
+pub unsafe extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, v: u8, n: usize) -> CUresult {
+    let rc = sync_op(ptrs(dst, 1, n), false);
+    if rc == 0 && n > 0 && host_backed(dst, n) {
+        // SAFETY: `dst..dst+n` is pinned host memory of this process.
+        unsafe { std::ptr::write_bytes(dst as usize as *mut u8, v, n) };
+    }
+    rc
 }
 
 /// `cuMemsetD8_v2_ptds`.
