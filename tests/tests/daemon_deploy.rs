@@ -635,6 +635,10 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The first value covered the workloads' start. Values are refreshed
+    // by the region pass, at most once a second, so one pass later every
+    // value is a whole window of the running workloads.
+    std::thread::sleep(Duration::from_millis(1500));
     // The metric, averaged over 3 s of scrapes, against the simulator's
     // truth over the same 3 s.
     let scraper = {
