@@ -12,6 +12,7 @@
 //! zero, in older files; zero means "unknown" in every field. So any file
 //! from version `MIN_VERSION` on is used as it is.
 
+use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -116,15 +117,14 @@ impl SmShared {
         if id != 0 {
             return id;
         }
-        let mut v = 0u64;
-        // SAFETY: `v` is a live local of 8 bytes; getrandom writes at most
-        // that many.
-        let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, libc::GRND_NONBLOCK) };
-        if n != 8 || v == 0 {
-            // No entropy yet (early boot): the clock and pid still tell
-            // containers apart.
-            v = (std::process::id() as u64) << 40 ^ now_ns() | 1;
-        }
+        // Random keys from std (which reads the kernel's randomness without
+        // needing glibc's `getrandom`, absent before 2.25: a direct call made
+        // the hook unloadable on older images), mixed with the pid and the
+        // clock, which alone still tell containers apart.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u64(now_ns());
+        let v = h.finish() | 1;
         match self.container.compare_exchange(0, v, AcqRel, Acquire) {
             Ok(_) => v,
             Err(other) => other,
