@@ -51,8 +51,7 @@ fn hook_has_no_unversioned_strong_undefined_symbol() {
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             // Num: Value Size Type Bind Vis Ndx Name
-            (f.len() >= 8 && f[6] == "UND" && f[4] == "GLOBAL" && !f[7].contains('@'))
-                .then(|| f[7])
+            (f.len() >= 8 && f[6] == "UND" && f[4] == "GLOBAL" && !f[7].contains('@')).then(|| f[7])
         })
         .collect();
     assert!(
