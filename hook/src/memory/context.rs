@@ -97,6 +97,14 @@ pub fn own_listed(host: Option<u32>, ns: Option<u32>, after: &Snapshot) -> Optio
 }
 
 /// Infers the context size from snapshots before and after the creation.
+/// The memory NVML's process list charges `pid` (all its lines summed).
+pub fn used_by(list: &[(u32, u64)], pid: u32) -> u64 {
+    list.iter()
+        .filter(|(p, _)| *p == pid)
+        .map(|(_, u)| *u)
+        .sum()
+}
+
 /// `own` is this process's host PID when known.
 pub fn infer(
     own: Option<u32>,
@@ -105,15 +113,9 @@ pub fn infer(
     shared: Option<u64>,
 ) -> Measured {
     if let (Some(b), Some(a)) = (&before.procs, &after.procs) {
-        let used_of = |list: &[(u32, u64)], pid: u32| {
-            list.iter()
-                .filter(|(p, _)| *p == pid)
-                .map(|(_, u)| *u)
-                .sum::<u64>()
-        };
         match own {
             Some(pid) if a.iter().any(|(p, _)| *p == pid) => {
-                return Measured::Own(used_of(a, pid).saturating_sub(used_of(b, pid)));
+                return Measured::Own(used_by(a, pid).saturating_sub(used_by(b, pid)));
             }
             Some(_) => {}
             None => {
@@ -126,7 +128,7 @@ pub fn infer(
                 if let [(pid, _)] = new[..] {
                     return Measured::NewPid {
                         pid,
-                        bytes: used_of(a, pid),
+                        bytes: used_by(a, pid),
                     };
                 }
             }

@@ -1,12 +1,12 @@
-//! Device memory no entry point sees: GPU code and its data. With lazy
-//! module loading (CUDA 12's default) a library's kernels are loaded at
-//! their first launch, after the context was measured (`context.rs`), and
-//! take device memory that no allocation call passes through (on an H100:
-//! PyTorch's first kernels 92 MiB, cuBLAS under graph capture 72, NCCL's
-//! kernels 76, JAX 32). The process's own line in NVML's list is the only
-//! measure of it, so now and then the hook compares that line with what
-//! it counted on the device and counts what NVML shows beyond it as
-//! module memory (`module_size`; docs/hook.md, "Module memory").
+//! Device memory no entry point sees: GPU code and its data (with lazy
+//! module loading, CUDA 12's default, a library's kernels are loaded at
+//! their first launch, after the context was measured: `context.rs`), and
+//! peers' buffers a process maps in, which NVML charges to it. The
+//! process's own line in NVML's list is the only measure of it, so now and
+//! then the hook compares that line with what it counted on the device and
+//! counts what NVML shows beyond it as module memory (`module_size`;
+//! docs/hook.md, "Module memory"; the sizes seen are in
+//! docs/benchmarks.md, "Memory of real clients").
 //!
 //! Raised at once: a race with this process's own allocations can only make
 //! NVML read *less* than the count (an allocation is counted before the
@@ -16,7 +16,7 @@
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
-use super::context::{own_listed, Snapshot};
+use super::context::{own_listed, used_by, Snapshot};
 use super::context_host::ContextHost;
 use crate::driver::Nvml;
 use crate::region::Kind;
@@ -64,11 +64,7 @@ pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize
     ) else {
         return 0;
     };
-    let nvml: u64 = list
-        .iter()
-        .filter(|(q, _)| *q == pid)
-        .map(|(_, u)| *u)
-        .sum();
+    let nvml = used_by(list, pid);
     let deficit = p.module_deficit.get(dev);
     if nvml.saturating_add(SLACK) < counted {
         // An allocation in flight reads like this (counted before the

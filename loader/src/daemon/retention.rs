@@ -193,30 +193,18 @@ impl Retention {
 
 #[cfg(test)]
 mod tests {
+    use super::super::container_identity::ContainerIdentity;
     use super::*;
 
     fn finding(kind: Kind, pid: u32, cgroup: &str, since: u64, action: Option<&str>) -> Finding {
-        Finding {
-            kind,
-            pid,
-            ns_pid: 0,
-            comm: String::new(),
+        let container = ContainerIdentity {
             cgroup: cgroup.to_owned(),
-            pod_uid: None,
-            container_id: None,
-            region: None,
-            slot: None,
-            untracked_bytes: 0,
-            source: None,
-            probe_bytes: None,
-            nvml_bytes: None,
-            tracked_data_bytes: 0,
-            tracked_total_bytes: 0,
-            since_unix_ms: since,
-            message: String::new(),
-            limits: Vec::new(),
+            ..ContainerIdentity::default()
+        };
+        Finding {
+            pid,
             action: action.map(str::to_owned),
-            resolved_unix_ms: None,
+            ..Finding::new(kind, &container, since, String::new())
         }
     }
 
