@@ -14,6 +14,11 @@ pub const SHARED_CACHE_DEFAULT: &str = "/tmp/cudevshr.cache";
 /// (`deviceMemoryScaling` above 1); an allocation that fits the limit but
 /// not the device may be served from host memory.
 pub const OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+/// With `CUDA_OVERSUBSCRIBE`, device memory left free for what cannot go to
+/// host memory (GPU code loaded later, libraries' own allocations): a size
+/// as the limits take it; default `OVERSUBSCRIBE_RESERVE_DEFAULT`.
+pub const OVERSUBSCRIBE_RESERVE: &str = "VGPU_OVERSUBSCRIBE_RESERVE";
+pub const OVERSUBSCRIBE_RESERVE_DEFAULT: u64 = 512 << 20;
 /// `default` / `force` / `disable`.
 pub const UTILIZATION_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 /// Written into the region's `priority` when the region is created.

@@ -12,9 +12,10 @@ use vgpu_common::region::{policy, MAX_DEVICES};
 #[derive(Debug, Clone)]
 pub struct Config {
     pub region_path: PathBuf,
-    /// The node's shared directory of per-GPU tables (`sm::node`):
-    /// `VGPU_SM_NODE_DIR`, or HAMi's `/tmp/vgpulock` when only
-    /// `CUDA_TASK_PRIORITY` is set; `None` = the container is alone.
+    /// The node's shared directory of per-GPU tables (`sm::node_sharing`):
+    /// `VGPU_SM_NODE_DIR`, or HAMi's `/tmp/vgpulock` (which HAMi mounts into
+    /// every container) when that is unset; `None` = the container is
+    /// alone (`VGPU_SM_NODE_DIR` set but empty).
     pub node_dir: Option<PathBuf>,
     /// Whether limited containers take turns there (`VGPU_SM_NODE_DIR`
     /// set); a stated priority alone only ranks the container.
@@ -35,6 +36,9 @@ pub struct Config {
     /// limit but not the device is served from host memory
     /// (`crate::memory::oversubscribe`).
     pub oversubscribe: bool,
+    /// Device bytes an oversubscribed container leaves free
+    /// (`VGPU_OVERSUBSCRIBE_RESERVE`).
+    pub oversubscribe_reserve: u64,
     /// Problems found while reading the environment, reported once at init.
     pub errors: Vec<LimitError>,
     pub other_errors: Vec<String>,
@@ -76,7 +80,7 @@ impl Config {
         let turns = dir_var.as_deref().is_some_and(|d| !d.is_empty());
         let node_dir = match dir_var {
             Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
-            None if priority_stated => Some(PathBuf::from(names::SM_NODE_DIR_HAMI)),
+            None => Some(PathBuf::from(names::SM_NODE_DIR_HAMI)),
             _ => None,
         };
         let nvidia_visible = lookup(names::NVIDIA_VISIBLE_DEVICES);
@@ -92,6 +96,20 @@ impl Config {
                 false
             }
         };
+        let oversubscribe_reserve = match lookup(names::OVERSUBSCRIBE_RESERVE) {
+            None => names::OVERSUBSCRIBE_RESERVE_DEFAULT,
+            Some(v) => match vgpu_common::limit::parse_size(names::OVERSUBSCRIBE_RESERVE, v.trim())
+            {
+                Ok(b) => b,
+                Err(e) => {
+                    other_errors.push(format!(
+                        "{e}; {} MiB of the device are left free",
+                        names::OVERSUBSCRIBE_RESERVE_DEFAULT >> 20
+                    ));
+                    names::OVERSUBSCRIBE_RESERVE_DEFAULT
+                }
+            },
+        };
         let mut errors = mem.errors;
         errors.extend(sm.errors);
         Self {
@@ -105,6 +123,7 @@ impl Config {
             policy,
             nvidia_visible,
             oversubscribe,
+            oversubscribe_reserve,
             errors,
             other_errors,
         }
@@ -187,7 +206,7 @@ mod tests {
             })
             .node_dir
         };
-        assert_eq!(with(None), None);
+        assert_eq!(with(None), Some(PathBuf::from("/tmp/vgpulock")));
         assert_eq!(with(Some("")), None);
         assert_eq!(
             with(Some("/tmp/vgpulock")),
@@ -213,7 +232,10 @@ mod tests {
         let c = cfg(Some(""), Some("0"));
         assert_eq!(c.node_dir, None);
         assert!(!c.turns);
+        // No priority stated: HAMi's default, 1, read from the same
+        // directory (held while a higher one is active), never turns.
         let c = cfg(None, None);
-        assert!(c.node_dir.is_none() && !c.turns && !c.priority_stated);
+        assert_eq!(c.node_dir, Some(PathBuf::from("/tmp/vgpulock")));
+        assert!(!c.turns && !c.priority_stated && c.priority == 1);
     }
 }

@@ -160,3 +160,58 @@ fn without_oversubscription_a_full_device_still_refuses() {
     assert_eq!(u["host_bytes"], 0, "{u:#}");
     assert_eq!(u["total_bytes"], CONTEXT, "{u:#}");
 }
+
+/// Held by the neighbour in [`reserve_case`]: 600 MiB of the device stay
+/// free after the container's context.
+const NEIGHBOUR_LIGHT: u64 = 1248 * M;
+/// GPU code the program loads after its allocation in [`reserve_case`]:
+/// more than the device keeps free if the allocation takes the device.
+const BIG_MODULE: &str = "200m";
+
+/// A 512 MiB allocation on a device with 600 MiB free, then 200 MiB of GPU
+/// code (what cuDNN's or cuBLAS's kernels take at their first launch):
+/// returns (alloc rc, module rc, host-backed bytes).
+fn reserve_case(name: &str, reserve: Option<&str>) -> (u64, u64, Value) {
+    let mut env = env(name).env("CUDA_OVERSUBSCRIBE", "true");
+    if let Some(r) = reserve {
+        env = env.env("VGPU_OVERSUBSCRIBE_RESERVE", r);
+    }
+    let exe = env.build("hook_mem");
+    let mut n =
+        Running::start(env.unhooked(exe.as_path(), &["hold", &NEIGHBOUR_LIGHT.to_string()]));
+    let l = n.wait_for("held");
+    assert_eq!(field(&l, "held rc"), Some(CUDA_SUCCESS), "neighbour: {l}");
+    let mut cmd = env.hooked(
+        &exe,
+        &["overflow", &FITS_LIMIT.to_string(), &PAST_LIMIT.to_string()],
+    );
+    cmd.env("SIMGPU_MODULE_BYTES", BIG_MODULE);
+    let mut c = Running::start(cmd);
+    let pid = c.child.id();
+    let alloc = field(&c.wait_for("alloc rc"), "alloc rc").expect("alloc rc");
+    let module = field(&c.wait_for("module rc"), "module rc").expect("module rc");
+    assert_eq!(c.wait_for("held"), "held");
+    let host = usage(&env, pid)["host_bytes"].clone();
+    next_line(&mut c);
+    (alloc, module, host)
+}
+
+/// The device is not filled to the brim: what cannot go to host memory
+/// (GPU code loaded at a library's first launch) finds room. Filled to the
+/// brim (a reserve of 0, the behaviour before the reserve), that code
+/// fails to load, as cuDNN's did under a GPT-2 run on an H100.
+#[test]
+fn oversubscription_keeps_device_memory_free_for_gpu_code() {
+    let (alloc, module, host) = reserve_case("oversub-reserve", None);
+    assert_eq!(alloc, CUDA_SUCCESS);
+    assert_eq!(host, FITS_LIMIT, "fits the device, not its reserve: host");
+    assert_eq!(module, CUDA_SUCCESS, "the reserve holds the GPU code");
+
+    let (alloc, module, host) = reserve_case("oversub-brim", Some("0"));
+    assert_eq!(alloc, CUDA_SUCCESS);
+    assert_eq!(host, 0, "fits the device: device");
+    assert_eq!(
+        module, CUDA_ERROR_OUT_OF_MEMORY,
+        "no room left for the code"
+    );
+}

@@ -18,10 +18,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Starts `sm_loop kernel busy_500us 8` under the hook at `priority`, with
-/// `CUDA_DEVICE_SM_LIMIT` set to `limit` (unset: `None`) and the policy
-/// HAMi's monitor runs most clusters with (`force`).
-fn start(env: &HookEnv, gpu: &SimGpu, limit: Option<&str>, priority: &str) -> Running {
+/// Starts `sm_loop kernel busy_500us 8` under the hook at `priority`
+/// (`None`: unset, as HAMi leaves it for a pod that asks no
+/// `nvidia.com/priority`), with `CUDA_DEVICE_SM_LIMIT` set to `limit`
+/// (unset: `None`) and the policy HAMi's monitor runs most clusters with
+/// (`force`).
+fn start(env: &HookEnv, gpu: &SimGpu, limit: Option<&str>, priority: Option<&str>) -> Running {
     let exe = env.build("sm_loop");
     let mut c = env.hooked(&exe, &["kernel", "busy_500us", "8"]);
     gpu.apply(&mut c);
@@ -29,28 +31,33 @@ fn start(env: &HookEnv, gpu: &SimGpu, limit: Option<&str>, priority: &str) -> Ru
     if let Some(l) = limit {
         c.env("CUDA_DEVICE_SM_LIMIT", l);
     }
-    c.env("CUDA_TASK_PRIORITY", priority)
-        .env("GPU_CORE_UTILIZATION_POLICY", "force");
+    c.env_remove("CUDA_TASK_PRIORITY");
+    if let Some(p) = priority {
+        c.env("CUDA_TASK_PRIORITY", p);
+    }
+    c.env("GPU_CORE_UTILIZATION_POLICY", "force");
     let mut r = Running::start(c);
     let l = r.wait_for("ready");
     assert_eq!(l, "ready", "sm_loop did not start");
     r
 }
 
-/// The service (priority 0) and the trainer (priority 1), both at `limit`:
-/// the service gets nearly all of the device, the trainer a little (held,
-/// not starved). Equal shares would mean priority did nothing. Up to three
-/// tries, since a loaded host can delay either process.
-fn priority_holds_at(limit: Option<&str>) {
-    let what = format!("priority 0 beside 1, CUDA_DEVICE_SM_LIMIT={limit:?}");
+/// The service (priority 0) and the trainer (`trainer`: 1, or unset, which
+/// HAMi's default makes 1), both at `limit`: the service gets nearly all of
+/// the device, the trainer a little (held, not starved). Equal shares would
+/// mean priority did nothing. Up to three tries, since a loaded host can
+/// delay either process.
+fn priority_holds_at(limit: Option<&str>, trainer: Option<&str>) {
+    let what =
+        format!("priority 0 beside CUDA_TASK_PRIORITY={trainer:?}, CUDA_DEVICE_SM_LIMIT={limit:?}");
     let mut failed = Vec::new();
     for _ in 0..3 {
         let gpu = SimGpu::new();
         let tag = limit.unwrap_or("unset");
         let a = HookEnv::new(&format!("prio-hi-{tag}"), "0");
         let b = HookEnv::new(&format!("prio-lo-{tag}"), "0");
-        let hi = start(&a, &gpu, limit, "0");
-        let lo = start(&b, &gpu, limit, "1");
+        let hi = start(&a, &gpu, limit, Some("0"));
+        let lo = start(&b, &gpu, limit, trainer);
         std::thread::sleep(Duration::from_millis(600));
         let s = gpu.process_shares(Duration::from_secs(2), &[hi.child.id(), lo.child.id()]);
         eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
@@ -65,17 +72,33 @@ fn priority_holds_at(limit: Option<&str>) {
 #[test]
 fn sm_priority_holds_with_the_limit_unset() {
     let _s = serial();
-    priority_holds_at(None);
+    priority_holds_at(None, Some("1"));
 }
 
 #[test]
 fn sm_priority_holds_at_limit_0_as_hami_sets_it_without_gpucores() {
     let _s = serial();
-    priority_holds_at(Some("0"));
+    priority_holds_at(Some("0"), Some("1"));
 }
 
 #[test]
 fn sm_priority_holds_at_limit_100_as_hami_sets_it_for_a_whole_share() {
     let _s = serial();
-    priority_holds_at(Some("100"));
+    priority_holds_at(Some("100"), Some("1"));
+}
+
+/// HAMi sets `CUDA_TASK_PRIORITY` only for a pod that asks
+/// `nvidia.com/priority`; every other container has HAMi's default, 1
+/// (the lowest of its two classes). A service that asks for 0 must hold
+/// such a trainer too, at the limits HAMi sets.
+#[test]
+fn sm_priority_holds_a_trainer_that_states_none_at_limit_0() {
+    let _s = serial();
+    priority_holds_at(Some("0"), None);
+}
+
+#[test]
+fn sm_priority_holds_a_trainer_that_states_none_at_limit_100() {
+    let _s = serial();
+    priority_holds_at(Some("100"), None);
 }

@@ -240,7 +240,7 @@ impl Member {
     /// check), and the container's own processes must not undo that at
     /// their next re-plan. A member taken over starts unstated (`join`).
     pub fn set_priority(&self, priority: Option<i32>) {
-        let r = priority.map_or(0, |p| p.clamp(0, 1_000) as u32 + 1);
+        let r = priority.map_or(0, rank_of);
         let _ = self.rank.fetch_update(Relaxed, Relaxed, |cur| {
             (cur != r && (cur == 0 || r > cur)).then_some(r)
         });
@@ -273,6 +273,12 @@ impl Member {
     pub fn is_forged(&self, now: u64) -> bool {
         self.seen.load(Relaxed) > now.saturating_add(STALE_NS)
     }
+}
+
+/// The member `rank` of HAMi priority `priority` (0 high): priority + 1,
+/// so that 0 stays "none stated".
+pub fn rank_of(priority: i32) -> u32 {
+    priority.clamp(0, 1_000) as u32 + 1
 }
 
 /// Moves the instant `w` forward to `now`; an instant ahead of `now` by

@@ -26,7 +26,11 @@ pub(crate) fn mem_alloc_in(
         return d.mem_alloc(dptr, bytesize);
     };
     counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
-        let rc = d.mem_alloc(dptr, bytesize);
+        let rc = if oversubscribe::device_first(d, bytesize as u64) {
+            d.mem_alloc(dptr, bytesize)
+        } else {
+            CUDA_ERROR_OUT_OF_MEMORY
+        };
         let rc = oversubscribe::or_host(p, rc, dev, bytesize as u64, dptr);
         (rc, read(dptr).unwrap_or(0))
     })
@@ -72,7 +76,11 @@ pub fn mem_alloc_pitch(
         return forward();
     };
     let rc = counted(p, &p.ptrs, dev, bound, Kind::Data, || {
-        let rc = forward();
+        let rc = if oversubscribe::device_first(&Native, bound) {
+            forward()
+        } else {
+            CUDA_ERROR_OUT_OF_MEMORY
+        };
         let shape = (width, height, PITCH_BOUND);
         let rc = oversubscribe::or_host_pitched(p, rc, dev, shape, dptr, pitch);
         (rc, read(dptr).unwrap_or(0))

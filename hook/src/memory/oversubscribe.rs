@@ -7,6 +7,12 @@
 //! fill the card. The program keeps running, slower (its kernels reach that
 //! memory over PCIe or C2C).
 //!
+//! The device is not filled to the brim: an allocation that would leave less
+//! than `VGPU_OVERSUBSCRIBE_RESERVE` (512 MiB) free on it goes to the host
+//! at once ([`device_first`]). What cannot go there needs that room: GPU code
+//! loaded at a library's first launch (cuDNN, cuBLAS), and what libraries
+//! allocate on the device past the hook or outside these two entry points.
+//!
 //! The reservation is taken first, as for any allocation (a request over
 //! the limit never gets here), and stays: host-backed bytes count against
 //! the limit like device bytes. They are also published per device in the
@@ -22,6 +28,7 @@ use std::sync::{LazyLock, Mutex};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::track::{Entry, Tracker};
+use crate::driver::Memory;
 use crate::ffi::*;
 use crate::real::cuda::mem;
 use crate::region::Kind;
@@ -36,6 +43,31 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 static HOST_BYTES: Mutex<[u64; MAX_DEVICES]> = Mutex::new([0; MAX_DEVICES]);
 /// Host-backed allocations: device address → what it holds.
 static TABLE: LazyLock<Tracker> = LazyLock::new(Tracker::new);
+
+/// Whether a plain allocation of `bytes` is asked of the device: always
+/// without oversubscription; with it, only while the device would keep its
+/// reserve free (one `cuMemGetInfo`; when that fails, the device decides).
+pub fn device_first(d: &impl Memory, bytes: u64) -> bool {
+    let c = crate::state::config();
+    if !c.oversubscribe {
+        return true;
+    }
+    let (mut free, mut total) = (0usize, 0usize);
+    if d.mem_get_info(&mut free, &mut total) != CUDA_SUCCESS {
+        return true;
+    }
+    let room = (free as u64).saturating_sub(c.oversubscribe_reserve);
+    let fits = bytes <= room;
+    if !fits {
+        vlog_once!(
+            crate::log::INFO,
+            "{} MiB free on the device, {} MiB of it kept for GPU code and libraries: allocations that do not fit the rest are served from host memory",
+            free >> 20,
+            c.oversubscribe_reserve >> 20
+        );
+    }
+    fits
+}
 
 /// After the driver answered `rc` to a plain device allocation of `bytes`
 /// on `dev` (already reserved against the limit): when the device is full

@@ -205,7 +205,7 @@ impl NodeTables {
         self.priorities
             .get(id)
             .and_then(|(p, _)| *p)
-            .map(|p| p.clamp(0, 1_000) as u32 + 1)
+            .map(vgpu_common::node::rank_of)
     }
 
     fn check_table(

@@ -3,6 +3,13 @@
 //! re-read at most every `REFRESH_NS` by one thread (`limit_policy` has the
 //! rules). A refresh also marks the container's activity for HAMi's
 //! monitor and notes the host pid once a device is limited.
+//!
+//! A container that states no priority has HAMi's default, 1 (HAMi sets
+//! `CUDA_TASK_PRIORITY` only for a pod that asks `nvidia.com/priority`).
+//! It is ranked while a container of higher priority is active on one of
+//! the node's tables (`outranked_now`): then its launches are held as a
+//! stated 1's are; otherwise they keep the unlimited path, with nothing
+//! published.
 
 #![forbid(unsafe_code)]
 
@@ -14,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use crate::sm::sys::{Clock, Container, NodeTable};
-use crate::sm::tuning::{BLOCK_SLEEP_NS, REFRESH_NS};
+use crate::sm::tuning::{BLOCK_SLEEP_NS, HOLD_NS, REFRESH_NS};
 
 /// The settings in force, shared by the launching threads.
 #[derive(Debug)]
@@ -30,8 +37,8 @@ pub(crate) struct Settings {
     /// Unix seconds of this process's last `last_kernel_time` write.
     last_secs: AtomicU64,
     host_pid_noted: AtomicBool,
-    /// Takes part in the node's priorities without a limit
-    /// (`NodeTable::ranked`).
+    /// Takes part in the node's priorities without a limit: stated
+    /// (`NodeTable::ranked`), or outranked now.
     ranked: AtomicBool,
     /// The region's `priority` (HAMi's; 0 high).
     priority: AtomicI32,
@@ -88,9 +95,10 @@ impl Settings {
                 self.limits[d].store(*l, Relaxed);
             }
             self.enforce.store(s.enforce, Relaxed);
-            let ranked = sys.ranked();
+            let priority = region.priority.load(Relaxed);
+            let ranked = sys.ranked() || outranked_now(sys, priority, now);
             self.ranked.store(ranked, Relaxed);
-            self.priority.store(region.priority.load(Relaxed), Relaxed);
+            self.priority.store(priority, Relaxed);
             // Ranked without a limit, every device is accounted: its launches
             // are published to (or held by) the node's other containers.
             let all = (1u32 << MAX_DEVICES) - 1;
@@ -153,6 +161,18 @@ impl Settings {
     }
 }
 
+/// Whether a container of higher priority than `priority` (the region's:
+/// stated, or HAMi's default) launched on one of the node's tables within
+/// `HOLD_NS` before `now`. Read only: the container joins the table when
+/// its launches are ranked.
+fn outranked_now<S: Container + NodeTable>(sys: &S, priority: i32, now: u64) -> bool {
+    let rank = vgpu_common::node::rank_of(priority);
+    let me = sys.buckets().container_id();
+    (0..MAX_DEVICES)
+        .filter_map(|d| sys.node(d))
+        .any(|n| n.higher(me, rank, now, HOLD_NS) != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::Ordering::Relaxed;
@@ -171,6 +191,8 @@ mod tests {
         sleeps: AtomicU32,
         unblock: u32,
         ranked: bool,
+        /// The node's table of device 1, if any.
+        node: Option<&'static vgpu_common::node::NodeFile>,
     }
 
     impl Proc {
@@ -185,6 +207,7 @@ mod tests {
                 sleeps: AtomicU32::new(0),
                 unblock: 3,
                 ranked,
+                node: None,
             }
         }
     }
@@ -222,6 +245,9 @@ mod tests {
     impl NodeTable for Proc {
         fn ranked(&self) -> bool {
             self.ranked
+        }
+        fn node(&self, dev: usize) -> Option<&'static vgpu_common::node::NodeFile> {
+            self.node.filter(|_| dev == 1)
         }
     }
 
@@ -261,5 +287,37 @@ mod tests {
         // Not blocked any more: no sleep.
         s.wait_unblocked(&p);
         assert_eq!(p.sleeps.load(Relaxed), 3);
+    }
+
+    #[test]
+    fn a_process_stating_no_priority_is_ranked_while_a_higher_one_is_active() {
+        let mut p = Proc::new(false);
+        let node: &'static _ = Box::leak(Box::default());
+        p.node = Some(node);
+        // What the region's creator writes when no priority is stated.
+        p.file.region().priority.store(1, Relaxed);
+        let s = Settings::default();
+        let now = 1_000 * HOLD_NS;
+        s.refresh(&p, now, |_, _, _| {});
+        assert!(
+            !s.ranked() && s.limited() == 0,
+            "an empty table holds nobody"
+        );
+        // A priority-0 service launches on device 1.
+        let svc = node.join(42, now).unwrap_or_else(|| panic!("join"));
+        svc.touch(now, 0);
+        svc.set_priority(Some(0));
+        s.refresh(&p, now + 1, |_, _, _| {});
+        assert!(s.ranked(), "HAMi's default priority 1 is held by a 0");
+        assert_eq!((s.priority(), s.limited()), (1, (1 << MAX_DEVICES) - 1));
+        // Quiet for longer than the hold: the unlimited path again.
+        s.refresh(&p, now + HOLD_NS + 2, |_, _, _| {});
+        assert!(!s.ranked() && s.limited() == 0);
+        // A neighbour of the same default priority never ranks it.
+        svc.set_priority(Some(1));
+        svc.touch(now + HOLD_NS + 3, 0);
+        let fresh = Settings::default();
+        fresh.refresh(&p, now + HOLD_NS + 4, |_, _, _| {});
+        assert!(!fresh.ranked());
     }
 }
