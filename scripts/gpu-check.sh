@@ -38,8 +38,12 @@
 #                                        while another process holds all but 2 GiB of the card, against
 #                                        the same run without pressure and without the variable
 #   bash scripts/gpu-check.sh hamish     as HAMi deploys it (CUDA_DEVICE_SM_LIMIT always set): priority
-#                                        0 / 1 at limits 0, 100 and unset; a limit-30 matmul beside
-#                                        a limit-0 one in another container
+#                                        0 / 1 at limits 0, 100 and unset, 0 beside a trainer stating
+#                                        none (VARIANTS: other builds there too); a limit-30 matmul
+#                                        beside a limit-0 one in another container (HAMISH_MIX= skips it)
+#   bash scripts/gpu-check.sh stall      a limited process (STALL_LIMIT, 30) right after a busy
+#                                        unlimited neighbour is killed with work queued: its rate per
+#                                        0.25 s window against the same process alone
 #
 # Every figure printed is measured in this run.
 set -uo pipefail
@@ -596,10 +600,10 @@ phase_prioab() {
 # HAMi's device plugin always sets CUDA_DEVICE_SM_LIMIT: 0 for a pod without
 # gpucores, 100 for a whole share. Both must mean "no cap", with priority kept.
 phase_hamish() {
-    say "service (priority 0) beside a trainer (priority 1) with the limit variable as HAMi sets it"
+    say "service (priority 0) beside a trainer (priority 1, or none stated: HAMi's default 1) with the limit variable as HAMi sets it"
     local hook="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
     svc_baseline "both unhooked"
-    local lim
+    local lim v name
     for lim in 0 100; do
         svc_run "priority 0 / 1, CUDA_DEVICE_SM_LIMIT=$lim" \
             "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=$lim" \
@@ -607,6 +611,17 @@ phase_hamish() {
     done
     svc_run "priority 0 / 1, limit unset" "$hook CUDA_TASK_PRIORITY=0" "$hook CUDA_TASK_PRIORITY=1"
     svc_run "equal priority, CUDA_DEVICE_SM_LIMIT=0" "$hook CUDA_DEVICE_SM_LIMIT=0" "$hook CUDA_DEVICE_SM_LIMIT=0"
+    # HAMi sets CUDA_TASK_PRIORITY only for a pod that asks nvidia.com/priority:
+    # the trainer states none. VARIANTS: other builds in the same rows.
+    for v in "dist=$DIST/libvgpu.so" ${VARIANTS:-}; do
+        name=${v%%=*}
+        hook="LD_PRELOAD=${v#*=} GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+        for lim in 0 100; do
+            svc_run "$name: priority 0 / none stated, CUDA_DEVICE_SM_LIMIT=$lim" \
+                "$hook CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=$lim" "$hook CUDA_DEVICE_SM_LIMIT=$lim"
+        done
+    done
+    [ -n "${HAMISH_MIX:-1}" ] || return 0
 
     say "a limit-30 bf16 matmul beside a limit-0 one (another container, both hooked, /tmp/vgpulock shared)"
     python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
@@ -619,6 +634,45 @@ phase_hamish() {
     wait
     for lim in 30 0; do echo "limit $lim: $(grep 'of unlimited' "$W/mix-$lim.txt")"; done
     rm -rf /tmp/vgpulock
+}
+
+# A limited process takes over the GPU from a busy one killed with work
+# queued (another container, unlimited): it must get its share at once, not
+# pay the dead one's queue as its own GPU time. Per 0.25 s window, its rate
+# against the same process alone at the limit.
+phase_stall() {
+    local lim=${STALL_LIMIT:-30} secs=${STALL_SECONDS:-4} d
+    d=$(mktemp -d "$W/stall.XXXX")
+    local limited="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force CUDA_DEVICE_SM_LIMIT=$lim"
+    say "stall: a process at limit $lim alone, then right after a busy neighbour is killed (kill -9)"
+    touch "$d/go-alone"
+    env $limited CUDA_DEVICE_MEMORY_SHARED_CACHE="$d/alone.cache" \
+        python3 "$ROOT/scripts/gpu/stall_bench.py" measure "$d/go-alone" "$secs" >"$d/alone.txt"
+    env $limited CUDA_DEVICE_MEMORY_SHARED_CACHE="$d/b.cache" LIBCUDA_LOG_LEVEL=3 \
+        python3 "$ROOT/scripts/gpu/stall_bench.py" measure "$d/go" "$secs" >"$d/after.txt" 2>"$d/after.log" &
+    local b=$!
+    wait_line "$d/after.txt" ready 60
+    LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_SM_LIMIT=0 CUDA_DEVICE_MEMORY_SHARED_CACHE="$d/a.cache" \
+        python3 "$ROOT/scripts/gpu/stall_bench.py" flood >"$d/flood.txt" 2>&1 &
+    local a=$!
+    wait_line "$d/flood.txt" flooding 60
+    sleep 3
+    grep queued "$d/flood.txt" | tail -1
+    kill -9 $a
+    touch "$d/go"
+    wait $b
+    wait $a 2>/dev/null
+    python3 - "$d/alone.txt" "$d/after.txt" <<'PY'
+import json, statistics, sys
+alone = json.loads(open(sys.argv[1]).read().splitlines()[-1])["windows"]
+after = json.loads(open(sys.argv[2]).read().splitlines()[-1])["windows"]
+ref = statistics.median(alone)
+print(f"alone at the limit: {ref:.0f} matmuls/s (median of {len(alone)} windows of 0.25 s)")
+print("after the kill, per 0.25 s window, of alone: " + " ".join(f"{100 * w / ref:.0f}%" for w in after))
+print(f"first window {100 * after[0] / ref:.0f} %, first second {100 * statistics.mean(after[:4]) / ref:.0f} %, "
+      f"the rest {100 * statistics.mean(after[4:]) / ref:.0f} %")
+PY
+    grep -hi 'panicked\|error' "$d/after.log" | head -n 3
 }
 
 # CUDA_OVERSUBSCRIBE on a nearly full GPU (docs/hook.md, "Oversubscription").
@@ -674,7 +728,7 @@ phase_clients() {
 # (8 GiB) trains with and without CUDA_OVERSUBSCRIBE=true. Its loss must
 # match the unpressured run's; its device memory stays within what was free.
 phase_gpt2oversub() {
-    local steps=${GPT2_STEPS:-30} r
+    local steps=${GPT2_STEPS:-20}
     mkdir -p "$W/os"
     hook() { # name, extra env...
         local name=$1
@@ -682,6 +736,26 @@ phase_gpt2oversub() {
         env LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=8g \
             CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/os/$name.cache" LIBCUDA_LOG_LEVEL=3 "$@" \
             python3 "$ROOT/scripts/gpu/gpt2_train.py" --steps "$steps"
+    }
+    # pressed NAME ENV...: the run under pressure, with its peak device memory
+    # (NVML) and host-backed bytes (inspect) sampled every second.
+    pressed() {
+        local name=$1
+        shift
+        say "GPT-2 small, 8 GiB limit, under pressure: $*"
+        hook "$name" "$@" >"$W/os/$name.txt" 2>&1 &
+        local r=$! peak=0 host=0 u h
+        while kill -0 $r 2>/dev/null; do
+            u=$(apps_used "$(pgrep -f 'gpt2_train.py' | head -1)")
+            [ -n "$u" ] && [ "$u" -gt "$peak" ] && peak=$u
+            h=$("$DIST/vgpu" inspect --json "$W/os/$name.cache" 2>/dev/null | python3 -c 'import json,sys
+d=json.load(sys.stdin); r=d["regions"][0]
+print(sum(u.get("host_bytes",0) for s in r["slots"] for u in s["usage"]) >> 20)' 2>/dev/null)
+            [ -n "$h" ] && [ "$h" -gt "$host" ] && host=$h
+            sleep 1
+        done
+        grep -E '^(step|gpt2)|Error|error|vgpu' "$W/os/$name.txt" | grep -v Warning | tail -8
+        echo "peak device memory of the container's process (NVML): $peak MiB; peak host-backed (inspect): $host MiB"
     }
     say "GPT-2 small under the hook (8 GiB), no pressure, CUDA_OVERSUBSCRIBE=true"
     hook calm CUDA_OVERSUBSCRIBE=true 2>&1 | grep -E '^(step|gpt2)|Error' | tail -8
@@ -696,23 +770,12 @@ while not os.path.exists(sys.argv[1]):
 PY
     local hp=$!
     sleep 12
-    nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader
-    say "GPT-2 small, 8 GiB limit, CUDA_OVERSUBSCRIBE=true, under pressure"
-    hook press CUDA_OVERSUBSCRIBE=true >"$W/os/press.txt" 2>&1 &
-    r=$!
-    local peak=0 host=0 u h
-    while kill -0 $r 2>/dev/null; do
-        u=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
-            awk -F', *' -v p="$(pgrep -f 'gpt2_train.py' | head -1)" '$1==p {print $2}')
-        [ -n "$u" ] && [ "$u" -gt "$peak" ] && peak=$u
-        h=$("$DIST/vgpu" inspect --json "$W/os/press.cache" 2>/dev/null | python3 -c 'import json,sys
-d=json.load(sys.stdin); r=d["regions"][0] if "regions" in d else d
-print(sum(u.get("host_bytes",0) for s in r["slots"] for u in s["usage"]) >> 20)' 2>/dev/null)
-        [ -n "$h" ] && [ "$h" -gt "$host" ] && host=$h
-        sleep 1
-    done
-    grep -E '^(step|gpt2)|Error|vgpu' "$W/os/press.txt" | tail -10
-    echo "peak device memory of the container's process (NVML): $peak MiB; peak host-backed (inspect): $host MiB"
+    nvidia-smi --query-gpu=memory.used,memory.free,memory.total --format=csv,noheader
+    pressed press CUDA_OVERSUBSCRIBE=true
+    # The device filled to the brim (no reserve): what cannot go to host
+    # memory has no room (cuDNN's error shows where).
+    [ -n "${GPT2_BRIM:-1}" ] && pressed brim CUDA_OVERSUBSCRIBE=true VGPU_OVERSUBSCRIBE_RESERVE=0 \
+        CUDNN_LOGLEVEL_DBG=1 CUDNN_LOGDEST_DBG=stderr
     say "the same without CUDA_OVERSUBSCRIBE"
     hook plain 2>&1 | grep -E '^(step|gpt2)|Error' | tail -4
     touch "$W/os/release"
