@@ -20,7 +20,8 @@
 #   bash scripts/gpu-check.sh pylaunch   PyTorch launch-bound loop: native vs hook, no limit / limit 90
 #                                        (VARIANTS="name=/path/libvgpu.so ...": other builds at limit 90)
 #   bash scripts/gpu-check.sh pyab       the same loop in one process, its limit flipped on and off
-#                                        (paired: host drift cancels); VARIANTS as above
+#                                        (paired: host drift cancels); VARIANTS as above; AB_ELEMS:
+#                                        the tensor's size (default 4096), AB_LIMITS, AB_CYCLES
 #   bash scripts/gpu-check.sh prio       a latency-bound service beside a trainer: service
 #                                        p50/p99 and trainer throughput alone, unlimited, at 30/70 and
 #                                        with priorities 0/1 (VARIANTS: other builds at 30/70 too;
@@ -475,7 +476,8 @@ phase_pyab() {
         echo "build $name:"
         env LD_PRELOAD="$lib" CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/ab-$name.cache" \
             CUDA_DEVICE_SM_LIMIT=90 GPU_CORE_UTILIZATION_POLICY=force \
-            python3 "$ROOT/scripts/gpu/ab_limit.py" --vgpu "$DIST/vgpu" --limits "${AB_LIMITS:-90,60,30,10}" --cycles "${AB_CYCLES:-8}"
+            python3 "$ROOT/scripts/gpu/ab_limit.py" --vgpu "$DIST/vgpu" --limits "${AB_LIMITS:-90,60,30,10}" --cycles "${AB_CYCLES:-8}" \
+            --elems "${AB_ELEMS:-4096}"
     done
 }
 

@@ -30,6 +30,7 @@ def main():
     p.add_argument("--period", type=float, default=1.0, help="measured seconds per phase")
     p.add_argument("--settle", type=float, default=0.3, help="unmeasured seconds after each flip")
     p.add_argument("--cycles", type=int, default=8, help="limited phases per limit")
+    p.add_argument("--elems", type=int, default=4096, help="elements of the loop's tensor (65536: about a third of the GPU busy)")
     args = p.parse_args()
     region = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
     if not region or "LD_PRELOAD" not in os.environ:
@@ -37,7 +38,7 @@ def main():
 
     import torch
 
-    x = torch.zeros(4096, device="cuda")
+    x = torch.zeros(args.elems, device="cuda")
 
     def step():
         x.add_(1.0)
@@ -46,7 +47,9 @@ def main():
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
     def flip(limit):
-        subprocess.run([args.vgpu, "set-sm-limit", "--all", region, str(limit)], check=True, env=env)
+        # 0 is "no limit" to the hook, but the CLI asks for it by name.
+        pct = str(limit) if limit else "none"
+        subprocess.run([args.vgpu, "set-sm-limit", "--all", region, pct], check=True, env=env, stdout=subprocess.DEVNULL)
 
     def phase(limit):
         """Loop rate (kernels/s) with the region at `limit`."""
