@@ -6,6 +6,7 @@
 #
 #   bash scripts/gpu-check.sh mem        memory limit: C program, PyTorch, nvidia-smi, entry points
 #   bash scripts/gpu-check.sh overhead   launch and alloc cost: native vs hook (limit set)
+#   bash scripts/gpu-check.sh meminfo    cudaMemGetInfo's cost: native vs hook, us per call
 #   bash scripts/gpu-check.sh trace      launch cost: native, bare uprobe, vgpu trace views; PyTorch launches seen
 #   bash scripts/gpu-check.sh daemon     host-PID fill in 8 containers, untracked process, launch cost
 #   bash scripts/gpu-check.sh sm         SM limit sweep 10/30/60/90 (SM_WORKLOADS, default all four)
@@ -200,6 +201,27 @@ phase_overhead() {
     bench_launch_configs "${REPS:-11}" native c_shim hook_nolimit hook_memlimit hook_smlimit
     say "driver calls a limited launch adds (native, ns per call)"
     "$W/bench_launch" 1000 10 calls | grep _ns
+}
+
+# What cudaMemGetInfo costs under the hook (it checks the process's NVML
+# line for GPU code loaded since the last look, every call): microseconds
+# per call of torch.cuda.mem_get_info, native and hooked, interleaved.
+phase_meminfo() {
+    say "cudaMemGetInfo cost: native vs hook (memory limit 16g), us per call (2000 calls, median of ${REPS:-5})"
+    local c i
+    for ((i = 0; i < ${REPS:-5}; i++)); do
+        for c in native hook; do
+            local env=()
+            [ "$c" = hook ] && env=(LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=16g
+                CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/mi.cache")
+            env "${env[@]}" python3 -c 'import time, torch
+torch.zeros(1, device="cuda"); torch.cuda.mem_get_info()
+t = time.perf_counter()
+for _ in range(2000): torch.cuda.mem_get_info()
+print((time.perf_counter() - t) / 2000 * 1e6)' >>"$W/mi-$c"
+        done
+    done
+    for c in native hook; do printf '%-6s %.1f us (runs: %s)\n' $c "$(median <"$W/mi-$c")" "$(tr '\n' ' ' <"$W/mi-$c")"; done
 }
 
 cfg_floor() { with_tracer --floor; }
