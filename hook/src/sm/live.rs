@@ -190,8 +190,17 @@ impl NodeTable for Real {
             match node_mapping::open(&path) {
                 Ok(n) => Some(n),
                 Err(e) => {
+                    // Only a container that asked for the table (turns, a
+                    // stated priority) is told at WARN; one that only
+                    // looks for higher priorities there loses nothing else.
+                    let c = crate::state::config();
+                    let level = if c.turns || c.priority_stated {
+                        crate::log::WARN
+                    } else {
+                        crate::log::DEBUG
+                    };
                     vlog!(
-                        crate::log::WARN,
+                        level,
                         "{e}; containers on this GPU neither take turns nor rank by priority"
                     );
                     None
