@@ -262,6 +262,37 @@ impl Running {
         }
     }
 
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Panics, with the exit status once there is one, unless `/healthz`
+    /// answers 200 within 5 s.
+    pub fn assert_serving(&mut self) {
+        if get(self.port, "/healthz").map(|(s, _)| s) == Some(200) {
+            return;
+        }
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            self.assert_alive();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("daemon alive but not serving: {}", self.log_text());
+    }
+
+    /// SIGTERM, then waits: the exit must be clean and detach the probes.
+    /// Returns the log.
+    pub fn stop(mut self) -> String {
+        // SAFETY: signalling the daemon this test started (its child).
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let st = self.child.wait().expect("wait daemon");
+        let log = self.log_text();
+        assert!(st.success(), "daemon exit {st}: {log}");
+        assert!(log.contains("probes detached"), "{log}");
+        log
+    }
+
     /// `/metrics`, which must answer 200.
     pub fn metrics(&self) -> String {
         let (code, body) = get(self.port, "/metrics").expect("scrape");

@@ -8,15 +8,18 @@
     reason = "test helpers panic with a message when the test machine cannot set up a container"
 )]
 
-use std::path::Path;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use vgpu_common::view::{Access, RegionFile};
 
-use crate::container::Cgroup;
+use crate::container::{Cgroup, ContainerProcess};
 use crate::daemon::{Running, Workdir};
+use crate::dist;
 use crate::http::now_ns;
+use crate::sim::SimGpu;
 
 /// A fresh 64-hex container id; `salt` keeps a test's containers apart.
 pub fn container_id(salt: u64) -> String {
@@ -63,6 +66,52 @@ impl KubeContainer {
 /// writes in `wd`.
 pub fn runtime_spec_pattern(wd: &Workdir) -> String {
     format!("{}/runtime/*/{{id}}/config.json", wd.root().display())
+}
+
+/// A suite's working directory for containers with runtime specs:
+/// `regions`, `out` and `runtime/k8s.io` (where [`KubeContainer`] writes).
+pub fn spec_workdir(prefix: &str) -> Workdir {
+    Workdir::new(prefix, &["regions", "out", "runtime/k8s.io"])
+}
+
+/// The daemon's state directory in `wd`.
+pub fn state_dir(wd: &Workdir) -> PathBuf {
+    wd.path("state")
+}
+
+/// `vgpu daemon` on the host, probing `wd`'s libcuda with its state in
+/// [`state_dir`], reading the runtime specs [`KubeContainer`] writes there
+/// (no HAMi directory); `extra` arguments on top.
+pub fn spec_daemon(wd: &Workdir, gpu: &SimGpu, extra: &[&str]) -> Running {
+    let spec = runtime_spec_pattern(wd);
+    let mut args = vec!["--runtime-spec", spec.as_str()];
+    args.extend_from_slice(extra);
+    wd.start_daemon(gpu, &state_dir(wd), &wd.path("no-hami-dir"), &args)
+}
+
+/// `<prefix…> daemon_prog <out of name> <args…>` in `ctr`, hooked, with
+/// the simulator's environment and `env` on top; it waits for "go".
+pub fn spawn_hooked(
+    wd: &Workdir,
+    gpu: &SimGpu,
+    ctr: &KubeContainer,
+    name: &str,
+    env: &[(&str, &OsStr)],
+    (prefix, args): (&[&str], &[&str]),
+) -> ContainerProcess {
+    let base = wd.envs(gpu);
+    let hook = dist::hook_lib();
+    let mut all: Vec<(&str, &OsStr)> = base
+        .iter()
+        .map(|(k, v)| (k.as_str(), OsStr::new(v)))
+        .collect();
+    all.push(("LD_PRELOAD", hook.as_os_str()));
+    all.extend_from_slice(env);
+    let out = wd.out(name);
+    let mut argv: Vec<&OsStr> = prefix.iter().map(OsStr::new).collect();
+    argv.extend([wd.prog.as_os_str(), out.as_os_str()]);
+    argv.extend(args.iter().map(OsStr::new));
+    ctr.cg.spawn(&argv, &all)
 }
 
 /// Waits up to 10 s until some slot of region `path` records host PID

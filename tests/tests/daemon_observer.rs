@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
@@ -21,50 +21,17 @@ use vgpu_tests::sim::SimGpu;
 
 const MIB: u64 = 1 << 20;
 
-/// A running daemon with its own libcuda copy, state dir and port.
-struct Daemon {
-    run: Running,
-    state: PathBuf,
+/// A daemon probing the fixture's own libcuda copy, its state in
+/// `state`, with `extra` arguments.
+fn start_daemon(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Running {
+    fx.start_daemon(gpu, &fx.path("state"), &fx.path("no-hami-dir"), extra)
 }
 
-impl std::ops::Deref for Daemon {
-    type Target = Running;
-    fn deref(&self) -> &Running {
-        &self.run
-    }
-}
-
-impl std::ops::DerefMut for Daemon {
-    fn deref_mut(&mut self) -> &mut Running {
-        &mut self.run
-    }
-}
-
-impl Daemon {
-    fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
-        let state = fx.path("state");
-        Daemon {
-            run: fx.start_daemon(gpu, &state, &fx.path("no-hami-dir"), extra),
-            state,
-        }
-    }
-
-    fn findings(&self) -> Value {
-        let (code, body) = get(self.port, "/findings").expect("findings");
-        assert_eq!(code, 200);
-        serde_json::from_str(&body).expect("findings json")
-    }
-
-    /// SIGTERM, then wait: a clean exit that detaches the probes.
-    fn stop(mut self) -> String {
-        // SAFETY: signalling the daemon this test started.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let st = self.child.wait().expect("wait daemon");
-        let log = self.log_text();
-        assert!(st.success(), "daemon exit {st}: {log}");
-        assert!(log.contains("probes detached"), "{log}");
-        log
-    }
+/// `/findings` as a whole JSON document.
+fn findings_doc(d: &Running) -> Value {
+    let (code, body) = get(d.port, "/findings").expect("findings");
+    assert_eq!(code, 200);
+    serde_json::from_str(&body).expect("findings json")
 }
 
 /// The test's working directory (`vgpu_tests::daemon::Workdir`).
@@ -160,7 +127,7 @@ fn sixteen_containers_get_host_pids_within_a_second() {
     const N: usize = 16;
     let fx = Fixture::new();
     let gpu = SimGpu::new();
-    let daemon = Daemon::start(&fx, &gpu, &[]);
+    let daemon = start_daemon(&fx, &gpu, &[]);
 
     // No launch entry point is probed; allocation, free and context ones are.
     let m = daemon.metrics();
@@ -303,7 +270,7 @@ fn sixteen_containers_get_host_pids_within_a_second() {
     );
     assert!(sample(&m, "vgpu_probe_events_total", &[("kind", "alloc")]).unwrap_or(0.0) >= N as f64);
     // Hooked programs whose accounting is right are not findings.
-    let f = daemon.findings();
+    let f = findings_doc(&daemon);
     assert_eq!(f["findings"].as_array().map(Vec::len), Some(0), "{f:#}");
     assert_eq!(
         sample(&m, "vgpu_findings", &[("kind", "untracked_allocation")]),
@@ -320,7 +287,7 @@ fn sixteen_containers_get_host_pids_within_a_second() {
 fn allocations_behind_the_hook_are_findings() {
     let fx = Fixture::new();
     let gpu = SimGpu::new();
-    let daemon = Daemon::start(&fx, &gpu, &["--slot-grace", "1"]);
+    let daemon = start_daemon(&fx, &gpu, &["--slot-grace", "1"]);
     let cg_hidden = Cgroup::unique("daemon-hidden");
     let cg_bare = Cgroup::unique("daemon-bare");
     // Hooked, 64 MiB through the hook and 256 MiB through a dlmopen'd libcuda.
@@ -337,7 +304,7 @@ fn allocations_behind_the_hook_are_findings() {
     // The findings endpoint, within 2 s of the allocation.
     let t = Instant::now();
     let found = loop {
-        let f = daemon.findings();
+        let f = findings_doc(&daemon);
         let list = f["findings"].as_array().cloned().unwrap_or_default();
         let hit = list
             .iter()
@@ -366,7 +333,7 @@ fn allocations_behind_the_hook_are_findings() {
     // The unhooked process: no region (after the 1 s grace).
     let t = Instant::now();
     let bare_f = loop {
-        let f = daemon.findings();
+        let f = findings_doc(&daemon);
         let hit = f["findings"]
             .as_array()
             .and_then(|l| l.iter().find(|x| x["pid"] == bare_pid).cloned());
@@ -404,7 +371,7 @@ fn allocations_behind_the_hook_are_findings() {
     // The state file and `vgpu findings`.
     let out = Command::new(dist::vgpu_bin())
         .args(["findings", "--json", "--state-dir"])
-        .arg(&daemon.state)
+        .arg(fx.path("state"))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{out:?}");
@@ -431,7 +398,7 @@ fn allocations_behind_the_hook_are_findings() {
     // … and `vgpu inspect --json` carries them.
     let out = Command::new(dist::vgpu_bin())
         .args(["inspect", "--json", "--state-dir"])
-        .arg(&daemon.state)
+        .arg(fx.path("state"))
         .arg(fx.dir.path().join("regions"))
         .output()
         .unwrap();
@@ -483,7 +450,7 @@ fn host_pid_of_ns(path: &Path, pidns: u64) -> Option<i32> {
 fn pid_1_of_two_namespaces_sharing_a_region_each_get_their_own_host_pid() {
     let fx = Fixture::new();
     let gpu = SimGpu::new();
-    let daemon = Daemon::start(&fx, &gpu, &["--slot-grace", "1"]);
+    let daemon = start_daemon(&fx, &gpu, &["--slot-grace", "1"]);
     let cgs: Vec<Cgroup> = (0..3)
         .map(|i| Cgroup::unique(&format!("daemon-ns{i}")))
         .collect();
@@ -538,7 +505,7 @@ fn pid_1_of_two_namespaces_sharing_a_region_each_get_their_own_host_pid() {
     }
     let t = Instant::now();
     let bare = loop {
-        let f = daemon.findings();
+        let f = findings_doc(&daemon);
         let hit = f["findings"]
             .as_array()
             .and_then(|l| l.iter().find(|x| x["pid"] == bare_pid).cloned());
@@ -554,7 +521,7 @@ fn pid_1_of_two_namespaces_sharing_a_region_each_get_their_own_host_pid() {
     };
     assert_eq!(bare["kind"], "no_region", "{bare:#}");
     assert_eq!(bare["ns_pid"], 1, "{bare:#}");
-    let f = daemon.findings();
+    let f = findings_doc(&daemon);
     for &(host, _) in &hooked {
         assert!(
             !f["findings"]
@@ -599,7 +566,7 @@ fn slot_index_of_ns(path: &Path, pidns: u64) -> Option<usize> {
 fn a_dead_process_slot_is_freed_and_a_live_one_never_is() {
     let fx = Fixture::new();
     let gpu = SimGpu::new();
-    let daemon = Daemon::start(&fx, &gpu, &[]);
+    let daemon = start_daemon(&fx, &gpu, &[]);
     let cgs: Vec<Cgroup> = (0..2)
         .map(|i| Cgroup::unique(&format!("daemon-reclaim{i}")))
         .collect();
@@ -689,7 +656,7 @@ fn a_dead_process_slot_is_freed_and_a_live_one_never_is() {
 fn a_full_probe_map_is_logged_by_the_daemon() {
     let fx = Fixture::new();
     let gpu = SimGpu::new();
-    let daemon = Daemon::start(&fx, &gpu, &["--max-procs", "1"]);
+    let daemon = start_daemon(&fx, &gpu, &["--max-procs", "1"]);
     assert!(!daemon.log_text().contains("procs_full"));
     let cgroups = [
         Cgroup::unique("daemon-full-a"),

@@ -21,48 +21,10 @@ use vgpu_tests::dist;
 use vgpu_tests::http::{get, get_on, loopback};
 use vgpu_tests::sim::SimGpu;
 
-/// A running `vgpu daemon` probing this fixture's own libcuda copy.
-struct Daemon {
-    run: Running,
-}
-
-impl std::ops::Deref for Daemon {
-    type Target = Running;
-    fn deref(&self) -> &Running {
-        &self.run
-    }
-}
-
-impl std::ops::DerefMut for Daemon {
-    fn deref_mut(&mut self) -> &mut Running {
-        &mut self.run
-    }
-}
-
-impl Daemon {
-    fn start(fx: &Fixture, gpu: &SimGpu, root: &Path) -> Daemon {
-        Daemon {
-            run: fx.start_daemon(gpu, &fx.path("state"), root, &["--no-nvml"]),
-        }
-    }
-
-    /// Panics, with the exit status once there is one, unless `/healthz`
-    /// answers 200.
-    fn assert_serving(&mut self) {
-        if get(self.port, "/healthz").map(|(s, _)| s) == Some(200) {
-            return;
-        }
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(5) {
-            self.assert_alive();
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("daemon alive but not serving: {}", self.log_text());
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
+/// A `vgpu daemon` probing this fixture's own libcuda copy, the HAMi
+/// directory at `root`, without NVML.
+fn start_daemon(fx: &Fixture, gpu: &SimGpu, root: &Path) -> Running {
+    fx.start_daemon(gpu, &fx.path("state"), root, &["--no-nvml"])
 }
 
 /// The test's working directory (`vgpu_tests::daemon::Workdir`).
@@ -255,7 +217,7 @@ fn truncating_a_region_never_crashes_the_daemon() {
     let b = fx.path("regions/b.cache");
     let c = fx.path("regions/c.cache");
     std::fs::create_dir_all(a.parent().unwrap()).unwrap();
-    let mut daemon = Daemon::start(&fx, &gpu, &root);
+    let mut daemon = start_daemon(&fx, &gpu, &root);
     let cgs: Vec<Cgroup> = ["a", "b", "c"]
         .iter()
         .map(|n| Cgroup::unique(&format!("secd-trunc-{n}")))
@@ -367,7 +329,7 @@ fn symlinked_regions_never_open_the_target() {
     symlink(&secret, root.join("podL_main/ln.cache")).unwrap();
     symlink(fx.path("secret"), root.join("podD_main")).unwrap();
 
-    let mut daemon = Daemon::start(&fx, &gpu, &root);
+    let mut daemon = start_daemon(&fx, &gpu, &root);
     // The swap: a real region, in use and filled, then replaced by a link.
     let swap = regions.join("swap.cache");
     let cg_s = Cgroup::unique("secd-link-s");
@@ -561,7 +523,7 @@ fn suspend_never_signals_a_forged_hostpid() {
 fn a_half_sent_request_is_dropped_within_seconds() {
     let fx = Fixture::new();
     let gpu = SimGpu::new();
-    let daemon = Daemon::start(&fx, &gpu, &fx.path("root"));
+    let daemon = start_daemon(&fx, &gpu, &fx.path("root"));
     let mut slow = TcpStream::connect(("127.0.0.1", daemon.port)).unwrap();
     write!(slow, "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n").unwrap();
     slow.set_read_timeout(Some(Duration::from_secs(15)))
@@ -590,7 +552,7 @@ fn a_half_sent_request_is_dropped_within_seconds() {
 fn a_connection_flood_stays_bounded() {
     let fx = Fixture::new();
     let gpu = SimGpu::new();
-    let mut daemon = Daemon::start(&fx, &gpu, &fx.path("root"));
+    let mut daemon = start_daemon(&fx, &gpu, &fx.path("root"));
     let rss0 = rss_kib(daemon.pid());
     let cpu0 = cpu_secs(daemon.pid());
     let t0 = Instant::now();
@@ -659,7 +621,7 @@ fn a_thousand_sparse_regions_stay_cheap() {
     let other = root.join("podO_main/r.cache");
     let o = make_region(&other, 0);
     o.region().limit[0].store(u64::MAX - 5, SeqCst);
-    let mut daemon = Daemon::start(&fx, &gpu, &root);
+    let mut daemon = start_daemon(&fx, &gpu, &root);
     let cpu0 = cpu_secs(daemon.pid());
     let t0 = Instant::now();
     let mut worst = Duration::ZERO;

@@ -16,7 +16,7 @@
 
 use std::ffi::OsStr;
 use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
@@ -26,7 +26,10 @@ use vgpu_tests::container::ContainerProcess;
 use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::{free_port, get, now_ns};
-use vgpu_tests::kubepod::{process_dead, runtime_spec_pattern, wait_slot_hostpid, KubeContainer};
+use vgpu_tests::kubepod::{
+    process_dead, spawn_hooked, spec_daemon, spec_workdir, state_dir, wait_slot_hostpid,
+    KubeContainer,
+};
 use vgpu_tests::sim::SimGpu;
 
 const G: u64 = 1 << 30;
@@ -36,72 +39,34 @@ const LIMIT0_OFFSET: u64 = 1600;
 /// Found and stopped within this long.
 const WITHIN: Duration = Duration::from_secs(2);
 
-struct Fixture(Workdir);
-
-impl std::ops::Deref for Fixture {
-    type Target = Workdir;
-    fn deref(&self) -> &Workdir {
-        &self.0
-    }
+/// A container whose spec gives it 1 GiB and `region` (no GPU list:
+/// how many it may use is not the spec's to say here).
+fn container(fx: &Workdir, salt: u64, region: &Path, extra: &[&str]) -> KubeContainer {
+    let mut env = vec![
+        "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+        "CUDA_DEVICE_MEMORY_LIMIT=1g".to_owned(),
+        format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}", region.display()),
+    ];
+    env.extend(extra.iter().map(|s| (*s).to_owned()));
+    KubeContainer::create(fx, salt, &env)
 }
 
-impl Fixture {
-    fn new() -> Fixture {
-        Fixture(Workdir::new(
-            "vgpu-enforce-",
-            &["regions", "out", "runtime/k8s.io"],
-        ))
-    }
-
-    fn state(&self) -> PathBuf {
-        self.path("state")
-    }
-
-    /// A container whose spec gives it 1 GiB and `region` (no GPU list:
-    /// how many it may use is not the spec's to say here).
-    fn container(&self, salt: u64, region: &Path, extra: &[&str]) -> KubeContainer {
-        let mut env = vec![
-            "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
-            "CUDA_DEVICE_MEMORY_LIMIT=1g".to_owned(),
-            format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}", region.display()),
-        ];
-        env.extend(extra.iter().map(|s| (*s).to_owned()));
-        KubeContainer::create(self, salt, &env)
-    }
-
-    /// `daemon_prog <out> <args…>` in `ctr`, hooked, limited as its spec
-    /// says, waiting for "go".
-    fn spawn(
-        &self,
-        gpu: &SimGpu,
-        ctr: &KubeContainer,
-        name: &str,
-        region: &Path,
-        args: &[&str],
-    ) -> ContainerProcess {
-        let base = self.envs(gpu);
-        let hook = dist::hook_lib();
-        let region = region.display().to_string();
-        let mut all: Vec<(&str, &OsStr)> = base
-            .iter()
-            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
-            .collect();
-        all.push(("LD_PRELOAD", hook.as_os_str()));
-        all.push(("CUDA_DEVICE_MEMORY_LIMIT", OsStr::new("1g")));
-        all.push(("CUDA_DEVICE_MEMORY_SHARED_CACHE", OsStr::new(&region)));
-        let out = self.out(name);
-        let mut argv: Vec<&OsStr> = vec![self.prog.as_os_str(), out.as_os_str()];
-        argv.extend(args.iter().map(OsStr::new));
-        ctr.cg.spawn(&argv, &all)
-    }
-
-    /// A daemon on the host reading the fixture's runtime specs.
-    fn daemon(&self, gpu: &SimGpu, extra: &[&str]) -> Running {
-        let spec = runtime_spec_pattern(self);
-        let mut args = vec!["--runtime-spec", spec.as_str()];
-        args.extend_from_slice(extra);
-        self.start_daemon(gpu, &self.state(), &self.path("no-hami-dir"), &args)
-    }
+/// `daemon_prog <out> <args…>` in `ctr`, hooked, limited as its spec
+/// says, waiting for "go".
+fn spawn(
+    fx: &Workdir,
+    gpu: &SimGpu,
+    ctr: &KubeContainer,
+    name: &str,
+    region: &Path,
+    args: &[&str],
+) -> ContainerProcess {
+    let region = region.as_os_str();
+    let env = [
+        ("CUDA_DEVICE_MEMORY_LIMIT", OsStr::new("1g")),
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", region),
+    ];
+    spawn_hooked(fx, gpu, ctr, name, &env, (&[], args))
 }
 
 /// The time from `since_ns` (a program's mark) until `pid` is dead, if it
@@ -125,14 +90,14 @@ fn died_after(pid: u32, since_ns: u64, limit: Duration) -> Option<Duration> {
 /// from the 16 devices the region claims.
 #[test]
 fn a_forged_device_num_widens_nothing_under_kill() {
-    let fx = Fixture::new();
+    let fx = spec_workdir("vgpu-enforce-");
     // Small contexts: two processes' contexts fit the 1 GiB the hook counts.
     let gpu = SimGpu::builder().memory("16g").context_bytes("64m").build();
-    let daemon = fx.daemon(&gpu, &["--on-violation", "kill"]);
+    let daemon = spec_daemon(&fx, &gpu, &["--on-violation", "kill"]);
     let region = fx.region("forged");
-    let ctr = fx.container(1, &region, &[]);
+    let ctr = container(&fx, 1, &region, &[]);
     // A first process creates and registers the region.
-    let mut first = fx.spawn(&gpu, &ctr, "first", &region, &["64"]);
+    let mut first = spawn(&fx, &gpu, &ctr, "first", &region, &["64"]);
     let first_pid = first.host_pid();
     first.send_line("go");
     fx.mark("first", "allocated", Duration::from_secs(10));
@@ -155,7 +120,7 @@ fn a_forged_device_num_widens_nothing_under_kill() {
         })
     };
     // The second process holds 8000 MiB the hook never saw.
-    let mut big = fx.spawn(&gpu, &ctr, "big", &region, &["64", "8000"]);
+    let mut big = spawn(&fx, &gpu, &ctr, "big", &region, &["64", "8000"]);
     let big_pid = big.host_pid();
     big.send_line("go");
     let t_alloc = fx.mark("big", "allocated", Duration::from_secs(20));
@@ -198,15 +163,22 @@ fn a_forged_device_num_widens_nothing_under_kill() {
 /// `kill`, the process is dead within 2 s of the allocation.
 #[test]
 fn an_unprobed_allocation_path_is_over_limit_and_killed() {
-    let fx = Fixture::new();
+    let fx = spec_workdir("vgpu-enforce-");
     let gpu = SimGpu::builder().memory("16g").build();
-    let daemon = fx.daemon(&gpu, &["--on-violation", "kill"]);
+    let daemon = spec_daemon(&fx, &gpu, &["--on-violation", "kill"]);
     let copy = fx.path("lib/libnvcuda-copy.so");
     std::fs::copy(fx.libcuda(), &copy).expect("copy libcuda");
     let region = fx.region("unprobed");
-    let ctr = fx.container(2, &region, &[]);
+    let ctr = container(&fx, 2, &region, &[]);
     let copy_arg = copy.display().to_string();
-    let mut p = fx.spawn(&gpu, &ctr, "hidden", &region, &["64", "1100", &copy_arg]);
+    let mut p = spawn(
+        &fx,
+        &gpu,
+        &ctr,
+        "hidden",
+        &region,
+        &["64", "1100", &copy_arg],
+    );
     let pid = p.host_pid();
     p.send_line("go");
     let t_alloc = fx.mark("hidden", "allocated", Duration::from_secs(20));
@@ -239,11 +211,11 @@ fn an_unprobed_allocation_path_is_over_limit_and_killed() {
 /// log an error at start-up and answer `/readyz` 503 saying why.
 #[test]
 fn a_daemon_outside_the_host_pid_namespace_frees_no_slot() {
-    let fx = Fixture::new();
+    let fx = spec_workdir("vgpu-enforce-");
     let gpu = SimGpu::builder().memory("16g").build();
     let region = fx.region("live");
-    let ctr = fx.container(3, &region, &[]);
-    let mut p = fx.spawn(&gpu, &ctr, "live", &region, &["64"]);
+    let ctr = container(&fx, 3, &region, &[]);
+    let mut p = spawn(&fx, &gpu, &ctr, "live", &region, &["64"]);
     let host = p.host_pid();
     p.send_line("go");
     fx.mark("live", "allocated", Duration::from_secs(10));
@@ -270,7 +242,7 @@ fn a_daemon_outside_the_host_pid_namespace_frees_no_slot() {
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
         .arg("--state-dir")
-        .arg(fx.state())
+        .arg(state_dir(&fx))
         .arg("--regions-root")
         .arg(fx.path("regions"))
         .arg("--node-dir")
@@ -329,12 +301,12 @@ fn a_daemon_outside_the_host_pid_namespace_frees_no_slot() {
 /// both records.
 #[test]
 fn a_restored_tampering_stays_on_record() {
-    let fx = Fixture::new();
+    let fx = spec_workdir("vgpu-enforce-");
     let gpu = SimGpu::builder().memory("16g").build();
-    let daemon = fx.daemon(&gpu, &["--interval", "0.1"]);
+    let daemon = spec_daemon(&fx, &gpu, &["--interval", "0.1"]);
     let region = fx.region("tamper");
-    let ctr = fx.container(4, &region, &[]);
-    let mut p = fx.spawn(&gpu, &ctr, "t", &region, &["64"]);
+    let ctr = container(&fx, 4, &region, &[]);
+    let mut p = spawn(&fx, &gpu, &ctr, "t", &region, &["64"]);
     let host = p.host_pid();
     p.send_line("go");
     fx.mark("t", "allocated", Duration::from_secs(10));
@@ -404,7 +376,7 @@ fn a_restored_tampering_stays_on_record() {
     );
     let out = Command::new(dist::vgpu_bin())
         .args(["findings", "--state-dir"])
-        .arg(fx.state())
+        .arg(state_dir(&fx))
         .output()
         .expect("vgpu findings");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -423,7 +395,7 @@ fn a_restored_tampering_stays_on_record() {
     }
     // A restarted daemon (same state directory) keeps the record.
     drop(daemon);
-    let again = fx.daemon(&gpu, &["--interval", "0.1"]);
+    let again = spec_daemon(&fx, &gpu, &["--interval", "0.1"]);
     let (_, list) = again.findings_at();
     let kept = list
         .iter()

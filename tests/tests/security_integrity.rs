@@ -13,7 +13,7 @@
 
 use std::ffi::OsStr;
 use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
@@ -21,10 +21,13 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::container::ContainerProcess;
-use vgpu_tests::daemon::{Running, Workdir};
+use vgpu_tests::daemon::Workdir;
 use vgpu_tests::dist;
 use vgpu_tests::http::now_ns;
-use vgpu_tests::kubepod::{process_dead, runtime_spec_pattern, wait_slot_hostpid, KubeContainer};
+use vgpu_tests::kubepod::{
+    process_dead, spawn_hooked, spec_daemon, spec_workdir, state_dir, wait_slot_hostpid,
+    KubeContainer,
+};
 use vgpu_tests::sim::SimGpu;
 
 const G: u64 = 1 << 30;
@@ -33,93 +36,25 @@ const LIMIT0_OFFSET: u64 = 1600;
 const SM_LIMIT0_OFFSET: u64 = 1728;
 const WITHIN: Duration = Duration::from_secs(2);
 
-/// The test's working directory (`vgpu_tests::daemon::Workdir`).
-struct Fixture(Workdir);
-
-impl std::ops::Deref for Fixture {
-    type Target = Workdir;
-    fn deref(&self) -> &Workdir {
-        &self.0
-    }
-}
-
-impl Fixture {
-    fn new() -> Fixture {
-        Fixture(Workdir::new(
-            "vgpu-integrity-",
-            &["regions", "out", "runtime/k8s.io"],
-        ))
-    }
-
-    fn state(&self) -> PathBuf {
-        self.dir.path().join("state")
-    }
-
-    /// A container whose spec gives it `env` (as the device plugin would).
-    fn container(&self, salt: u64, env: &[String]) -> KubeContainer {
-        KubeContainer::create(self, salt, env)
-    }
-
-    /// `daemon_prog <out> <hooked-MiB> [hidden-MiB]` in `ctr`, hooked,
-    /// with `env` on top of the simulator's (`under_shell`: as a child of
-    /// `sh`, not PID 1 of its namespace); it waits for "go".
-    fn spawn(
-        &self,
-        gpu: &SimGpu,
-        ctr: &KubeContainer,
-        name: &str,
-        env: &[(&str, String)],
-        args: &[&str],
-        under_shell: bool,
-    ) -> ContainerProcess {
-        let base = self.envs(gpu);
-        let hook = dist::hook_lib();
-        let mut all: Vec<(&str, &OsStr)> = base
-            .iter()
-            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
-            .collect();
-        all.push(("LD_PRELOAD", hook.as_os_str()));
-        for (k, v) in env {
-            all.push((k, OsStr::new(v)));
-        }
-        let out = self.out(name);
-        let mut argv: Vec<&OsStr> = Vec::new();
-        if under_shell {
-            argv.extend(["sh", "-c", "\"$@\"; exit $?", "sh"].map(OsStr::new));
-        }
-        argv.extend([self.prog.as_os_str(), out.as_os_str()]);
-        argv.extend(args.iter().map(OsStr::new));
-        ctr.cg.spawn(&argv, &all)
-    }
-}
-
-/// A daemon probing the fixture's libcuda, reading its runtime specs.
-struct Daemon {
-    run: Running,
-}
-
-impl std::ops::Deref for Daemon {
-    type Target = Running;
-    fn deref(&self) -> &Running {
-        &self.run
-    }
-}
-
-impl std::ops::DerefMut for Daemon {
-    fn deref_mut(&mut self) -> &mut Running {
-        &mut self.run
-    }
-}
-
-impl Daemon {
-    fn start(fx: &Fixture, gpu: &SimGpu, extra: &[&str]) -> Daemon {
-        let spec = runtime_spec_pattern(fx);
-        let mut args = vec!["--runtime-spec", spec.as_str()];
-        args.extend_from_slice(extra);
-        Daemon {
-            run: fx.start_daemon(gpu, &fx.state(), &fx.path("no-hami-dir"), &args),
-        }
-    }
+/// `daemon_prog <out> <hooked-MiB> [hidden-MiB]` in `ctr`, hooked, with
+/// `env` on top of the simulator's (`under_shell`: as a child of `sh`, not
+/// PID 1 of its namespace); it waits for "go".
+fn spawn(
+    fx: &Workdir,
+    gpu: &SimGpu,
+    ctr: &KubeContainer,
+    name: &str,
+    env: &[(&str, String)],
+    args: &[&str],
+    under_shell: bool,
+) -> ContainerProcess {
+    let env: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, OsStr::new(v))).collect();
+    let shell: &[&str] = if under_shell {
+        &["sh", "-c", "\"$@\"; exit $?", "sh"]
+    } else {
+        &[]
+    };
+    spawn_hooked(fx, gpu, ctr, name, &env, (shell, args))
 }
 
 fn limit0(path: &Path) -> u64 {
@@ -178,11 +113,11 @@ fn spec_env_limited(region: &Path, limit: &str, extra: &[&str]) -> Vec<String> {
 /// A raised SM share is restored the same way.
 #[test]
 fn tampered_limit_is_reported_and_restored_but_admin_changes_are_not() {
-    let fx = Fixture::new();
+    let fx = spec_workdir("vgpu-integrity-");
     let gpu = SimGpu::builder().memory("16g").build();
-    let daemon = Daemon::start(&fx, &gpu, &[]);
+    let daemon = spec_daemon(&fx, &gpu, &[]);
     let region = fx.region("a");
-    let ctr = fx.container(1, &spec_env(&region, &["CUDA_DEVICE_SM_LIMIT=30"]));
+    let ctr = KubeContainer::create(&fx, 1, &spec_env(&region, &["CUDA_DEVICE_SM_LIMIT=30"]));
     let env = [
         ("CUDA_DEVICE_MEMORY_LIMIT", "1g".to_owned()),
         ("CUDA_DEVICE_SM_LIMIT", "30".to_owned()),
@@ -191,7 +126,7 @@ fn tampered_limit_is_reported_and_restored_but_admin_changes_are_not() {
             region.display().to_string(),
         ),
     ];
-    let mut p = fx.spawn(&gpu, &ctr, "a", &env, &["64"], false);
+    let mut p = spawn(&fx, &gpu, &ctr, "a", &env, &["64"], false);
     let host = p.host_pid();
     p.send_line("go");
     fx.mark("a", "allocated", Duration::from_secs(10));
@@ -241,7 +176,7 @@ fn tampered_limit_is_reported_and_restored_but_admin_changes_are_not() {
         .arg("set-mem-limit")
         .arg(&region)
         .args(["--device", "0", "2g", "--state-dir"])
-        .arg(fx.state())
+        .arg(state_dir(&fx))
         .output()
         .expect("set-mem-limit");
     assert!(out.status.success(), "{out:?}");
@@ -304,20 +239,21 @@ fn tampered_limit_is_reported_and_restored_but_admin_changes_are_not() {
 /// grace (1 s here) is over; a process as given is left alone.
 #[test]
 fn unlimited_and_private_processes_are_reported_and_killed() {
-    let fx = Fixture::new();
+    let fx = spec_workdir("vgpu-integrity-");
     let gpu = SimGpu::builder().memory("16g").build();
-    let daemon = Daemon::start(&fx, &gpu, &["--on-violation", "kill", "--slot-grace", "1"]);
+    let daemon = spec_daemon(&fx, &gpu, &["--on-violation", "kill", "--slot-grace", "1"]);
     let region = fx.region("b");
     // Room for two hooked processes' contexts and allocations: the
     // unlimited one must get as far as running, under the region's limit.
-    let ctr = fx.container(2, &spec_env_limited(&region, "4g", &[]));
+    let ctr = KubeContainer::create(&fx, 2, &spec_env_limited(&region, "4g", &[]));
     let shared = (
         "CUDA_DEVICE_MEMORY_SHARED_CACHE",
         region.display().to_string(),
     );
     let limit = ("CUDA_DEVICE_MEMORY_LIMIT", "4g".to_owned());
 
-    let mut good = fx.spawn(
+    let mut good = spawn(
+        &fx,
         &gpu,
         &ctr,
         "good",
@@ -331,7 +267,8 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
     wait_slot_hostpid(&region, good_pid, &daemon);
 
     let private = fx.region("mine");
-    let mut unl = fx.spawn(
+    let mut unl = spawn(
+        &fx,
         &gpu,
         &ctr,
         "unlimited",
@@ -339,7 +276,8 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
         &["64"],
         false,
     );
-    let mut prv = fx.spawn(
+    let mut prv = spawn(
+        &fx,
         &gpu,
         &ctr,
         "private",
@@ -357,7 +295,8 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
     // a shell so that it is not PID 1 of its namespace (a PID 1 without the
     // hook beside hooked PID 1s of other namespaces is daemon_observer's
     // two-namespace test).
-    let mut bare = fx.spawn(
+    let mut bare = spawn(
+        &fx,
         &gpu,
         &ctr,
         "bare",
@@ -416,16 +355,16 @@ fn unlimited_and_private_processes_are_reported_and_killed() {
 /// ACTIVE_OOM_KILLER=true has it killed.
 #[test]
 fn usage_past_the_limit_is_over_limit_and_oom_killer_opts_in_to_kill() {
-    let fx = Fixture::new();
+    let fx = spec_workdir("vgpu-integrity-");
     let gpu = SimGpu::builder().memory("16g").build();
-    let daemon = Daemon::start(&fx, &gpu, &[]);
+    let daemon = spec_daemon(&fx, &gpu, &[]);
     let mut procs = Vec::new();
     for (salt, name, extra) in [
         (3, "over", &[][..]),
         (4, "oom", &["ACTIVE_OOM_KILLER=true"][..]),
     ] {
         let region = fx.region(name);
-        let ctr = fx.container(salt, &spec_env(&region, extra));
+        let ctr = KubeContainer::create(&fx, salt, &spec_env(&region, extra));
         let env = [
             ("CUDA_DEVICE_MEMORY_LIMIT", "1g".to_owned()),
             (
@@ -433,7 +372,7 @@ fn usage_past_the_limit_is_over_limit_and_oom_killer_opts_in_to_kill() {
                 region.display().to_string(),
             ),
         ];
-        let mut p = fx.spawn(&gpu, &ctr, name, &env, &["64", "1100"], false);
+        let mut p = spawn(&fx, &gpu, &ctr, name, &env, &["64", "1100"], false);
         let pid = p.host_pid();
         p.send_line("go");
         procs.push((name, ctr, p, pid));
@@ -467,7 +406,7 @@ fn usage_past_the_limit_is_over_limit_and_oom_killer_opts_in_to_kill() {
     // `vgpu inspect --json`.
     let out = Command::new(dist::vgpu_bin())
         .args(["findings", "--state-dir"])
-        .arg(fx.state())
+        .arg(state_dir(&fx))
         .output()
         .expect("vgpu findings");
     let text = String::from_utf8_lossy(&out.stdout);
@@ -479,7 +418,7 @@ fn usage_past_the_limit_is_over_limit_and_oom_killer_opts_in_to_kill() {
     );
     let out = Command::new(dist::vgpu_bin())
         .args(["inspect", "--json", "--state-dir"])
-        .arg(fx.state())
+        .arg(state_dir(&fx))
         .arg(fx.dir.path().join("regions"))
         .output()
         .expect("vgpu inspect");
