@@ -5,6 +5,8 @@ rank prints its own NVML per-process usage on its GPU, the hook's count for
 its own slot (`vgpu inspect --json`), and PyTorch's reserved bytes, so the
 stage where a gap opens names the path that escaped the count.
     python3 nccl_count.py VGPU REGION [MiB]
+NCCL_COUNT_MEMINFO=1: every rank also asks for memory info at each stage
+(torch.cuda.mem_get_info, as vLLM and SGLang do), before it is measured.
 """
 import json, os, subprocess, sys, time
 
@@ -41,6 +43,8 @@ def run(rank, world, vgpu, region, mib):
         if dist.is_initialized():
             dist.barrier()
         time.sleep(1.5)
+        if os.environ.get("NCCL_COUNT_MEMINFO"):
+            torch.cuda.mem_get_info()
         n, c = nvml_used(pid, uuid), counted(vgpu, region, pid, rank)
         print(f"rank {rank} {name:<28} nvml {n:6d} MiB  counted {c:6d} MiB  gap {n - c:5d} MiB  "
               f"torch reserved {torch.cuda.memory_reserved() >> 20} MiB", flush=True)

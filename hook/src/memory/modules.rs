@@ -83,6 +83,11 @@ pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize
             if let Some(d) = deficit {
                 d.store(0, SeqCst);
             }
+            vlog!(
+                crate::log::INFO,
+                "device {dev}: NVML shows {nvml} bytes, {short} fewer than counted, at two looks in a row; \
+                 {lower} bytes of module memory released"
+            );
         }
         return 0;
     }
