@@ -75,15 +75,15 @@ impl Drop for Live {
     }
 }
 
-/// A process limited to `limit` over a region of its own, under a PID that
-/// stays alive as long as it does.
-struct Tenant {
+/// A process limited to `limit`, alone over a region of its own, under a
+/// PID that stays alive as long as it does.
+struct LoneProcess {
     p: Process,
     _live: Live,
     _dir: RegionDir,
 }
 
-impl Tenant {
+impl LoneProcess {
     fn new(limit: &str) -> Self {
         let (dir, live) = (RegionDir::new(), Live::new());
         Self {
@@ -671,7 +671,7 @@ fn the_allocation_path_looks_at_most_once_a_period() {
 
 #[test]
 fn a_refused_allocation_never_reaches_the_driver() {
-    let t = Tenant::new("100m");
+    let t = LoneProcess::new("100m");
     let p = &t.p;
     let d = Fake::on(0);
     let (rc, ptr) = hooked_alloc(&d, Some(p), 60 * M);
@@ -694,7 +694,7 @@ fn a_refused_allocation_never_reaches_the_driver() {
 
 #[test]
 fn a_free_releases_the_count_and_an_unknown_free_is_forwarded() {
-    let t = Tenant::new("100m");
+    let t = LoneProcess::new("100m");
     let p = &t.p;
     let d = Fake::on(1);
     let (rc, ptr) = hooked_alloc(&d, Some(p), 70 * M);
@@ -715,7 +715,7 @@ fn a_free_releases_the_count_and_an_unknown_free_is_forwarded() {
 
 #[test]
 fn without_a_region_or_a_context_calls_are_forwarded_uncounted() {
-    let t = Tenant::new("100m");
+    let t = LoneProcess::new("100m");
     let p = &t.p;
     // No process state: everything goes to the driver, even past the limit.
     let d = Fake::on(0);
@@ -732,7 +732,7 @@ fn without_a_region_or_a_context_calls_are_forwarded_uncounted() {
 #[test]
 fn memory_info_shows_the_limit_on_the_current_device() {
     const G: u64 = 1 << 30;
-    let t = Tenant::new("100m");
+    let t = LoneProcess::new("100m");
     let p = &t.p;
     let d = Fake::on(0);
     *d.info.lock().unwrap() = (70 * G, 80 * G);

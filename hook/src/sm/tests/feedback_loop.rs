@@ -28,8 +28,8 @@ fn low_samples(other_pct: u64, device: Option<&[u32]>) -> Controller<Fake> {
     c
 }
 
-/// `closed_loop` at 60 % with a second slot as `nvidia-smi` in the
-/// container leaves one: a pid, no host pid, `held` bytes of GPU memory.
+/// `closed_loop` at 60 % beside a second slot of the container, such as
+/// `nvidia-smi` leaves: a pid, no host pid, `held` bytes of GPU memory.
 fn beside_a_second_slot(held: u64) -> Controller<Fake> {
     let c = closed_loop(60, 91, NVML_PID as i32);
     let r = c.sys.file.region();
