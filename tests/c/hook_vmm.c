@@ -84,6 +84,22 @@ static void *proc(const char *name) {
         }                                                 \
     } while (0)
 
+/* Prints the step and waits for the test to go on. */
+static void step(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void step(const char *fmt, ...) {
+    char line[64];
+    va_list ap;
+    va_start(ap, fmt);
+    printf("step ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    if (!fgets(line, sizeof line, stdin)) exit(0);
+}
+
+/* Every mode's start: a current context on device 0 and the VMM entry
+ * points, then step context. */
 static void setup(void) {
     CUcontext ctx;
     CHECK(cuInit(0), "cuInit");
@@ -99,20 +115,7 @@ static void setup(void) {
     vmm.map = (map_t)proc("cuMemMap");
     vmm.unmap = (unmap_t)proc("cuMemUnmap");
     vmm.access = (access_t)proc("cuMemSetAccess");
-}
-
-/* Prints the step and waits for the test to go on. */
-static void step(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void step(const char *fmt, ...) {
-    char line[64];
-    va_list ap;
-    va_start(ap, fmt);
-    printf("step ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    fflush(stdout);
-    if (!fgets(line, sizeof line, stdin)) exit(0);
+    step("context");
 }
 
 static CUmemAllocationProp device_prop(void) {
@@ -137,6 +140,45 @@ static void map_rw(CUdeviceptr p, CUmemGenericAllocationHandle h) {
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     CHECK(vmm.map(p, SEG, 0, h, 0), "cuMemMap");
     CHECK(vmm.access(p, SEG, &acc, 1), "cuMemSetAccess");
+}
+
+/* The address of segment i of a reservation at base. */
+static CUdeviceptr segment(CUdeviceptr base, int i) { return base + (CUdeviceptr)i * SEG; }
+
+/* One reservation of n segments, none mapped yet. */
+static CUdeviceptr reserve_segments(int n) {
+    CUdeviceptr base;
+    CHECK(vmm.reserve(&base, (size_t)n * SEG, SEG, 0, 0), "cuMemAddressReserve");
+    return base;
+}
+
+/* The reservation of n segments at base given back. */
+static void free_reservation(CUdeviceptr base, int n) {
+    CHECK(vmm.addr_free(base, (size_t)n * SEG), "cuMemAddressFree");
+}
+
+/* Segment i of base created (its handle in *h) and mapped read-write. */
+static void create_mapped(CUdeviceptr base, int i, CUmemGenericAllocationHandle *h) {
+    CHECK(create(h), "cuMemCreate");
+    map_rw(segment(base, i), *h);
+}
+
+/* Segments hi-1 down to lo unmapped, each then released, as PyTorch
+ * shrinks an expandable segment from its end. */
+static void unmap_release(CUdeviceptr base, CUmemGenericAllocationHandle *hs, int lo, int hi) {
+    for (int i = hi - 1; i >= lo; i--) {
+        CHECK(vmm.unmap(segment(base, i), SEG), "cuMemUnmap");
+        CHECK(vmm.release(hs[i]), "cuMemRelease");
+    }
+}
+
+/* One more cuMemCreate: step <name> rc <rc>, then its handle released if
+ * it was created. */
+static void one_more(const char *name) {
+    CUmemGenericAllocationHandle extra;
+    CUresult r = create(&extra);
+    step("%s rc %d", name, (int)r);
+    if (r == CUDA_SUCCESS) vmm.release(extra);
 }
 
 /* NCCL's allocation: granularity, create, reserve, map, access. */
@@ -177,82 +219,66 @@ static void nccl_free(CUdeviceptr p) {
     CHECK(vmm.addr_free(p, SEG), "cuMemAddressFree");
 }
 
+/* Buffers lo to hi-1 freed in NCCL's order. */
+static void nccl_free_range(const CUdeviceptr *bufs, int lo, int hi) {
+    for (int i = lo; i < hi; i++) nccl_free(bufs[i]);
+}
+
 static int nccl(int n) {
     CUdeviceptr bufs[MAX_BUFS];
     setup();
-    step("context");
     for (int i = 0; i < n; i++) CHECK(nccl_alloc(&bufs[i]), "cuMemCreate");
     step("alloc");
     for (int round = 0; round < 3; round++)
         for (int i = 0; i < n; i++) nccl_query(bufs[i]);
     step("pairs");
-    for (int i = 0; i < n / 2; i++) nccl_free(bufs[i]);
+    nccl_free_range(bufs, 0, n / 2);
     step("half");
-    for (int i = n / 2; i < n; i++) nccl_free(bufs[i]);
+    nccl_free_range(bufs, n / 2, n);
     step("freed");
     return 0;
 }
 
 static int expandable(int n) {
     CUmemGenericAllocationHandle hs[MAX_BUFS];
-    CUdeviceptr base;
     setup();
-    step("context");
-    CHECK(vmm.reserve(&base, (size_t)n * SEG, SEG, 0, 0), "cuMemAddressReserve");
-    for (int i = 0; i < n; i++) {
-        CHECK(create(&hs[i]), "cuMemCreate");
-        map_rw(base + (CUdeviceptr)i * SEG, hs[i]);
-    }
+    CUdeviceptr base = reserve_segments(n);
+    for (int i = 0; i < n; i++) create_mapped(base, i, &hs[i]);
     step("grow");
-    for (int i = n - 1; i >= n / 2; i--) {
-        CHECK(vmm.unmap(base + (CUdeviceptr)i * SEG, SEG), "cuMemUnmap");
-        CHECK(vmm.release(hs[i]), "cuMemRelease");
-    }
+    unmap_release(base, hs, n / 2, n);
     step("shrink");
-    for (int i = n / 2 - 1; i >= 0; i--) {
-        CHECK(vmm.unmap(base + (CUdeviceptr)i * SEG, SEG), "cuMemUnmap");
-        CHECK(vmm.release(hs[i]), "cuMemRelease");
-    }
-    CHECK(vmm.addr_free(base, (size_t)n * SEG), "cuMemAddressFree");
+    unmap_release(base, hs, 0, n / 2);
+    free_reservation(base, n);
     step("freed");
     return 0;
 }
 
 static int early(int n) {
-    CUmemGenericAllocationHandle hs[MAX_BUFS];
-    CUdeviceptr base;
     setup();
-    step("context");
-    CHECK(vmm.reserve(&base, (size_t)n * SEG, SEG, 0, 0), "cuMemAddressReserve");
+    CUdeviceptr base = reserve_segments(n);
     for (int i = 0; i < n; i++) {
-        CHECK(create(&hs[i]), "cuMemCreate");
-        map_rw(base + (CUdeviceptr)i * SEG, hs[i]);
-        CHECK(vmm.release(hs[i]), "cuMemRelease (mapped)");
+        CUmemGenericAllocationHandle h;
+        create_mapped(base, i, &h);
+        CHECK(vmm.release(h), "cuMemRelease (mapped)");
     }
     step("released");
     CHECK(vmm.unmap(base, (size_t)n * SEG), "cuMemUnmap (whole range)");
-    CHECK(vmm.addr_free(base, (size_t)n * SEG), "cuMemAddressFree");
+    free_reservation(base, n);
     step("unmapped");
     return 0;
 }
 
 static int limit(void) {
     CUdeviceptr bufs[MAX_BUFS];
-    CUmemGenericAllocationHandle extra;
     CUresult r = CUDA_SUCCESS;
     int k = 0;
     setup();
-    step("context");
     while (k < MAX_BUFS && (r = nccl_alloc(&bufs[k])) == CUDA_SUCCESS) k++;
     step("full created %d rc %d", k, (int)r);
     for (int i = 0; i < k; i++) nccl_query(bufs[i]);
-    r = create(&extra);
-    step("over rc %d", (int)r);
-    if (r == CUDA_SUCCESS) vmm.release(extra);
-    for (int i = 0; i < k; i++) nccl_free(bufs[i]);
-    r = create(&extra);
-    step("after rc %d", (int)r);
-    if (r == CUDA_SUCCESS) vmm.release(extra);
+    one_more("over");
+    nccl_free_range(bufs, 0, k);
+    one_more("after");
     return 0;
 }
 

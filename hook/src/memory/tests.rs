@@ -10,6 +10,7 @@ use super::context::{
     counted_context, infer, own_listed, released_by_destroy, released_by_reset, Measured, Snapshot,
 };
 use super::info::mem_get_info_in;
+use super::track::Tracker;
 use super::{counted, uncounted};
 use crate::config::Config;
 use crate::driver::fake::FakeDriver as Fake;
@@ -19,14 +20,35 @@ use crate::state::Process;
 
 const M: u64 = 1 << 20;
 
-fn cfg(dir: &std::path::Path, limit: &str) -> Config {
-    let path = dir.join("r.cache").display().to_string();
-    let limit = limit.to_owned();
-    Config::from_lookup(move |k| match k {
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE" => Some(path.clone()),
-        "CUDA_DEVICE_MEMORY_LIMIT" => Some(limit.clone()),
-        _ => None,
-    })
+/// A region file `r.cache` in a temp dir of its own, gone when dropped.
+struct RegionDir(tempfile::TempDir);
+
+impl RegionDir {
+    fn new() -> Self {
+        Self(tempfile::tempdir().unwrap())
+    }
+
+    fn file(&self) -> std::path::PathBuf {
+        self.0.path().join("r.cache")
+    }
+
+    /// A process state over this region with `limit` and PID `pid`.
+    fn process(&self, limit: &str, pid: i32) -> Process {
+        let path = self.file().display().to_string();
+        let limit = limit.to_owned();
+        let cfg = Config::from_lookup(move |k| match k {
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE" => Some(path.clone()),
+            "CUDA_DEVICE_MEMORY_LIMIT" => Some(limit.clone()),
+            _ => None,
+        });
+        Process::new(&cfg, pid, 0).unwrap()
+    }
+
+    /// As [`RegionDir::process`], with the PID of `live`: registering another
+    /// process does not reclaim its slot.
+    fn process_of(&self, limit: &str, live: &Live) -> Process {
+        self.process(limit, live.pid())
+    }
 }
 
 /// A live PID other than ours (registration reclaims dead ones).
@@ -53,38 +75,98 @@ impl Drop for Live {
     }
 }
 
+/// A process limited to `limit`, alone over a region of its own, under a
+/// PID that stays alive as long as it does.
+struct LoneProcess {
+    p: Process,
+    _live: Live,
+    _dir: RegionDir,
+}
+
+impl LoneProcess {
+    fn new(limit: &str) -> Self {
+        let (dir, live) = (RegionDir::new(), Live::new());
+        Self {
+            p: dir.process_of(limit, &live),
+            _live: live,
+            _dir: dir,
+        }
+    }
+}
+
 fn used(p: &Process, dev: usize) -> u64 {
     usage::container_used(p.att.region(), dev)
+}
+
+/// An allocation of `bytes` on `dev` through the accounting, which the
+/// driver grants at `key`.
+fn alloc_granted(p: &Process, t: &Tracker, dev: usize, bytes: u64, key: u64) -> CUresult {
+    counted(p, t, dev, bytes, Kind::Data, || (CUDA_SUCCESS, key))
+}
+
+/// A context on device 0 of `p` whose creation runs `create`; nothing
+/// destroys it.
+fn create_context(p: &Process, fake: &Fake, create: impl FnOnce() -> CUresult) -> (CUresult, u64) {
+    counted_context(p, fake, fake, 0, create, || {})
+}
+
+/// A context of `bytes` on device 0 of `p`, measured and counted.
+fn context_counted(p: &Process, bytes: u64) {
+    p.ctx_size[0].store(bytes, SeqCst);
+    assert!(super::limit::reserve_committed(
+        &p.att,
+        0,
+        bytes,
+        Kind::Context
+    ));
+}
+
+/// NVML's process list, as the fake driver holds it.
+fn nvml_list(procs: &[(u32, u64)]) -> std::sync::Mutex<Option<Vec<(u32, u64)>>> {
+    std::sync::Mutex::new(Some(procs.to_vec()))
+}
+
+/// NVML lists `procs` from now on.
+fn nvml_lists(fake: &Fake, procs: &[(u32, u64)]) {
+    *fake.procs.lock().unwrap() = Some(procs.to_vec());
+}
+
+/// `cuMemAlloc` of `bytes` through the hook's entry logic: its result and
+/// the pointer it wrote (0 when it wrote none).
+fn hooked_alloc(d: &Fake, p: Option<&Process>, bytes: u64) -> (CUresult, CUdeviceptr) {
+    let mut ptr: CUdeviceptr = 0;
+    let rc = mem_alloc_in(d, p, &mut ptr, bytes as usize);
+    (rc, ptr)
+}
+
+/// `cuMemGetInfo` through the hook's entry logic: its result, free and
+/// total.
+fn hooked_mem_info(d: &Fake, p: Option<&Process>) -> (CUresult, u64, u64) {
+    let (mut free, mut total) = (0usize, 0usize);
+    let rc = mem_get_info_in(d, || p, &mut free, &mut total);
+    (rc, free as u64, total as u64)
 }
 
 /// A context for `p` is refused with `CUDA_ERROR_OUT_OF_MEMORY` before the
 /// driver is asked to create it.
 fn refused_before_creating(p: &Process, fake: &Fake) {
     let created = Cell::new(false);
-    let (rc, _) = counted_context(
-        p,
-        fake,
-        fake,
-        0,
-        || {
-            created.set(true);
-            CUDA_SUCCESS
-        },
-        || {},
-    );
+    let (rc, _) = create_context(p, fake, || {
+        created.set(true);
+        CUDA_SUCCESS
+    });
     assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
     assert!(!created.get());
 }
 
 #[test]
 fn alloc_until_the_limit_then_oom_and_free_releases() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "100m"), 4242, 0).unwrap();
+    let dir = RegionDir::new();
+    let p = dir.process("100m", 4242);
     let mut next = 0x1000u64;
     let mut alloc = |bytes: u64| {
         next += 0x1000;
-        let key = next;
-        counted(&p, &p.ptrs, 0, bytes, Kind::Data, || (CUDA_SUCCESS, key))
+        alloc_granted(&p, &p.ptrs, 0, bytes, next)
     };
     assert_eq!(alloc(60 * M), CUDA_SUCCESS);
     assert_eq!(alloc(40 * M), CUDA_SUCCESS, "exactly the limit fits");
@@ -104,14 +186,14 @@ fn alloc_until_the_limit_then_oom_and_free_releases() {
     assert_eq!(used(&p, 0), 40 * M);
     assert_eq!(uncounted(&p, &p.ptrs, 0xdead, || 1), 1, "driver's answer");
     assert_eq!(used(&p, 0), 40 * M);
-    let slot = &p.att.region().procs[p.att.slot_index()];
+    let slot = p.att.slot().unwrap();
     assert_eq!(slot.used[0].data_size.load(SeqCst), 40 * M);
 }
 
 #[test]
 fn driver_failure_releases_the_reservation() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "1g"), 4243, 0).unwrap();
+    let dir = RegionDir::new();
+    let p = dir.process("1g", 4243);
     let rc = counted(&p, &p.ptrs, 0, 10 * M, Kind::Data, || {
         (CUDA_ERROR_OUT_OF_MEMORY, 0)
     });
@@ -119,10 +201,7 @@ fn driver_failure_releases_the_reservation() {
     assert_eq!(used(&p, 0), 0);
     assert!(p.ptrs.is_empty());
     // A failed free keeps the entry tracked.
-    assert_eq!(
-        counted(&p, &p.ptrs, 0, M, Kind::Data, || (CUDA_SUCCESS, 7)),
-        CUDA_SUCCESS
-    );
+    assert_eq!(alloc_granted(&p, &p.ptrs, 0, M, 7), CUDA_SUCCESS);
     assert_eq!(uncounted(&p, &p.ptrs, 7, || 1), 1);
     assert_eq!(used(&p, 0), M);
     assert_eq!(p.ptrs.len(), 1);
@@ -130,31 +209,24 @@ fn driver_failure_releases_the_reservation() {
 
 #[test]
 fn counters_never_underflow_and_total_stays_the_sum() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "0"), 4244, 0).unwrap();
+    let dir = RegionDir::new();
+    let p = dir.process("0", 4244);
     p.att.add_unchecked(1, 5, Kind::Context);
     p.att.add_unchecked(1, 7, Kind::Data);
     super::limit::release_counted(&p.att, 1, 100, Kind::Data);
-    let m = &p.att.region().procs[p.att.slot_index()].used[1];
+    let m = &p.att.slot().unwrap().used[1];
     assert_eq!(m.data_size.load(SeqCst), 0);
     assert_eq!(m.context_size.load(SeqCst), 5);
     assert_eq!(m.total.load(SeqCst), 5);
-    assert_eq!(
-        p.att.region().procs[p.att.slot_index()]
-            .seqlock
-            .load(SeqCst)
-            % 2,
-        0
-    );
+    assert_eq!(p.att.slot().unwrap().seqlock.load(SeqCst) % 2, 0);
 }
 
 #[test]
 fn two_processes_share_the_limit_and_never_pass_it_together() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = cfg(dir.path(), "64m");
+    let dir = RegionDir::new();
     let (la, lb) = (Live::new(), Live::new());
-    let a = Arc::new(Process::new(&c, la.pid(), 0).unwrap());
-    let b = Arc::new(Process::new(&c, lb.pid(), 0).unwrap());
+    let a = Arc::new(dir.process_of("64m", &la));
+    let b = Arc::new(dir.process_of("64m", &lb));
     assert_ne!(a.att.slot_index(), b.att.slot_index());
     // What the "driver" handed out and nobody freed yet, across all
     // threads: the limit holds when this never passes 64 MiB. (The region's
@@ -217,11 +289,10 @@ fn two_processes_share_the_limit_and_never_pass_it_together() {
 
 #[test]
 fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
-    let dir = tempfile::tempdir().unwrap();
-    let c = cfg(dir.path(), "1g");
+    let dir = RegionDir::new();
     let (la, lb, lc) = (Live::new(), Live::new(), Live::new());
-    let a = Process::new(&c, la.pid(), 0).unwrap();
-    let b = Process::new(&c, lb.pid(), 0).unwrap();
+    let a = dir.process_of("1g", &la);
+    let b = dir.process_of("1g", &lb);
     let r = a.att.region();
     assert_eq!(r.proc_num.load(SeqCst), 2);
     a.att.add_unchecked(0, 10 * M, Kind::Data);
@@ -229,7 +300,7 @@ fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
     assert_eq!(r.procs[0].pid.load(SeqCst), 0);
     assert_eq!(r.procs[0].used[0].total.load(SeqCst), 0);
     // A new process takes slot 0 in place; b's slot did not move.
-    let c2 = Process::new(&c, lc.pid(), 0).unwrap();
+    let c2 = dir.process_of("1g", &lc);
     assert_eq!(c2.att.slot_index(), 0);
     assert_eq!(b.att.slot_index(), 1);
     assert_eq!(r.proc_num.load(SeqCst), 2);
@@ -248,10 +319,10 @@ fn slots_are_reused_in_place_and_dead_ones_reclaimed() {
 
 #[test]
 fn the_first_creator_wins_and_the_header_is_hami_s() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = RegionDir::new();
     let (la, lb) = (Live::new(), Live::new());
-    let a = Process::new(&cfg(dir.path(), "1g"), la.pid(), 0).unwrap();
-    let b = Process::new(&cfg(dir.path(), "2g"), lb.pid(), 0).unwrap();
+    let a = dir.process_of("1g", &la);
+    let b = dir.process_of("2g", &lb);
     let r = b.att.region();
     assert_eq!(r.limit[0].load(SeqCst), 1 << 30);
     assert_eq!(r.limit[15].load(SeqCst), 1 << 30);
@@ -264,55 +335,37 @@ fn the_first_creator_wins_and_the_header_is_hami_s() {
     assert_eq!(r.procs[a.att.slot_index()].status.load(SeqCst), 1);
     assert_eq!(r.procs[a.att.slot_index()].hostpid.load(SeqCst), 0);
     assert!(r.is_initialized());
-    let len = std::fs::metadata(dir.path().join("r.cache")).unwrap().len();
+    let len = std::fs::metadata(dir.file()).unwrap().len();
     assert_eq!(len, vgpu_common::region::FILE_SIZE);
 }
 
 #[test]
 fn context_is_measured_once_then_reserved_before_creation() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "1g"), 8001, 0).unwrap();
+    let dir = RegionDir::new();
+    let p = dir.process("1g", 8001);
     let fake = Fake {
-        dev: Some(0),
         used: (1000 * M).into(),
-        ..Default::default()
+        ..Fake::on(0)
     };
-    let (rc, bytes) = counted_context(
-        &p,
-        &fake,
-        &fake,
-        0,
-        || {
-            fake.used.fetch_add(300 * M, SeqCst);
-            CUDA_SUCCESS
-        },
-        || {},
-    );
+    let (rc, bytes) = create_context(&p, &fake, || {
+        fake.used.fetch_add(300 * M, SeqCst);
+        CUDA_SUCCESS
+    });
     assert_eq!((rc, bytes), (CUDA_SUCCESS, 300 * M));
-    let slot = &p.att.region().procs[p.att.slot_index()];
+    let slot = p.att.slot().unwrap();
     assert_eq!(slot.used[0].context_size.load(SeqCst), 300 * M);
     // Second context: 300 more fits (600 <= 1024); a third does not, and
     // the driver is not asked to create it.
-    assert_eq!(
-        counted_context(&p, &fake, &fake, 0, || CUDA_SUCCESS, || {}).0,
-        CUDA_SUCCESS
-    );
-    assert_eq!(
-        counted_context(&p, &fake, &fake, 0, || CUDA_SUCCESS, || {}).0,
-        CUDA_SUCCESS
-    );
+    assert_eq!(create_context(&p, &fake, || CUDA_SUCCESS).0, CUDA_SUCCESS);
+    assert_eq!(create_context(&p, &fake, || CUDA_SUCCESS).0, CUDA_SUCCESS);
     refused_before_creating(&p, &fake);
 }
 
 #[test]
 fn a_first_context_over_the_limit_is_destroyed() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "100m"), 8002, 0).unwrap();
-    let fake = Fake {
-        dev: Some(0),
-        used: 0.into(),
-        ..Default::default()
-    };
+    let dir = RegionDir::new();
+    let p = dir.process("100m", 8002);
+    let fake = Fake::on(0);
     let destroyed = Cell::new(false);
     let (rc, _) = counted_context(
         &p,
@@ -335,31 +388,22 @@ fn a_first_context_over_the_limit_is_destroyed() {
 /// sees it: the size is exact, and no namespace PID becomes the host PID.
 #[test]
 fn a_namespace_pid_in_nvmls_list_measures_but_is_no_host_pid() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "1g"), 8003, 0).unwrap();
+    let dir = RegionDir::new();
+    let p = dir.process("1g", 8003);
     let fake = Fake {
-        dev: Some(0),
-        used: 0.into(),
         ns: Some(1),
-        procs: std::sync::Mutex::new(Some(Vec::new())),
-        ..Default::default()
+        procs: nvml_list(&[]),
+        ..Fake::on(0)
     };
-    let (rc, bytes) = counted_context(
-        &p,
-        &fake,
-        &fake,
-        0,
-        || {
-            // Another container allocated meanwhile: the delta is wrong.
-            fake.used.store(900 * M, SeqCst);
-            *fake.procs.lock().unwrap() = Some(vec![(1, 300 * M)]);
-            CUDA_SUCCESS
-        },
-        || {},
-    );
+    let (rc, bytes) = create_context(&p, &fake, || {
+        // Another container allocated meanwhile: the delta is wrong.
+        fake.used.store(900 * M, SeqCst);
+        nvml_lists(&fake, &[(1, 300 * M)]);
+        CUDA_SUCCESS
+    });
     assert_eq!((rc, bytes), (CUDA_SUCCESS, 300 * M));
     assert_eq!(p.att.host_pid(), None);
-    let slot = &p.att.region().procs[p.att.slot_index()];
+    let slot = p.att.slot().unwrap();
     assert_eq!(slot.hostpid.load(SeqCst), 0);
 }
 
@@ -416,33 +460,26 @@ fn context_size_inference() {
 
 #[test]
 fn an_exact_size_is_shared_and_then_reserved_before_creation() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = RegionDir::new();
     let live_a = Live::new();
-    let a = Process::new(&cfg(dir.path(), "100m"), live_a.pid(), 0).unwrap();
+    let a = dir.process_of("100m", &live_a);
     let fake = Fake {
         own: Some(4242),
-        procs: std::sync::Mutex::new(Some(vec![(1, 30 * M)])),
+        procs: nvml_list(&[(1, 30 * M)]),
         used: (30 * M).into(),
         ..Default::default()
     };
-    let (rc, bytes) = counted_context(
-        &a,
-        &fake,
-        &fake,
-        0,
-        || {
-            *fake.procs.lock().unwrap() = Some(vec![(1, 30 * M), (4242, 60 * M)]);
-            fake.used.store(200 * M, SeqCst);
-            CUDA_SUCCESS
-        },
-        || {},
-    );
+    let (rc, bytes) = create_context(&a, &fake, || {
+        nvml_lists(&fake, &[(1, 30 * M), (4242, 60 * M)]);
+        fake.used.store(200 * M, SeqCst);
+        CUDA_SUCCESS
+    });
     assert_eq!((rc, bytes), (CUDA_SUCCESS, 60 * M));
     assert_eq!(*fake.shared.lock().unwrap(), Some(60 * M));
     // Another process of the container reuses it and, as it does not fit
     // (60 + 60 > 100), is refused before the driver creates anything.
     let live = Live::new();
-    let b = Process::new(&cfg(dir.path(), "100m"), live.pid(), 0).unwrap();
+    let b = dir.process_of("100m", &live);
     refused_before_creating(&b, &fake);
 }
 
@@ -450,8 +487,8 @@ fn an_exact_size_is_shared_and_then_reserved_before_creation() {
 /// takes its bytes back, committed it keeps them until the free.
 #[test]
 fn a_reservation_is_taken_back_when_dropped_unless_committed() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "1g"), 8006, 0).unwrap();
+    let dir = RegionDir::new();
+    let p = dir.process("1g", 8006);
     let r = super::limit::reserve(&p.att, 0, 100 * M, Kind::Data).unwrap();
     assert_eq!(used(&p, 0), 100 * M);
     drop(r);
@@ -469,27 +506,16 @@ fn a_reservation_is_taken_back_when_dropped_unless_committed() {
 
 #[test]
 fn a_primary_reset_releases_the_device_s_allocations() {
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "1g"), 8004, 0).unwrap();
-    p.ctx_size[0].store(10 * M, SeqCst);
-    assert!(super::limit::reserve_committed(
-        &p.att,
-        0,
-        10 * M,
-        Kind::Context
-    ));
+    let dir = RegionDir::new();
+    let p = dir.process("1g", 8004);
+    context_counted(&p, 10 * M);
     let mut retained = 1;
     for (i, t) in [&p.ptrs, &p.handles, &p.arrays].into_iter().enumerate() {
-        let rc = counted(&p, t, 0, 20 * M, Kind::Data, || {
-            (CUDA_SUCCESS, 0x1000 + i as u64)
-        });
+        let rc = alloc_granted(&p, t, 0, 20 * M, 0x1000 + i as u64);
         assert_eq!(rc, CUDA_SUCCESS);
     }
     // One allocation on another device stays.
-    assert_eq!(
-        counted(&p, &p.ptrs, 1, 5 * M, Kind::Data, || (CUDA_SUCCESS, 0x9000)),
-        CUDA_SUCCESS
-    );
+    assert_eq!(alloc_granted(&p, &p.ptrs, 1, 5 * M, 0x9000), CUDA_SUCCESS);
     assert_eq!(used(&p, 0), 70 * M);
     released_by_reset(&p, 0, &mut retained);
     assert_eq!(retained, 0);
@@ -502,11 +528,11 @@ fn a_primary_reset_releases_the_device_s_allocations() {
 #[test]
 fn a_context_destroy_releases_only_that_context_s_allocations() {
     use super::track::Entry;
-    let dir = tempfile::tempdir().unwrap();
-    let p = Process::new(&cfg(dir.path(), "1g"), 8005, 0).unwrap();
+    let dir = RegionDir::new();
+    let p = dir.process("1g", 8005);
     let (a, b) = (0xa000, 0xb000);
     let mut key = 0x100;
-    let mut add = |t: &super::track::Tracker, ctx: u64, bytes: u64| {
+    let mut add = |t: &Tracker, ctx: u64, bytes: u64| {
         assert!(super::limit::reserve_committed(
             &p.att,
             0,
@@ -542,18 +568,12 @@ fn a_context_destroy_releases_only_that_context_s_allocations() {
 
 /// A process whose context on device 0 is counted (10 MiB) and whose
 /// NVML line reads `nvml` bytes.
-fn with_context(dir: &std::path::Path, pid: i32, nvml: u64) -> (Process, Fake) {
-    let p = Process::new(&cfg(dir, "1g"), pid, 0).unwrap();
-    p.ctx_size[0].store(10 * M, SeqCst);
-    assert!(super::limit::reserve_committed(
-        &p.att,
-        0,
-        10 * M,
-        Kind::Context
-    ));
+fn with_context(dir: &RegionDir, pid: i32, nvml: u64) -> (Process, Fake) {
+    let p = dir.process("1g", pid);
+    context_counted(&p, 10 * M);
     let fake = Fake {
         own: Some(4242),
-        procs: std::sync::Mutex::new(Some(vec![(7, 300 * M), (4242, nvml)])),
+        procs: nvml_list(&[(7, 300 * M), (4242, nvml)]),
         ..Default::default()
     };
     (p, fake)
@@ -562,8 +582,8 @@ fn with_context(dir: &std::path::Path, pid: i32, nvml: u64) -> (Process, Fake) {
 #[test]
 fn gpu_code_loaded_after_the_context_is_counted_once() {
     use super::modules::{reconcile, released_with_context};
-    let dir = tempfile::tempdir().unwrap();
-    let (p, fake) = with_context(dir.path(), 8101, 10 * M + 74 * M);
+    let dir = RegionDir::new();
+    let (p, fake) = with_context(&dir, 8101, 10 * M + 74 * M);
     assert_eq!(reconcile(&p, &fake, &fake, 0), 74 * M);
     assert_eq!(used(&p, 0), 84 * M, "the count is NVML's line");
     let slot = p.att.slot().unwrap();
@@ -578,14 +598,8 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
         "nothing new: nothing added"
     );
     // An allocation seen by the hook moves both alike.
-    assert_eq!(
-        counted(&p, &p.ptrs, 0, 100 * M, Kind::Data, || (
-            CUDA_SUCCESS,
-            0x5000
-        )),
-        CUDA_SUCCESS
-    );
-    *fake.procs.lock().unwrap() = Some(vec![(4242, 184 * M)]);
+    assert_eq!(alloc_granted(&p, &p.ptrs, 0, 100 * M, 0x5000), CUDA_SUCCESS);
+    nvml_lists(&fake, &[(4242, 184 * M)]);
     assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
     // The context goes, and the code loaded for it with it.
     released_with_context(&p, 0);
@@ -595,18 +609,18 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
 #[test]
 fn two_looks_reading_less_lower_only_what_was_counted_for_code() {
     use super::modules::reconcile;
-    let dir = tempfile::tempdir().unwrap();
-    let (p, fake) = with_context(dir.path(), 8105, 10 * M + 40 * M);
+    let dir = RegionDir::new();
+    let (p, fake) = with_context(&dir, 8105, 10 * M + 40 * M);
     assert_eq!(reconcile(&p, &fake, &fake, 0), 40 * M);
     // The code's memory went away (unloaded): one look lowers nothing...
-    *fake.procs.lock().unwrap() = Some(vec![(4242, 20 * M)]);
+    nvml_lists(&fake, &[(4242, 20 * M)]);
     assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
     assert_eq!(used(&p, 0), 50 * M);
     // ...the second lowers what was counted for code, 30 of its 40 MiB.
     assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
     assert_eq!(used(&p, 0), 20 * M);
     // Never below what the entry points counted (the 10 MiB context).
-    *fake.procs.lock().unwrap() = Some(vec![(4242, 0)]);
+    nvml_lists(&fake, &[(4242, 0)]);
     reconcile(&p, &fake, &fake, 0);
     reconcile(&p, &fake, &fake, 0);
     assert_eq!(used(&p, 0), 10 * M);
@@ -615,30 +629,30 @@ fn two_looks_reading_less_lower_only_what_was_counted_for_code() {
 #[test]
 fn nvml_reading_less_than_the_count_lowers_nothing() {
     // An allocation is counted before the driver makes it: NVML lags.
-    let dir = tempfile::tempdir().unwrap();
-    let (p, fake) = with_context(dir.path(), 8102, 4 * M);
+    let dir = RegionDir::new();
+    let (p, fake) = with_context(&dir, 8102, 4 * M);
     assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
     assert_eq!(used(&p, 0), 10 * M);
     // Within NVML's MiB rounding: nothing either.
-    *fake.procs.lock().unwrap() = Some(vec![(4242, 11 * M)]);
+    nvml_lists(&fake, &[(4242, 11 * M)]);
     assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
 }
 
 #[test]
 fn no_look_before_the_context_is_counted_or_without_our_line() {
-    let dir = tempfile::tempdir().unwrap();
-    let (p, fake) = with_context(dir.path(), 8103, 90 * M);
+    let dir = RegionDir::new();
+    let (p, fake) = with_context(&dir, 8103, 90 * M);
     // Not our line: another process's memory is never ours.
-    *fake.procs.lock().unwrap() = Some(vec![(7, 900 * M)]);
+    nvml_lists(&fake, &[(7, 900 * M)]);
     let blind = Fake {
         own: Some(4242),
-        procs: std::sync::Mutex::new(Some(vec![(7, 900 * M)])),
+        procs: nvml_list(&[(7, 900 * M)]),
         ..Default::default()
     };
     assert_eq!(super::modules::reconcile(&p, &blind, &blind, 0), 0);
     // Until the context's size is counted, NVML's extra is that context.
     p.ctx_size[0].store(crate::state::UNKNOWN, SeqCst);
-    *fake.procs.lock().unwrap() = Some(vec![(4242, 90 * M)]);
+    nvml_lists(&fake, &[(4242, 90 * M)]);
     assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
     assert_eq!(used(&p, 0), 10 * M);
 }
@@ -646,129 +660,87 @@ fn no_look_before_the_context_is_counted_or_without_our_line() {
 #[test]
 fn the_allocation_path_looks_at_most_once_a_period() {
     use super::modules::reconcile_now_and_then;
-    let dir = tempfile::tempdir().unwrap();
-    let (p, fake) = with_context(dir.path(), 8104, 30 * M);
+    let dir = RegionDir::new();
+    let (p, fake) = with_context(&dir, 8104, 30 * M);
     reconcile_now_and_then(&p, &fake, &fake, 0);
     assert_eq!(used(&p, 0), 30 * M);
-    *fake.procs.lock().unwrap() = Some(vec![(4242, 60 * M)]);
+    nvml_lists(&fake, &[(4242, 60 * M)]);
     reconcile_now_and_then(&p, &fake, &fake, 0);
     assert_eq!(used(&p, 0), 30 * M, "not due again within the period");
 }
 
-/// A process state with a `limit` over a region in `dir`, whose pid is a
-/// live process of its own.
-fn limited_process(dir: &std::path::Path, limit: &str, live: &Live) -> Process {
-    Process::new(&cfg(dir, limit), live.pid(), 0).unwrap()
-}
-
 #[test]
 fn a_refused_allocation_never_reaches_the_driver() {
-    let dir = tempfile::tempdir().unwrap();
-    let live = Live::new();
-    let p = limited_process(dir.path(), "100m", &live);
+    let t = LoneProcess::new("100m");
+    let p = &t.p;
     let d = Fake::on(0);
-    let mut ptr: CUdeviceptr = 0;
-    assert_eq!(
-        mem_alloc_in(&d, Some(&p), &mut ptr, (60 * M) as usize),
-        CUDA_SUCCESS
-    );
+    let (rc, ptr) = hooked_alloc(&d, Some(p), 60 * M);
+    assert_eq!(rc, CUDA_SUCCESS);
     assert_ne!(ptr, 0);
-    assert_eq!((d.allocs(), used(&p, 0)), (1, 60 * M));
-    let mut refused: CUdeviceptr = 0;
-    assert_eq!(
-        mem_alloc_in(&d, Some(&p), &mut refused, (50 * M) as usize),
-        CUDA_ERROR_OUT_OF_MEMORY
-    );
+    assert_eq!((d.allocs(), used(p, 0)), (1, 60 * M));
+    let (rc, refused) = hooked_alloc(&d, Some(p), 50 * M);
+    assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
     assert_eq!(
         d.allocs(),
         1,
         "the refused allocation never reached the driver"
     );
-    assert_eq!((refused, used(&p, 0)), (0, 60 * M));
+    assert_eq!((refused, used(p, 0)), (0, 60 * M));
     // The driver's own failure is returned and releases the reservation.
     d.alloc_rc.store(CUDA_ERROR_OUT_OF_MEMORY, SeqCst);
-    let mut failed: CUdeviceptr = 0;
-    assert_eq!(
-        mem_alloc_in(&d, Some(&p), &mut failed, M as usize),
-        CUDA_ERROR_OUT_OF_MEMORY
-    );
-    assert_eq!((d.allocs(), used(&p, 0)), (2, 60 * M));
+    assert_eq!(hooked_alloc(&d, Some(p), M).0, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!((d.allocs(), used(p, 0)), (2, 60 * M));
 }
 
 #[test]
 fn a_free_releases_the_count_and_an_unknown_free_is_forwarded() {
-    let dir = tempfile::tempdir().unwrap();
-    let live = Live::new();
-    let p = limited_process(dir.path(), "100m", &live);
+    let t = LoneProcess::new("100m");
+    let p = &t.p;
     let d = Fake::on(1);
-    let mut ptr: CUdeviceptr = 0;
+    let (rc, ptr) = hooked_alloc(&d, Some(p), 70 * M);
+    assert_eq!(rc, CUDA_SUCCESS);
     assert_eq!(
-        mem_alloc_in(&d, Some(&p), &mut ptr, (70 * M) as usize),
-        CUDA_SUCCESS
-    );
-    assert_eq!(
-        used(&p, 1),
+        used(p, 1),
         70 * M,
         "counted on the current context's device"
     );
-    assert_eq!(mem_free_in(&d, Some(&p), ptr), CUDA_SUCCESS);
-    assert_eq!((d.frees(), used(&p, 1)), (1, 0));
+    assert_eq!(mem_free_in(&d, Some(p), ptr), CUDA_SUCCESS);
+    assert_eq!((d.frees(), used(p, 1)), (1, 0));
     // The room is back: the same size fits again.
-    assert_eq!(
-        mem_alloc_in(&d, Some(&p), &mut ptr, (70 * M) as usize),
-        CUDA_SUCCESS
-    );
+    assert_eq!(hooked_alloc(&d, Some(p), 70 * M).0, CUDA_SUCCESS);
     // A pointer the hook never counted reaches the driver, counts nothing.
-    assert_eq!(mem_free_in(&d, Some(&p), 0xdead_0000), CUDA_SUCCESS);
-    assert_eq!((d.frees(), used(&p, 1)), (2, 70 * M));
+    assert_eq!(mem_free_in(&d, Some(p), 0xdead_0000), CUDA_SUCCESS);
+    assert_eq!((d.frees(), used(p, 1)), (2, 70 * M));
 }
 
 #[test]
 fn without_a_region_or_a_context_calls_are_forwarded_uncounted() {
-    let dir = tempfile::tempdir().unwrap();
-    let live = Live::new();
-    let p = limited_process(dir.path(), "100m", &live);
+    let t = LoneProcess::new("100m");
+    let p = &t.p;
     // No process state: everything goes to the driver, even past the limit.
     let d = Fake::on(0);
-    let mut ptr: CUdeviceptr = 0;
-    assert_eq!(
-        mem_alloc_in(&d, None, &mut ptr, (500 * M) as usize),
-        CUDA_SUCCESS
-    );
+    let (rc, ptr) = hooked_alloc(&d, None, 500 * M);
+    assert_eq!(rc, CUDA_SUCCESS);
     assert_eq!(mem_free_in(&d, None, ptr), CUDA_SUCCESS);
     // No current context: forwarded, not counted.
     let no_ctx = Fake::default();
-    assert_eq!(
-        mem_alloc_in(&no_ctx, Some(&p), &mut ptr, (500 * M) as usize),
-        CUDA_SUCCESS
-    );
+    assert_eq!(hooked_alloc(&no_ctx, Some(p), 500 * M).0, CUDA_SUCCESS);
     assert_eq!((d.allocs(), d.frees(), no_ctx.allocs()), (1, 1, 1));
-    assert_eq!(used(&p, 0), 0);
+    assert_eq!(used(p, 0), 0);
 }
 
 #[test]
 fn memory_info_shows_the_limit_on_the_current_device() {
     const G: u64 = 1 << 30;
-    let dir = tempfile::tempdir().unwrap();
-    let live = Live::new();
-    let p = limited_process(dir.path(), "100m", &live);
+    let t = LoneProcess::new("100m");
+    let p = &t.p;
     let d = Fake::on(0);
     *d.info.lock().unwrap() = (70 * G, 80 * G);
-    let mut ptr: CUdeviceptr = 0;
+    assert_eq!(hooked_alloc(&d, Some(p), 60 * M).0, CUDA_SUCCESS);
     assert_eq!(
-        mem_alloc_in(&d, Some(&p), &mut ptr, (60 * M) as usize),
-        CUDA_SUCCESS
+        hooked_mem_info(&d, Some(p)),
+        (CUDA_SUCCESS, 40 * M, 100 * M)
     );
-    let (mut free, mut total) = (0usize, 0usize);
-    assert_eq!(
-        mem_get_info_in(&d, || Some(&p), &mut free, &mut total),
-        CUDA_SUCCESS
-    );
-    assert_eq!((free as u64, total as u64), (40 * M, 100 * M));
     // Without process state the driver's figures pass unchanged.
-    assert_eq!(
-        mem_get_info_in(&d, || None, &mut free, &mut total),
-        CUDA_SUCCESS
-    );
-    assert_eq!((free as u64, total as u64), (70 * G, 80 * G));
+    assert_eq!(hooked_mem_info(&d, None), (CUDA_SUCCESS, 70 * G, 80 * G));
 }

@@ -14,28 +14,76 @@ fn shared_loop(skew: u64) -> Controller<Fake> {
     c
 }
 
+/// `closed_loop` at 30 % whose NVML per-process samples read 80 % of the
+/// truth (as on real GPUs), beside another container's process that keeps
+/// the device `other_pct` % busy (0: none), under a device counter that
+/// lists `device` (`None`: no device counter).
+fn low_samples(other_pct: u64, device: Option<&[u32]>) -> Controller<Fake> {
+    let c = closed_loop(30, 100, NVML_PID as i32);
+    c.sys.proc_pct.store(80, Relaxed);
+    c.sys.other_pct.store(other_pct, Relaxed);
+    if let Some(pids) = device {
+        *c.sys.device.lock().unwrap() = Some(pids.to_vec());
+    }
+    c
+}
+
+/// `closed_loop` at 60 % beside a second slot of the container, such as
+/// `nvidia-smi` leaves: a pid, no host pid, `held` bytes of GPU memory.
+fn beside_a_second_slot(held: u64) -> Controller<Fake> {
+    let c = closed_loop(60, 91, NVML_PID as i32);
+    let r = c.sys.file.region();
+    r.proc_num.store(2, Relaxed);
+    r.procs[1].pid.store(78, Relaxed);
+    r.procs[1].used[0].total.store(held, Relaxed);
+    c
+}
+
+/// The measured share `s` is within `tolerance` points of `target`.
+fn assert_share_near(c: &Controller<Fake>, s: f64, target: f64, tolerance: f64) {
+    assert!(
+        (s - target).abs() < tolerance,
+        "{s:.1}% (correction {:.3})",
+        c.factor(0)
+    );
+}
+
+/// `closed_loop` at `limit` % whose costs are learnt as `skew` % of the
+/// truth, run for 6 s on kernels of `cost` ns: the share holds the limit
+/// and the correction settles within `correction`.
+fn assert_corrected(
+    limit: u64,
+    skew: u64,
+    cost: u64,
+    correction: std::ops::Range<f64>,
+) -> Controller<Fake> {
+    let c = closed_loop(limit, skew, NVML_PID as i32);
+    let s = run(&c, kernel(1), cost, 6 * SEC, 4 * SEC);
+    assert_share_near(&c, s, limit as f64, 2.0);
+    let g = c.factor(0);
+    assert!(correction.contains(&g), "correction {g:.3}");
+    c
+}
+
+/// The `sm_util` the controller published for its slot on device 0.
+fn published_sm_util(c: &Controller<Fake>) -> u64 {
+    c.sys.file.region().procs[0].device_util[0]
+        .sm_util
+        .load(Relaxed)
+}
+
 #[test]
 fn feedback_corrects_an_under_estimate() {
     // Costs learnt 10 % short (as the min-filter does for matmuls): open
     // loop gives limit × 1.1.
-    let c = closed_loop(60, 91, NVML_PID as i32);
-    let s = run(&c, kernel(1), 2_000_000, 6 * SEC, 4 * SEC);
-    let g = c.factor(0);
-    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (correction {g:.3})");
-    assert!((1.05..1.15).contains(&g), "correction {g:.3}");
-    let u = c.sys.file.region().procs[0].device_util[0]
-        .sm_util
-        .load(Relaxed);
+    let c = assert_corrected(60, 91, 2_000_000, 1.05..1.15);
+    let u = published_sm_util(&c);
     assert!((55..=65).contains(&u), "published sm_util {u}");
 }
 
 #[test]
 fn feedback_corrects_a_double_over_estimate() {
-    let c = closed_loop(30, 200, NVML_PID as i32);
-    let s = run(&c, kernel(1), 100_000, 6 * SEC, 4 * SEC);
-    let g = c.factor(0);
-    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (correction {g:.3})");
-    assert!((0.45..0.55).contains(&g), "correction {g:.3}");
+    assert_corrected(30, 200, 100_000, 0.45..0.55);
 }
 
 #[test]
@@ -72,33 +120,18 @@ fn feedback_follows_the_device_counter_when_alone() {
     // NVML's per-process samples read 80 % of the truth (as on real GPUs)
     // but the container is alone on the device: the device's utilization
     // is what the loop steers by, so the share stays at the limit.
-    let c = closed_loop(30, 100, NVML_PID as i32);
-    c.sys.proc_pct.store(80, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
+    let c = low_samples(0, Some(&[NVML_PID]));
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
-    assert!(
-        (s - 30.0).abs() < 2.0,
-        "{s:.1}% (correction {:.3})",
-        c.factor(0)
-    );
+    assert_share_near(&c, s, 30.0, 2.0);
     // Another container's process keeps the device 40 % busy: the device
     // counter is split by the per-process samples' proportions, which are
     // right even though each reads low, so the share stays at the limit.
-    let c = closed_loop(30, 100, NVML_PID as i32);
-    c.sys.proc_pct.store(80, Relaxed);
-    c.sys.other_pct.store(40, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let c = low_samples(40, Some(&[NVML_PID, OTHER_PID]));
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
-    assert!(
-        (s - 30.0).abs() < 2.0,
-        "{s:.1}% (correction {:.3})",
-        c.factor(0)
-    );
+    assert_share_near(&c, s, 30.0, 2.0);
     // Without the device counter the container's own samples are taken as
     // read: they read low, so the loop lets the share rise above the limit.
-    let c = closed_loop(30, 100, NVML_PID as i32);
-    c.sys.proc_pct.store(80, Relaxed);
-    c.sys.other_pct.store(40, Relaxed);
+    let c = low_samples(40, None);
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 4 * SEC);
     assert!(s > 33.0, "{s:.1}% (correction {:.3})", c.factor(0));
 }
@@ -111,18 +144,14 @@ fn a_shared_device_is_split_over_windows_that_hold_every_process() {
     // eight-second windows when the device is shared.
     let c = shared_loop(100);
     let s = run(&c, kernel(1), 1_000_000, 40 * SEC, 10 * SEC);
+    assert_share_near(&c, s, 30.0, 2.0);
     let g = c.factor(0);
-    assert!((s - 30.0).abs() < 2.0, "{s:.1}% (correction {g:.3})");
     assert!((0.9..1.1).contains(&g), "correction {g:.3}");
     // A real error is still corrected on a shared device: costs learnt 25 %
     // short, as a power-capped device's kernels can be.
     let c = shared_loop(75);
     let s = run(&c, kernel(1), 1_000_000, 80 * SEC, 60 * SEC);
-    assert!(
-        (s - 30.0).abs() < 2.5,
-        "{s:.1}% (correction {:.3})",
-        c.factor(0)
-    );
+    assert_share_near(&c, s, 30.0, 2.5);
 }
 
 #[test]
@@ -148,11 +177,7 @@ fn a_window_that_began_shared_and_ended_alone_is_discarded() {
     let g = c.factor(0);
     assert!((g / g0 - 1.0).abs() < 0.03, "correction {g0:.3} -> {g:.3}");
     let s = run(&c, kernel(1), 1_000_000, 6 * SEC, 2 * SEC);
-    assert!(
-        (s - 30.0).abs() < 2.0,
-        "{s:.1}% (correction {:.3})",
-        c.factor(0)
-    );
+    assert_share_near(&c, s, 30.0, 2.0);
 }
 
 #[test]
@@ -170,32 +195,17 @@ fn the_first_window_after_a_baseline_is_discarded() {
         "stepped on the first window: correction {g:.3}"
     );
     let s = run(&c, kernel(1), 1_000_000, 4 * SEC, SEC);
-    assert!(
-        (s - 30.0).abs() < 2.0,
-        "{s:.1}% (correction {:.3})",
-        c.factor(0)
-    );
+    assert_share_near(&c, s, 30.0, 2.0);
 }
 
 #[test]
 fn a_process_without_gpu_memory_does_not_open_the_loop() {
     // `nvidia-smi` in the container: a slot, no host pid, no memory.
-    let c = closed_loop(60, 91, NVML_PID as i32);
-    let r = c.sys.file.region();
-    r.proc_num.store(2, Relaxed);
-    r.procs[1].pid.store(78, Relaxed);
+    let c = beside_a_second_slot(0);
     let s = run(&c, kernel(1), 2_000_000, 6 * SEC, 4 * SEC);
-    assert!(
-        (s - 60.0).abs() < 2.0,
-        "{s:.1}% (correction {:.3})",
-        c.factor(0)
-    );
+    assert_share_near(&c, s, 60.0, 2.0);
     // Once it holds memory, its unknown host pid opens the loop.
-    let c = closed_loop(60, 91, NVML_PID as i32);
-    let r = c.sys.file.region();
-    r.proc_num.store(2, Relaxed);
-    r.procs[1].pid.store(78, Relaxed);
-    r.procs[1].used[0].total.store(1 << 20, Relaxed);
+    let c = beside_a_second_slot(1 << 20);
     run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
     assert_eq!(c.factor(0), 1.0);
 }
@@ -218,7 +228,7 @@ fn feedback_steps_run_off_the_launch_path() {
     let s = busy_share(&c.sys, start + 4 * SEC, c.sys.now());
     let g = c.factor(0);
     assert!((1.05..1.15).contains(&g), "correction {g:.3}");
-    assert!((s - 60.0).abs() < 2.0, "{s:.1}% (correction {g:.3})");
+    assert_share_near(&c, s, 60.0, 2.0);
 }
 
 /// Inside a PID namespace NVML lists and samples the container's processes
@@ -241,8 +251,6 @@ fn feedback_stays_open_when_nvml_shows_only_the_namespace() {
     assert_eq!(c.factor(0), 1.0);
     // Open loop with costs learnt 9 % short: about 33 %, not more.
     assert!((31.0..35.0).contains(&s), "{s:.1}%");
-    let u = c.sys.file.region().procs[0].device_util[0]
-        .sm_util
-        .load(Relaxed);
+    let u = published_sm_util(&c);
     assert!((25..=40).contains(&u), "published sm_util {u}");
 }
