@@ -41,9 +41,9 @@ fn env(name: &str) -> HookEnv {
         .env("SIMGPU_CONTEXT_BYTES", "100m")
 }
 
-/// Starts the unhooked neighbour holding [`NEIGHBOUR`] bytes.
-fn neighbour(env: &HookEnv, exe: &Path) -> Running {
-    let mut n = Running::start(env.unhooked(exe, &["hold", &NEIGHBOUR.to_string()]));
+/// Starts the unhooked neighbour holding `bytes` bytes.
+fn neighbour(env: &HookEnv, exe: &Path, bytes: u64) -> Running {
+    let mut n = Running::start(env.unhooked(exe, &["hold", &bytes.to_string()]));
     let l = n.wait_for("held");
     assert_eq!(field(&l, "held rc"), Some(CUDA_SUCCESS), "neighbour: {l}");
     n
@@ -92,7 +92,7 @@ fn next_line(p: &mut Running) {
 fn overflows(name: &str, pitch: bool) {
     let env = env(name).env("CUDA_OVERSUBSCRIBE", "true");
     let exe = env.build("hook_mem");
-    let _n = neighbour(&env, &exe);
+    let _n = neighbour(&env, &exe, NEIGHBOUR);
     let (fits, past) = (FITS_LIMIT.to_string(), PAST_LIMIT.to_string());
     let mut args = vec!["overflow", fits.as_str(), past.as_str()];
     if pitch {
@@ -147,7 +147,7 @@ fn a_pitched_allocation_overflows_too() {
 fn without_oversubscription_a_full_device_still_refuses() {
     let env = env("no-oversub");
     let exe = env.build("hook_mem");
-    let _n = neighbour(&env, &exe);
+    let _n = neighbour(&env, &exe, NEIGHBOUR);
     let mut c = Running::start(env.hooked(
         &exe,
         &["overflow", &FITS_LIMIT.to_string(), &PAST_LIMIT.to_string()],
@@ -177,10 +177,7 @@ fn reserve_case(name: &str, reserve: Option<&str>) -> (u64, u64, Value) {
         env = env.env("VGPU_OVERSUBSCRIBE_RESERVE", r);
     }
     let exe = env.build("hook_mem");
-    let mut n =
-        Running::start(env.unhooked(exe.as_path(), &["hold", &NEIGHBOUR_LIGHT.to_string()]));
-    let l = n.wait_for("held");
-    assert_eq!(field(&l, "held rc"), Some(CUDA_SUCCESS), "neighbour: {l}");
+    let _n = neighbour(&env, &exe, NEIGHBOUR_LIGHT);
     let mut cmd = env.hooked(
         &exe,
         &["overflow", &FITS_LIMIT.to_string(), &PAST_LIMIT.to_string()],
@@ -199,7 +196,8 @@ fn reserve_case(name: &str, reserve: Option<&str>) -> (u64, u64, Value) {
 /// The device is not filled to the brim: what cannot go to host memory
 /// (GPU code loaded at a library's first launch) finds room. Filled to the
 /// brim (a reserve of 0, the behaviour before the reserve), that code
-/// fails to load, as cuDNN's did under a GPT-2 run on an H100.
+/// fails to load, as would a library's streams and handles, which need
+/// device memory too.
 #[test]
 fn oversubscription_keeps_device_memory_free_for_gpu_code() {
     let (alloc, module, host) = reserve_case("oversub-reserve", None);

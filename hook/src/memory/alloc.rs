@@ -26,11 +26,7 @@ pub(crate) fn mem_alloc_in(
         return d.mem_alloc(dptr, bytesize);
     };
     counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
-        let rc = if oversubscribe::device_first(d, bytesize as u64) {
-            d.mem_alloc(dptr, bytesize)
-        } else {
-            CUDA_ERROR_OUT_OF_MEMORY
-        };
+        let rc = oversubscribe::on_device(d, bytesize as u64, || d.mem_alloc(dptr, bytesize));
         let rc = oversubscribe::or_host(p, rc, dev, bytesize as u64, dptr);
         (rc, read(dptr).unwrap_or(0))
     })
@@ -76,11 +72,7 @@ pub fn mem_alloc_pitch(
         return forward();
     };
     let rc = counted(p, &p.ptrs, dev, bound, Kind::Data, || {
-        let rc = if oversubscribe::device_first(&Native, bound) {
-            forward()
-        } else {
-            CUDA_ERROR_OUT_OF_MEMORY
-        };
+        let rc = oversubscribe::on_device(&Native, bound, forward);
         let shape = (width, height, PITCH_BOUND);
         let rc = oversubscribe::or_host_pitched(p, rc, dev, shape, dptr, pitch);
         (rc, read(dptr).unwrap_or(0))

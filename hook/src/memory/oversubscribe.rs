@@ -9,7 +9,7 @@
 //!
 //! The device is not filled to the brim: an allocation that would leave less
 //! than `VGPU_OVERSUBSCRIBE_RESERVE` (512 MiB) free on it goes to the host
-//! at once ([`device_first`]). What cannot go there needs that room: GPU code
+//! at once ([`on_device`]). What cannot go there needs that room: GPU code
 //! loaded at a library's first launch (cuDNN, cuBLAS), and what libraries
 //! allocate on the device past the hook or outside these two entry points.
 //!
@@ -44,29 +44,30 @@ static HOST_BYTES: Mutex<[u64; MAX_DEVICES]> = Mutex::new([0; MAX_DEVICES]);
 /// Host-backed allocations: device address → what it holds.
 static TABLE: LazyLock<Tracker> = LazyLock::new(Tracker::new);
 
-/// Whether a plain allocation of `bytes` is asked of the device: always
+/// A plain allocation of `bytes` made by `alloc` on the device: always
 /// without oversubscription; with it, only while the device would keep its
-/// reserve free (one `cuMemGetInfo`; when that fails, the device decides).
-pub fn device_first(d: &impl Memory, bytes: u64) -> bool {
+/// reserve free (one `cuMemGetInfo`; when that fails, the device decides),
+/// else answered `CUDA_ERROR_OUT_OF_MEMORY` for [`or_host`] to serve.
+pub fn on_device(d: &impl Memory, bytes: u64, alloc: impl FnOnce() -> CUresult) -> CUresult {
     let c = crate::state::config();
     if !c.oversubscribe {
-        return true;
+        return alloc();
     }
     let (mut free, mut total) = (0usize, 0usize);
     if d.mem_get_info(&mut free, &mut total) != CUDA_SUCCESS {
-        return true;
+        return alloc();
     }
     let room = (free as u64).saturating_sub(c.oversubscribe_reserve);
-    let fits = bytes <= room;
-    if !fits {
-        vlog_once!(
-            crate::log::INFO,
-            "{} MiB free on the device, {} MiB of it kept for GPU code and libraries: allocations that do not fit the rest are served from host memory",
-            free >> 20,
-            c.oversubscribe_reserve >> 20
-        );
+    if bytes <= room {
+        return alloc();
     }
-    fits
+    vlog_once!(
+        crate::log::INFO,
+        "{} MiB free on the device, {} MiB of it kept for GPU code and libraries: allocations that do not fit the rest are served from host memory",
+        free >> 20,
+        c.oversubscribe_reserve >> 20
+    );
+    CUDA_ERROR_OUT_OF_MEMORY
 }
 
 /// After the driver answered `rc` to a plain device allocation of `bytes`
