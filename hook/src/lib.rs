@@ -19,6 +19,7 @@ mod log;
 #[macro_use]
 pub(crate) mod real;
 
+mod background;
 pub(crate) mod config;
 mod devices;
 mod driver;

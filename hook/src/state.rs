@@ -47,7 +47,7 @@ pub struct Process {
     /// GPU code and data counted since the context was measured, per
     /// device (`memory::modules`).
     pub module_bytes: [AtomicU64; MAX_DEVICES],
-    /// When the allocation path next compares NVML with the count (ns).
+    /// When the background look next compares NVML with the count (ns).
     pub module_check: AtomicU64,
     /// How far NVML read under the count at the last look, per device.
     pub module_deficit: [AtomicU64; MAX_DEVICES],

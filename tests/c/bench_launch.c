@@ -1,6 +1,7 @@
-/* Host cost of an empty-kernel launch and of a 1 MiB alloc+free pair, for
- * `cargo xtask bench` (simulated GPU) and scripts/gpu-check.sh (real GPU).
- * Prints `launch_ns_per_call N` and `alloc_free_ns_per_pair N`; on the
+/* Host cost of an empty-kernel launch, of a 1 MiB alloc+free pair and of
+ * cuMemGetInfo, for `cargo xtask bench` (simulated GPU) and
+ * scripts/gpu-check.sh (real GPU). Prints `launch_ns_per_call N`,
+ * `alloc_free_ns_per_pair N` and `meminfo_ns_per_call N`; on the
  * simulated driver also `driver_calls_per_launch N`: every driver call made
  * in the timed loop (the program's own launches and whatever an interposer
  * adds), per launch. */
@@ -69,6 +70,14 @@ int main(int argc, char **argv) {
     }
     t1 = now_ns();
     printf("alloc_free_ns_per_pair %.1f\n", (t1 - t0) / allocs);
+    /* Memory info, as profilers and serving engines poll it. */
+    size_t free_b, total_b;
+    const int infos = allocs * 10;
+    for (int i = 0; i < 100; i++) CHECK(cuMemGetInfo_v2(&free_b, &total_b));
+    t0 = now_ns();
+    for (int i = 0; i < infos; i++) CHECK(cuMemGetInfo_v2(&free_b, &total_b));
+    t1 = now_ns();
+    printf("meminfo_ns_per_call %.1f\n", (t1 - t0) / infos);
     /* `calls`: the cost of the driver calls a limited launch adds (the SM
      * limiter's per-launch queries), timed natively. */
     if (argc > 3 && !strcmp(argv[3], "calls")) {

@@ -20,9 +20,11 @@
  *   hook_mem loop                 alloc/free forever (to be killed)
  *   hook_mem fill                 context + allocate everything cuMemGetInfo says is free
  *   hook_mem info                 print cuMemGetInfo and cuDeviceTotalMem
- *   hook_mem module <bytes>       context, load a module (GPU code: the simulator charges it
+ *   hook_mem module <bytes> [idle]
+ *                                 context, load a module (GPU code: the simulator charges it
  *                                 SIMGPU_MODULE_BYTES), then print cuMemGetInfo and the result
- *                                 of allocating <bytes>
+ *                                 of allocating <bytes>; with `idle`, print "loaded" after the
+ *                                 load and make no CUDA call until a stdin line comes
  *   hook_mem overflow <bytes> <more> [pitch]
  *                                 context, allocate <bytes> ("alloc rc N"; with `pitch`, through
  *                                 cuMemAllocPitch_v2, 1 MiB rows: "pitch N"); on success write
@@ -496,6 +498,11 @@ int main(int argc, char **argv) {
         CUdeviceptr p = 0;
         if (context() || !load) return 1;
         CUresult r0 = load(&mod, "// ptx\n");
+        if (argc >= 4 && !strcmp(argv[3], "idle")) {
+            char line[16];
+            printf("loaded\n");
+            if (!fgets(line, sizeof line, stdin)) return 1;
+        }
         CUresult r1 = cuMemGetInfo_v2(&f, &t);
         CUresult r2 = cuMemAlloc_v2(&p, strtoull(argv[2], 0, 0));
         printf("module rc %d\nmeminfo total %zu free %zu rc %d\nalloc rc %d\n", (int)r0, t, f, (int)r1,

@@ -124,11 +124,16 @@ const PODS: [Pod; 2] = [
     },
 ];
 
+/// A region file as HAMi's device plugin names it (a random UUID).
+const HAMI_REGION_FILE: &str = "6f9619ff-8b86-4d01-b42d-00c04fc964ff.cache";
+
 #[test]
 fn every_hami_series_carries_hamis_labels_with_the_pods_names() {
     let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
     let dir = fixture();
-    let root = dir.path().join("containers");
+    // HAMi's layout, at its full length: the node's region directory, one
+    // directory per container, a region file named by a UUID.
+    let root = dir.path().join("usr/local/vgpu/containers");
     let logs = dir.path().join("pods");
     let exe = dist::compile_c("demo_workload", dir.path(), false);
     for p in &PODS {
@@ -145,7 +150,7 @@ fn every_hami_series_carries_hamis_labels_with_the_pods_names() {
             .env("LD_PRELOAD", dist::hook_lib())
             .env(
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-                region_dir.join("r.cache"),
+                region_dir.join(HAMI_REGION_FILE),
             )
             .env("CUDA_DEVICE_MEMORY_LIMIT_0", p.limit)
             .output()
@@ -162,7 +167,7 @@ fn every_hami_series_carries_hamis_labels_with_the_pods_names() {
         let f = RegionFile::open(
             &root
                 .join(format!("{}_{}", PODS[0].uid, PODS[0].container))
-                .join("r.cache"),
+                .join(HAMI_REGION_FILE),
             Access::ReadOnly,
         )
         .unwrap();
@@ -245,6 +250,13 @@ fn every_hami_series_carries_hamis_labels_with_the_pods_names() {
         assert!(n >= 7, "{per_pod:?}\n{text}");
     }
     assert!(host >= 1, "no host GPU series:\n{text}");
+    // HAMi's own paths and the pods' names are no tenant's doing.
+    assert_eq!(
+        text.lines()
+            .find_map(|l| l.strip_prefix(r#"vgpu_containers_over_bound{bound="label_bytes"} "#)),
+        Some("0"),
+        "{text}"
+    );
     d.stop();
 }
 

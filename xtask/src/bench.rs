@@ -1,5 +1,6 @@
-//! `cargo xtask bench`: the hook's cost on the launch and allocation paths,
-//! as a ratio to the bare driver measured in the same run. Without a GPU it
+//! `cargo xtask bench`: the hook's cost on the launch, allocation and
+//! memory-info paths, as a ratio to the bare driver measured in the same
+//! run. Without a GPU it
 //! runs on the simulated driver, which measures the hook's own overhead (the
 //! simulated calls are cheap); real-GPU figures come from `gpu-check`.
 //!
@@ -93,7 +94,7 @@ fn hook(args: &Args) -> Result<()> {
             false,
         ),
     ];
-    let mut samples: Vec<Vec<(f64, f64, Option<f64>)>> = vec![Vec::new(); configs.len()];
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); configs.len()];
     for _ in 0..args.reps {
         for (i, (_, hook, warm)) in configs.iter().enumerate() {
             samples[i].push(measure(&exe, &dist, &work, *hook, *warm)?);
@@ -106,26 +107,30 @@ fn hook(args: &Args) -> Result<()> {
     let mut launch: Vec<f64> = Vec::new();
     let mut alloc: Vec<f64> = Vec::new();
     let mut calls: Vec<f64> = Vec::new();
+    let mut info: Vec<f64> = Vec::new();
     for s in &samples {
-        launch.push(median(&mut s.iter().map(|x| x.0).collect()));
-        alloc.push(median(&mut s.iter().map(|x| x.1).collect()));
+        launch.push(median(&mut s.iter().map(|x| x.launch).collect()));
+        alloc.push(median(&mut s.iter().map(|x| x.alloc_free).collect()));
         calls.push(median(
-            &mut s.iter().map(|x| x.2.unwrap_or(f64::NAN)).collect(),
+            &mut s.iter().map(|x| x.calls.unwrap_or(f64::NAN)).collect(),
         ));
+        info.push(median(&mut s.iter().map(|x| x.meminfo).collect()));
     }
     println!("simulated GPU, {} interleaved runs, medians", args.reps);
     println!(
-        "| configuration | launch (ns/call) | ratio | driver calls/launch | alloc+free (ns/pair) | ratio |"
+        "| configuration | launch (ns/call) | ratio | driver calls/launch | alloc+free (ns/pair) | ratio | cuMemGetInfo (ns/call) | ratio |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for (i, (name, _, _)) in configs.iter().enumerate() {
         println!(
-            "| {name} | {:.0} | {:.3} | {:.3} | {:.0} | {:.3} |",
+            "| {name} | {:.0} | {:.3} | {:.3} | {:.0} | {:.3} | {:.0} | {:.2} |",
             launch[i],
             launch[i] / launch[0],
             calls[i],
             alloc[i],
-            alloc[i] / alloc[0]
+            alloc[i] / alloc[0],
+            info[i],
+            info[i] / info[0]
         );
     }
     let _ = std::fs::remove_dir_all(&work);
@@ -147,15 +152,22 @@ enum Hook {
 /// Seconds each run launches before the timed loop (`measure`'s `warm`).
 const WARM_S: &str = "3";
 
+/// What one run of the benchmark program measures.
+#[derive(Clone, Copy)]
+struct Sample {
+    /// ns per launch.
+    launch: f64,
+    /// ns per 1 MiB alloc+free pair.
+    alloc_free: f64,
+    /// Driver calls per launch (the simulated driver counts them).
+    calls: Option<f64>,
+    /// ns per `cuMemGetInfo`.
+    meminfo: f64,
+}
+
 /// One run of the benchmark program, after `WARM_S` of launches when
-/// `warm`: (ns per launch, ns per alloc+free, driver calls per launch).
-fn measure(
-    exe: &Path,
-    dist: &Path,
-    work: &Path,
-    hook: Hook,
-    warm: bool,
-) -> Result<(f64, f64, Option<f64>)> {
+/// `warm`.
+fn measure(exe: &Path, dist: &Path, work: &Path, hook: Hook, warm: bool) -> Result<Sample> {
     let mut cmd = Command::new(exe);
     cmd.env("LD_LIBRARY_PATH", dist.join("sim"))
         .env("SIMGPU_DIR", work.join("simgpu"))
@@ -192,9 +204,10 @@ fn measure(
             .and_then(|v| v.trim().parse().ok())
             .with_context(|| format!("bench_launch printed no {key:?}: {text}"))
     };
-    Ok((
-        field("launch_ns_per_call")?,
-        field("alloc_free_ns_per_pair")?,
-        field("driver_calls_per_launch").ok(),
-    ))
+    Ok(Sample {
+        launch: field("launch_ns_per_call")?,
+        alloc_free: field("alloc_free_ns_per_pair")?,
+        calls: field("driver_calls_per_launch").ok(),
+        meminfo: field("meminfo_ns_per_call")?,
+    })
 }

@@ -300,6 +300,7 @@ pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     });
     if rc == CUDA_SUCCESS {
         counts[d] = 1;
+        super::modules::watch();
     }
     rc
 }
@@ -430,6 +431,7 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
             p.contexts
                 .insert(c as u64, Entry::unbound(d, bytes, Kind::Context));
         }
+        super::modules::watch();
     }
     rc
 }

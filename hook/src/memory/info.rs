@@ -41,9 +41,12 @@ pub(crate) fn mem_get_info_in<'a>(
     };
     // Processes that exited since still fill their slots until reclaimed.
     p.att.reclaim_now_and_then();
-    // Profilers (vLLM's, PyTorch's `mem_get_info`) size what they take by
-    // this answer: GPU code loaded since the context counts first.
-    super::modules::reconcile(p, d, &super::context_host::RealHost, dev);
+    // Memory no call shows (GPU code, peers' buffers) is counted by the
+    // background look within a second, so this answer costs no NVML query;
+    // without that thread, the look runs here.
+    if crate::background::failed() {
+        super::modules::reconcile(p, d, &super::context_host::RealHost, dev);
+    }
     let r = p.att.region();
     let (f, t) = virtual_info(
         usage::limit(r, dev),

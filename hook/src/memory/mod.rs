@@ -53,9 +53,6 @@ pub fn target_in<'a>(
         );
         return None;
     }
-    // GPU code the driver loaded since the last look counts before this
-    // allocation is judged (at most once a second: `modules`).
-    modules::reconcile_now_and_then(p, d, &context_host::RealHost, dev);
     Some((p, dev))
 }
 

@@ -2,11 +2,12 @@
 //! module loading, CUDA 12's default, a library's kernels are loaded at
 //! their first launch, after the context was measured: `context.rs`), and
 //! peers' buffers a process maps in, which NVML charges to it. The
-//! process's own line in NVML's list is the only measure of it, so now and
-//! then the hook compares that line with what it counted on the device and
-//! counts what NVML shows beyond it as module memory (`module_size`;
-//! docs/hook.md, "Module memory"; the sizes seen are in
-//! docs/benchmarks.md, "Memory of real clients").
+//! process's own line in NVML's list is the only measure of it, so once a
+//! second the hook's background thread (`crate::background`) compares that
+//! line with what it counted on the device and counts what NVML shows
+//! beyond it as module memory (`module_size`; docs/hook.md, "Module
+//! memory"; the sizes seen are in docs/benchmarks.md, "Memory of real
+//! clients"). The application need make no call for it to be counted.
 //!
 //! Raised at once: a race with this process's own allocations can only make
 //! NVML read *less* than the count (an allocation is counted before the
@@ -16,8 +17,10 @@
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
+use vgpu_common::region::MAX_DEVICES;
+
 use super::context::{own_listed, used_by, Snapshot};
-use super::context_host::ContextHost;
+use super::context_host::{ContextHost, RealHost};
 use crate::driver::Nvml;
 use crate::region::Kind;
 use crate::state::{Process, UNKNOWN};
@@ -26,8 +29,8 @@ use crate::state::{Process, UNKNOWN};
 /// rounding, not memory.
 const SLACK: u64 = 2 << 20;
 
-/// How often the allocation path looks (the look costs an NVML call,
-/// about a millisecond; memory info looks every time it is asked).
+/// How often the background thread looks (the look costs an NVML call per
+/// device, about a millisecond on a real GPU).
 pub const PERIOD_NS: u64 = 1_000_000_000;
 
 /// Counts on `dev` what NVML shows this process holding beyond what the
@@ -110,19 +113,46 @@ pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize
     extra
 }
 
-/// [`reconcile`] from the allocation path: at most once per [`PERIOD_NS`]
-/// per process, decided by a coarse clock read and one CAS.
-pub fn reconcile_now_and_then(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize) {
+/// Has the background thread look at this process's devices from now on
+/// (`background::Job::MemoryLook`); called when a context is counted, so a
+/// process that never makes one pays nothing.
+pub fn watch() {
+    crate::background::ensure(crate::background::Job::MemoryLook, look);
+}
+
+/// The background look: at most once per [`PERIOD_NS`], [`reconcile`] on
+/// each device where this process holds counted memory.
+fn look() {
+    let Some(p) = crate::state::process() else {
+        return;
+    };
     let now = vgpu_common::clock::clock_ns(libc::CLOCK_MONOTONIC_COARSE);
-    let due = p.module_check.load(Relaxed);
-    if now < due
-        || p.module_check
-            .compare_exchange(due, now + PERIOD_NS, Relaxed, Relaxed)
-            .is_err()
-    {
+    if !due(p, now) {
         return;
     }
-    reconcile(p, d, host, dev);
+    let d = crate::driver::native::Native;
+    for dev in 0..MAX_DEVICES {
+        if counted_on(p, dev) > 0 {
+            reconcile(p, &d, &RealHost, dev);
+        }
+    }
+}
+
+/// Whether a look is due at `now` (ns): at most once per [`PERIOD_NS`] per
+/// process, decided by one CAS.
+pub fn due(p: &Process, now: u64) -> bool {
+    let next = p.module_check.load(Relaxed);
+    now >= next
+        && p.module_check
+            .compare_exchange(next, now + PERIOD_NS, Relaxed, Relaxed)
+            .is_ok()
+}
+
+fn counted_on(p: &Process, dev: usize) -> u64 {
+    p.att
+        .slot()
+        .and_then(|s| s.used.get(dev))
+        .map_or(0, |m| m.total.load(Relaxed))
 }
 
 /// Releases what [`reconcile`] counted on `dev`: its contexts are gone.

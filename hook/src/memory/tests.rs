@@ -658,15 +658,15 @@ fn no_look_before_the_context_is_counted_or_without_our_line() {
 }
 
 #[test]
-fn the_allocation_path_looks_at_most_once_a_period() {
-    use super::modules::reconcile_now_and_then;
+fn the_background_look_is_due_at_most_once_a_period() {
+    use super::modules::{due, PERIOD_NS};
     let dir = RegionDir::new();
-    let (p, fake) = with_context(&dir, 8104, 30 * M);
-    reconcile_now_and_then(&p, &fake, &fake, 0);
-    assert_eq!(used(&p, 0), 30 * M);
-    nvml_lists(&fake, &[(4242, 60 * M)]);
-    reconcile_now_and_then(&p, &fake, &fake, 0);
-    assert_eq!(used(&p, 0), 30 * M, "not due again within the period");
+    let (p, _fake) = with_context(&dir, 8104, 30 * M);
+    let t0 = 5_000_000_000;
+    assert!(due(&p, t0), "the first look is due at once");
+    assert!(!due(&p, t0), "not twice at one time");
+    assert!(!due(&p, t0 + PERIOD_NS - 1), "not again within the period");
+    assert!(due(&p, t0 + PERIOD_NS), "due again after it");
 }
 
 #[test]

@@ -35,12 +35,6 @@ pub fn mem_create(
     let (Some(p), Some(dev)) = (process(), crate::devices::index_of(loc.id)) else {
         return forward();
     };
-    super::modules::reconcile_now_and_then(
-        p,
-        &crate::driver::native::Native,
-        &super::context_host::RealHost,
-        dev,
-    );
     let rc = counted(p, &p.handles, dev, size as u64, Kind::Data, || {
         let rc = forward();
         (rc, read(handle).unwrap_or(0))

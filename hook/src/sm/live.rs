@@ -173,7 +173,8 @@ impl Container for Real {
 
 impl Background for Real {
     fn offload(&self) -> bool {
-        self.background.is_some_and(background_started)
+        self.background
+            .is_some_and(|run| crate::background::ensure(crate::background::Job::SmFeedback, run))
     }
 }
 
@@ -216,49 +217,5 @@ impl NodeTable for Real {
     fn ranked(&self) -> bool {
         let c = crate::state::config();
         c.priority_stated && c.node_dir.as_ref().is_some_and(|d| d.is_dir())
-    }
-}
-
-/// Starts, once per process, the thread that runs the feedback loop's
-/// steps off the launch path (`run`: `Controller::background`); `false` when it
-/// cannot be started (the steps then run on the launch path). Called only
-/// when a step is due (every 500 ms at most); a forked child, which has no
-/// copy of its parent's thread, starts its own.
-fn background_started(run: fn()) -> bool {
-    use std::sync::atomic::AtomicU32;
-    use std::sync::atomic::Ordering::{Acquire, Release};
-    use std::sync::Mutex;
-    static OWNER: AtomicU32 = AtomicU32::new(0);
-    static STARTING: Mutex<()> = Mutex::new(());
-    let pid = std::process::id();
-    if OWNER.load(Acquire) == pid {
-        return true;
-    }
-    // Another thread is starting it (or a fork caught the lock held): this
-    // step runs inline.
-    let Ok(_g) = STARTING.try_lock() else {
-        return false;
-    };
-    if OWNER.load(Acquire) == pid {
-        return true;
-    }
-    let period = std::time::Duration::from_nanos(crate::sm::tuning::BACKGROUND_NS);
-    match std::thread::Builder::new()
-        .name("vgpu-sm".into())
-        .spawn(move || loop {
-            std::thread::sleep(period);
-            run();
-        }) {
-        Ok(_) => {
-            OWNER.store(pid, Release);
-            true
-        }
-        Err(e) => {
-            vlog_once!(
-                crate::log::WARN,
-                "cannot start the SM feedback thread ({e}); its steps run on the launch path"
-            );
-            false
-        }
     }
 }

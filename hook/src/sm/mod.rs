@@ -43,7 +43,7 @@ mod settings;
 mod sys;
 #[cfg(test)]
 mod tests;
-mod tuning;
+pub(crate) mod tuning;
 
 use std::ffi::c_uint;
 use std::sync::OnceLock;

@@ -17,12 +17,13 @@ use super::region_owner::{region_owner, RegionOwner};
 use super::utilization::{daemon_publishes, Measured, Utilization};
 use crate::regions::liveness::{AliveBy, Mappers};
 
-/// The longest `region` label value: a path a tenant names may be 4 KB, and
-/// it repeats on every series of its region.
-pub const REGION_LABEL_BYTES: usize = 64;
-
-/// The longest value of any other label (a Kubernetes container's cgroup
-/// path is about 170 bytes).
+/// The longest value of any label: what a tenant names (a region path may
+/// be 4 KB) repeats on every series of its region. Every value HAMi and
+/// Kubernetes make stays within it, so a value cut to it means a tenant
+/// did something unusual: a region path under HAMi's layout
+/// (`/usr/local/vgpu/containers/<pod-uid>_<container>/<uuid>.cache`, with a
+/// 63-byte container name) is 180 bytes, a systemd cgroup path of a
+/// Kubernetes container about 200, a pod name at most 253.
 pub const LABEL_BYTES: usize = 256;
 
 /// `v` unchanged when it has at most `max` bytes; else `…`, its tail (a
@@ -82,12 +83,7 @@ fn bound_labels(labels: Labels) -> (Labels, bool) {
     let labels = labels
         .into_iter()
         .map(|(k, v)| {
-            let max = if k == "region" {
-                REGION_LABEL_BYTES
-            } else {
-                LABEL_BYTES
-            };
-            let (v, c) = bounded_label(v, max);
+            let (v, c) = bounded_label(v, LABEL_BYTES);
             cut |= c;
             (k, v)
         })
@@ -377,18 +373,47 @@ mod tests {
     #[test]
     fn long_label_values_are_bounded_and_stay_distinct() {
         let long = |c: char| format!("/{}/x{}.cache", "d".repeat(3800), c);
-        let (a, cut) = bounded_label(long('a'), REGION_LABEL_BYTES);
-        assert!(cut && a.len() <= REGION_LABEL_BYTES, "{a}");
+        let (a, cut) = bounded_label(long('a'), LABEL_BYTES);
+        assert!(cut && a.len() <= LABEL_BYTES, "{a}");
         assert!(a.starts_with('…') && a.contains("xa.cache#"), "{a}");
-        let (b, _) = bounded_label(format!("/e{}", long('a')), REGION_LABEL_BYTES);
+        let (b, _) = bounded_label(format!("/e{}", long('a')), LABEL_BYTES);
         assert_ne!(a, b);
         let multibyte = "é".repeat(100);
         let (m, _) = bounded_label(multibyte, 64);
         assert!(m.len() <= 64, "{m}");
         assert_eq!(
-            bounded_label("/tmp/r.cache".into(), REGION_LABEL_BYTES),
+            bounded_label("/tmp/r.cache".into(), LABEL_BYTES),
             ("/tmp/r.cache".into(), false)
         );
+    }
+
+    /// The values HAMi's own layout and Kubernetes give a container are
+    /// never cut: a region under HAMi's directory with the longest
+    /// container name, a systemd cgroup path, a full container id.
+    #[test]
+    fn hami_shaped_labels_are_within_their_bounds() {
+        let owner = RegionOwner {
+            pod_uid: "0f1e2d3c-4b5a-4968-8776-655443322110".to_owned(),
+            container: "c".repeat(63),
+        };
+        let region = Path::new("/usr/local/vgpu/containers")
+            .join(format!("{}_{}", owner.pod_uid, owner.container))
+            .join("6f9619ff-8b86-4d01-b42d-00c04fc964ff.cache");
+        let id = ContainerIdentity::from_cgroup_path(&format!(
+            "/kubepods.slice/kubepods-besteffort.slice/\
+             kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope",
+            owner.pod_uid.replace('-', "_"),
+            "a".repeat(64)
+        ));
+        assert_eq!(id.container_id.as_deref(), Some("a".repeat(64).as_str()));
+        let name = PodName {
+            namespace: "n".repeat(63),
+            pod: "p".repeat(253),
+        };
+        let (labels, cut) = bound_labels(labels(Some(&name), owner, &id, &region));
+        assert!(!cut, "{labels:?}");
+        let shown = labels.iter().find(|(k, _)| k == "region").map(|(_, v)| v);
+        assert_eq!(shown, Some(&region.display().to_string()));
     }
 
     /// Sums count slots that are not exited, as HAMi's monitor does; a
