@@ -3,8 +3,10 @@
 //! tables (`node`).
 //!
 //! - [`create_and_map`]: create (mode 0666 whatever the umask: other
-//!   containers' users share these files), grow with zeroes, map shared
-//!   read-write. The hook's sidecar and node tables.
+//!   containers' users share these files) and size, or open what another
+//!   process created (never a symlink, FIFO or device, never chmod-ed or
+//!   resized), and map shared read-write. The hook's sidecar and node
+//!   tables.
 //! - [`map`]: map an already opened file, read-only or read-write. The
 //!   region, which is validated before it is mapped.
 //! - [`read_copy`]: copy a layout out of a file with `pread`, never mapping
@@ -51,18 +53,39 @@ pub enum MapError {
     },
 }
 
-/// Opens `path` read-write, creating it with mode 0666, grows it with
-/// zeroes to `size` bytes (idempotent, so racing creators agree) and maps
-/// its first `size` bytes shared read-write.
+/// How long [`create_and_map`] waits for another process that just created
+/// the file to size it.
+const SIZED_WITHIN: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Opens `path` read-write, creating it with mode 0666 and sizing it with
+/// zeroes to `size` bytes when this call creates it, and maps its first
+/// `size` bytes shared read-write. A file that exists is never chmod-ed or
+/// resized: in a directory other tenants can write it may be anything they
+/// put there ([`open_or_create`] refuses what is not a plain file); one
+/// shorter than `size` is waited for (its creator is sizing it) for at most
+/// [`SIZED_WITHIN`], then refused.
 pub fn create_and_map(path: &Path, size: usize) -> Result<MmapRaw, MapError> {
     let io = |source| MapError::Io {
         path: path.to_owned(),
         source,
     };
-    let file = open_or_create(path).map_err(io)?;
-    let _ = file.set_permissions(std::fs::Permissions::from_mode(0o666));
-    if file.metadata().map_err(io)?.len() < size as u64 {
+    let (file, created) = open_or_create(path).map_err(io)?;
+    if created {
+        // Whatever the umask: other containers' users share these files.
+        file.set_permissions(std::fs::Permissions::from_mode(0o666))
+            .map_err(io)?;
         file.set_len(size as u64).map_err(io)?;
+    } else {
+        let deadline = std::time::Instant::now() + SIZED_WITHIN;
+        while file.metadata().map_err(io)?.len() < size as u64 {
+            if std::time::Instant::now() >= deadline {
+                return Err(io(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("shorter than its {size} bytes; only its creator sizes it"),
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
     map(&file, size, true).map_err(|source| MapError::Map {
         path: path.to_owned(),
@@ -70,16 +93,46 @@ pub fn create_and_map(path: &Path, size: usize) -> Result<MmapRaw, MapError> {
     })
 }
 
-/// Opens `path` read-write, creating it (mode 0666 before the umask) if
-/// it does not exist; an existing file is never truncated.
-pub fn open_or_create(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
+/// Opens `path` read-write without following a symlink or blocking (a
+/// FIFO), creating it (mode 0666 before the umask) if nothing is there;
+/// whether this call created it. What exists must be a regular file with
+/// one link (a hard link could name a file elsewhere); it is never
+/// truncated.
+pub fn open_or_create(path: &Path) -> io::Result<(File, bool)> {
+    let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+    let created = OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(false)
+        .create_new(true)
         .mode(0o666)
-        .open(path)
+        .custom_flags(flags)
+        .open(path);
+    let (file, created) = match created {
+        Ok(f) => (f, true),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => (
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(flags)
+                .open(path)?,
+            false,
+        ),
+        Err(e) => return Err(e),
+    };
+    let md = file.metadata()?;
+    if !md.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    if std::os::unix::fs::MetadataExt::nlink(&md) != 1 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a file with other names (hard links)",
+        ));
+    }
+    Ok((file, created))
 }
 
 /// Maps the first `len` bytes of `file` shared, read-write or read-only.
@@ -186,6 +239,62 @@ mod tests {
         let md = std::fs::metadata(&p).unwrap();
         assert_eq!(md.len(), 4096);
         assert_eq!(md.permissions().mode() & 0o777, 0o666);
+    }
+
+    /// What another tenant can put at the path in a shared directory: the
+    /// file it names is never followed to, chmod-ed, resized or created,
+    /// and nothing blocks.
+    #[test]
+    fn what_another_tenant_put_there_is_refused_and_left_as_it_is() {
+        use std::os::unix::fs::{symlink, MetadataExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"secret\n").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let unchanged = |p: &Path, mode: u32, len: u64| {
+            let md = std::fs::symlink_metadata(p).unwrap();
+            assert_eq!(
+                (md.mode() & 0o777, md.len()),
+                (mode, len),
+                "{}",
+                p.display()
+            );
+        };
+        let link = dir.path().join("table-link");
+        symlink(&victim, &link).unwrap();
+        assert!(create_and_map(&link, 4096).is_err());
+        unchanged(&victim, 0o600, 7);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"secret\n");
+        // A dangling link: nothing is created where it points.
+        let dangling = dir.path().join("dangling");
+        symlink(dir.path().join("made-through-the-link"), &dangling).unwrap();
+        assert!(create_and_map(&dangling, 4096).is_err());
+        assert!(!dir.path().join("made-through-the-link").exists());
+        // A FIFO: refused at once, not waited on, not chmod-ed.
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .args(["-m", "600"])
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(create_and_map(&fifo, 4096).is_err());
+        unchanged(&fifo, 0o600, 0);
+        // A hard link to a file elsewhere.
+        let hard = dir.path().join("hard");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        assert!(create_and_map(&hard, 4096).is_err());
+        unchanged(&victim, 0o600, 7);
+        // A plain file too short for the layout, made by someone else: not
+        // extended (its creator sizes what it creates), refused soon.
+        let short = dir.path().join("short");
+        std::fs::write(&short, b"x").unwrap();
+        std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let t = std::time::Instant::now();
+        assert!(create_and_map(&short, 4096).is_err());
+        assert!(t.elapsed() < std::time::Duration::from_secs(1));
+        unchanged(&short, 0o644, 1);
+        assert_eq!(victim.metadata().unwrap().nlink(), 2);
     }
 
     #[test]

@@ -85,7 +85,7 @@ impl RegionFile {
             path: path.to_owned(),
             source,
         };
-        let file = crate::shared_file::open_or_create(path).map_err(open_err)?;
+        let (file, _) = crate::shared_file::open_or_create(path).map_err(open_err)?;
         let size = file_len(&file, path)?;
         if size == 0 {
             // Fresh file: size it. Racing creators both extend to the same
