@@ -97,3 +97,49 @@ pub fn compile_c(name: &str, out_dir: &Path, nvml: bool) -> PathBuf {
     );
     exe
 }
+
+/// The exports `vgpu install-hook` takes as the mark of the hook (the
+/// loader's `HOOK_EXPORTS`, `loader/src/install/elf.rs`).
+pub const HOOK_EXPORTS: &[&str] = &[
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemGetInfo_v2",
+    "cuLaunchKernel",
+    "nvmlDeviceGetMemoryInfo",
+    "dlsym",
+];
+
+/// Compiles `dir/<name>.so`, a stand-in for the hook that install-hook
+/// accepts: it exports every name of [`HOOK_EXPORTS`] (stubs returning 0),
+/// plus whatever `c` defines. It is never preloaded, so its `dlsym` stub
+/// interposes nothing.
+pub fn stand_in_hook(dir: &Path, name: &str, c: &str) -> PathBuf {
+    let mut src = String::from(c);
+    for f in HOOK_EXPORTS {
+        src.push_str(&format!("\nlong {f}(void) {{ return 0; }}"));
+    }
+    src.push('\n');
+    shared_lib(dir, name, &src)
+}
+
+/// Compiles the C source `c` into the shared library `dir/<name>.so`.
+pub fn shared_lib(dir: &Path, name: &str, c: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, c).expect("write the C source");
+    let out = dir.join(format!("{name}.so"));
+    let cc = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .output()
+        .expect("run cc");
+    assert!(
+        cc.status.success(),
+        "compiling {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    out
+}

@@ -1,26 +1,17 @@
 //! `vgpu install-hook`: atomic replace under a process that has the old
 //! library mapped, idempotence, uninstall restoring the previous state, and
-//! refusal of a wrong-architecture library.
+//! refusal of a wrong-architecture library or of one that is not the hook.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use vgpu_tests::dist::vgpu_bin;
+use vgpu_tests::dist::{self, vgpu_bin, HOOK_EXPORTS};
 
-/// Builds a shared library whose `version()` returns `v`.
+/// Builds a stand-in hook whose `version()` returns `v`.
 fn lib(dir: &Path, name: &str, v: i32) -> PathBuf {
-    let src = dir.join(format!("{name}.c"));
-    std::fs::write(&src, format!("int version(void) {{ return {v}; }}\n")).unwrap();
-    let out = dir.join(format!("{name}.so"));
-    let st = Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    out
+    dist::stand_in_hook(dir, name, &format!("int version(void) {{ return {v}; }}\n"))
 }
 
 fn install(host: &Path, from: &Path, extra: &[&str]) -> std::process::Output {
@@ -209,4 +200,124 @@ fn wrong_architecture_is_refused_and_nothing_is_written() {
     assert_eq!(err.trim().lines().count(), 1, "one clear sentence: {err}");
     assert!(!host.join("libvgpu.so").exists());
     assert!(!host.join("ld.so.preload").exists());
+}
+
+/// Every file below `dir`, symlinks not followed: (relative path, mode,
+/// bytes or link target).
+fn snapshot(dir: &Path) -> Vec<(String, u32, Vec<u8>)> {
+    fn walk(dir: &Path, prefix: &str, out: &mut Vec<(String, u32, Vec<u8>)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let name = format!("{prefix}{}", e.file_name().to_string_lossy());
+            let meta = std::fs::symlink_metadata(e.path()).unwrap();
+            let mode = meta.permissions().mode();
+            if meta.is_dir() {
+                out.push((format!("{name}/"), mode, Vec::new()));
+                walk(&e.path(), &format!("{name}/"), out);
+            } else if meta.is_symlink() {
+                let target = std::fs::read_link(e.path()).unwrap();
+                out.push((name, mode, target.into_os_string().into_encoded_bytes()));
+            } else {
+                out.push((name, mode, std::fs::read(e.path()).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, "", &mut out);
+    out.sort();
+    out
+}
+
+/// The system's zlib, from the dynamic linker's cache.
+fn libz() -> PathBuf {
+    let out = Command::new("ldconfig").arg("-p").output().unwrap();
+    let cache = String::from_utf8_lossy(&out.stdout);
+    let line = cache
+        .lines()
+        .find(|l| l.trim_start().starts_with("libz.so.1 "))
+        .unwrap_or_else(|| panic!("no libz.so.1 in `ldconfig -p`:\n{cache}"));
+    let path = line.rsplit("=> ").next().unwrap().trim();
+    PathBuf::from(path)
+}
+
+/// A shared library that is not the hook (zlib; a library exporting only
+/// some of the hook's entry points, as the simulated libcuda does) is
+/// refused with the missing exports named, before anything in the host
+/// directory changes (no file written, no backup taken), whether the host
+/// directory is empty, holds what was there before vgpu, or holds vgpu's
+/// hook; and `--check` never calls such a library in place vgpu's hook.
+#[test]
+fn a_library_that_is_not_the_hook_is_refused_and_nothing_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let zlib = libz();
+    let partial = dist::shared_lib(
+        dir.path(),
+        "partial",
+        "long cuMemAlloc_v2(void) { return 0; }\nlong cuLaunchKernel(void) { return 0; }\n",
+    );
+    let ours = lib(dir.path(), "ours", 1);
+
+    // An empty host directory; one with what was there before vgpu (no
+    // backup yet: a first install would take one); one with vgpu's hook.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let before = dir.path().join("before");
+    std::fs::create_dir_all(&before).unwrap();
+    std::fs::write(before.join("libvgpu.so"), b"what was there").unwrap();
+    std::fs::write(
+        before.join("ld.so.preload"),
+        b"/usr/local/vgpu/libvgpu.so\n",
+    )
+    .unwrap();
+    let installed = dir.path().join("installed");
+    let o = install(&installed, &ours, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let exported = ["cuMemAlloc_v2", "cuLaunchKernel"];
+    for (bad, present) in [(&zlib, &[][..]), (&partial, &exported[..])] {
+        for host in [&empty, &before, &installed] {
+            let was = snapshot(host);
+            let o = install(host, bad, &[]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            let said = format!("{}{err}", stdout(&o));
+            assert!(
+                !o.status.success(),
+                "{} was installed in {}: {said}",
+                bad.display(),
+                host.display()
+            );
+            assert!(err.contains("not vgpu's hook"), "{err}");
+            for f in HOOK_EXPORTS {
+                assert_eq!(
+                    err.contains(f),
+                    !present.contains(f),
+                    "the refusal names what is missing, only that ({f}): {err}"
+                );
+            }
+            assert_eq!(err.trim().lines().count(), 1, "one clear sentence: {err}");
+            assert_eq!(snapshot(host), was, "{} changed", host.display());
+        }
+    }
+    // A host directory that does not exist is not created.
+    let none = dir.path().join("none");
+    assert!(!install(&none, &zlib, &[]).status.success());
+    assert!(!none.exists());
+
+    // zlib put in place by hand: --check says it is not vgpu's hook, with
+    // vgpu's hook as --from and with zlib itself as --from.
+    let host = dir.path().join("zlib-in-place");
+    std::fs::create_dir_all(&host).unwrap();
+    std::fs::copy(&zlib, host.join("libvgpu.so")).unwrap();
+    std::fs::write(host.join("ld.so.preload"), b"/usr/local/vgpu/libvgpu.so\n").unwrap();
+    for from in [&ours, &zlib] {
+        let c = install(&host, from, &["--check"]);
+        let said = format!("{}{}", stdout(&c), String::from_utf8_lossy(&c.stderr));
+        assert!(
+            !c.status.success(),
+            "--check (--from {}) accepted zlib: {said}",
+            from.display()
+        );
+        assert!(!said.contains("get vgpu's hook"), "{said}");
+        assert!(said.contains("not vgpu's hook"), "{said}");
+    }
 }

@@ -281,19 +281,9 @@ fn inspect_and_top_print_no_terminal_escapes_from_a_region() {
     );
 }
 
-/// A shared library whose `version()` returns 1, built with `cc -shared`.
+/// A stand-in hook whose `version()` returns 1.
 fn shared_lib(dir: &Path) -> PathBuf {
-    let src = dir.join("lib.c");
-    std::fs::write(&src, "int version(void) { return 1; }\n").unwrap();
-    let out = dir.join("lib.so");
-    assert!(Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .unwrap()
-        .success());
-    out
+    dist::stand_in_hook(dir, "lib", "int version(void) { return 1; }\n")
 }
 
 /// `vgpu install-hook --host-dir host --from from extra…`, killed (and the

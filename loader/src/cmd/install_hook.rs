@@ -11,10 +11,13 @@ use crate::install::{self, HamiSeen, Mounted, Outcome, Plan, Report};
 
 /// Install the hook on this node: copy libvgpu.so into the host directory
 /// (atomically: write a temporary file, then rename, so running containers
-/// keep a whole library) and write ld.so.preload beside it. Checks the ELF
-/// architecture and glibc symbol versions first and refuses a library that
-/// would not load. Idempotent; the first install keeps what was there, and
-/// `--uninstall` restores it.
+/// keep a whole library) and write ld.so.preload beside it. Checks the
+/// library first and changes nothing if it fails: it must be vgpu's hook
+/// (export the CUDA, NVML and dlsym entry points the hook interposes,
+/// cuMemAlloc_v2, cuLaunchKernel and nvmlDeviceGetMemoryInfo among them; the
+/// error names those missing), and its ELF architecture and glibc symbol
+/// versions must fit the node. Idempotent; the first install keeps what was
+/// there, and `--uninstall` restores it.
 ///
 /// On a HAMi node add `--hami`: HAMi's device plugin (2.5 and later) mounts
 /// `libvgpu.so.<HAMi version>` when that file exists and `libvgpu.so` only
@@ -59,9 +62,9 @@ pub struct Args {
     /// Change nothing; say which library HAMi's device plugin mounts into
     /// new containers now, and which HAMi release the directory shows.
     /// Exits 0 when it is vgpu's (the --from library) and stays so, 3 when
-    /// it is another, 4 when it is vgpu's but HAMi ≥ 2.5 is not proven (with
-    /// --hami, or where HAMi has allocated containers): HAMi ≤ 2.4 rewrites
-    /// it in place on its next start.
+    /// it is another (or no hook at all), 4 when it is vgpu's but HAMi ≥ 2.5
+    /// is not proven (with --hami, or where HAMi has allocated containers):
+    /// HAMi ≤ 2.4 rewrites it in place on its next start.
     #[arg(long, conflicts_with_all = ["watch", "uninstall"])]
     check: bool,
 }
@@ -185,6 +188,7 @@ fn check(host_dir: &std::path::Path, lib: &std::path::Path, hami: bool) -> Resul
             format!("{dir}/libvgpu.so is not the library of {}", lib.display()),
             3,
         ),
+        Mounted::NotHook(why) => (format!("{dir}/libvgpu.so is not vgpu's hook: {why}"), 3),
         Mounted::Nothing => (format!("no hook library in {dir}"), 3),
     };
     println!("{line}\n{dir}: {release}");

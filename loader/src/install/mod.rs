@@ -19,7 +19,8 @@
 //! backup) is refused, never read through (a symlinked `ld.so.preload`
 //! would copy its target, say a root-only file, into the backup), and a
 //! FIFO is never opened. The library given is a regular file (`--from` may
-//! be an operator's symlink) and a shared library (`elf`).
+//! be an operator's symlink), a shared library, and the hook: it exports
+//! the hook's entry points (`elf`), or nothing is touched.
 //!
 //! On HAMi ≥ 2.5 nodes the device plugin mounts a versioned file first;
 //! `hami` says how vgpu takes its place without writing over it, and why
@@ -45,7 +46,7 @@ use std::path::{Path, PathBuf};
 
 use crate::regions::open::{open_file_in, open_followed, Access, OpenError};
 
-pub use elf::{running_libc, ElfError};
+pub use elf::{running_libc, ElfError, NotHook};
 pub use hami::HamiSeen;
 pub use watch::DirWatch;
 
@@ -171,10 +172,11 @@ pub(crate) fn read_in(dir: &Path, name: &str) -> Result<Option<HostFile>, Instal
 }
 
 /// The library an operator named: a regular file (through the operator's
-/// symlinks), never a FIFO waited on, and a shared library.
+/// symlinks), never a FIFO waited on, a shared library, and the hook.
 fn read_library(path: &Path) -> Result<Vec<u8>, InstallError> {
     let bytes = read_all(open_followed(path)?, path)?.bytes;
     elf::check_shared_library(path, &bytes)?;
+    elf::check_hook(path, &bytes)?;
     Ok(bytes)
 }
 
@@ -293,8 +295,10 @@ pub enum Mounted {
     Vgpu,
     /// HAMi's versioned files (any one of them wins over `libvgpu.so`).
     Versioned(Vec<String>),
-    /// `libvgpu.so`, another library.
+    /// `libvgpu.so`, another hook (another build of vgpu's, HAMi-core's).
     Other,
+    /// `libvgpu.so`, a file that is not a hook at all.
+    NotHook(NotHook),
     /// Neither name exists.
     Nothing,
 }
@@ -306,8 +310,14 @@ pub fn mounted(host_dir: &Path, lib: &Path) -> Result<Mounted, InstallError> {
     if !versioned.is_empty() {
         return Ok(Mounted::Versioned(versioned));
     }
+    let in_place = read_in(host_dir, LIB_NAME)?;
+    // Before `lib` is read: a file in place that is no hook is not one even
+    // when `lib` is the same file.
+    if let Some(why) = in_place.as_ref().and_then(|f| elf::why_not_hook(&f.bytes)) {
+        return Ok(Mounted::NotHook(why));
+    }
     let ours = read_library(lib)?;
-    Ok(match read_in(host_dir, LIB_NAME)? {
+    Ok(match in_place {
         Some(f) if f.bytes == ours => Mounted::Vgpu,
         Some(_) => Mounted::Other,
         None => Mounted::Nothing,
