@@ -6,7 +6,14 @@
 #
 #   bash scripts/gpu-check.sh mem        memory limit: C program, PyTorch, nvidia-smi, entry points
 #   bash scripts/gpu-check.sh overhead   launch and alloc cost: native vs hook (limit set)
-#   bash scripts/gpu-check.sh meminfo    cudaMemGetInfo's cost: native vs hook, us per call
+#   bash scripts/gpu-check.sh meminfo    cudaMemGetInfo's cost: native vs hook, us per call, with each
+#                                        ratio to native (HAMI_CORE=/path/libvgpu.so: HAMi-core too, as
+#                                        scripts/gpu/build_hami_core.sh builds it; VARIANTS="name=/path/
+#                                        libvgpu.so ...": those builds instead of the dist's)
+#   bash scripts/gpu-check.sh steady     (two GPUs) NCCL at rest: two ranks all-reduce, then make no CUDA
+#                                        call; NVML's per-process memory against each rank's slot count,
+#                                        STEADY_AT (0.5,2.5) s after the last call, cuMem on and off
+#                                        (VARIANTS: each build; HAMI_CORE: HAMi-core too; STEADY_LIMIT 40g)
 #   bash scripts/gpu-check.sh trace      launch cost: native, bare uprobe, vgpu trace views; PyTorch launches seen
 #   bash scripts/gpu-check.sh daemon     host-PID fill in 8 containers, untracked process, launch cost
 #   bash scripts/gpu-check.sh sm         SM limit sweep 10/30/60/90 (SM_WORKLOADS, default all four)
@@ -47,6 +54,8 @@
 #                                        unlimited neighbour is killed with work queued: its rate per
 #                                        0.25 s window against the same process alone
 #
+#   bash scripts/gpu-check.sh steady meminfo   several phases, one after the other, in one run
+#
 # Every figure printed is measured in this run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,12 +69,12 @@ LIBCUDA=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
 [ -n "$LIBCUDA" ] || LIBCUDA=/usr/local/nvidia/lib64/libcuda.so.1
 LIBDIR=$(dirname "$LIBCUDA")
 export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-PHASE=${1:-mem}
+PHASES=${*:-mem}
 
 say() { printf '\n=== %s\n' "$*"; }
 now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
 
-echo "vgpu gpu-check $PHASE, $(now)"
+echo "vgpu gpu-check $PHASES, $(now)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 echo "libcuda: $LIBCUDA"
 
@@ -203,25 +212,110 @@ phase_overhead() {
     "$W/bench_launch" 1000 10 calls | grep _ns
 }
 
-# What cudaMemGetInfo costs under the hook (it checks the process's NVML
-# line for GPU code loaded since the last look, every call): microseconds
-# per call of torch.cuda.mem_get_info, native and hooked, interleaved.
+# What cudaMemGetInfo costs under the hook: microseconds
+# per call of torch.cuda.mem_get_info (MEMINFO_CALLS, 20000, calls a run),
+# native, HAMi-core (HAMI_CORE) and each
+# build (VARIANTS, else the dist's), interleaved in a fresh order each round;
+# each hooked run has its own region, a 16 GiB limit and CUDA_DEVICE_SM_LIMIT=0
+# (as HAMi sets it). The total each run was told shows the hook was in.
 phase_meminfo() {
-    say "cudaMemGetInfo cost: native vs hook (memory limit 16g), us per call (2000 calls, median of ${REPS:-5})"
-    local c i
-    for ((i = 0; i < ${REPS:-5}; i++)); do
-        for c in native hook; do
+    local reps=${REPS:-5} calls=${MEMINFO_CALLS:-20000} c i v out names=(native)
+    local -A lib=()
+    if [ -n "${HAMI_CORE:-}" ]; then
+        if [ -f "$HAMI_CORE" ]; then
+            names+=(hami-core) && lib[hami-core]=$(realpath "$HAMI_CORE")
+        else
+            echo "HAMI_CORE=$HAMI_CORE: no such file, HAMi-core left out"
+        fi
+    fi
+    for v in ${VARIANTS:-hook=$DIST/libvgpu.so}; do
+        names+=("${v%%=*}") && lib[${v%%=*}]=$(realpath "${v#*=}")
+    done
+    say "cudaMemGetInfo cost (torch.cuda.mem_get_info): us per call ($calls calls, median of $reps, interleaved; hooked: CUDA_DEVICE_MEMORY_LIMIT=16g CUDA_DEVICE_SM_LIMIT=0)"
+    for c in "${names[@]}"; do
+        : >"$W/mi-$c" && : >"$W/mi-$c.total"
+        [ "$c" = native ] || echo "$c: ${lib[$c]}"
+    done
+    for ((i = 0; i < reps; i++)); do
+        for c in $(shuffled "${names[@]}"); do
             local env=()
-            [ "$c" = hook ] && env=(LD_PRELOAD="$DIST/libvgpu.so" CUDA_DEVICE_MEMORY_LIMIT=16g
-                CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/mi.cache")
-            env "${env[@]}" python3 -c 'import time, torch
-torch.zeros(1, device="cuda"); torch.cuda.mem_get_info()
+            [ "$c" = native ] || env=(LD_PRELOAD="${lib[$c]}" CUDA_DEVICE_MEMORY_LIMIT=16g CUDA_DEVICE_SM_LIMIT=0
+                CUDA_DEVICE_MEMORY_SHARED_CACHE="$W/mi-$c-$i.cache")
+            out=$(env "${env[@]}" python3 -c 'import sys, time, torch
+n = int(sys.argv[1])
+torch.zeros(1, device="cuda"); free, total = torch.cuda.mem_get_info()
 t = time.perf_counter()
-for _ in range(2000): torch.cuda.mem_get_info()
-print((time.perf_counter() - t) / 2000 * 1e6)' >>"$W/mi-$c"
+for _ in range(n): torch.cuda.mem_get_info()
+print((time.perf_counter() - t) / n * 1e6, total >> 20)' "$calls" 2>"$W/mi-$c.err" | tail -1)
+            if [[ $out =~ ^[0-9.e+-]+\ [0-9]+$ ]]; then
+                echo "${out% *}" >>"$W/mi-$c" && echo "${out#* }" >>"$W/mi-$c.total"
+            else
+                echo "$c, round $i: no figure; its stderr ends:" && tail -5 "$W/mi-$c.err"
+            fi
         done
     done
-    for c in native hook; do printf '%-6s %.1f us (runs: %s)\n' $c "$(median <"$W/mi-$c")" "$(tr '\n' ' ' <"$W/mi-$c")"; done
+    local base
+    base=$(median <"$W/mi-native")
+    echo "| build | us per call (median of $reps) | ratio to native | total MiB told | runs (us) |"
+    echo "|---|---|---|---|---|"
+    for c in "${names[@]}"; do
+        [ -s "$W/mi-$c" ] || { echo "| $c | no figure | | | |" && continue; }
+        awk -v c="$c" -v m="$(median <"$W/mi-$c")" -v b="$base" -v t="$(sort -u "$W/mi-$c.total" | tr '\n' ' ')" \
+            -v r="$(awk '{printf "%.2f ", $1}' "$W/mi-$c")" \
+            'BEGIN {printf "| %s | %.2f | %s | %s| %s|\n", c, m, (b > 0 ? sprintf("%.2f", m / b) : "-"), t, r}'
+    done
+}
+
+# NCCL's memory at rest (issue 36): two ranks, one per GPU (torch.distributed,
+# NCCL, scripts/gpu/nccl_count.py --steady), all-reduce 1 float then 20 times
+# STEADY_MIB (1024) MiB, then make no CUDA call at all. From outside (no
+# LD_PRELOAD), STEADY_AT (0.5,2.5) s after the later rank's last call: NVML's
+# used memory of each rank on its GPU against the hook's count for its slot
+# (`vgpu inspect --json`), and the gap. Each build of VARIANTS (else the
+# dist's), then HAMi-core (HAMI_CORE, unless STEADY_HAMI=), with NCCL's cuMem
+# on (its default) and off (NCCL_CUMEM_ENABLE=0); limits as HAMi sets them
+# (CUDA_DEVICE_MEMORY_LIMIT=STEADY_LIMIT, 40g; CUDA_DEVICE_SM_LIMIT=0), a
+# fresh region per run, NVLink multicast off. STEADY_ROUNDS (1) repeats:
+# take 3 or more to compare builds: a build that looks only when the
+# application calls may count a rank's module memory in one run and not in
+# the next. STEADY_CUMEM="on" (or "off") runs one of the two only.
+phase_steady() {
+    local gpus v name lib cm f rc i builds=()
+    gpus=$(nvidia-smi -L | grep -c '^GPU')
+    [ "$gpus" -ge 2 ] || { echo "steady needs two GPUs ($gpus here)" && return 1; }
+    for v in ${VARIANTS:-dist=$DIST/libvgpu.so}; do builds+=("$v"); done
+    if [ -n "${HAMI_CORE:-}" ] && [ -n "${STEADY_HAMI-1}" ]; then
+        if [ -f "$HAMI_CORE" ]; then builds+=("hami-core=$HAMI_CORE"); else echo "HAMI_CORE=$HAMI_CORE: no such file"; fi
+    fi
+    mkdir -p "$W/steady" && : >"$W/steady/all"
+    for ((i = 0; i < ${STEADY_ROUNDS:-1}; i++)); do
+        for cm in ${STEADY_CUMEM:-on off}; do
+            for v in "${builds[@]}"; do
+                name=${v%%=*} lib=$(realpath "${v#*=}")
+                f=$W/steady/$name-$cm-$i
+                rm -f "$f.cache"
+                say "steady: $name ($lib), NCCL cuMem $cm, round $i"
+                local cmenv=()
+                [ $cm = off ] && cmenv=(NCCL_CUMEM_ENABLE=0)
+                env -u CUDA_VISIBLE_DEVICES -u NCCL_CUMEM_ENABLE LD_PRELOAD="$lib" \
+                    CUDA_DEVICE_MEMORY_SHARED_CACHE="$f.cache" CUDA_DEVICE_MEMORY_LIMIT="${STEADY_LIMIT:-40g}" \
+                    CUDA_DEVICE_SM_LIMIT=0 NCCL_NVLS_ENABLE=0 "${cmenv[@]}" \
+                    timeout -k 10 "${STEADY_TIMEOUT:-240}" python3 "$ROOT/scripts/gpu/nccl_count.py" \
+                    "$DIST/vgpu" "$f.cache" "${STEADY_MIB:-1024}" --steady="${STEADY_AT:-0.5,2.5}" >"$f.txt" 2>&1
+                rc=$?
+                grep -E '^(torch|steady)' "$f.txt"
+                [ $rc -eq 0 ] || { echo "rc $rc; the run's output ends:" && grep -v Warning "$f.txt" | tail -15; }
+                grep '^steady rank' "$f.txt" | sed "s/^/$name $cm /" >>"$W/steady/all"
+            done
+        done
+    done
+    say "steady: NVML per-process used memory against the hook's count for the rank's slot (MiB)"
+    echo "| build | cuMem | rank | s after last CUDA call | NVML | counted | gap | context | module | data | other GPUs |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    awk '{for (i = 3; i < NF; i++) v[$i] = $(i + 1)
+          printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, v["rank"], v["at"],
+              v["nvml"], v["counted"], v["gap"], v["context"], v["module"], v["data"], v["other_gpus"]}' \
+        "$W/steady/all"
 }
 
 cfg_floor() { with_tracer --floor; }
@@ -806,6 +900,6 @@ PY
     wait $hp
 }
 
-"phase_$PHASE"
+for PHASE in $PHASES; do "phase_$PHASE"; done
 echo "done $(now)"
 rm -rf "$W"
