@@ -241,6 +241,15 @@ fn truncating_a_region_never_crashes_the_daemon() {
             .metrics()
             .contains(&format!("region=\"{}\"", c.display()))
     });
+    // The owners are frozen first: a hooked process re-attaches and refills
+    // its truncated region within a second (its background look reads its
+    // slot), and this test is about the daemon meeting the truncated file.
+    let freeze = |cg: &Cgroup, on: &str| {
+        std::fs::write(cg.path().join("cgroup.freeze"), on).expect("cgroup.freeze");
+    };
+    for cg in &cgs[..2] {
+        freeze(cg, "1");
+    }
     for p in [&a, &b] {
         std::fs::OpenOptions::new()
             .write(true)
@@ -263,6 +272,9 @@ fn truncating_a_region_never_crashes_the_daemon() {
             !m.contains(&format!("region=\"{}\"", p.display())),
             "a truncated region is still exported: {m}"
         );
+    }
+    for cg in &cgs[..2] {
+        freeze(cg, "0");
     }
 }
 

@@ -120,7 +120,8 @@ pub fn watch() {
     crate::background::ensure(crate::background::Job::MemoryLook, look);
 }
 
-/// The background look: at most once per [`PERIOD_NS`], [`reconcile`] on
+/// The background look: at most once per [`PERIOD_NS`], the region
+/// published again if a tenant wiped or replaced it, and [`reconcile`] on
 /// each device where this process holds counted memory.
 fn look() {
     let Some(p) = crate::state::process() else {
@@ -130,6 +131,11 @@ fn look() {
     if !due(p, now) {
         return;
     }
+    // A region the tenant truncated or renamed would miss an idle
+    // process's usage from its sums (the daemon's, HAMi's monitor's, its
+    // siblings' limit) until it next allocated or launched.
+    crate::sigbus_guard::follow_replaced(vgpu_common::clock::monotonic_ns());
+    p.att.republish_if_wiped();
     let d = crate::driver::native::Native;
     for dev in 0..MAX_DEVICES {
         if counted_on(p, dev) > 0 {
