@@ -4,9 +4,9 @@
 //!
 //! - [`create_and_map`]: create (mode 0666 whatever the umask: other
 //!   containers' users share these files) and size, or open what another
-//!   process created (never a symlink, FIFO or device, never chmod-ed or
-//!   resized), and map shared read-write. The hook's sidecar and node
-//!   tables.
+//!   process created (never a symlink, FIFO or device, never chmod-ed;
+//!   resized only where [`Sizing`] allows), and map shared read-write. The
+//!   hook's sidecar and node tables.
 //! - [`map`]: map an already opened file, read-only or read-write. The
 //!   region, which is validated before it is mapped.
 //! - [`read_copy`]: copy a layout out of a file with `pread`, never mapping
@@ -57,14 +57,25 @@ pub enum MapError {
 /// the file to size it.
 const SIZED_WITHIN: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Who may size an existing file [`create_and_map`] finds too short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizing {
+    /// Only its creator: a file in a directory other tenants write (the
+    /// node's tables) is never resized by anyone else; one shorter than
+    /// the layout is waited for (its creator is sizing it) for at most
+    /// [`SIZED_WITHIN`], then refused.
+    CreatorOnly,
+    /// Any opener: a file in the container's own directory (the sidecar),
+    /// which a sibling may have left short, is extended with zeroes.
+    AnyOpener,
+}
+
 /// Opens `path` read-write, creating it with mode 0666 and sizing it with
 /// zeroes to `size` bytes when this call creates it, and maps its first
-/// `size` bytes shared read-write. A file that exists is never chmod-ed or
-/// resized: in a directory other tenants can write it may be anything they
-/// put there ([`open_or_create`] refuses what is not a plain file); one
-/// shorter than `size` is waited for (its creator is sizing it) for at most
-/// [`SIZED_WITHIN`], then refused.
-pub fn create_and_map(path: &Path, size: usize) -> Result<MmapRaw, MapError> {
+/// `size` bytes shared read-write. A file that exists is never chmod-ed
+/// ([`open_or_create`] refuses what is not a plain file); `sizing` says
+/// whether one shorter than `size` may be extended.
+pub fn create_and_map(path: &Path, size: usize, sizing: Sizing) -> Result<MmapRaw, MapError> {
     let io = |source| MapError::Io {
         path: path.to_owned(),
         source,
@@ -75,6 +86,10 @@ pub fn create_and_map(path: &Path, size: usize) -> Result<MmapRaw, MapError> {
         file.set_permissions(std::fs::Permissions::from_mode(0o666))
             .map_err(io)?;
         file.set_len(size as u64).map_err(io)?;
+    } else if sizing == Sizing::AnyOpener {
+        if file.metadata().map_err(io)?.len() < size as u64 {
+            file.set_len(size as u64).map_err(io)?;
+        }
     } else {
         let deadline = std::time::Instant::now() + SIZED_WITHIN;
         while file.metadata().map_err(io)?.len() < size as u64 {
@@ -229,8 +244,8 @@ mod tests {
     fn a_created_file_is_shared_sized_and_world_writable() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
-        let a = create_and_map(&p, 4096).unwrap();
-        let b = create_and_map(&p, 4096).unwrap();
+        let a = create_and_map(&p, 4096, Sizing::CreatorOnly).unwrap();
+        let b = create_and_map(&p, 4096, Sizing::CreatorOnly).unwrap();
         // SAFETY: both mappings are 4096 bytes of the same file.
         unsafe {
             a.as_mut_ptr().add(100).write(42);
@@ -262,13 +277,13 @@ mod tests {
         };
         let link = dir.path().join("table-link");
         symlink(&victim, &link).unwrap();
-        assert!(create_and_map(&link, 4096).is_err());
+        assert!(create_and_map(&link, 4096, Sizing::CreatorOnly).is_err());
         unchanged(&victim, 0o600, 7);
         assert_eq!(std::fs::read(&victim).unwrap(), b"secret\n");
         // A dangling link: nothing is created where it points.
         let dangling = dir.path().join("dangling");
         symlink(dir.path().join("made-through-the-link"), &dangling).unwrap();
-        assert!(create_and_map(&dangling, 4096).is_err());
+        assert!(create_and_map(&dangling, 4096, Sizing::CreatorOnly).is_err());
         assert!(!dir.path().join("made-through-the-link").exists());
         // A FIFO: refused at once, not waited on, not chmod-ed.
         let fifo = dir.path().join("fifo");
@@ -278,12 +293,12 @@ mod tests {
             .status()
             .unwrap();
         assert!(made.success());
-        assert!(create_and_map(&fifo, 4096).is_err());
+        assert!(create_and_map(&fifo, 4096, Sizing::CreatorOnly).is_err());
         unchanged(&fifo, 0o600, 0);
         // A hard link to a file elsewhere.
         let hard = dir.path().join("hard");
         std::fs::hard_link(&victim, &hard).unwrap();
-        assert!(create_and_map(&hard, 4096).is_err());
+        assert!(create_and_map(&hard, 4096, Sizing::CreatorOnly).is_err());
         unchanged(&victim, 0o600, 7);
         // A plain file too short for the layout, made by someone else: not
         // extended (its creator sizes what it creates), refused soon.
@@ -291,9 +306,12 @@ mod tests {
         std::fs::write(&short, b"x").unwrap();
         std::fs::set_permissions(&short, std::fs::Permissions::from_mode(0o644)).unwrap();
         let t = std::time::Instant::now();
-        assert!(create_and_map(&short, 4096).is_err());
+        assert!(create_and_map(&short, 4096, Sizing::CreatorOnly).is_err());
         assert!(t.elapsed() < std::time::Duration::from_secs(1));
         unchanged(&short, 0o644, 1);
+        // In the container's own directory a sibling may size it.
+        assert!(create_and_map(&short, 4096, Sizing::AnyOpener).is_ok());
+        unchanged(&short, 0o644, 4096);
         assert_eq!(victim.metadata().unwrap().nlink(), 2);
     }
 

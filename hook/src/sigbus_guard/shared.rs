@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use vgpu_common::node::NodeFile;
-use vgpu_common::shared_file::{self, MapError};
+use vgpu_common::shared_file::{self, MapError, Sizing};
 use vgpu_common::sidecar::SmShared;
 
 /// A `#[repr(C)]` layout shared through a file.
@@ -22,6 +22,8 @@ use vgpu_common::sidecar::SmShared;
 pub(crate) unsafe trait SharedFile: Sized + Sync + 'static {
     /// What the file is, for the truncation guard's log.
     const KIND: crate::sigbus_guard::Kind;
+    /// Who may size the file when it is found short.
+    const SIZING: Sizing;
 
     /// Stamps a zeroed file or checks an existing one's magic and version.
     fn stamp(&self) -> Result<(), (u64, u32)>;
@@ -31,6 +33,7 @@ pub(crate) unsafe trait SharedFile: Sized + Sync + 'static {
 // layout).
 unsafe impl SharedFile for SmShared {
     const KIND: crate::sigbus_guard::Kind = crate::sigbus_guard::Kind::Sidecar;
+    const SIZING: Sizing = Sizing::AnyOpener;
 
     fn stamp(&self) -> Result<(), (u64, u32)> {
         self.init_or_check()
@@ -41,6 +44,7 @@ unsafe impl SharedFile for SmShared {
 // layout).
 unsafe impl SharedFile for NodeFile {
     const KIND: crate::sigbus_guard::Kind = crate::sigbus_guard::Kind::NodeTable;
+    const SIZING: Sizing = Sizing::CreatorOnly;
 
     fn stamp(&self) -> Result<(), (u64, u32)> {
         self.init_or_check()
@@ -51,7 +55,7 @@ unsafe impl SharedFile for NodeFile {
 /// whole life (forks included).
 pub(crate) fn open<T: SharedFile>(path: &Path) -> Result<&'static T, MapError> {
     let size = std::mem::size_of::<T>();
-    let map = shared_file::create_and_map(path, size)?;
+    let map = shared_file::create_and_map(path, size, T::SIZING)?;
     let p = map.as_mut_ptr();
     // Never unmapped: the process (and its forks) uses it to the end.
     std::mem::forget(map);

@@ -26,7 +26,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -39,10 +39,13 @@ use super::findings::{Finding, Kind};
 use super::integrity::expected::lookup;
 use super::integrity::spec::{self, SpecPattern};
 use super::procfs::Procfs;
-use crate::regions::open::{open_file, open_file_in_process, Access};
+use crate::regions::open::{open_file, open_file_in, open_file_in_process, Access, OpenError};
 
 /// Tables looked at in the directory, at most (one per GPU of the node).
 const MAX_TABLES: usize = 64;
+/// Directory entries read per scan, at most: any tenant can fill the
+/// directory, and a scan's cost must not grow with what it puts there.
+const MAX_ENTRIES: usize = 4096;
 /// A container's spec priority is read again after this long.
 const SPEC_TTL: Duration = Duration::from_secs(30);
 /// HAMi's priority for a container whose spec states none (the lowest).
@@ -127,16 +130,27 @@ impl NodeTables {
     }
 
     /// The node tables in the directory (none if it does not exist).
-    fn tables(&self) -> Vec<PathBuf> {
+    fn tables(&mut self) -> Vec<PathBuf> {
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
+        let mut read = 0;
         let mut v: Vec<PathBuf> = dir
             .flatten()
+            .take(MAX_ENTRIES)
+            .inspect(|_| read += 1)
             .filter(|e| e.file_name().as_encoded_bytes().starts_with(b"vgpu-sm-"))
             .take(MAX_TABLES)
             .map(|e| e.path())
             .collect();
+        if read == MAX_ENTRIES && !self.warned.contains(&self.dir) {
+            tracing::warn!(
+                "node directory {}: more than {MAX_ENTRIES} entries; tables past them are not \
+                 checked",
+                self.dir.display()
+            );
+            self.warned.insert(self.dir.clone());
+        }
         v.sort();
         v
     }
@@ -277,15 +291,18 @@ fn spec_priority(env: &[String]) -> i32 {
         .unwrap_or(DEFAULT_PRIORITY)
 }
 
-/// Opens a table for reading and writing: no symlink, never blocking on a
-/// FIFO, a regular file at least a table long (checked again on the
-/// descriptor by `NodeView::from_file`).
-fn open_table(path: &Path) -> std::io::Result<File> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
-        .open(path)
+/// Opens a table for reading and writing through an `O_PATH` lookup with no
+/// symlink (`regions::open`): a FIFO or a device named like a table is
+/// refused on its type, never opened; a regular file at least a table long
+/// (checked again on the descriptor by `NodeView::from_file`).
+fn open_table(path: &Path) -> Result<File, OpenError> {
+    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+        (Some(dir), Some(name)) => open_file_in(dir, name, Access::ReadWrite),
+        _ => Err(OpenError::Open {
+            path: path.to_owned(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a table's name"),
+        }),
+    }
 }
 
 /// Writes `bytes` at `word` of the member at `at` if its owner is still
@@ -437,6 +454,43 @@ mod tests {
             &std::fs::read(&p).unwrap()[at..at + 8],
             &0x78u64.to_le_bytes()
         );
+    }
+
+    /// What a tenant names like a table in the shared directory: a FIFO or
+    /// a device is refused on its type (never opened: a device's driver is
+    /// not called), a symlink is not followed.
+    #[test]
+    fn a_table_that_is_not_a_plain_file_is_never_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("vgpu-sm-GPU-fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert!(matches!(
+            open_table(&fifo),
+            Err(OpenError::NotRegular { .. })
+        ));
+        let dev = dir.path().join("vgpu-sm-GPU-dev");
+        std::os::unix::fs::symlink("/dev/null", &dev).unwrap();
+        assert!(matches!(open_table(&dev), Err(OpenError::Symlink(_))));
+        assert!(matches!(
+            open_table(Path::new("/dev/null")),
+            Err(OpenError::NotRegular { .. })
+        ));
+    }
+
+    /// A directory a tenant filled costs a bounded read per scan.
+    #[test]
+    fn a_crowded_directory_is_read_to_a_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..MAX_ENTRIES + 100 {
+            std::fs::write(dir.path().join(format!("junk-{i}")), b"").unwrap();
+        }
+        let mut t = NodeTables::new(dir.path().to_owned(), Vec::new(), Procfs::default());
+        assert!(t.tables().is_empty());
+        assert!(t.warned.contains(dir.path()), "the crowding is told once");
     }
 
     /// A write lands only while the member is still the one judged.
