@@ -12,10 +12,19 @@
  * that file is loaded instead: a copy the daemon does not probe, so only
  * the driver sees the hidden bytes. Then writes
  * "allocated <unix-ns>" and holds everything until stdin closes.
+ *
+ * DAEMON_PROG_DEVICE=<n>: the context (and every allocation) is on device
+ * <n>. DAEMON_PROG_FLIP=1: the tenant's trick on its own region
+ * (CUDA_DEVICE_MEMORY_SHARED_CACHE): limit[<n>] raised to 64 GiB just
+ * before the hooked allocation and put back right after it; writes
+ * "flip_us <microseconds the raised limit stood>".
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -47,6 +56,9 @@ static int fail(int code, int rc) {
 }
 #define TRY(call, code) do { int rc_ = (call); if (rc_ != CUDA_SUCCESS) return fail(code, rc_); } while (0)
 
+/* limit[dev] in the v1.2 region. */
+#define LIMIT_OFFSET(dev) (1600 + 8 * (off_t)(dev))
+
 typedef CUresult (*init_t)(unsigned);
 typedef CUresult (*retain_t)(CUcontext *, CUdevice);
 typedef CUresult (*setcur_t)(CUcontext);
@@ -66,9 +78,30 @@ int main(int argc, char **argv) {
     CUcontext ctx;
     CUdeviceptr p;
     TRY(cuInit(0), 3);
-    TRY(cuDevicePrimaryCtxRetain(&ctx, 0), 4);
+    const char *dev_s = getenv("DAEMON_PROG_DEVICE");
+    int dev = dev_s ? atoi(dev_s) : 0;
+    const char *flip = getenv("DAEMON_PROG_FLIP");
+    TRY(cuDevicePrimaryCtxRetain(&ctx, dev), 4);
     TRY(cuCtxSetCurrent(ctx), 5);
-    if (hooked) TRY(cuMemAlloc(&p, hooked), 6);
+    if (hooked && flip && *flip == '1') {
+        const char *region = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+        int fd = region ? open(region, O_RDWR) : -1;
+        uint64_t was = 0, raised = 64ULL << 30;
+        if (fd < 0 || pread(fd, &was, 8, LIMIT_OFFSET(dev)) != 8) return fail(13, 0);
+        long long t0 = now_ns();
+        if (pwrite(fd, &raised, 8, LIMIT_OFFSET(dev)) != 8) return fail(14, 0);
+        int rc = cuMemAlloc(&p, hooked);
+        if (pwrite(fd, &was, 8, LIMIT_OFFSET(dev)) != 8) return fail(15, 0);
+        long long t1 = now_ns();
+        close(fd);
+        if (rc != CUDA_SUCCESS) return fail(6, rc);
+        FILE *f = fopen(out, "a");
+        if (!f) return 10;
+        fprintf(f, "flip_us %lld\n", (t1 - t0) / 1000);
+        fclose(f);
+    } else if (hooked) {
+        TRY(cuMemAlloc(&p, hooked), 6);
+    }
 
     if (hidden) {
         void *h = dlmopen(LM_ID_NEWLM, hidden_lib, RTLD_NOW | RTLD_LOCAL);
@@ -84,7 +117,7 @@ int main(int argc, char **argv) {
         CUcontext c2;
         CUdeviceptr q;
         TRY(init(0), 9);
-        TRY(retain(&c2, 0), 10);
+        TRY(retain(&c2, dev), 10);
         TRY(setcur(c2), 11);
         TRY(alloc(&q, hidden), 12);
     }

@@ -42,9 +42,25 @@ pub enum Miss {
         #[source]
         source: Unusable,
     },
-    /// The region has no slot with this namespace PID.
+    /// The region has no slot with this namespace PID (among the slots the
+    /// daemon reads of it); the region is open in the cache.
     #[error("region {path} has no slot for pid {ns_pid}")]
-    NoSlot { path: PathBuf, ns_pid: u32 },
+    NoSlot {
+        path: PathBuf,
+        ns_pid: u32,
+        region: RegionKey,
+    },
+}
+
+impl Miss {
+    /// The region the process names, when it is open though no slot of it
+    /// is the process's: its limits are still judged.
+    pub fn region(&self) -> Option<RegionKey> {
+        match self {
+            Miss::NoSlot { region, .. } => Some(*region),
+            _ => None,
+        }
+    }
 }
 
 /// Why a region file a process names cannot be used.
@@ -108,6 +124,7 @@ pub fn fill(
     let slot = find_slot(region, me).ok_or(Miss::NoSlot {
         path: shown.clone(),
         ns_pid: u32::try_from(me.pid).unwrap_or(0),
+        region: key,
     })?;
     let wrote = write_hostpid(&open.file, slot, me, host_pid);
     Ok(Filled {

@@ -23,6 +23,8 @@ pub struct DeviceSample {
     /// Host PID -> SM utilization percent since the previous sample (mean
     /// of NVML's samples for that PID); `None` when the query failed.
     pub process_util: Option<HashMap<u32, u32>>,
+    /// Host PID -> bytes it uses on this device (its context included).
+    pub process_memory: HashMap<u32, u64>,
 }
 
 /// One scan's NVML view.
@@ -78,6 +80,7 @@ impl NvmlView {
                 utilization: None,
                 memory_utilization: None,
                 process_util: None,
+                process_memory: HashMap::new(),
             };
             if let Ok(u) = dev.utilization_rates() {
                 s.utilization = Some(u.gpu);
@@ -104,11 +107,12 @@ impl NvmlView {
             match dev.running_compute_processes() {
                 Ok(procs) => {
                     for p in procs {
-                        if let UsedGpuMemory::Used(b) = p.used_gpu_memory {
-                            *out.processes.entry(p.pid).or_insert(0) += b;
-                        } else {
-                            out.processes.entry(p.pid).or_insert(0);
-                        }
+                        let b = match p.used_gpu_memory {
+                            UsedGpuMemory::Used(b) => b,
+                            UsedGpuMemory::Unavailable => 0,
+                        };
+                        *out.processes.entry(p.pid).or_insert(0) += b;
+                        *s.process_memory.entry(p.pid).or_insert(0) += b;
                     }
                 }
                 Err(e) => tracing::debug!("nvmlDeviceGetComputeRunningProcesses({index}): {e}"),

@@ -111,6 +111,14 @@ struct Proc {
 }
 
 impl Proc {
+    /// The region it names, open in the cache: its slot's, or the one
+    /// where its slot was not found (past the slots the daemon reads).
+    fn region(&self) -> Option<RegionKey> {
+        self.slot
+            .map(|at| at.region)
+            .or_else(|| self.miss.as_ref()?.region())
+    }
+
     fn new(caller: Caller, nvml_only: bool) -> Self {
         Self {
             caller,
@@ -390,11 +398,7 @@ impl Observer {
         }
         // What the cross-check and the integrity checks read now; every
         // other region waits for the region pass.
-        let judged: Vec<RegionKey> = self
-            .procs
-            .values()
-            .filter_map(|p| Some(p.slot?.region))
-            .collect();
+        let judged: Vec<RegionKey> = self.procs.values().filter_map(Proc::region).collect();
         self.cache.refresh_only(&judged);
         let nv = self.nvml.as_mut().map(NvmlView::sample);
         self.adopt_nvml_processes(nv.as_ref());
@@ -408,8 +412,8 @@ impl Observer {
     fn judge_processes(&mut self, nv: Option<&Sample>, now_ms: u64) -> Vec<Finding> {
         let mut out = Vec::new();
         for (&tgid, p) in &self.procs {
-            if let Some(at) = p.slot {
-                self.cache.touch(&at.region);
+            if let Some(key) = p.region() {
+                self.cache.touch(&key);
             }
             let obs = self.observe(tgid, p, nv);
             let (kind, ex) = match p.slot {
@@ -577,7 +581,7 @@ impl Observer {
                     ns_pid: p.caller.ns_tgid,
                     comm: p.caller.comm_str(),
                     identity: p.identity.as_ref().unwrap_or(&empty),
-                    region: p.slot.map(|at| at.region),
+                    region: p.region(),
                     unhooked: p.slot.is_none()
                         && p.first_seen.elapsed() >= self.settings.slot_grace,
                     probe_bytes: obs.probe_bytes,
@@ -588,7 +592,7 @@ impl Observer {
             .collect();
         match self.integrity.as_mut() {
             Some(integ) => {
-                let gpus = nv.map(|s| s.devices.len()).filter(|&n| n > 0);
+                let gpus = nv.map_or(&[][..], |s| &s.devices[..]);
                 integ.scan(&inputs, &self.cache, gpus, now_ms)
             }
             None => Vec::new(),

@@ -1,18 +1,18 @@
 //! The checks of one container, run by [`Integrity::scan`]: its regions'
-//! limits, each process's own environment and region, and its usage.
+//! limits, each process's own environment and region (its usage:
+//! `usage`).
 
 use crate::regions::open::{open_in_process, Access};
 use std::path::Path;
 
-use super::decide::{self, Holder, Plan};
+use super::decide::{self, Plan};
 use super::enforce;
 use super::expected::Expected;
 use super::overrides::FileKey;
 use super::report::{base, describe, short};
-use super::{Integrity, OwnEnv, ProcInput, RegionAccess, Subject, OVER_SCANS};
+use super::{Integrity, OwnEnv, ProcInput, RegionAccess, Subject};
 use crate::daemon::container_identity::ContainerIdentity;
 use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
-use crate::regions::summary::bytes;
 
 impl Integrity {
     pub(super) fn check_regions(
@@ -170,89 +170,6 @@ impl Integrity {
         let want = key_of(&exp.region);
         let have = p.region.or_else(|| key_of(&own.region));
         have.is_none() || have != want
-    }
-
-    /// `over_limit`: what the container holds by the kernel's and the
-    /// driver's count (never a region field) against what its spec allows
-    /// on the GPUs the runtime gave it.
-    pub(super) fn check_usage(
-        &mut self,
-        exp: &Expected,
-        id: &str,
-        members: &[&ProcInput<'_>],
-        regions: &impl RegionAccess,
-        node_gpus: Option<usize>,
-        out: &mut Vec<(Subject, Finding)>,
-    ) {
-        let Some(&first) = members.first() else {
-            return;
-        };
-        let usage: Vec<decide::Usage> = members
-            .iter()
-            .map(|p| decide::Usage {
-                probe_bytes: p.probe_bytes,
-                nvml_bytes: p.nvml_bytes,
-            })
-            .collect();
-        let held = decide::Held::of(&usage);
-        let devices = decide::devices(exp.devices, node_gpus);
-        let mut limit = decide::allowance(&exp.limits, devices);
-        let over = |l: Option<u64>| l.is_some_and(|l| held.over(l));
-        if over(limit) {
-            // Admins may have raised it: take the largest recorded.
-            let mut keys: Vec<FileKey> = members.iter().filter_map(|p| p.region).collect();
-            keys.sort();
-            keys.dedup();
-            for key in &keys {
-                if let Some(have) = regions.limits(key) {
-                    let want = self.effective(exp, key, &have);
-                    limit = limit.max(decide::allowance(&want, devices));
-                }
-            }
-        }
-        let Some(limit) = limit.filter(|&l| over(Some(l))) else {
-            self.over.remove(id);
-            return;
-        };
-        let n = self.over.entry(id.to_owned()).or_insert(0);
-        *n += 1;
-        if *n < OVER_SCANS {
-            return;
-        }
-        let plan = decide::plan(self.cfg.policy, exp.oom_killer, Kind::OverLimit);
-        let holders: Vec<Holder> = members
-            .iter()
-            .filter(|p| !self.tried.contains_key(&p.pid))
-            .map(|p| Holder {
-                pid: p.pid,
-                held_bytes: p.probe_bytes.max(p.nvml_bytes).unwrap_or(0),
-                tracked_bytes: p.tracked_bytes,
-            })
-            .collect();
-        let action = match (plan.kill, decide::victim(&holders)) {
-            (true, Some(pid)) => {
-                let who = members.iter().find(|p| p.pid == pid).map_or(first, |p| *p);
-                self.act(plan, pid, who.identity)
-            }
-            _ => None,
-        };
-        let message = format!(
-            "over limit: container {} holds {} of device memory ({}), past its limit of {} \
-             ({} GPU(s)){}",
-            short(id),
-            bytes(held.bytes),
-            held.describe(),
-            bytes(limit),
-            devices,
-            action
-                .as_deref()
-                .map_or(String::new(), |a| format!("; {a}")),
-        );
-        let mut f = base(Kind::OverLimit, None, first.identity, message);
-        f.probe_bytes = Some(held.probes);
-        f.nvml_bytes = held.nvml;
-        f.action = action;
-        out.push((Subject::Container(id.to_owned()), f));
     }
 
     /// Carries out `plan`'s kill of `pid`, once per process: later calls

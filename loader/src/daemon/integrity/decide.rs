@@ -2,6 +2,9 @@
 //! process escaped its container's limit, whether a container is past it,
 //! and what the policy does about each.
 
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
 use vgpu_common::region::MAX_DEVICES;
 
 use super::expected::Limits;
@@ -160,23 +163,116 @@ impl Held {
         }
         h
     }
+}
 
-    /// Whether this is past `limit`: the probes (data alone) past it, or
-    /// the larger count past it by more than [`slack`].
-    pub fn over(&self, limit: u64) -> bool {
-        self.probes > limit || self.bytes > limit.saturating_add(slack(limit))
+/// Whether `bytes` by the driver's count (contexts included) are past a
+/// memory `limit`: by more than [`slack`].
+pub fn memory_past(limit: u64, bytes: u64) -> bool {
+    bytes > limit.saturating_add(slack(limit))
+}
+
+/// The memory limit on a GPU the container knows as CUDA ordinal
+/// `ordinal` (`None`: not a GPU its spec gave it, held to the strictest of
+/// its first `devices`); `None` when there is none.
+pub fn memory_on(expected: &Limits, ordinal: Option<usize>, devices: usize) -> Option<u64> {
+    match ordinal {
+        Some(d) => memory_limit(*expected.mem.get(d)?),
+        None => expected.mem[..devices.clamp(1, MAX_DEVICES)]
+            .iter()
+            .filter_map(|&m| memory_limit(m))
+            .min(),
+    }
+}
+
+/// The SM limit (percent, [`SM_UNLIMITED`] for none) on a GPU, as
+/// [`memory_on`] chooses.
+pub fn sm_on(expected: &Limits, ordinal: Option<usize>, devices: usize) -> u64 {
+    match ordinal {
+        Some(d) => expected.sm.get(d).copied().unwrap_or(SM_UNLIMITED),
+        None => expected.sm[..devices.clamp(1, MAX_DEVICES)]
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(SM_UNLIMITED),
+    }
+}
+
+/// The looser of two limit sets, device by device (an admin's record may
+/// raise a region's limits; the largest recorded counts).
+pub fn loosest(a: &Limits, b: &Limits) -> Limits {
+    let mut l = *a;
+    for (m, &o) in l.mem.iter_mut().zip(&b.mem) {
+        *m = match (memory_limit(*m), memory_limit(o)) {
+            (Some(x), Some(y)) => x.max(y),
+            _ => 0,
+        };
+    }
+    for (s, &o) in l.sm.iter_mut().zip(&b.sm) {
+        *s = (*s).max(o);
+    }
+    l
+}
+
+/// Percentage points a container's SM use of a GPU may exceed its limit by,
+/// over [`SM_WINDOW`], before it is `over_limit`: the hook's bucket lets a
+/// few milliseconds through at each refill, and NVML samples a few times a
+/// second.
+pub const SM_TOLERANCE: u64 = 10;
+/// SM use is judged as its mean over this long...
+pub const SM_WINDOW: Duration = Duration::from_secs(5);
+/// ...once the samples span at least this much (each NVML sample covers
+/// at least a second more): a container is never judged on one burst.
+pub const SM_MIN_SPAN: Duration = Duration::from_secs(2);
+
+/// Whether a mean SM use of `pct` percent is past an SM `limit`.
+pub fn sm_past(limit: u64, pct: u64) -> bool {
+    limit < SM_UNLIMITED && pct > limit.saturating_add(SM_TOLERANCE)
+}
+
+/// One container's SM use of one GPU, per process, over the last
+/// [`SM_WINDOW`]: one sample per scan (NVML's per-process utilization,
+/// keyed by host PID).
+#[derive(Clone, Debug, Default)]
+pub struct SmWindow {
+    samples: VecDeque<(Instant, HashMap<u32, u32>)>,
+}
+
+impl SmWindow {
+    /// Adds the sample taken `at`, forgetting those older than the window.
+    pub fn push(&mut self, at: Instant, by_pid: HashMap<u32, u32>) {
+        self.samples.push_back((at, by_pid));
+        while self
+            .samples
+            .front()
+            .is_some_and(|(t, _)| at.saturating_duration_since(*t) > SM_WINDOW)
+        {
+            self.samples.pop_front();
+        }
     }
 
-    /// `kernel's count X, driver's count Y`.
-    pub fn describe(&self) -> String {
-        let probes = crate::regions::summary::bytes(self.probes);
-        match self.nvml {
-            Some(n) => format!(
-                "kernel's count {probes}, driver's count {}",
-                crate::regions::summary::bytes(n)
-            ),
-            None => format!("kernel's count {probes}"),
+    /// Each process's mean use over the window, once the samples span
+    /// [`SM_MIN_SPAN`] (a process absent from a sample used nothing then;
+    /// one that exited still counts for what it used).
+    pub fn means(&self) -> Option<HashMap<u32, u64>> {
+        let (first, _) = self.samples.front()?;
+        let (last, _) = self.samples.back()?;
+        if last.saturating_duration_since(*first) < SM_MIN_SPAN {
+            return None;
         }
+        let n = self.samples.len() as u64;
+        let mut sum: HashMap<u32, u64> = HashMap::new();
+        for (_, by_pid) in &self.samples {
+            for (&pid, &u) in by_pid {
+                *sum.entry(pid).or_insert(0) += u64::from(u.min(100));
+            }
+        }
+        Some(sum.into_iter().map(|(pid, s)| (pid, s / n)).collect())
+    }
+
+    /// Starts over (after the container's processes were stopped: what
+    /// they used is not held against the ones left).
+    pub fn clear(&mut self) {
+        self.samples.clear();
     }
 }
 
@@ -184,27 +280,36 @@ impl Held {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Holder {
     pub pid: u32,
-    /// The larger of what the kernel saw it allocate minus free and what
-    /// the driver says it uses.
-    pub held_bytes: u64,
-    /// What its slot accounts.
-    pub tracked_bytes: u64,
+    /// What it holds of what is past the limit: bytes on the GPU (the
+    /// larger of the kernel's and the driver's count), or percent of it.
+    pub held: u64,
+    /// How much of that its slot does not account (first to go).
+    pub untracked: u64,
 }
 
-/// The process to stop first when a container is past its limit: the one
-/// holding the most memory its slot does not account, then the largest.
-pub fn victim(holders: &[Holder]) -> Option<u32> {
-    holders
-        .iter()
-        .filter(|h| h.held_bytes > 0)
-        .max_by_key(|h| {
-            (
-                h.held_bytes.saturating_sub(h.tracked_bytes),
-                h.held_bytes,
-                std::cmp::Reverse(h.pid),
-            )
-        })
-        .map(|h| h.pid)
+/// The processes to stop so that what the container holds is back within
+/// `allowed`: from `total` (which may include what exited processes still
+/// count), those holding the most their slot does not account first, then
+/// the largest; every holder when even that is not enough.
+pub fn victims(holders: &[Holder], total: u64, allowed: u64) -> Vec<u32> {
+    let mut order: Vec<&Holder> = holders.iter().filter(|h| h.held > 0).collect();
+    order.sort_by_key(|h| {
+        (
+            std::cmp::Reverse(h.untracked),
+            std::cmp::Reverse(h.held),
+            h.pid,
+        )
+    });
+    let mut left = total;
+    let mut out = Vec::new();
+    for h in order {
+        if left <= allowed {
+            break;
+        }
+        left = left.saturating_sub(h.held);
+        out.push(h.pid);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -311,7 +416,6 @@ mod tests {
             (h.probes, h.nvml, h.bytes),
             (64 * mib, Some(1664 * mib), 1664 * mib)
         );
-        assert!(h.over(G));
         // A process NVML does not list still counts by the probes, and
         // one only NVML lists by NVML.
         let h = Held::of(&[u(Some(700 * mib), None), u(None, Some(600 * mib))]);
@@ -319,17 +423,8 @@ mod tests {
             (h.probes, h.nvml, h.bytes),
             (700 * mib, Some(600 * mib), 1300 * mib)
         );
-        assert!(h.over(G));
-        // At the limit by NVML (context included), within the slack: fine.
-        let h = Held::of(&[u(Some(500 * mib), Some(G + 10 * mib))]);
-        assert!(!h.over(G));
-        // The probes past the limit need no slack (they see no context).
-        assert!(Held::of(&[u(Some(G + 1), None)]).over(G));
         assert_eq!(slack(G), G / 50);
         assert_eq!(slack(G / 2), 16 * mib);
-        assert!(Held::of(&[u(Some(1), Some(2))])
-            .describe()
-            .contains("driver's count"));
     }
 
     #[test]
@@ -356,18 +451,73 @@ mod tests {
     }
 
     #[test]
-    fn the_victim_holds_the_most_untracked_memory() {
-        let h = |pid, held_bytes, tracked_bytes| Holder {
+    fn victims_go_until_the_rest_fits() {
+        let h = |pid, held, untracked| Holder {
             pid,
-            held_bytes,
-            tracked_bytes,
+            held,
+            untracked,
         };
-        assert_eq!(victim(&[]), None);
-        assert_eq!(victim(&[h(1, 0, 0)]), None);
+        assert!(victims(&[], 0, G).is_empty());
+        assert!(victims(&[h(1, 0, 0)], 2 * G, G).is_empty());
+        // The most untracked first, and only as many as it takes.
         assert_eq!(
-            victim(&[h(1, 2 * G, 2 * G), h(2, G, 0), h(3, G / 2, 0)]),
-            Some(2)
+            victims(
+                &[h(1, 2 * G, 0), h(2, G, G), h(3, G / 2, 0)],
+                3 * G + G / 2,
+                2 * G
+            ),
+            vec![2, 1]
         );
-        assert_eq!(victim(&[h(1, G, G), h(2, 2 * G, 2 * G)]), Some(2));
+        assert_eq!(
+            victims(&[h(1, G, 0), h(2, 2 * G, 0)], 3 * G, 2 * G),
+            vec![2]
+        );
+        // Within the limit: nobody.
+        assert!(victims(&[h(1, G, 0)], G, G).is_empty());
+        // What exited processes count keeps it past: every holder goes.
+        assert_eq!(victims(&[h(1, 10, 0), h(2, 5, 0)], 80, 30), vec![1, 2]);
+    }
+
+    #[test]
+    fn limits_per_gpu_fail_closed() {
+        let mut l = limits(G, 30);
+        l.mem[1] = 4 * G;
+        l.sm[1] = 50;
+        assert_eq!(memory_on(&l, Some(1), 2), Some(4 * G));
+        assert_eq!(
+            memory_on(&l, None, 2),
+            Some(G),
+            "a GPU not given: the strictest"
+        );
+        assert_eq!(sm_on(&l, Some(1), 2), 50);
+        assert_eq!(sm_on(&l, None, 2), 30);
+        l.mem[2] = 0;
+        assert_eq!(memory_on(&l, Some(2), 3), None);
+        assert!(memory_past(G, G + G / 50 + 1));
+        assert!(!memory_past(G, G + G / 50));
+        assert!(sm_past(20, 31) && !sm_past(20, 30) && !sm_past(SM_UNLIMITED, 100));
+        let raised = loosest(&limits(G, 30), &limits(2 * G, 20));
+        assert_eq!((raised.mem[0], raised.sm[0]), (2 * G, 30));
+        assert_eq!(loosest(&limits(G, 30), &limits(0, 30)).mem[0], 0);
+    }
+
+    #[test]
+    fn sm_use_is_judged_over_a_window() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut w = SmWindow::default();
+        w.push(at(0), [(1, 90)].into_iter().collect());
+        w.push(at(1000), [(1, 90), (2, 10)].into_iter().collect());
+        assert_eq!(w.means(), None, "one second is no window");
+        w.push(at(2000), [(2, 10)].into_iter().collect());
+        let m = w.means().unwrap();
+        assert_eq!((m[&1], m[&2]), (60, 6));
+        // Samples older than the window go.
+        w.push(at(5500), HashMap::new());
+        w.push(at(6500), HashMap::new());
+        let m = w.means().unwrap();
+        assert_eq!((m.get(&1), m[&2]), (None, 3));
+        w.clear();
+        assert_eq!(w.means(), None);
     }
 }

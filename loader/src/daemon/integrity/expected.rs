@@ -62,6 +62,11 @@ pub struct Expected {
     /// `NVIDIA_VISIBLE_DEVICES` and `CUDA_VISIBLE_DEVICES` list (`None`:
     /// neither names any: unset, `all`, …).
     pub devices: Option<usize>,
+    /// The GPUs `NVIDIA_VISIBLE_DEVICES` names, in order (UUIDs or node
+    /// indexes; `None`: it names none, every GPU of the node is visible),
+    /// and the `CUDA_VISIBLE_DEVICES` entries that reorder them.
+    pub visible: Option<Vec<String>>,
+    pub cuda_visible: Option<Vec<String>>,
     /// Limit variables of the spec that did not parse (the hook refuses
     /// them too, so the device has no limit).
     pub errors: Vec<LimitError>,
@@ -85,13 +90,45 @@ impl Expected {
             .into_iter()
             .filter_map(|name| lookup(records.clone(), name).and_then(|v| listed(&v)))
             .min();
+        let entries = |name| {
+            let v = lookup(records.clone(), name)?;
+            listed(&v)?;
+            Some(
+                v.split(',')
+                    .map(|d| d.trim().to_owned())
+                    .filter(|d| !d.is_empty())
+                    .collect(),
+            )
+        };
         Some(Expected {
             limits,
             region: PathBuf::from(region),
             oom_killer,
             devices,
+            visible: entries(NVIDIA_VISIBLE_DEVICES),
+            cuda_visible: entries(CUDA_VISIBLE_DEVICES),
             errors,
         })
+    }
+
+    /// The CUDA ordinal (the `_i` of its limit variables) the node's GPU
+    /// `index` / `uuid` has in this container, from its spec: its place in
+    /// `NVIDIA_VISIBLE_DEVICES` (the node index when that names none), then
+    /// in `CUDA_VISIBLE_DEVICES` when the spec sets that too. `None`: the
+    /// spec did not give it this GPU.
+    pub fn ordinal(&self, index: u32, uuid: &str) -> Option<usize> {
+        let is = |entry: &str, n: usize, uuid: &str| {
+            entry == uuid || entry.parse::<usize>().ok() == Some(n)
+        };
+        let placed = match &self.visible {
+            Some(list) => list.iter().position(|e| is(e, index as usize, uuid))?,
+            None => index as usize,
+        };
+        let ordinal = match &self.cuda_visible {
+            Some(list) => list.iter().position(|e| is(e, placed, uuid))?,
+            None => placed,
+        };
+        (ordinal < MAX_DEVICES).then_some(ordinal)
     }
 
     /// The limits once an admin's recorded changes apply.
@@ -178,6 +215,31 @@ mod tests {
         .unwrap();
         assert_eq!(all.devices, Some(2));
         assert!(e.errors.is_empty());
+    }
+
+    #[test]
+    fn a_node_gpu_is_placed_as_the_spec_lists_it() {
+        let spec = |v: &[&str]| {
+            let mut v = v.to_vec();
+            v.push("CUDA_DEVICE_MEMORY_LIMIT=1g");
+            Expected::from_env(&env(&v)).unwrap()
+        };
+        // Nothing named: the node's index.
+        let all = spec(&["NVIDIA_VISIBLE_DEVICES=all"]);
+        assert_eq!(all.ordinal(3, "GPU-d"), Some(3));
+        // By UUID or index, in the spec's order; a GPU it was not given has none.
+        let two = spec(&["NVIDIA_VISIBLE_DEVICES=GPU-c,1"]);
+        assert_eq!(two.ordinal(2, "GPU-c"), Some(0));
+        assert_eq!(two.ordinal(1, "GPU-b"), Some(1));
+        assert_eq!(two.ordinal(0, "GPU-a"), None);
+        // CUDA_VISIBLE_DEVICES reorders what NVIDIA_VISIBLE_DEVICES gives.
+        let re = spec(&[
+            "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b",
+            "CUDA_VISIBLE_DEVICES=1,0",
+        ]);
+        assert_eq!(re.ordinal(0, "GPU-a"), Some(1));
+        assert_eq!(re.ordinal(1, "GPU-b"), Some(0));
+        assert_eq!(re.ordinal(7, "GPU-h"), None);
     }
 
     #[test]

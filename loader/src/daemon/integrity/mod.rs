@@ -6,14 +6,15 @@
 //! - [`expected`] turns it into limits, as the hook parses them;
 //! - [`overrides`] keeps admins' runtime changes (`vgpu set-*-limit`);
 //! - [`decide`] holds the pure decisions, [`enforce`] the actions;
-//! - `checks` runs them per container, `environ` reads a process's own
-//!   limits, `report` words the findings, `access` reads the daemon's
-//!   open regions.
+//! - `checks` runs them per container and `usage` judges what it uses of
+//!   each GPU, `environ` reads a process's own limits, `report` words the
+//!   findings, `access` reads the daemon's open regions.
 //!
 //! Findings: `limit_tampered` (a region's limits differ), `unlimited_process`
 //! (a process's own limit variables are unset or looser, or it runs without
 //! the hook), `private_region` (it names another region) and `over_limit`
-//! (the container holds more than its limit by the kernel's count). See the
+//! (the container uses more of a GPU than its spec gives it there, by the
+//! driver's and the kernel's count, whatever its region says). See the
 //! "Limit integrity" section of docs/daemon.md.
 
 mod access;
@@ -27,6 +28,7 @@ mod report;
 pub mod spec;
 #[cfg(test)]
 mod tests;
+mod usage;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -39,13 +41,15 @@ use self::report::{short, show_mem};
 use self::spec::SpecPattern;
 use super::container_identity::ContainerIdentity;
 use super::findings::{Finding, Kind, LimitMismatch};
+use super::nvml::DeviceSample;
 use super::procfs::Procfs;
 
 /// A spec that was not found is looked for again after this long.
 const SPEC_RETRY: Duration = Duration::from_secs(5);
 /// A container not seen for this long is forgotten.
 const SPEC_IDLE: Duration = Duration::from_secs(120);
-/// Scans a container must stay past its limit to be `over_limit`.
+/// Scans a container must stay past its limit by the probes' count alone
+/// to be `over_limit` (the driver's count per GPU needs one).
 const OVER_SCANS: u32 = 2;
 
 /// Settings (`vgpu daemon` flags).
@@ -67,7 +71,8 @@ pub struct ProcInput<'a> {
     pub ns_pid: u32,
     pub comm: String,
     pub identity: &'a ContainerIdentity,
-    /// The region of its slot.
+    /// The region it names, open in the daemon (whether or not its slot
+    /// was found there).
     pub region: Option<FileKey>,
     /// No slot after the grace period: the hook does not account it.
     pub unhooked: bool,
@@ -122,6 +127,8 @@ pub struct Integrity {
     envs: HashMap<u32, Option<OwnEnv>>,
     since: HashMap<(Kind, Subject), u64>,
     over: HashMap<String, u32>,
+    /// SM use per (container, NVML index of the GPU).
+    sm: HashMap<(String, u32), decide::SmWindow>,
     /// Processes a kill was tried on (one try each), and how it went.
     tried: HashMap<u32, String>,
     /// Admin records already warned about.
@@ -143,6 +150,7 @@ impl Integrity {
             envs: HashMap::new(),
             since: HashMap::new(),
             over: HashMap::new(),
+            sm: HashMap::new(),
             tried: HashMap::new(),
             bad_records: HashSet::new(),
             ended: HashSet::new(),
@@ -151,12 +159,13 @@ impl Integrity {
     }
 
     /// One scan over the observer's processes: findings, and the policy's
-    /// actions. `node_gpus`: how many GPUs NVML lists on the node.
+    /// actions. `gpus`: this scan's NVML sample of each GPU of the node
+    /// (empty without NVML).
     pub fn scan(
         &mut self,
         procs: &[ProcInput<'_>],
         regions: &impl RegionAccess,
-        node_gpus: Option<usize>,
+        gpus: &[DeviceSample],
         now_ms: u64,
     ) -> Vec<Finding> {
         let live: HashSet<u32> = procs.iter().map(|p| p.pid).collect();
@@ -181,12 +190,13 @@ impl Integrity {
             for p in members {
                 self.check_process(&exp, p, regions, &mut out);
             }
-            self.check_usage(&exp, id, members, regions, node_gpus, &mut out);
+            self.check_usage(&exp, id, members, regions, gpus, &mut out);
         }
         let now = Instant::now();
         self.specs
             .retain(|_, e| now.duration_since(e.used_at) < SPEC_IDLE);
         self.over.retain(|c, _| by_ctr.contains_key(c));
+        self.sm.retain(|(c, _), _| by_ctr.contains_key(c));
         self.publish(out, now_ms)
     }
 

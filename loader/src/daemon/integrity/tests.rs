@@ -13,6 +13,7 @@ use super::overrides::{self, FileKey};
 use super::{Config, Integrity, ProcInput, RegionAccess};
 use crate::daemon::container_identity::ContainerIdentity;
 use crate::daemon::findings::{Kind, LimitMismatch, LimitName};
+use crate::daemon::nvml::DeviceSample;
 use crate::daemon::procfs::Procfs;
 
 const G: u64 = 1 << 30;
@@ -105,18 +106,18 @@ fn one_container_through_tampering_an_admin_change_and_excess() {
     };
     let regions = Fake(RefCell::new([(key, limits(G))].into_iter().collect()));
     let good = [proc_in(10, G / 2)];
-    assert!(integ.scan(&good, &regions, None, 1).is_empty());
+    assert!(integ.scan(&good, &regions, &[], 1).is_empty());
 
     // The tenant raises device 0: reported and written back.
     regions.0.borrow_mut().get_mut(&key).unwrap().mem[0] = 64 * G;
-    let f = integ.scan(&good, &regions, None, 2);
+    let f = integ.scan(&good, &regions, &[], 2);
     assert_eq!(f.len(), 1, "{f:#?}");
     assert_eq!(f[0].kind, Kind::LimitTampered);
     assert_eq!(f[0].limits.len(), 1);
     assert_eq!(f[0].action.as_deref(), Some("restored"));
     assert_eq!(f[0].since_unix_ms, 2);
     assert_eq!(regions.limits(&key).unwrap().mem[0], G);
-    assert!(integ.scan(&good, &regions, None, 3).is_empty(), "cleared");
+    assert!(integ.scan(&good, &regions, &[], 3).is_empty(), "cleared");
 
     // An admin raises it: recorded, so not a finding and not undone.
     overrides::record(
@@ -129,12 +130,12 @@ fn one_container_through_tampering_an_admin_change_and_excess() {
     )
     .unwrap();
     regions.0.borrow_mut().get_mut(&key).unwrap().mem[0] = 2 * G;
-    assert!(integ.scan(&good, &regions, None, 4).is_empty());
+    assert!(integ.scan(&good, &regions, &[], 4).is_empty());
     assert_eq!(regions.limits(&key).unwrap().mem[0], 2 * G);
 
     // A process without the variable: reported, not killed (restore).
     let both = [proc_in(10, G / 2), proc_in(11, 0)];
-    let f = integ.scan(&both, &regions, None, 5);
+    let f = integ.scan(&both, &regions, &[], 5);
     assert_eq!(f.len(), 1, "{f:#?}");
     assert_eq!((f[0].kind, f[0].pid), (Kind::UnlimitedProcess, 11));
     assert_eq!(f[0].action, None);
@@ -142,28 +143,48 @@ fn one_container_through_tampering_an_admin_change_and_excess() {
     // Past the limit by the kernel's count (the admin's 2 GiB on
     // device 0 of one), for two scans.
     let heavy = [proc_in(10, 2 * G + 1)];
-    assert!(integ.scan(&heavy, &regions, None, 6).is_empty());
-    let f = integ.scan(&heavy, &regions, None, 7);
+    assert!(integ.scan(&heavy, &regions, &[], 6).is_empty());
+    let f = integ.scan(&heavy, &regions, &[], 7);
     assert_eq!(f.len(), 1, "{f:#?}");
     assert_eq!((f[0].kind, f[0].pid), (Kind::OverLimit, 0));
     let fine = [proc_in(10, 2 * G)];
-    assert!(integ.scan(&fine, &regions, None, 8).is_empty());
+    assert!(integ.scan(&fine, &regions, &[], 8).is_empty());
 
     // Memory the probes never saw (an unprobed libcuda) counts by NVML's
-    // count; the node's GPUs (NVML) bound the allowance, not the region.
+    // count of each GPU, at once: the driver's count is what is held.
+    let gpu = |index, mem: &[(u32, u64)]| DeviceSample {
+        index,
+        process_memory: mem.iter().copied().collect(),
+        ..DeviceSample::default()
+    };
     let mut hidden = proc_in(10, G / 2);
     hidden.nvml_bytes = Some(3 * G);
     let hidden = [hidden];
-    assert!(integ.scan(&hidden, &regions, Some(1), 20).is_empty());
-    let f = integ.scan(&hidden, &regions, Some(1), 21);
+    let f = integ.scan(&hidden, &regions, &[gpu(0, &[(10, 3 * G)])], 20);
     assert_eq!(f.len(), 1, "{f:#?}");
     assert_eq!(f[0].kind, Kind::OverLimit);
     assert_eq!(
         (f[0].probe_bytes, f[0].nvml_bytes),
         (Some(G / 2), Some(3 * G))
     );
-    // On a node of two GPUs, 2 GiB (admin) + 1 GiB is 3 GiB: not past it.
-    assert!(integ.scan(&hidden, &regions, Some(2), 22).is_empty());
+    assert_eq!(
+        f[0].limits,
+        vec![LimitMismatch {
+            device: 0,
+            limit: LimitName::MemoryBytes,
+            expected: 2 * G,
+            found: 3 * G
+        }]
+    );
+    // On a node of two GPUs it is still past device 0's limit (2 GiB, the
+    // admin's), though under the 3 GiB of both together.
+    let two = [gpu(0, &[(10, 3 * G)]), gpu(1, &[])];
+    let f = integ.scan(&hidden, &regions, &two, 21);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].limits[0].device, 0);
+    // Spread within each GPU's limit: fine.
+    let spread = [gpu(0, &[(10, 2 * G)]), gpu(1, &[(10, G)])];
+    assert!(integ.scan(&hidden, &regions, &spread, 22).is_empty());
 
     // A container without a spec is not checked.
     let other = ContainerIdentity {
@@ -172,5 +193,5 @@ fn one_container_through_tampering_an_admin_change_and_excess() {
     };
     let mut p = proc_in(11, 64 * G);
     p.identity = &other;
-    assert!(integ.scan(&[p], &regions, None, 9).is_empty());
+    assert!(integ.scan(&[p], &regions, &[], 9).is_empty());
 }
