@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,30 +77,16 @@ impl Default for Published {
 /// Shared between the loop and the server.
 pub type Shared = Arc<Mutex<Published>>;
 
-/// Binding the listen address or starting the server failed.
+/// Starting the server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("cannot start the HTTP thread: {0}")]
     Thread(#[source] std::io::Error),
 }
 
-/// Binds `addr` (so a taken port is an error at startup, not later).
-pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
-    let bind_err = |source| ServeError::Bind { addr, source };
-    let l = std::net::TcpListener::bind(addr).map_err(bind_err)?;
-    l.set_nonblocking(true).map_err(bind_err)?;
-    Ok(l)
-}
-
-/// Serves on a thread of its own, with its own runtime, until the process
-/// exits.
-pub fn spawn(listener: std::net::TcpListener, shared: Shared) -> Result<(), ServeError> {
+/// Serves `listeners` (bound by [`super::listen::Listen::bind`]) on a
+/// thread of its own, with its own runtime, until the process exits.
+pub fn spawn(listeners: Vec<std::net::TcpListener>, shared: Shared) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -109,14 +95,38 @@ pub fn spawn(listener: std::net::TcpListener, shared: Shared) -> Result<(), Serv
         .name("vgpu-http".into())
         .spawn(move || {
             rt.block_on(async move {
-                match TcpListener::from_std(listener) {
-                    Ok(l) => serve(l, shared).await,
-                    Err(e) => tracing::error!("http listener: {e}"),
+                let limits = Limits::default();
+                let mut tasks = tokio::task::JoinSet::new();
+                for l in listeners {
+                    match TcpListener::from_std(l) {
+                        Ok(l) => {
+                            tasks.spawn(serve(l, shared.clone(), limits.clone()));
+                        }
+                        Err(e) => tracing::error!("http listener: {e}"),
+                    }
                 }
+                while tasks.join_next().await.is_some() {}
             })
         })
         .map_err(ServeError::Thread)?;
     Ok(())
+}
+
+/// The connection caps, shared by every listening socket (`:PORT` serves
+/// IPv4 and IPv6 from two).
+#[derive(Clone)]
+pub struct Limits {
+    open: Arc<Semaphore>,
+    peers: Arc<Peers>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            open: Arc::new(Semaphore::new(MAX_CONNS)),
+            peers: Arc::new(Peers::default()),
+        }
+    }
 }
 
 /// Open connections per peer address.
@@ -158,9 +168,8 @@ impl Drop for PeerSlot {
 }
 
 /// Serves until the task is dropped.
-pub async fn serve(listener: TcpListener, shared: Shared) {
-    let open = Arc::new(Semaphore::new(MAX_CONNS));
-    let peers = Arc::new(Peers::default());
+pub async fn serve(listener: TcpListener, shared: Shared, limits: Limits) {
+    let Limits { open, peers } = limits;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,

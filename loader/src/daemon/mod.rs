@@ -18,7 +18,7 @@
 //!   [`region_owner`] says whose it is from the kernel's view, [`pods`]
 //!   names the pods, [`legacy_metrics`] adds HAMi 2.5–2.8's names),
 //!   [`exposition`] derives the classic text format and picks the one a
-//!   client asks for, [`http`] serves it.
+//!   client asks for, [`http`] serves it on the sockets [`listen`] binds.
 //!
 //! See docs/daemon.md.
 
@@ -32,6 +32,7 @@ pub mod integrity;
 pub mod launches;
 pub mod legacy_metrics;
 pub mod libs;
+pub mod listen;
 pub mod metrics;
 pub mod node_table;
 pub mod nvml;
