@@ -362,3 +362,52 @@ fn completions_and_man_pages_are_present_and_current() {
         assert!(text(&man.stdout).contains("none"), "{}", text(&man.stdout));
     }
 }
+
+/// `vgpu findings` exits 0 when no finding is open (resolved ones are still
+/// listed), 3 when one is, 1 when the state file cannot be read: the codes
+/// its --help and docs/daemon.md give.
+#[test]
+fn findings_exit_3_only_for_an_open_finding() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().to_str().unwrap();
+    let write = |findings: &str| {
+        std::fs::write(
+            dir.path().join("findings.json"),
+            format!(r#"{{"version":1,"updated_unix_ms":1,"findings":[{findings}]}}"#),
+        )
+        .unwrap();
+    };
+    let resolved = r#"{"kind":"limit_tampered","message":"restored","resolved_unix_ms":1}"#;
+    let open = r#"{"kind":"no_region","message":"pid 1"}"#;
+
+    write("");
+    let out = vgpu(&["findings", "--state-dir", st]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    write(resolved);
+    let out = vgpu(&["findings", "--state-dir", st]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "only a resolved finding: {}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stdout).contains("[resolved"), "{out:?}");
+
+    write(&format!("{resolved},{open}"));
+    for json in [false, true] {
+        let mut args = vec!["findings", "--state-dir", st];
+        if json {
+            args.push("--json");
+        }
+        let out = vgpu(&args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {out:?}");
+    }
+
+    let missing = dir.path().join("nothing");
+    let out = vgpu(&["findings", "--state-dir", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+
+    let help = text(&vgpu(&["findings", "--help"]).stdout);
+    assert!(help.contains("Exit status"), "{help}");
+}

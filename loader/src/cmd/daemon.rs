@@ -343,8 +343,8 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
 /// --findings-retention. Reads the daemon's state file (format in
 /// docs/daemon.md).
 ///
-/// Exits 0 when there are no findings, 3 when there are (resolved ones
-/// included: a restored tampering is still one), 1 on error.
+/// Exit status: 0 when no finding is open (resolved ones are still listed,
+/// marked), 3 when one is, 1 when the state file cannot be read.
 #[derive(clap::Args, Debug)]
 pub struct FindingsArgs {
     /// The daemon's --state-dir.
@@ -386,9 +386,12 @@ pub fn run_findings(args: FindingsArgs) -> anyhow::Result<ExitCode> {
             )?;
         }
     }
-    Ok(if list.is_empty() {
-        ExitCode::SUCCESS
-    } else {
+    // A resolved finding is on record, not wrong now: only an open one makes
+    // the status say so, as `vgpu_findings` does.
+    let open = list.iter().any(|f| f.get("resolved_unix_ms").is_none());
+    Ok(if open {
         ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
     })
 }
