@@ -363,6 +363,52 @@ fn completions_and_man_pages_are_present_and_current() {
     }
 }
 
+/// `vgpu --help` lists each subcommand on one line with a summary of at
+/// most 80 characters (the detail is in `vgpu <command> --help`).
+#[test]
+fn help_summaries_are_one_line_of_at_most_80_characters() {
+    let help = text(&vgpu(&["--help"]).stdout);
+    let list = help
+        .split("Commands:\n")
+        .nth(1)
+        .expect("a Commands: section")
+        .split("\n\n")
+        .next()
+        .unwrap();
+    let mut long = Vec::new();
+    for line in list.lines() {
+        // "  name  summary": a line that does not start with a name continues
+        // the summary above it.
+        let entry = line
+            .strip_prefix("  ")
+            .filter(|l| !l.starts_with(' '))
+            .unwrap_or_else(|| panic!("a summary on more than one line: {line:?}\n{help}"));
+        let summary = entry.split_once(' ').map_or("", |(_, s)| s.trim());
+        if summary.chars().count() > 80 {
+            long.push(entry.to_owned());
+        }
+    }
+    assert!(long.is_empty(), "summaries over 80 characters: {long:#?}");
+}
+
+/// Neither the completions nor the man pages offer the build's hidden
+/// `generate-assets`.
+#[test]
+fn completions_and_man_pages_do_not_offer_the_generator() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = vgpu(&["generate-assets", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let files = tree(dir.path());
+    assert!(files.len() >= 10, "{:?}", files.keys());
+    for (name, bytes) in &files {
+        let body = text(bytes);
+        assert!(
+            !name.contains("generate") && !body.contains("generate") && !body.contains("assets"),
+            "{name} offers the hidden generator"
+        );
+    }
+}
+
 /// `vgpu findings` exits 0 when no finding is open (resolved ones are still
 /// listed), 3 when one is, 1 when the state file cannot be read: the codes
 /// its --help and docs/daemon.md give.

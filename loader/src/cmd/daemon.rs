@@ -336,12 +336,13 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Show what `vgpu daemon` found: untracked allocations, CUDA processes
-/// without a region, and limit integrity findings (tampered limits,
-/// processes without their container's limit or region, containers past
-/// their limit), open ones and those resolved within the daemon's
-/// --findings-retention. Reads the daemon's state file (format in
-/// docs/daemon.md).
+/// Show what `vgpu daemon` found: open findings and recently resolved ones.
+///
+/// Untracked allocations, CUDA processes without a region, and limit
+/// integrity findings (tampered limits, processes without their
+/// container's limit or region, containers past their limit), open ones
+/// and those resolved within the daemon's --findings-retention. Reads the
+/// daemon's state file (format in docs/daemon.md).
 ///
 /// Exit status: 0 when no finding is open (resolved ones are still listed,
 /// marked), 3 when one is, 1 when the state file cannot be read.
