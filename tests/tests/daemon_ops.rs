@@ -1,14 +1,15 @@
 //! What a platform team runs into operating `vgpu daemon` (root, simulated
 //! GPU, the daemon probing each test's own libcuda copy): the `--listen`
-//! forms.
+//! forms, and the standard series and landing page every exporter has.
 
+use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
-use vgpu_tests::http::{free_port, get_on};
+use vgpu_tests::http::{free_port, get, get_on};
 use vgpu_tests::sim::SimGpu;
 
 fn workdir() -> Workdir {
@@ -95,4 +96,110 @@ fn listen_takes_a_bare_port_a_host_name_or_an_ipv6_address() {
         assert!(v4(port).is_none(), "[::1] must not listen on IPv4");
         d.stop();
     }
+}
+
+/// A GET with an `Accept` header: (status, headers, body).
+fn get_accept(port: u16, path: &str, accept: &str) -> (u16, String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("a response");
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, head.to_owned(), body.to_owned())
+}
+
+/// The value of the unlabelled sample `name`.
+fn value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} sample:\n{text}"))
+}
+
+/// `/metrics` carries `vgpu_build_info` (version, commit, rustc) and the
+/// standard `process_*` series of the daemon itself, in both formats;
+/// `/` is a page linking the endpoints.
+#[test]
+fn metrics_carry_build_info_and_process_series_and_the_root_links_the_endpoints() {
+    let gpu = SimGpu::new();
+    let wd = workdir();
+    let started = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let d = wd.start_daemon(&gpu, &wd.path("state"), &wd.path("regions"), &["--no-nvml"]);
+    let m = d.metrics();
+
+    let version = Command::new(dist::vgpu_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    let commit = version
+        .trim()
+        .rsplit_once('(')
+        .and_then(|(_, c)| c.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no commit in {version}"));
+    let build = m
+        .lines()
+        .find(|l| l.starts_with("vgpu_build_info{"))
+        .unwrap_or_else(|| panic!("no vgpu_build_info:\n{m}"));
+    assert!(build.ends_with("} 1"), "{build}");
+    assert!(
+        build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+            && build.contains(&format!("commit=\"{commit}\""))
+            && build.contains("rustc=\"1."),
+        "{build}"
+    );
+    assert!(m.contains("# TYPE vgpu_build_info gauge"), "{m}");
+
+    let rss = value(&m, "process_resident_memory_bytes");
+    assert!(rss > f64::from(1u32 << 20), "{rss}");
+    assert!(value(&m, "process_virtual_memory_bytes") > rss);
+    assert!(value(&m, "process_cpu_seconds_total") >= 0.0);
+    assert!(
+        m.contains("# TYPE process_cpu_seconds_total counter"),
+        "{m}"
+    );
+    let fds = value(&m, "process_open_fds");
+    let actual = std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+        .unwrap()
+        .count() as f64;
+    assert!(
+        (fds - actual).abs() <= 8.0,
+        "{fds} open fds, /proc says {actual}"
+    );
+    assert!(value(&m, "process_max_fds") >= fds);
+    let start = value(&m, "process_start_time_seconds");
+    assert!(
+        (started - 5.0..=started + 60.0).contains(&start),
+        "started at {start}, the test at {started}"
+    );
+
+    // OpenMetrics: one `# EOF`, at the end, after the added families.
+    let (code, head, om) = get_accept(d.port, "/metrics", "application/openmetrics-text");
+    assert_eq!(code, 200);
+    assert!(head.contains("openmetrics-text"), "{head}");
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    assert_eq!(om.matches("# EOF").count(), 1, "{om}");
+    assert!(om.contains("# TYPE vgpu_build info"), "{om}");
+    assert!(om.contains("process_cpu_seconds_total "), "{om}");
+
+    let (code, head, page) = get_accept(d.port, "/", "text/html");
+    assert_eq!(code, 200, "{page}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/html"),
+        "{head}"
+    );
+    for path in ["/metrics", "/healthz", "/readyz", "/findings"] {
+        assert!(page.contains(&format!("href=\"{path}\"")), "{path}: {page}");
+    }
+    assert_eq!(get(d.port, "/nothing").map(|r| r.0), Some(404));
+    d.stop();
 }

@@ -27,9 +27,20 @@ use tokio::sync::Semaphore;
 use vgpu_common::paths::{HEALTH_PATH, METRICS_PATH, READY_PATH};
 
 use super::exposition::{self, Chunks, Exposition};
+use super::self_metrics;
 
 /// Path of the findings JSON.
 pub const FINDINGS_PATH: &str = "/findings";
+/// `/`: what a person opening the port in a browser finds.
+const LANDING: &[u8] = b"<!DOCTYPE html>
+<html><head><meta charset=\"utf-8\"><title>vgpu daemon</title></head>
+<body><h1>vgpu daemon</h1><ul>
+<li><a href=\"/metrics\">/metrics</a>: Prometheus metrics</li>
+<li><a href=\"/healthz\">/healthz</a>: liveness</li>
+<li><a href=\"/readyz\">/readyz</a>: readiness</li>
+<li><a href=\"/findings\">/findings</a>: what the daemon found, as JSON</li>
+</ul></body></html>
+";
 /// `/healthz` fails when the poll loop has not run for this long.
 const STALE: Duration = Duration::from_secs(10);
 /// A request's headers must be complete this soon after it starts.
@@ -231,7 +242,8 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Chunks> {
         METRICS_PATH => {
             let accept = req.headers().get(hyper::header::ACCEPT);
             let format = exposition::negotiate(accept.and_then(|v| v.to_str().ok()));
-            let (body, ctype) = p.metrics.body(format);
+            // The process's own series are read now, not at the last scan.
+            let (body, ctype) = p.metrics.body_with(format, &self_metrics::render_now());
             let mut r = text(StatusCode::OK, body, ctype);
             r.headers_mut().insert(
                 hyper::header::VARY,
@@ -249,6 +261,11 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Chunks> {
         HEALTH_PATH if p.last_poll.elapsed() < STALE => plain(StatusCode::OK, b"ok\n"),
         HEALTH_PATH => plain(StatusCode::SERVICE_UNAVAILABLE, b"poll loop stalled\n"),
         FINDINGS_PATH => text(StatusCode::OK, p.findings.clone(), "application/json"),
+        "/" => text(
+            StatusCode::OK,
+            Bytes::from_static(LANDING),
+            "text/html; charset=utf-8",
+        ),
         _ => plain(StatusCode::NOT_FOUND, b"not found\n"),
     }
 }
