@@ -1,6 +1,7 @@
 //! What a platform team runs into operating `vgpu daemon` (root, simulated
 //! GPU, the daemon probing each test's own libcuda copy): the `--listen`
-//! forms, and the standard series and landing page every exporter has.
+//! forms, the standard series and landing page every exporter has, and
+//! (not met yet) a prompt exit on SIGTERM with probes attached.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -96,6 +97,50 @@ fn listen_takes_a_bare_port_a_host_name_or_an_ipv6_address() {
         assert!(v4(port).is_none(), "[::1] must not listen on IPv4");
         d.stop();
     }
+}
+
+/// SIGTERM with probes attached: the daemon detaches them and exits 0
+/// within a second (a rollout or a node drain waits for it).
+///
+/// Not met yet: each uprobe's perf event is released by the kernel under
+/// its global `event_mutex` with RCU grace periods in between
+/// (`perf_uprobe_destroy`, `tracepoint_synchronize_unregister`), about
+/// 0.1 s per probe, one after another even from parallel threads: the
+/// daemon's 36 take 4-5 s, at `close` or at exit alike. uprobe_multi links
+/// (one per program and file, kernel 6.6+) would need a loader aya 0.14
+/// lacks.
+#[test]
+#[ignore = "needs uprobe_multi links: the kernel releases perf-event uprobes one by one"]
+fn sigterm_with_probes_attached_exits_within_a_second() {
+    let gpu = SimGpu::new();
+    let wd = workdir();
+    let mut d = wd.start_daemon(&gpu, &wd.path("state"), &wd.path("regions"), &[]);
+    assert!(d.log_text().contains("probing"), "{}", d.log_text());
+    // Let a scan and a rescan start, as on a node that has run a while.
+    std::thread::sleep(Duration::from_secs(1));
+    d.assert_serving();
+    let t = Instant::now();
+    // SAFETY: signalling the daemon this test started (its child).
+    unsafe { libc::kill(d.pid() as libc::pid_t, libc::SIGTERM) };
+    let status = loop {
+        if let Some(st) = d.child.try_wait().expect("wait daemon") {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no exit: {}",
+            d.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let took = t.elapsed();
+    let log = d.log_text();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("probes detached"), "{log}");
+    assert!(
+        took <= Duration::from_secs(1),
+        "exit took {took:?} after SIGTERM: {log}"
+    );
 }
 
 /// A GET with an `Accept` header: (status, headers, body).
