@@ -10,7 +10,9 @@
 //! It also sets `VGPU_VERSION`, what `vgpu --version` prints: the crate
 //! version and the commit, `0.1.0 (abc1234)`. The commit comes from
 //! `VGPU_COMMIT` (a build from a tarball can name it), else from git; with
-//! neither, the version alone.
+//! neither, the version alone. `VGPU_COMMIT_ID` (the commit or empty) and
+//! `VGPU_RUSTC` (the compiler's version) label the daemon's
+//! `vgpu_build_info`.
 
 use anyhow::Context as _;
 
@@ -54,11 +56,30 @@ fn version() {
         .ok()
         .filter(|c| !c.trim().is_empty())
         .or_else(git_commit);
-    let version = match commit {
+    let version = match &commit {
         Some(c) => format!("{pkg} ({})", c.trim()),
         None => pkg.to_owned(),
     };
     println!("cargo:rustc-env=VGPU_VERSION={version}");
+    // The parts apart, for the daemon's vgpu_build_info labels.
+    let commit = commit.as_deref().map_or("", str::trim);
+    println!("cargo:rustc-env=VGPU_COMMIT_ID={commit}");
+    println!(
+        "cargo:rustc-env=VGPU_RUSTC={}",
+        rustc_version().unwrap_or_default()
+    );
+}
+
+/// The compiler's version (`1.95.0`) from `$RUSTC --version`, `None` if it
+/// cannot be asked.
+fn rustc_version() -> Option<String> {
+    let rustc = std::env::var_os("RUSTC")?;
+    let out = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    text.split_whitespace().nth(1).map(str::to_owned)
 }
 
 /// The short commit of the checkout this crate is in, `None` without git or

@@ -1,7 +1,9 @@
 //! The command line. Adding a subcommand: a module under `cmd/` with an
-//! `Args` struct (doc comments become `--help`) and a `run(args)`, then one
-//! variant and one match arm here.
+//! `Args` struct (doc comments become `--help`; the first paragraph, one
+//! line of at most 80 characters, is its summary in `vgpu --help`) and a
+//! `run(args)`, then one variant and one match arm here.
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -61,8 +63,6 @@ pub enum Command {
     Unlock(cmd::unlock::Args),
     Suspend(cmd::suspend::SuspendArgs),
     Resume(cmd::suspend::ResumeArgs),
-    #[command(hide = true)]
-    GenerateAssets(cmd::generate_assets::Args),
 }
 
 impl Command {
@@ -82,7 +82,45 @@ impl Command {
             Command::Unlock(a) => cmd::unlock::run(a),
             Command::Suspend(a) => cmd::suspend::run_suspend(a),
             Command::Resume(a) => cmd::suspend::run_resume(a),
-            Command::GenerateAssets(a) => cmd::generate_assets::run(a),
+        }
+    }
+}
+
+/// One run of `vgpu`: the CLI, or the build's asset generator, which is
+/// kept out of the clap tree so that `--help`, the completions and the man
+/// pages never offer it (clap_complete lists hidden subcommands too).
+#[derive(Debug)]
+pub enum Invocation {
+    Cli(Box<Cli>),
+    GenerateAssets(cmd::generate_assets::Args),
+}
+
+impl Invocation {
+    /// Parses `args` (the program name first).
+    pub fn parse(args: Vec<OsString>) -> Result<Self, clap::Error> {
+        if args
+            .get(1)
+            .is_some_and(|a| a == cmd::generate_assets::SUBCOMMAND)
+        {
+            return cmd::generate_assets::Args::try_parse_from(args.into_iter().skip(1))
+                .map(Invocation::GenerateAssets);
+        }
+        Cli::try_parse_from(args).map(|c| Invocation::Cli(Box::new(c)))
+    }
+
+    /// The log format and tracing filter directive.
+    pub fn logging(&self) -> (LogFormat, &'static str) {
+        match self {
+            Invocation::Cli(c) => (c.log_format, c.log_level()),
+            Invocation::GenerateAssets(_) => (LogFormat::Text, "warn"),
+        }
+    }
+
+    /// Runs it.
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        match self {
+            Invocation::Cli(c) => c.command.run(),
+            Invocation::GenerateAssets(a) => cmd::generate_assets::run(a),
         }
     }
 }

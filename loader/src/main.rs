@@ -13,15 +13,14 @@ mod regions;
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse() {
-        Ok(cli) => cli,
+    let run = match cli::Invocation::parse(std::env::args_os().collect()) {
+        Ok(run) => run,
         Err(e) => return logging::usage_error(&e),
     };
-    logging::init(cli.log_format, cli.log_level());
-    match cli.command.run() {
+    let (format, level) = run.logging();
+    logging::init(format, level);
+    match run.run() {
         Ok(code) => code,
         // `vgpu inspect | head`: the reader has what it wanted.
         Err(e) if logging::is_broken_pipe(&e) => ExitCode::SUCCESS,

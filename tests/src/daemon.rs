@@ -153,13 +153,28 @@ impl Workdir {
         extra: &[&str],
     ) -> Running {
         let port = crate::http::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let cmd = self.daemon_command(gpu, state, regions_root, &listen, extra);
+        Running::start(cmd, port, self.path("daemon.log"))
+    }
+
+    /// The command [`Self::start_daemon`] runs, listening on `listen` as
+    /// given (`--listen`'s own syntax), not yet started.
+    pub fn daemon_command(
+        &self,
+        gpu: &SimGpu,
+        state: &Path,
+        regions_root: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> Command {
         let mut cmd = Command::new(dist::vgpu_bin());
         cmd.arg("-v")
             .arg("daemon")
             .arg("--libcuda")
             .arg(self.libcuda())
             .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg(listen)
             .arg("--state-dir")
             .arg(state)
             .arg("--regions-root")
@@ -169,7 +184,7 @@ impl Workdir {
             cmd.arg("--node-dir").arg(self.path("node"));
         }
         cmd.args(extra).envs(self.envs(gpu));
-        Running::start(cmd, port, self.path("daemon.log"))
+        cmd
     }
 }
 

@@ -362,3 +362,98 @@ fn completions_and_man_pages_are_present_and_current() {
         assert!(text(&man.stdout).contains("none"), "{}", text(&man.stdout));
     }
 }
+
+/// `vgpu --help` lists each subcommand on one line with a summary of at
+/// most 80 characters (the detail is in `vgpu <command> --help`).
+#[test]
+fn help_summaries_are_one_line_of_at_most_80_characters() {
+    let help = text(&vgpu(&["--help"]).stdout);
+    let list = help
+        .split("Commands:\n")
+        .nth(1)
+        .expect("a Commands: section")
+        .split("\n\n")
+        .next()
+        .unwrap();
+    let mut long = Vec::new();
+    for line in list.lines() {
+        // "  name  summary": a line that does not start with a name continues
+        // the summary above it.
+        let entry = line
+            .strip_prefix("  ")
+            .filter(|l| !l.starts_with(' '))
+            .unwrap_or_else(|| panic!("a summary on more than one line: {line:?}\n{help}"));
+        let summary = entry.split_once(' ').map_or("", |(_, s)| s.trim());
+        if summary.chars().count() > 80 {
+            long.push(entry.to_owned());
+        }
+    }
+    assert!(long.is_empty(), "summaries over 80 characters: {long:#?}");
+}
+
+/// Neither the completions nor the man pages offer the build's hidden
+/// `generate-assets`.
+#[test]
+fn completions_and_man_pages_do_not_offer_the_generator() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = vgpu(&["generate-assets", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let files = tree(dir.path());
+    assert!(files.len() >= 10, "{:?}", files.keys());
+    for (name, bytes) in &files {
+        let body = text(bytes);
+        assert!(
+            !name.contains("generate") && !body.contains("generate") && !body.contains("assets"),
+            "{name} offers the hidden generator"
+        );
+    }
+}
+
+/// `vgpu findings` exits 0 when no finding is open (resolved ones are still
+/// listed), 3 when one is, 1 when the state file cannot be read: the codes
+/// its --help and docs/daemon.md give.
+#[test]
+fn findings_exit_3_only_for_an_open_finding() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = dir.path().to_str().unwrap();
+    let write = |findings: &str| {
+        std::fs::write(
+            dir.path().join("findings.json"),
+            format!(r#"{{"version":1,"updated_unix_ms":1,"findings":[{findings}]}}"#),
+        )
+        .unwrap();
+    };
+    let resolved = r#"{"kind":"limit_tampered","message":"restored","resolved_unix_ms":1}"#;
+    let open = r#"{"kind":"no_region","message":"pid 1"}"#;
+
+    write("");
+    let out = vgpu(&["findings", "--state-dir", st]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    write(resolved);
+    let out = vgpu(&["findings", "--state-dir", st]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "only a resolved finding: {}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stdout).contains("[resolved"), "{out:?}");
+
+    write(&format!("{resolved},{open}"));
+    for json in [false, true] {
+        let mut args = vec!["findings", "--state-dir", st];
+        if json {
+            args.push("--json");
+        }
+        let out = vgpu(&args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}: {out:?}");
+    }
+
+    let missing = dir.path().join("nothing");
+    let out = vgpu(&["findings", "--state-dir", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+
+    let help = text(&vgpu(&["findings", "--help"]).stdout);
+    assert!(help.contains("Exit status"), "{help}");
+}

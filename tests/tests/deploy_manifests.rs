@@ -101,7 +101,10 @@ fn id(v: &Value) -> (String, String) {
 
 /// Renders the kustomization in `dir`: its resources (files, or
 /// directories with their own kustomization), then its components, then
-/// its patches, then its image replacements.
+/// its patches, its labels, and its image replacements (Kustomize's order).
+/// A component's labels apply to its own objects only here (Kustomize's
+/// to everything before it too): the components repeat the base's labels,
+/// so both give the same result.
 fn render(dir: &Path) -> Vec<Value> {
     let k = &read_docs(&dir.join("kustomization.yaml"))[0];
     let mut docs = Vec::new();
@@ -125,6 +128,15 @@ fn render(dir: &Path) -> Vec<Value> {
             merge(target, &patch);
         }
     }
+    for l in k["labels"].as_sequence().into_iter().flatten() {
+        let templates = l["includeTemplates"].as_bool().unwrap_or(false);
+        for d in &mut docs {
+            add_labels(d, &["metadata", "labels"], &l["pairs"]);
+            if templates && d["spec"]["template"].is_mapping() {
+                add_labels(d, &["spec", "template", "metadata", "labels"], &l["pairs"]);
+            }
+        }
+    }
     for img in k["images"].as_sequence().into_iter().flatten() {
         let name = img["name"].as_str().unwrap();
         let new = format!(
@@ -137,6 +149,21 @@ fn render(dir: &Path) -> Vec<Value> {
         }
     }
     docs
+}
+
+/// Sets `pairs` in the mapping at `path` of `doc`, creating what is missing.
+fn add_labels(doc: &mut Value, path: &[&str], pairs: &Value) {
+    let mut at = doc;
+    for key in path {
+        let m = at.as_mapping_mut().expect("a mapping");
+        at = m
+            .entry(Value::String((*key).to_owned()))
+            .or_insert_with(|| Value::Mapping(Mapping::new()));
+    }
+    let m = at.as_mapping_mut().expect("a label mapping");
+    for (k, v) in pairs.as_mapping().expect("label pairs") {
+        m.insert(k.clone(), v.clone());
+    }
 }
 
 fn replace_image(v: &mut Value, name: &str, new: &str) {
@@ -759,5 +786,145 @@ fn the_overlays_image_entry_sets_every_container() {
             found.iter().all(|i| i == new),
             "{o}: after the documented edit every container should run {new}: {found:?}"
         );
+    }
+}
+
+/// The labels of Kubernetes' recommended set, on every object of every
+/// overlay with every component and on the daemon's pods.
+const STANDARD_LABELS: [&str; 6] = [
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+];
+
+/// The overlay's image tag (its `images:` entry), what `version` must say.
+fn image_tag(overlay: &str) -> String {
+    let k = read_docs(
+        &workspace_root()
+            .join("deploy/overlays")
+            .join(overlay)
+            .join("kustomization.yaml"),
+    )
+    .remove(0);
+    k["images"][0]["newTag"].as_str().unwrap().to_owned()
+}
+
+/// Every object, and the daemon's pod template, carries the standard
+/// `app.kubernetes.io/*` labels (`version` the image's tag), while the
+/// DaemonSet's selector stays the one label it always had (a selector
+/// cannot change on an upgrade).
+#[test]
+fn every_object_carries_the_standard_labels() {
+    for r in all() {
+        let tag = image_tag(r.overlay);
+        let mut checked = Vec::new();
+        for d in &r.docs {
+            let (kind, name) = id(d);
+            let mut places = vec![("metadata", &d["metadata"]["labels"])];
+            if kind == "DaemonSet" {
+                places.push(("pod template", &d["spec"]["template"]["metadata"]["labels"]));
+            }
+            for (place, labels) in places {
+                for key in STANDARD_LABELS {
+                    let v = labels[key].as_str().unwrap_or_else(|| {
+                        panic!(
+                            "{}: {kind}/{name} {place} lacks {key}: {labels:?}",
+                            r.overlay
+                        )
+                    });
+                    assert!(!v.is_empty(), "{}: {kind}/{name} {key}", r.overlay);
+                }
+                assert_eq!(labels["app.kubernetes.io/name"].as_str(), Some("vgpu"));
+                assert_eq!(labels["app.kubernetes.io/part-of"].as_str(), Some("vgpu"));
+                assert_eq!(
+                    labels["app.kubernetes.io/version"].as_str(),
+                    Some(tag.as_str()),
+                    "{}: {kind}/{name}",
+                    r.overlay
+                );
+            }
+            checked.push(kind);
+        }
+        for kind in ["Namespace", "ServiceAccount", "DaemonSet", "Service"]
+            .iter()
+            .chain(CRD_KINDS.iter())
+        {
+            assert!(
+                checked.iter().any(|k| k == kind),
+                "{}: no {kind}",
+                r.overlay
+            );
+        }
+        let ds: DaemonSet = r.get("DaemonSet");
+        let selector = ds.spec.selector.match_labels.unwrap_or_default();
+        assert_eq!(
+            selector.into_iter().collect::<Vec<_>>(),
+            [("app.kubernetes.io/name".to_owned(), "vgpu".to_owned())],
+            "{}",
+            r.overlay
+        );
+    }
+}
+
+/// `kubectl logs ds/vgpu` and `kubectl exec ds/vgpu -- vgpu top` reach the
+/// daemon (the pod's default container), and no container of the pod can
+/// gain privileges or write its image: the daemon writes only the volumes
+/// it mounts read-write (its state directory, the node directory, the hook
+/// directory's regions).
+#[test]
+fn the_daemon_is_the_default_container_and_no_container_writes_its_root() {
+    for r in all() {
+        let ds: DaemonSet = r.get("DaemonSet");
+        let meta = ds.spec.template.metadata.as_ref().unwrap();
+        let default = meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubectl.kubernetes.io/default-container"))
+            .unwrap_or_else(|| panic!("{}: no default-container annotation", r.overlay));
+        assert_eq!(default, "daemon", "{}", r.overlay);
+        let spec = ds.spec.template.spec.as_ref().unwrap();
+        let daemon = container(&spec.containers, default);
+        assert_eq!(daemon.args.as_ref().unwrap()[0], "daemon");
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            let sc = c
+                .security_context
+                .as_ref()
+                .unwrap_or_else(|| panic!("{}: {} has no securityContext", r.overlay, c.name));
+            assert_eq!(
+                sc.allow_privilege_escalation,
+                Some(false),
+                "{}: {}",
+                r.overlay,
+                c.name
+            );
+            assert_eq!(
+                sc.read_only_root_filesystem,
+                Some(true),
+                "{}: {}",
+                r.overlay,
+                c.name
+            );
+        }
+        let writable =
+            |path: &str| {
+                daemon.volume_mounts.iter().flatten().any(|m| {
+                    Path::new(path).starts_with(&m.mount_path) && m.read_only != Some(true)
+                })
+            };
+        let args = daemon.args.as_ref().unwrap();
+        let state = args
+            .iter()
+            .position(|a| a == "--state-dir")
+            .map_or("/run/vgpu", |i| args[i + 1].as_str());
+        for p in [state, paths::VGPULOCK_DIR, paths::CONTAINERS_DIR] {
+            assert!(writable(p), "{}: the daemon cannot write {p}", r.overlay);
+        }
     }
 }

@@ -21,6 +21,7 @@ use crate::daemon::integrity::decide::Policy;
 use crate::daemon::integrity::spec::{SpecPattern, DEFAULT_SPECS};
 use crate::daemon::integrity::Config as IntegrityConfig;
 use crate::daemon::libs::LibWatch;
+use crate::daemon::listen::{self, Listen};
 use crate::daemon::nvml::NvmlView;
 use crate::daemon::observer::{Observer, ObserverSettings};
 use crate::daemon::procfs::Procfs;
@@ -85,9 +86,11 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     libcuda: Vec<PathBuf>,
 
-    /// Address of the HTTP endpoint.
-    #[arg(long, value_name = "ADDR", default_value_t = SocketAddr::from(([0, 0, 0, 0], METRICS_PORT)))]
-    listen: SocketAddr,
+    /// Address of the HTTP endpoint: IP:PORT (`0.0.0.0:9396`), `[IPv6]:PORT`
+    /// (`[::1]:9396`), :PORT (every interface, IPv4 and IPv6) or HOST:PORT
+    /// (`localhost:9396`: every address the name resolves to at startup).
+    #[arg(long, value_name = "ADDR", default_value_t = Listen::Addr(SocketAddr::from(([0, 0, 0, 0], METRICS_PORT))))]
+    listen: Listen,
 
     /// Directory of the state file (findings.json).
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
@@ -199,7 +202,8 @@ fn secs(s: f64, min: f64) -> Duration {
 }
 
 async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
-    let listener = http::bind(args.listen).context("vgpu daemon")?;
+    let listeners = args.listen.bind().context("vgpu daemon")?;
+    let serving = listen::describe(&listeners);
     let host_pids = host_pidns::check(std::path::Path::new("/proc"));
     if let Err(e) = &host_pids {
         tracing::error!(
@@ -267,11 +271,10 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             .map(|e| format!("{e}; no slot is freed and no host PID filled\n").into()),
         ..Published::default()
     }));
-    http::spawn(listener, shared.clone()).context("vgpu daemon")?;
+    http::spawn(listeners, shared.clone()).context("vgpu daemon")?;
     logging::notice(&format!(
-        "vgpu daemon: {} libcuda file(s) probed; http://{}; state {}",
+        "vgpu daemon: {} libcuda file(s) probed; {serving}; state {}",
         obs.attached_libs(),
-        args.listen,
         args.state_dir.join(FILE_NAME).display()
     ));
 
@@ -333,15 +336,16 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Show what `vgpu daemon` found: untracked allocations, CUDA processes
-/// without a region, and limit integrity findings (tampered limits,
-/// processes without their container's limit or region, containers past
-/// their limit), open ones and those resolved within the daemon's
-/// --findings-retention. Reads the daemon's state file (format in
-/// docs/daemon.md).
+/// Show what `vgpu daemon` found: open findings and recently resolved ones.
 ///
-/// Exits 0 when there are no findings, 3 when there are (resolved ones
-/// included: a restored tampering is still one), 1 on error.
+/// Untracked allocations, CUDA processes without a region, and limit
+/// integrity findings (tampered limits, processes without their
+/// container's limit or region, containers past their limit), open ones
+/// and those resolved within the daemon's --findings-retention. Reads the
+/// daemon's state file (format in docs/daemon.md).
+///
+/// Exit status: 0 when no finding is open (resolved ones are still listed,
+/// marked), 3 when one is, 1 when the state file cannot be read.
 #[derive(clap::Args, Debug)]
 pub struct FindingsArgs {
     /// The daemon's --state-dir.
@@ -383,9 +387,12 @@ pub fn run_findings(args: FindingsArgs) -> anyhow::Result<ExitCode> {
             )?;
         }
     }
-    Ok(if list.is_empty() {
-        ExitCode::SUCCESS
-    } else {
+    // A resolved finding is on record, not wrong now: only an open one makes
+    // the status say so, as `vgpu_findings` does.
+    let open = list.iter().any(|f| f.get("resolved_unix_ms").is_none());
+    Ok(if open {
         ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
     })
 }

@@ -1,7 +1,8 @@
-//! `vgpu generate-assets` (hidden): shell completions and man pages from
-//! the clap definitions, so they can never describe another CLI than the
-//! binary's. `cargo xtask build` runs it into `target/dist/share/`; the
-//! image ships that tree under `/usr/local/share/`.
+//! `vgpu generate-assets` (for the build, outside the CLI's clap tree:
+//! `crate::cli::Invocation`): shell completions and man pages from the clap
+//! definitions, so they can never describe another CLI than the binary's.
+//! `cargo xtask build` runs it into `target/dist/share/`; the image ships
+//! that tree under `/usr/local/share/`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -10,12 +11,16 @@ use anyhow::Context as _;
 use clap::CommandFactory as _;
 use clap_complete::Shell;
 
+/// The word that selects it: `vgpu generate-assets DIR`.
+pub const SUBCOMMAND: &str = "generate-assets";
+
 /// Write completions (bash, zsh, fish) and man pages under DIR.
 ///
 /// Layout, as under /usr/share: `bash-completion/completions/vgpu`,
 /// `zsh/site-functions/_vgpu`, `fish/vendor_completions.d/vgpu.fish`,
 /// `man/man1/vgpu.1` and one `man/man1/vgpu-<subcommand>.1` each.
-#[derive(clap::Args, Debug)]
+#[derive(clap::Parser, Debug)]
+#[command(name = "vgpu-generate-assets", bin_name = "vgpu generate-assets", version = crate::cli::VERSION)]
 pub struct Args {
     /// The directory to write into (created if missing).
     #[arg(value_name = "DIR")]

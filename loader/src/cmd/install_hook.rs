@@ -9,9 +9,11 @@ use anyhow::{Context, Result};
 
 use crate::install::{self, HamiSeen, Mounted, Outcome, Plan, Report};
 
-/// Install the hook on this node: copy libvgpu.so into the host directory
-/// (atomically: write a temporary file, then rename, so running containers
-/// keep a whole library) and write ld.so.preload beside it. Checks the
+/// Install the hook on this node, or check or undo the install.
+///
+/// Copies libvgpu.so into the host directory (atomically: write a temporary
+/// file, then rename, so running containers keep a whole library) and
+/// writes ld.so.preload beside it. Checks the
 /// library first and changes nothing if it fails: it must be vgpu's hook
 /// (export the CUDA, NVML and dlsym entry points the hook interposes,
 /// cuMemAlloc_v2, cuLaunchKernel and nvmlDeviceGetMemoryInfo among them; the

@@ -24,7 +24,7 @@ use crate::{
     probes::{btf, libcuda::Libcuda, Options, ProbeError, ProbeSet},
 };
 
-/// Live audit of CUDA allocations, frees and kernel launches, per process and container.
+/// Live audit of CUDA allocations, frees and launches, per process and container.
 ///
 /// Puts uprobes on every launch entry point of libcuda (cuLaunchKernel,
 /// cuLaunchKernelEx, cuLaunchCooperativeKernel, cuGraphLaunch and their _ptsz

@@ -52,18 +52,54 @@ impl Exposition {
         }
     }
 
-    /// The body and `Content-Type` of `format`.
+    /// The body and `Content-Type` of `format` (the server always appends
+    /// [`Self::body_with`]'s tail).
+    #[cfg(test)]
     pub fn body(&self, format: Format) -> (Chunks, &'static str) {
+        (Chunks::new(self.parts(format, false)), content_type(format))
+    }
+
+    /// The body of `format` with `tail`'s families after this one's (the
+    /// series rendered at each request, `super::self_metrics`): OpenMetrics
+    /// keeps a single `# EOF`, `tail`'s.
+    pub fn body_with(&self, format: Format, tail: &Exposition) -> (Chunks, &'static str) {
+        let mut parts = self.parts(format, true);
+        parts.extend(tail.parts(format, false));
+        (Chunks::new(parts), content_type(format))
+    }
+
+    /// The buffers of `format`, each shared with the render; `open` leaves
+    /// out OpenMetrics' closing `# EOF` so that more families can follow.
+    fn parts(&self, format: Format, open: bool) -> VecDeque<Bytes> {
         match format {
-            Format::OpenMetrics => (Chunks::from(self.openmetrics.clone()), OPENMETRICS),
-            Format::Classic => {
-                let parts = self.classic.iter().map(|p| match p {
+            Format::OpenMetrics => {
+                let om = &self.openmetrics;
+                let end = if open && om.ends_with(EOF) {
+                    om.len() - EOF.len()
+                } else {
+                    om.len()
+                };
+                VecDeque::from([om.slice(..end)])
+            }
+            Format::Classic => self
+                .classic
+                .iter()
+                .map(|p| match p {
                     Piece::Shared(r) => self.openmetrics.slice(r.clone()),
                     Piece::Own(b) => b.clone(),
-                });
-                (Chunks::new(parts.collect()), CLASSIC)
-            }
+                })
+                .collect(),
         }
+    }
+}
+
+/// The line that ends OpenMetrics text.
+const EOF: &[u8] = b"# EOF\n";
+
+fn content_type(format: Format) -> &'static str {
+    match format {
+        Format::OpenMetrics => OPENMETRICS,
+        Format::Classic => CLASSIC,
     }
 }
 
@@ -79,6 +115,15 @@ impl Chunks {
     pub fn new(parts: VecDeque<Bytes>) -> Self {
         let left = parts.iter().map(|b| b.len() as u64).sum();
         Self { parts, left }
+    }
+
+    /// The whole body as text (tests).
+    #[cfg(test)]
+    pub fn to_text(&self) -> String {
+        self.parts
+            .iter()
+            .map(|b| String::from_utf8_lossy(b))
+            .collect()
     }
 }
 
@@ -293,6 +338,29 @@ fn parse_q(v: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_follows_the_render_before_the_one_eof() {
+        let main = Exposition::from_openmetrics(
+            "# HELP a A.\n# TYPE a counter\na_total 1\n# EOF\n".into(),
+        );
+        let tail = Exposition::from_openmetrics("# HELP b B.\n# TYPE b gauge\nb 2\n# EOF\n".into());
+        let (om, ctype) = main.body_with(Format::OpenMetrics, &tail);
+        assert_eq!(ctype, OPENMETRICS);
+        assert_eq!(
+            om.to_text(),
+            "# HELP a A.\n# TYPE a counter\na_total 1\n# HELP b B.\n# TYPE b gauge\nb 2\n# EOF\n"
+        );
+        assert_eq!(om.size_hint().exact(), Some(om.to_text().len() as u64));
+        let (classic, _) = main.body_with(Format::Classic, &tail);
+        assert_eq!(
+            classic.to_text(),
+            "# HELP a_total A.\n# TYPE a_total counter\na_total 1\n# HELP b B.\n# TYPE b gauge\nb 2\n"
+        );
+        // Before the first scan the render is empty: the tail alone.
+        let (om, _) = Exposition::default().body_with(Format::OpenMetrics, &tail);
+        assert_eq!(om.to_text(), "# HELP b B.\n# TYPE b gauge\nb 2\n# EOF\n");
+    }
 
     #[test]
     fn prometheus_and_plain_clients_get_their_format() {

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,9 +27,20 @@ use tokio::sync::Semaphore;
 use vgpu_common::paths::{HEALTH_PATH, METRICS_PATH, READY_PATH};
 
 use super::exposition::{self, Chunks, Exposition};
+use super::self_metrics;
 
 /// Path of the findings JSON.
 pub const FINDINGS_PATH: &str = "/findings";
+/// `/`: what a person opening the port in a browser finds.
+const LANDING: &[u8] = b"<!DOCTYPE html>
+<html><head><meta charset=\"utf-8\"><title>vgpu daemon</title></head>
+<body><h1>vgpu daemon</h1><ul>
+<li><a href=\"/metrics\">/metrics</a>: Prometheus metrics</li>
+<li><a href=\"/healthz\">/healthz</a>: liveness</li>
+<li><a href=\"/readyz\">/readyz</a>: readiness</li>
+<li><a href=\"/findings\">/findings</a>: what the daemon found, as JSON</li>
+</ul></body></html>
+";
 /// `/healthz` fails when the poll loop has not run for this long.
 const STALE: Duration = Duration::from_secs(10);
 /// A request's headers must be complete this soon after it starts.
@@ -77,30 +88,16 @@ impl Default for Published {
 /// Shared between the loop and the server.
 pub type Shared = Arc<Mutex<Published>>;
 
-/// Binding the listen address or starting the server failed.
+/// Starting the server failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("cannot start the HTTP thread: {0}")]
     Thread(#[source] std::io::Error),
 }
 
-/// Binds `addr` (so a taken port is an error at startup, not later).
-pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, ServeError> {
-    let bind_err = |source| ServeError::Bind { addr, source };
-    let l = std::net::TcpListener::bind(addr).map_err(bind_err)?;
-    l.set_nonblocking(true).map_err(bind_err)?;
-    Ok(l)
-}
-
-/// Serves on a thread of its own, with its own runtime, until the process
-/// exits.
-pub fn spawn(listener: std::net::TcpListener, shared: Shared) -> Result<(), ServeError> {
+/// Serves `listeners` (bound by [`super::listen::Listen::bind`]) on a
+/// thread of its own, with its own runtime, until the process exits.
+pub fn spawn(listeners: Vec<std::net::TcpListener>, shared: Shared) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -109,14 +106,38 @@ pub fn spawn(listener: std::net::TcpListener, shared: Shared) -> Result<(), Serv
         .name("vgpu-http".into())
         .spawn(move || {
             rt.block_on(async move {
-                match TcpListener::from_std(listener) {
-                    Ok(l) => serve(l, shared).await,
-                    Err(e) => tracing::error!("http listener: {e}"),
+                let limits = Limits::default();
+                let mut tasks = tokio::task::JoinSet::new();
+                for l in listeners {
+                    match TcpListener::from_std(l) {
+                        Ok(l) => {
+                            tasks.spawn(serve(l, shared.clone(), limits.clone()));
+                        }
+                        Err(e) => tracing::error!("http listener: {e}"),
+                    }
                 }
+                while tasks.join_next().await.is_some() {}
             })
         })
         .map_err(ServeError::Thread)?;
     Ok(())
+}
+
+/// The connection caps, shared by every listening socket (`:PORT` serves
+/// IPv4 and IPv6 from two).
+#[derive(Clone)]
+pub struct Limits {
+    open: Arc<Semaphore>,
+    peers: Arc<Peers>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            open: Arc::new(Semaphore::new(MAX_CONNS)),
+            peers: Arc::new(Peers::default()),
+        }
+    }
 }
 
 /// Open connections per peer address.
@@ -158,9 +179,8 @@ impl Drop for PeerSlot {
 }
 
 /// Serves until the task is dropped.
-pub async fn serve(listener: TcpListener, shared: Shared) {
-    let open = Arc::new(Semaphore::new(MAX_CONNS));
-    let peers = Arc::new(Peers::default());
+pub async fn serve(listener: TcpListener, shared: Shared, limits: Limits) {
+    let Limits { open, peers } = limits;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -222,7 +242,8 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Chunks> {
         METRICS_PATH => {
             let accept = req.headers().get(hyper::header::ACCEPT);
             let format = exposition::negotiate(accept.and_then(|v| v.to_str().ok()));
-            let (body, ctype) = p.metrics.body(format);
+            // The process's own series are read now, not at the last scan.
+            let (body, ctype) = p.metrics.body_with(format, &self_metrics::render_now());
             let mut r = text(StatusCode::OK, body, ctype);
             r.headers_mut().insert(
                 hyper::header::VARY,
@@ -240,6 +261,11 @@ fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Chunks> {
         HEALTH_PATH if p.last_poll.elapsed() < STALE => plain(StatusCode::OK, b"ok\n"),
         HEALTH_PATH => plain(StatusCode::SERVICE_UNAVAILABLE, b"poll loop stalled\n"),
         FINDINGS_PATH => text(StatusCode::OK, p.findings.clone(), "application/json"),
+        "/" => text(
+            StatusCode::OK,
+            Bytes::from_static(LANDING),
+            "text/html; charset=utf-8",
+        ),
         _ => plain(StatusCode::NOT_FOUND, b"not found\n"),
     }
 }

@@ -16,9 +16,10 @@
 //! - [`launches`] keeps each container's launch counter monotonic;
 //! - [`metrics`] renders Prometheus text ([`region_view`] sums each region,
 //!   [`region_owner`] says whose it is from the kernel's view, [`pods`]
-//!   names the pods, [`legacy_metrics`] adds HAMi 2.5–2.8's names),
+//!   names the pods, [`legacy_metrics`] adds HAMi 2.5–2.8's names;
+//!   [`self_metrics`] the daemon's own build and `process_*` series),
 //!   [`exposition`] derives the classic text format and picks the one a
-//!   client asks for, [`http`] serves it.
+//!   client asks for, [`http`] serves it on the sockets [`listen`] binds.
 //!
 //! See docs/daemon.md.
 
@@ -32,6 +33,7 @@ pub mod integrity;
 pub mod launches;
 pub mod legacy_metrics;
 pub mod libs;
+pub mod listen;
 pub mod metrics;
 pub mod node_table;
 pub mod nvml;
@@ -43,4 +45,5 @@ pub mod region_cache;
 pub mod region_owner;
 pub mod region_view;
 pub mod retention;
+pub mod self_metrics;
 pub mod utilization;
