@@ -257,7 +257,10 @@ enum Wipe {
 /// 1100 MiB on GPU 0 and then stays idle; the tenant wipes its region
 /// (truncation, or a fresh file renamed over it); a second process
 /// allocates 1100 MiB on GPU 0, which the hook grants since the idle one is
-/// missing from the sum. The container holds about 2.2 GiB on GPU 0 (less
+/// missing from the sum (the idle one is stopped first: a running hook
+/// publishes its usage again within a second, which
+/// `security_tenant_hook` checks; this is about the daemon's verdict
+/// whatever the region says). The container holds about 2.2 GiB on GPU 0 (less
 /// than the 4 GiB of both GPUs together): `over_limit` on device 0 under
 /// `restore`, with the violation counted, within 2 s of the second
 /// allocation.
@@ -276,6 +279,14 @@ fn idle_holder_beside_a_wiped_region(wipe: Wipe, salt: u64) {
     idle.send_line("go");
     fx.mark("idle", "allocated", Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(300));
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &idle.host_pid().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} the idle holder");
+    };
+    signal("-STOP");
     match wipe {
         Wipe::Truncate => truncate_file(&region),
         Wipe::Rename => {
@@ -301,6 +312,7 @@ fn idle_holder_beside_a_wiped_region(wipe: Wipe, salt: u64) {
         .unwrap_or(0);
     assert!(held > 2200 * MIB, "{found:#}");
     assert!(violations(&daemon, "over_limit", "none") >= 1);
+    signal("-CONT");
     idle.wait();
     second.wait();
 }

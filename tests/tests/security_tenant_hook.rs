@@ -232,3 +232,37 @@ fn a_truncated_region_keeps_the_container_within_its_memory_limit() {
     );
     assert_eq!(granted, 1, "the first allocation fits the limit");
 }
+
+/// A process holding memory that makes no CUDA call at all (a trainer past
+/// its first steps), then its region truncated or renamed over: the
+/// container's sum must not forget it. It publishes its usage again within
+/// a second (its background look), so a sibling started after that is
+/// held to what is left of the limit: of 1 GiB, the idle process's 64 MiB
+/// context and 600 MiB leave too little for another 664.
+#[test]
+fn an_idle_holder_is_counted_again_after_its_region_is_truncated_or_replaced() {
+    let _s = serial();
+    for replace in [false, true] {
+        let env = HookEnv::new("tenant-idle", "1g").env("SIMGPU_CONTEXT_BYTES", "64m");
+        let exe = env.build("hook_mem");
+        let mut idle = Running::start(env.hooked(&exe, &["hold", &(600 * M).to_string()]));
+        let l = idle.wait_for("held");
+        assert_eq!(vgpu_tests::hook::field(&l, "held rc"), Some(0), "{l}");
+        if replace {
+            let fresh = env.dir.join("fresh.cache");
+            std::fs::write(&fresh, b"").expect("write a fresh file");
+            std::fs::rename(&fresh, env.region_path()).expect("rename over the region");
+        } else {
+            truncate_file(&env.region_path());
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut sibling = Running::start(env.hooked(&exe, &["hold", &(600 * M).to_string()]));
+        let l = sibling.wait_for("held");
+        assert_eq!(
+            vgpu_tests::hook::field(&l, "held rc"),
+            Some(2),
+            "region {}: a sibling got 600 MiB beside the idle holder's 664 under 1 GiB: {l}",
+            if replace { "replaced" } else { "truncated" }
+        );
+    }
+}
