@@ -10,6 +10,7 @@ mod driver_seam;
 mod gpu_check;
 mod image;
 mod lint;
+mod release;
 mod setup;
 mod test;
 mod unsafe_free;
@@ -34,6 +35,11 @@ enum Task {
     /// Build the vgpu image from scratch with buildah (needs root; no registry); with
     /// `--arch` twice (or `--all-arches`), one image per architecture under one manifest list.
     Image(image::Args),
+    /// A versioned bundle per architecture under target/release-bundle/: the
+    /// binaries, completions and man pages, the image as an archive, the
+    /// manifests naming it, an SBOM and SHA256SUMS, and a .tar.gz of it all
+    /// (needs root, for buildah).
+    Release(release::Args),
     /// Run every test, the root and eBPF ones included (needs root).
     Test(test::Args),
     /// Every static gate: rustfmt, clippy -D warnings (host and eBPF crates),
@@ -55,6 +61,7 @@ fn main() -> anyhow::Result<()> {
         Task::Setup(a) => setup::run(&a),
         Task::Build(a) => build::run(&a).map(drop),
         Task::Image(a) => image::run(&a),
+        Task::Release(a) => release::run(&a),
         Task::Test(a) => test::run(&a),
         Task::Lint => lint::run(),
         Task::Abi(a) => abi::run(&a),

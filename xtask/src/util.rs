@@ -54,6 +54,26 @@ pub fn output(cmd: &mut Command) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Runs `cmd` quietly and returns its stdout (trailing newlines trimmed);
+/// fails with its stderr.
+pub fn output_checked(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot start {}", describe(cmd)))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed with {}: {}",
+            describe(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut s = String::from_utf8(out.stdout)
+        .with_context(|| format!("{} printed non-UTF-8", describe(cmd)))?;
+    s.truncate(s.trim_end().len());
+    Ok(s)
+}
+
 pub fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
     for a in cmd.get_args() {
