@@ -306,8 +306,22 @@ fn image_archive_loads_under_the_bundle_name_and_runs_its_version() {
     for (arch, oci, _) in arches() {
         let _loaded = Loaded;
         let archive = bundle(arch).join(format!("image/vgpu-{VERSION}-{arch}.tar"));
+        // A docker-archive naming the bundle's image, and nothing else.
+        let out = Command::new("tar")
+            .arg("-xOf")
+            .arg(&archive)
+            .arg("manifest.json")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{arch}: not a docker-archive");
+        let manifest: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            manifest[0]["RepoTags"],
+            serde_json::json!([image()]),
+            "{arch}"
+        );
         let said = podman(&["load", "-i", archive.to_str().unwrap()]);
-        assert!(said.contains(&image()), "{arch}: {said}");
+        assert_eq!(said.trim(), format!("Loaded image: {}", image()), "{arch}");
         let inspected = podman(&[
             "image",
             "inspect",
@@ -361,6 +375,15 @@ fn image_archive_loads_under_the_bundle_name_and_runs_its_version() {
             );
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
-        assert_eq!(said, expected, "{arch}: the image's vgpu");
+        // The arm64 dist may be of another commit than this machine's one
+        // (the bundle's files are the dist's: checked above); the version
+        // is the bundle's either way.
+        assert!(
+            said.starts_with(&format!("vgpu {VERSION} (")),
+            "{arch}: the image's vgpu says {said}"
+        );
+        if oci == "amd64" {
+            assert_eq!(said, expected, "{arch}: the image's vgpu is the built one");
+        }
     }
 }

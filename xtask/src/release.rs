@@ -258,11 +258,21 @@ fn image_archive(arch: Arch, dist: &Path, image: &str, archive: &Path) -> Result
             .arg(&stage)
             .arg(arch.name()),
     )?;
-    let pushed = util::run(
-        Command::new("buildah")
-            .args(["push", "--quiet", &local])
-            .arg(format!("docker-archive:{}:{image}", archive.display())),
-    );
+    // Pushed by its ID: pushed by name, the archive would list that
+    // build-only name beside `image`, and `podman load` would tag both.
+    let pushed = util::output_checked(Command::new("buildah").args([
+        "images",
+        "--quiet",
+        "--no-trunc",
+        &local,
+    ]))
+    .and_then(|id| {
+        util::run(
+            Command::new("buildah")
+                .args(["push", "--quiet", id.trim()])
+                .arg(format!("docker-archive:{}:{image}", archive.display())),
+        )
+    });
     let _ = util::output(Command::new("buildah").args(["rmi", &local]));
     pushed
 }
