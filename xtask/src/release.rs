@@ -233,12 +233,13 @@ fn set_image(kustomization: &Path, image: &str) -> Result<()> {
 }
 
 /// Builds the image (deploy/image/build.sh) and saves it as a docker-archive
-/// tar named `image`. That format rather than oci-archive: its
-/// manifest.json names the image by its full reference, which both
-/// `podman load` and `ctr -n k8s.io images import` take as the name, while
-/// an OCI archive's `org.opencontainers.image.ref.name` holds only the tag
-/// as buildah writes it, which ctr imports under no usable name unless
-/// given `--base-name`.
+/// tar named `image`. Both `podman load` and `ctr -n k8s.io images import`
+/// (containerd 1.6.20, Debian 12's) also take buildah's oci-archive under
+/// the name given; docker-archive because its `manifest.json` names the
+/// image by its full reference whatever wrote it, while ctr names an OCI
+/// archive after its `org.opencontainers.image.ref.name` annotation, which
+/// some tools fill with the tag alone; and Docker before 25 loads only
+/// docker-archive.
 fn image_archive(arch: Arch, dist: &Path, image: &str, archive: &Path) -> Result<()> {
     let oci = match arch {
         Arch::X86_64 => "amd64",
