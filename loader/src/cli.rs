@@ -22,7 +22,8 @@ pub const VERSION: &str = env!("VGPU_VERSION");
 #[derive(Parser, Debug)]
 #[command(name = "vgpu", version = VERSION, propagate_version = true)]
 pub struct Cli {
-    /// More logging on stderr (-v info, -vv debug, -vvv trace); `VGPU_LOG` overrides.
+    /// More logging on stderr (-v info, -vv debug, -vvv trace; `vgpu daemon`
+    /// logs at info without it); `VGPU_LOG` overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
 
@@ -36,9 +37,14 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The tracing filter directive for `-v` count.
+    /// The tracing filter directive for `-v` count. The daemon logs at
+    /// `info` without one: what an operator follows (a finding raised at
+    /// `warn`, cleared, a slot freed, a libcuda probed) must show in
+    /// `kubectl logs` with the DaemonSet's arguments, which set no level;
+    /// a command's own output is its result, so `warn` there.
     pub fn log_level(&self) -> &'static str {
         match self.verbose {
+            0 if matches!(self.command, Command::Daemon(_)) => "info",
             0 => "warn",
             1 => "info",
             2 => "debug",

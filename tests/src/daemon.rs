@@ -140,7 +140,7 @@ impl Workdir {
         self.dir.path()
     }
 
-    /// Starts `vgpu -v daemon` probing this directory's own libcuda only,
+    /// Starts `vgpu daemon` probing this directory's own libcuda only,
     /// on a free loopback port, logging to `daemon.log` here, with `state`
     /// as its state directory, `regions_root` as HAMi's containers
     /// directory, `node/` here as its node directory unless `extra` names
@@ -169,8 +169,9 @@ impl Workdir {
         extra: &[&str],
     ) -> Command {
         let mut cmd = Command::new(dist::vgpu_bin());
-        cmd.arg("-v")
-            .arg("daemon")
+        // No -v: the daemon's default level, which the DaemonSet runs, must
+        // show what tests look for in its log.
+        cmd.arg("daemon")
             .arg("--libcuda")
             .arg(self.libcuda())
             .arg("--listen")

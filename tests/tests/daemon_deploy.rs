@@ -434,12 +434,25 @@ fn check_alert_rules(metrics: &str) {
                     "{expr}: no metric {n} in /metrics:\n{metrics}"
                 );
             }
+            // Each label on every metric of the expression (the daemon's
+            // own series, where it names a node or a pod), or a target's.
             for l in &labels {
+                let on = |n: &str| {
+                    metrics.lines().any(|line| {
+                        line.starts_with(&format!("{n}{{"))
+                            && (line.contains(&format!("{{{l}=\""))
+                                || line.contains(&format!(",{l}=\"")))
+                    })
+                };
+                let daemon_label = ["node", "namespace", "pod"].contains(&l.as_str());
                 assert!(
-                    TARGET_LABELS.contains(&l.as_str())
-                        || metrics.contains(&format!("{{{l}=\""))
-                        || metrics.contains(&format!(",{l}=\"")),
-                    "{expr}: label {l} is on no series"
+                    names.iter().all(|n| if n == "up" {
+                        // The ServiceMonitor relabels the target's node.
+                        TARGET_LABELS.contains(&l.as_str()) || l == "node"
+                    } else {
+                        on(n) || (!daemon_label && TARGET_LABELS.contains(&l.as_str()))
+                    }),
+                    "{expr}: label {l} is not on the series of {names:?}"
                 );
             }
             for quoted in expr.split("kind=").skip(1) {
@@ -637,7 +650,7 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         let (_, body) = get(d.port, "/metrics").unwrap();
         let ok = PODS.iter().all(|p| {
             value_of(&body, "hami_container_device_utilization_ratio", p.name).unwrap_or(0.0) > 0.0
-        }) && body.contains("vgpu_findings{kind=\"no_region\"} 1");
+        }) && body.contains("vgpu_findings{node=\"gpu-node-1\",kind=\"no_region\"} 1");
         if ok {
             break;
         }

@@ -415,8 +415,11 @@ fn allocations_behind_the_hook_are_findings() {
 
     hidden.wait();
     bare.wait();
-    // The log has one line per finding with pid, container and bytes.
+    // The log has one line per finding with pid, container and bytes, at
+    // the daemon's default level (the fixture passes no -v, as the
+    // DaemonSet does not), which shows INFO events.
     let log = daemon.stop();
+    assert!(log.contains(" INFO "), "{log}");
     let line = log
         .lines()
         .find(|l| l.contains("untracked allocation: pid") && l.contains(&hidden_pid.to_string()))

@@ -426,6 +426,115 @@ fn every_overlay_with_every_component_is_schema_valid() {
     }
 }
 
+/// The repository's address, from the workspace manifest: runbook links
+/// point into it.
+fn repository() -> String {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
+    let line = manifest
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("repository = "))
+        .expect("workspace.package.repository");
+    line.trim_matches('"').trim_end_matches('/').to_owned()
+}
+
+/// GitHub's anchor of a Markdown heading: lower case, spaces to `-`,
+/// punctuation other than `-` and `_` dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every alert links its own section of docs/runbooks.md in this
+/// repository, and names in its annotations only labels its expression
+/// keeps (a `by` label, or a target's for `up`); the ones about a node or a
+/// container name them.
+#[test]
+fn every_alert_has_a_runbook_and_names_what_it_keeps() {
+    let r = Rendered::of("hami");
+    let rule = r.raw("PrometheusRule");
+    let book = std::fs::read_to_string(workspace_root().join("docs/runbooks.md")).unwrap();
+    let anchors: Vec<String> = book
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(anchor)
+        .collect();
+    let prefix = format!("{}/blob/main/docs/runbooks.md#", repository());
+    let mut linked = Vec::new();
+    for g in rule["spec"]["groups"].as_sequence().unwrap() {
+        for a in g["rules"].as_sequence().unwrap() {
+            let name = a["alert"].as_str().unwrap();
+            let url = a["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: no runbook_url"));
+            let at = url
+                .strip_prefix(&prefix)
+                .unwrap_or_else(|| panic!("{name}: {url} is not under {prefix}"));
+            assert_eq!(at, anchor(name), "{name}: its own section");
+            assert!(
+                anchors.iter().any(|x| x == at),
+                "{name}: no section #{at} in docs/runbooks.md"
+            );
+            linked.push(at.to_owned());
+            let expr = a["expr"].as_str().unwrap();
+            // What the expression keeps: its `by (...)` labels, or for a
+            // bare `up` selector every target label.
+            let kept: Vec<&str> = match expr.split_once("by (") {
+                Some((_, rest)) => rest
+                    .split(')')
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(str::trim)
+                    .collect(),
+                None if expr.starts_with("up{") => {
+                    vec!["instance", "job", "namespace", "pod", "service", "node"]
+                }
+                None => Vec::new(),
+            };
+            let mut text = String::new();
+            for k in ["summary", "description"] {
+                text.push_str(a["annotations"][k].as_str().unwrap_or_default());
+            }
+            for used in text.split("$labels.").skip(1) {
+                let l: String = used
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(
+                    kept.contains(&l.as_str()),
+                    "{name}: $labels.{l} is not kept by {expr}"
+                );
+            }
+            if !kept.is_empty() {
+                assert!(
+                    text.contains("$labels.node"),
+                    "{name}: the node is not named"
+                );
+            }
+            if kept.contains(&"pod") {
+                assert!(text.contains("$labels.pod"), "{name}: the pod is not named");
+            }
+        }
+    }
+    // Every section is an alert's.
+    assert_eq!(linked.len(), anchors.len(), "{anchors:?} vs {linked:?}");
+    // `up` has a node only through the ServiceMonitor's relabeling.
+    let sm = with_components("hami", &["servicemonitor"]);
+    let text = kubectl_kustomize(&sm.path().join("overlays").join("hami"));
+    assert!(
+        text.contains("__meta_kubernetes_pod_node_name") && text.contains("targetLabel: node"),
+        "{text}"
+    );
+}
+
 /// The PrometheusRule: one group of alerts, each named once, with an
 /// expression, a severity and a summary; one for each of over-limit,
 /// tampering, untracked memory and a dead daemon. (That the expressions

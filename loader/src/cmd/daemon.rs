@@ -112,7 +112,10 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = PODS_LOG_DIR)]
     pods_log_dir: PathBuf,
 
-    /// This node's name, the `node` label of the host GPU series (HAMi's).
+    /// This node's name, the `node` label of the host GPU series (HAMi's)
+    /// and of the findings' series; the DaemonSet sets NODE_NAME from the
+    /// downward API. Empty: no `node` label (not the host name, which in a
+    /// pod without hostNetwork is the pod's).
     #[arg(long, value_name = "NAME", env = "NODE_NAME", default_value = "")]
     node_name: String,
 

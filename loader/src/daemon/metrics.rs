@@ -20,6 +20,7 @@ use vgpu_common::region::rules;
 use super::container_identity::ContainerIdentity;
 use super::findings::{Finding, Kind};
 use super::nvml::DeviceSample;
+use super::pods::PodNames;
 use super::region_cache::Overruns;
 
 /// Label pairs.
@@ -88,8 +89,11 @@ pub struct Snapshot<'a> {
     /// How long the previous scan took (this one's is not over).
     pub timing: ScanTiming,
     pub now_unix: u64,
-    /// This node's name for HAMi's `node` label of host series (empty: left out).
+    /// This node's name: HAMi's `node` label of host series and the `node`
+    /// label of the findings' series (empty: left out).
     pub node: &'a str,
+    /// Pod names by UID, for the per-pod findings series.
+    pub pods: Option<&'a PodNames>,
     /// Also export HAMi 2.5–2.8's series ([`super::legacy_metrics`]).
     pub legacy: bool,
 }
@@ -351,11 +355,34 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         hmemutil,
     );
 
+    // What an alert names: the node (a constant label of these series; the
+    // scrape's own labels name only the daemon pod) and, on the series of
+    // one container, its pod.
+    let noded = if s.node.is_empty() {
+        &mut reg
+    } else {
+        reg.sub_registry_with_label(("node".into(), s.node.to_owned().into()))
+    };
+    let pod_of = |uid: Option<&str>| {
+        let name = uid.and_then(|u| s.pods?.get(u));
+        [
+            (
+                "namespace".to_owned(),
+                name.map(|n| n.namespace.clone()).unwrap_or_default(),
+            ),
+            (
+                "pod".to_owned(),
+                name.map(|n| n.pod.clone()).unwrap_or_default(),
+            ),
+        ]
+    };
     let untracked = Family::<Labels, GaugeU>::default();
     for (id, b) in &s.untracked {
-        untracked.get_or_create(&identity_labels(id)).set(*b);
+        let mut l = pod_of(id.pod_uid.as_deref()).to_vec();
+        l.extend(identity_labels(id));
+        untracked.get_or_create(&l).set(*b);
     }
-    reg.register(
+    noded.register(
         "vgpu_untracked_bytes",
         "Device memory the hook did not account, per container (persistent findings)",
         untracked,
@@ -365,7 +392,30 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         let n = s.findings.iter().filter(|f| f.kind == k).count();
         findings.get_or_create(&one("kind", k.name())).set(n as i64);
     }
-    reg.register("vgpu_findings", "Current findings, by kind", findings);
+    noded.register("vgpu_findings", "Current findings, by kind", findings);
+    // Per pod only while a finding is open, so a node has as many series
+    // as pods with open findings, not pods times kinds (vgpu_findings, one
+    // per kind created at 0, is what tells "none" from "not scraped").
+    let by_pod = Family::<Labels, Gauge>::default();
+    for f in s.findings {
+        let mut l = one("kind", f.kind.name());
+        l.extend(pod_of(f.pod_uid.as_deref()));
+        l.push((
+            "container_id".to_owned(),
+            f.container_id.clone().unwrap_or_default(),
+        ));
+        by_pod.get_or_create(&l).inc();
+    }
+    noded.register(
+        "vgpu_pod_findings",
+        "Open findings by kind and container, present only while one is open",
+        by_pod,
+    );
+    noded.register(
+        "vgpu_violations",
+        "Findings that appeared, by kind and the action the daemon took (kept across scans)",
+        c.violations.clone(),
+    );
     let probes = Family::<Labels, Gauge>::default();
     for (func, lib) in &s.probes {
         let l = vec![
@@ -439,12 +489,6 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "libcuda calls the probes could not record, by reason",
         c.probe_lost.clone(),
     );
-    reg.register(
-        "vgpu_violations",
-        "Findings that appeared, by kind and the action the daemon took (kept across scans)",
-        c.violations.clone(),
-    );
-
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {
         tracing::warn!("encoding metrics failed");
@@ -507,6 +551,63 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
         }
+    }
+
+    /// An alert names the node and, for a container's finding, its pod;
+    /// the per-kind counts stay one series per kind.
+    #[test]
+    fn findings_series_carry_the_node_and_the_pod() {
+        use crate::daemon::pods::PodName;
+        let id = ContainerIdentity {
+            cgroup: "/cg".into(),
+            pod_uid: Some("u1".into()),
+            container_id: Some("c1".into()),
+        };
+        let pods = PodNames::from_names([(
+            "u1".to_owned(),
+            PodName {
+                namespace: "ml".into(),
+                pod: "trainer".into(),
+            },
+        )]);
+        let findings = [
+            Finding::new(Kind::OverLimit, &id, 1, "m".into()),
+            Finding::new(
+                Kind::OverLimit,
+                &ContainerIdentity::default(),
+                1,
+                "m".into(),
+            ),
+        ];
+        let c = Counters::default();
+        c.violations
+            .get_or_create(&vec![
+                ("kind".into(), "over_limit".into()),
+                ("action".into(), "none".into()),
+            ])
+            .inc();
+        let s = Snapshot {
+            findings: &findings,
+            untracked: vec![(id.clone(), 7)],
+            node: "n1",
+            pods: Some(&pods),
+            ..Snapshot::default()
+        };
+        let text = render(&s, &c);
+        for line in [
+            r#"vgpu_findings{node="n1",kind="over_limit"} 2"#,
+            r#"vgpu_findings{node="n1",kind="no_region"} 0"#,
+            r#"vgpu_pod_findings{node="n1",kind="over_limit",namespace="ml",pod="trainer",container_id="c1"} 1"#,
+            r#"vgpu_pod_findings{node="n1",kind="over_limit",namespace="",pod="",container_id=""} 1"#,
+            r#"vgpu_untracked_bytes{node="n1",namespace="ml",pod="trainer",pod_uid="u1",container_id="c1",cgroup="/cg"} 7"#,
+            r#"vgpu_violations_total{node="n1",kind="over_limit",action="none"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+        }
+        assert!(
+            !text.contains(r#"vgpu_pod_findings{node="n1",kind="no_region""#),
+            "{text}"
+        );
     }
 
     #[test]

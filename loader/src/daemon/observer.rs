@@ -513,6 +513,7 @@ impl Observer {
             timing: self.last_timing,
             now_unix: now_ms / 1000,
             node: &self.settings.node,
+            pods: Some(&self.pods),
             legacy: self.settings.legacy_metrics,
         };
         let rendering = Instant::now();

@@ -91,6 +91,16 @@ impl PodNames {
             .collect();
     }
 
+    /// Pods named from a list rather than a directory (tests of what
+    /// carries their names).
+    #[cfg(test)]
+    pub fn from_names(names: impl IntoIterator<Item = (String, PodName)>) -> Self {
+        Self {
+            by_uid: names.into_iter().collect(),
+            ..Self::new(PathBuf::new())
+        }
+    }
+
     /// The pod with this UID, if its directory was there at the last read.
     pub fn get(&self, uid: &str) -> Option<&PodName> {
         self.by_uid.get(uid)
