@@ -5,7 +5,8 @@
 # libcuda. Phases keep each run under 10 minutes:
 #
 #   bash scripts/gpu-check.sh mem        memory limit: C program, PyTorch, nvidia-smi, entry points
-#   bash scripts/gpu-check.sh overhead   launch and alloc cost: native vs hook (limit set)
+#   bash scripts/gpu-check.sh overhead   launch and alloc cost: native vs hook (limit set); with
+#                                        VARIANTS="name=/path/libvgpu.so ...": native vs each build
 #   bash scripts/gpu-check.sh meminfo    cudaMemGetInfo's cost: native vs hook, us per call, with each
 #                                        ratio to native (HAMI_CORE=/path/libvgpu.so: HAMi-core too, as
 #                                        scripts/gpu/build_hami_core.sh builds it; VARIANTS="name=/path/
@@ -206,6 +207,20 @@ phase_mem() {
 }
 
 phase_overhead() {
+    if [ -n "${VARIANTS:-}" ]; then
+        # Each build with a memory limit and CUDA_DEVICE_SM_LIMIT=0, as HAMi
+        # sets them, interleaved with the bare driver.
+        local v names=()
+        for v in $VARIANTS; do
+            names+=("mem_${v%%=*}")
+            eval "cfg_mem_${v%%=*}() { env LD_PRELOAD=$(realpath "${v#*=}") CUDA_DEVICE_SM_LIMIT=0 \
+                CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_DEVICE_MEMORY_SHARED_CACHE=\$W/bench-${v%%=*}.cache \
+                \"\$W/bench_launch\" \$BENCH_ARGS; }"
+        done
+        say "launch and alloc cost, native vs each build with a memory limit (interleaved)"
+        bench_launch_configs "${REPS:-11}" native "${names[@]}"
+        return
+    fi
     say "launch and alloc cost, native vs hook with a memory limit (interleaved)"
     bench_launch_configs "${REPS:-11}" native c_shim hook_nolimit hook_memlimit hook_smlimit
     say "driver calls a limited launch adds (native, ns per call)"
