@@ -2,7 +2,9 @@
 //! (`tests/c/demo_workload.c`) runs under `libvgpu.so` with a 1 GiB memory
 //! limit, against the simulated GPU, or the real one when `nvidia-smi`
 //! works. Meanwhile `vgpu trace` (root) watches its calls. Then it prints a
-//! short account of what happened.
+//! short account of what happened. Then `share`: two tenants with
+//! different limits on one simulated GPU, `vgpu daemon` watching them,
+//! `vgpu top` and their metric lines.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -12,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::{build, util};
+use crate::{build, share, util};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -113,11 +115,13 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
     }
-    let _ = std::fs::remove_dir_all(&work);
     if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&work);
         bail!("the demo workload failed");
     }
-    Ok(())
+    let shared = share::run(&dist, &work);
+    let _ = std::fs::remove_dir_all(&work);
+    shared
 }
 
 /// The account in plain words, from what the workload printed and what the

@@ -11,6 +11,7 @@ mod gpu_check;
 mod image;
 mod lint;
 mod setup;
+mod share;
 mod test;
 mod unsafe_free;
 mod util;
