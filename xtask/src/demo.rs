@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 
 use crate::{build, share, util};
 
@@ -115,11 +115,13 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
     }
-    if !out.status.success() {
-        let _ = std::fs::remove_dir_all(&work);
-        bail!("the demo workload failed");
-    }
-    let shared = share::run(&dist, &work);
+    let shared = if out.status.success() {
+        share::run(&dist, &work)
+    } else {
+        Err(anyhow!("the demo workload failed"))
+    };
+    // Its simulator's server would outlive it until its idle timeout.
+    share::stop_sim_server(&work.join("simgpu"));
     let _ = std::fs::remove_dir_all(&work);
     shared
 }

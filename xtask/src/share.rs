@@ -80,6 +80,7 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.0.id().to_string()])
+            .stderr(Stdio::null())
             .status();
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(5) {
@@ -127,52 +128,18 @@ pub fn run(dist: &Path, work: &Path) -> Result<()> {
     println!("\n=== vgpu demo: two tenants share one simulated GPU (8 GiB, 132 SMs) ===");
     if !root {
         println!(
-            "(not root: the tenants are plain processes, not cgroups with PID namespaces; \
-             the daemon runs without its eBPF probes if it cannot load them)"
+            "(not root: the tenants are plain processes, not cgroups with PID namespaces, and \
+             vgpu daemon, which needs root or CAP_BPF+CAP_PERFMON for its eBPF probes, does \
+             not run: no metrics; vgpu top reads the tenants' regions itself)"
         );
     }
 
-    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let log = work.join("daemon.log");
-    let daemon = Command::new(dist.join("vgpu"))
-        .arg("daemon")
-        .arg("--libcuda")
-        .arg(lib.join("libcuda.so.1"))
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--state-dir")
-        .arg(work.join("state"))
-        .arg("--node-dir")
-        .arg(work.join("node"))
-        .arg("--regions-root")
-        .arg(&containers)
-        .arg("--pods-log-dir")
-        .arg(&pods)
-        .args(["--node-name", "demo-node", "--interval", "1"])
-        .envs(env.iter().map(|(k, v)| (*k, v)))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("start vgpu daemon")?;
-    let mut daemon = Daemon(daemon);
-    let t = Instant::now();
-    while get(port, "/readyz").map(|(c, _)| c) != Some(200) {
-        if let Ok(Some(st)) = daemon.0.try_wait() {
-            bail!(
-                "vgpu daemon exited {st}: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            bail!("vgpu daemon not ready after 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    println!(
-        "\nvgpu daemon --libcuda {} --state-dir {} --listen 127.0.0.1:{port} is serving",
-        lib.join("libcuda.so.1").display(),
-        work.join("state").display()
-    );
+    let daemon = if root {
+        Some(start_daemon(dist, work, &lib, &containers, &pods, &env)?)
+    } else {
+        None
+    };
+
     let mut tenants = Vec::new();
     for t in &TENANTS {
         let dir = containers.join(format!("{}_main", t.uid));
@@ -262,24 +229,27 @@ pub fn run(dist: &Path, work: &Path) -> Result<()> {
         println!("  {line}");
     }
 
-    let (_, metrics) = get(port, "/metrics").context("scrape the daemon")?;
-    println!("\nits /metrics, the two tenants' lines (labels cut to the pod):");
-    for name in [
-        "hami_vgpu_memory_used_bytes",
-        "hami_vgpu_memory_limit_bytes",
-        "hami_container_device_utilization_ratio",
-        "vgpu_sm_limit_percent",
-    ] {
-        for t in &TENANTS {
-            let pod = format!("pod=\"{}\"", t.pod);
-            let line = metrics
-                .lines()
-                .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&pod))
-                .with_context(|| format!("no {name} line for {} in /metrics", t.pod))?;
-            let value = line.rsplit(' ').next().unwrap_or("");
-            println!("  {name}{{namespace=\"demo\",{pod},container=\"main\",…}} {value}");
+    if let Some((_, port)) = &daemon {
+        let (_, metrics) = get(*port, "/metrics").context("scrape the daemon")?;
+        println!("\nits /metrics, the two tenants' lines (labels cut to the pod):");
+        for name in [
+            "hami_vgpu_memory_used_bytes",
+            "hami_vgpu_memory_limit_bytes",
+            "hami_container_device_utilization_ratio",
+            "vgpu_sm_limit_percent",
+        ] {
+            for t in &TENANTS {
+                let pod = format!("pod=\"{}\"", t.pod);
+                let line = metrics
+                    .lines()
+                    .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&pod))
+                    .with_context(|| format!("no {name} line for {} in /metrics", t.pod))?;
+                let value = line.rsplit(' ').next().unwrap_or("");
+                println!("  {name}{{namespace=\"demo\",{pod},container=\"main\",…}} {value}");
+            }
         }
     }
+
     std::fs::write(&stop, b"")?;
     println!("\nthe tenants stop; what they ran, side by side on one GPU:");
     for (t, r) in TENANTS.iter().zip(&tenants) {
@@ -289,8 +259,97 @@ pub fn run(dist: &Path, work: &Path) -> Result<()> {
     }
     drop(daemon);
     drop(tenants);
+    // The daemon's NVML started the simulator's server outside the
+    // tenants' cgroups; it would outlive the demo (and write in its
+    // directory after the demo removed it) until its idle timeout.
+    stop_sim_server(&work.join("share-sim"));
     println!("\nstopped the daemon and both tenants; removed their cgroups and files");
     Ok(())
+}
+
+/// Starts `vgpu daemon` on the demo's own files and a free loopback port;
+/// returns once it is ready.
+fn start_daemon(
+    dist: &Path,
+    work: &Path,
+    lib: &Path,
+    containers: &Path,
+    pods: &Path,
+    env: &[(&str, String)],
+) -> Result<(Daemon, u16)> {
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let log = work.join("daemon.log");
+    let daemon = Command::new(dist.join("vgpu"))
+        .arg("daemon")
+        .arg("--libcuda")
+        .arg(lib.join("libcuda.so.1"))
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--state-dir")
+        .arg(work.join("state"))
+        .arg("--node-dir")
+        .arg(work.join("node"))
+        .arg("--regions-root")
+        .arg(containers)
+        .arg("--pods-log-dir")
+        .arg(pods)
+        .args(["--node-name", "demo-node", "--interval", "1"])
+        .envs(env.iter().map(|(k, v)| (*k, v)))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("start vgpu daemon")?;
+    let mut daemon = Daemon(daemon);
+    let t = Instant::now();
+    while get(port, "/readyz").map(|(c, _)| c) != Some(200) {
+        if let Ok(Some(st)) = daemon.0.try_wait() {
+            bail!(
+                "vgpu daemon exited {st}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            bail!("vgpu daemon not ready after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "\nvgpu daemon --libcuda {} --state-dir {} --listen 127.0.0.1:{port} is serving",
+        lib.join("libcuda.so.1").display(),
+        work.join("state").display()
+    );
+    Ok((daemon, port))
+}
+
+/// Stops the `simgpu-server --dir <dir>` serving this demo's simulator
+/// (that exact directory: no other), and waits for it to exit.
+pub fn stop_sim_server(dir: &Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let want = dir.as_os_str().as_encoded_bytes();
+    for p in procs.flatten() {
+        let Ok(pid) = p.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let ours = args.first().is_some_and(|a| a.ends_with(b"/simgpu-server"))
+            && args.windows(2).any(|w| w[0] == b"--dir" && w[1] == want);
+        if !ours {
+            continue;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let t = Instant::now();
+        while p.path().exists() && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// MiB in a HAMi size (`1g`, `512m`).
