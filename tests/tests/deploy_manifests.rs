@@ -673,6 +673,9 @@ fn the_hook_is_installed_for_hami_with_versioned_names_handled_and_kept() {
                 host_path_of(&ds, keeper, paths::HOOK_DIR).as_deref(),
                 Some(paths::HOOK_DIR)
             );
+            // The keeper restores HAMi's library on SIGTERM, before the
+            // grace period ends in SIGKILL.
+            assert!(spec.termination_grace_period_seconds.unwrap_or(30) >= 10);
         } else {
             assert!(!args.iter().any(|a| a == "--hami"), "{args:?}");
             assert!(keeper.is_none());

@@ -2,13 +2,19 @@
 //! from scratch by deploy/image/build.sh from target/dist, it runs
 //! `vgpu --version` (with the commit), ships the completions and man
 //! pages, and `install-hook --hami` into a host directory
-//! mounted into it installs the hook there.
+//! mounted into it installs the hook there. The hami overlay's keeper,
+//! run as the DaemonSet runs it, puts HAMi's library back when it is
+//! stopped (`kubectl delete -k` is the whole uninstall).
 //!
 //! podman runs it with runc (crun refuses hybrid-cgroup hosts such as CI's)
 //! and with rlimits no higher than the caller's (raising them needs
 //! CAP_SYS_RESOURCE, which CI's root lacks), without a network.
 
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use vgpu_tests::dist::{dist_dir, hook_lib, vgpu_bin, workspace_root};
 
@@ -51,15 +57,14 @@ fn podman_run(image: &str, volume: Option<String>, args: &[&str]) -> Output {
     out
 }
 
-#[test]
-fn image_builds_from_scratch_runs_and_installs_the_hook() {
-    let dir = tempfile::tempdir().unwrap();
-    let image = Image(format!("localhost/vgpu-test:{}", std::process::id()));
+/// Builds the image from target/dist, staged under `stage`.
+fn build_image(tag: &str, stage: &Path) -> Image {
+    let image = Image(format!("localhost/vgpu-test-{tag}:{}", std::process::id()));
     let out = Command::new("sh")
         .arg(workspace_root().join("deploy/image/build.sh"))
         .arg(dist_dir())
         .arg(&image.0)
-        .arg(dir.path().join("stage"))
+        .arg(stage)
         .output()
         .expect("run build.sh");
     assert!(
@@ -68,6 +73,13 @@ fn image_builds_from_scratch_runs_and_installs_the_hook() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    image
+}
+
+#[test]
+fn image_builds_from_scratch_runs_and_installs_the_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = build_image("run", &dir.path().join("stage"));
 
     let out = podman_run(&image.0, None, &["--version"]);
     let built = Command::new(vgpu_bin()).arg("--version").output().unwrap();
@@ -121,6 +133,182 @@ fn image_builds_from_scratch_runs_and_installs_the_hook() {
         "/usr/local/vgpu/libvgpu.so\n"
     );
     assert!(!host.join("libvgpu.so.v2.10.0").exists());
+}
+
+/// A detached container, removed at the end.
+struct Container(String);
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = Command::new("podman")
+            .args(["rm", "-f", "-t", "0", &self.0])
+            .output();
+    }
+}
+
+/// Every entry of `dir` (recursively): its bytes (or `dir/`) and mode.
+fn snapshot(dir: &Path) -> BTreeMap<String, (Vec<u8>, u32)> {
+    let mut all = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let meta = std::fs::symlink_metadata(e.path()).unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let mode = meta.permissions().mode() & 0o7777;
+        if meta.is_dir() {
+            all.insert(format!("{name}/"), (Vec::new(), mode));
+            for (k, v) in snapshot(&e.path()) {
+                all.insert(format!("{name}/{k}"), v);
+            }
+        } else {
+            all.insert(name, (std::fs::read(e.path()).unwrap(), mode));
+        }
+    }
+    all
+}
+
+/// A snapshot in words: each entry, its mode, and its bytes when short.
+fn listing(files: &BTreeMap<String, (Vec<u8>, u32)>) -> String {
+    let ours = std::fs::read(hook_lib()).unwrap();
+    files
+        .iter()
+        .map(|(name, (bytes, mode))| {
+            let what = if *bytes == ours {
+                "vgpu's hook".to_owned()
+            } else if bytes.len() <= 64 {
+                format!("{:?}", String::from_utf8_lossy(bytes))
+            } else {
+                format!("{} bytes", bytes.len())
+            };
+            format!("  {name} {mode:o} {what}\n")
+        })
+        .collect()
+}
+
+fn wait_for(what: &str, cond: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "waited 30 s for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The hami overlay's pod on one node, as the kubelet runs it: the init
+/// container installs, the keeper keeps the hook in place (it moves aside
+/// the file a device-plugin restart copies back), and deleting the pod
+/// (SIGTERM, then SIGKILL after the grace period: `podman stop`) leaves
+/// the directory as HAMi had it, byte for byte and mode for mode.
+#[test]
+fn the_keeper_puts_hamis_library_back_when_its_container_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = build_image("keeper", &dir.path().join("stage"));
+    let host = dir.path().join("host-vgpu");
+    std::fs::create_dir_all(&host).unwrap();
+    let hami_lib = host.join("libvgpu.so.v2.10.0");
+    std::fs::write(&hami_lib, b"HAMi's library, v2.10.0").unwrap();
+    std::fs::set_permissions(&hami_lib, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // HAMi 2.5 to 2.9 ship theirs without the newline.
+    std::fs::write(host.join("ld.so.preload"), b"/usr/local/vgpu/libvgpu.so").unwrap();
+    let before = snapshot(&host);
+    let volume = format!("{}:/usr/local/vgpu", host.display());
+    let hook_args = [
+        "install-hook",
+        "--hami",
+        "--host-dir",
+        "/usr/local/vgpu",
+        "--from",
+        "/opt/vgpu/libvgpu.so",
+    ];
+
+    // The init container.
+    podman_run(&image.0, Some(volume.clone()), &hook_args);
+    let ours = std::fs::read(hook_lib()).unwrap();
+    let vgpus_in_place = || {
+        !hami_lib.exists() && std::fs::read(host.join("libvgpu.so")).ok().as_ref() == Some(&ours)
+    };
+    assert!(vgpus_in_place());
+
+    // The keeper, as deploy/overlays/hami/install-hook.yaml runs it.
+    let keeper = Container(format!("vgpu-test-keeper-{}", std::process::id()));
+    let out = Command::new("podman")
+        .args(["--runtime", "runc", "run", "-d", "--name", &keeper.0])
+        .args(["--network", "none", "--ulimit", "nofile=1024:1024"])
+        .args([
+            "--ulimit",
+            "nproc=1024:1024",
+            "--cap-drop",
+            "ALL",
+            "--read-only",
+        ])
+        .arg("-v")
+        .arg(&volume)
+        .arg(&image.0)
+        .args(hook_args)
+        .args(["--watch", "2"])
+        .output()
+        .expect("run podman");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let logs = || {
+        let out = Command::new("podman")
+            .args(["logs", &keeper.0])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    wait_for("the keeper's first install", || {
+        logs().contains("already up to date")
+    });
+    // A device-plugin restart copies HAMi's file back; the keeper moves it
+    // aside again.
+    let copy = dir.path().join("copy");
+    std::fs::write(&copy, b"HAMi's library, v2.10.0").unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&copy, &hami_lib).unwrap();
+    wait_for("the keeper to move HAMi's copy aside", vgpus_in_place);
+
+    // The pod is deleted: SIGTERM, SIGKILL 20 s later.
+    let t = Instant::now();
+    let out = Command::new("podman")
+        .args(["stop", "-t", "20", &keeper.0])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let took = t.elapsed();
+    let said = logs();
+    let after = snapshot(&host);
+    assert!(
+        after == before,
+        "the directory as HAMi had it after the keeper stopped:\n{}\nbut it is:\n{}\nthe keeper said:\n{said}",
+        listing(&before),
+        listing(&after)
+    );
+    assert!(
+        said.contains("SIGTERM: restored /usr/local/vgpu to its state before vgpu; put back HAMi's libvgpu.so.v2.10.0"),
+        "{said}"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "stopped on SIGTERM, not killed: {took:?}"
+    );
+    let out = Command::new("podman")
+        .args(["inspect", "--format", "{{.State.ExitCode}}", &keeper.0])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0", "{said}");
 }
 
 /// The manifest list and its images, removed at the end.

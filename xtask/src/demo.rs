@@ -2,7 +2,9 @@
 //! (`tests/c/demo_workload.c`) runs under `libvgpu.so` with a 1 GiB memory
 //! limit, against the simulated GPU, or the real one when `nvidia-smi`
 //! works. Meanwhile `vgpu trace` (root) watches its calls. Then it prints a
-//! short account of what happened.
+//! short account of what happened. Then `share`: two tenants with
+//! different limits on one simulated GPU, `vgpu daemon` watching them,
+//! `vgpu top` and their metric lines.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -10,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 
-use crate::{build, util};
+use crate::{build, share, util};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -113,11 +115,15 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
     }
+    let shared = if out.status.success() {
+        share::run(&dist, &work)
+    } else {
+        Err(anyhow!("the demo workload failed"))
+    };
+    // Its simulator's server would outlive it until its idle timeout.
+    share::stop_sim_server(&work.join("simgpu"));
     let _ = std::fs::remove_dir_all(&work);
-    if !out.status.success() {
-        bail!("the demo workload failed");
-    }
-    Ok(())
+    shared
 }
 
 /// The account in plain words, from what the workload printed and what the

@@ -12,6 +12,7 @@ mod image;
 mod lint;
 mod release;
 mod setup;
+mod share;
 mod test;
 mod unsafe_free;
 mod util;

@@ -3,12 +3,12 @@
 //! qemu-user), lints, runs the unit tests, then the integration tests
 //! (`tests/`), which need root: they load eBPF programs, create cgroups and
 //! PID namespaces. They are never skipped; without root this task stops and
-//! says how to run it.
+//! says how to run it. Last, `cargo xtask demo` on the simulated GPU.
 
 use anyhow::{bail, Result};
 
 use crate::arch::Arch;
-use crate::{build, lint, util};
+use crate::{build, demo, lint, util};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -68,6 +68,14 @@ pub fn run(args: &Args) -> Result<()> {
         suites.env(format!("VGPU_DIST_{}", arch.name().to_uppercase()), dist);
     }
     util::run(&mut suites)?;
+    // The demo, to the end: share::run fails unless each tenant's limit
+    // decided its allocation and the daemon's metrics show both tenants.
+    if args.filter.is_none() {
+        demo::run(&demo::Args {
+            limit: "1g".into(),
+            sim: true,
+        })?;
+    }
     eprintln!("test: all passed");
     Ok(())
 }

@@ -30,7 +30,10 @@ use crate::install::{self, HamiSeen, Mounted, Outcome, Plan, Report};
 /// file back. HAMi 2.4 and earlier (no versioned file) are refused: their
 /// device plugin rewrites `libvgpu.so` in place on every start. Without
 /// `--hami` a node HAMi serves is refused. After `--uninstall` a running
-/// `--watch` stands down until the next install without `--watch`.
+/// `--watch` stands down until the next install without `--watch`. A
+/// `--watch` that gets SIGTERM or SIGINT (its pod deleted or rolled)
+/// restores the directory as `--uninstall` does, then exits; it leaves no
+/// marker, so the next pod installs again.
 /// docs/kubernetes.md explains the design.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -54,7 +57,8 @@ pub struct Args {
     /// Stay running and install again whenever the host directory changes
     /// (HAMi's device plugin copying its library back when it restarts;
     /// inotify, within milliseconds), and at least every SECS seconds;
-    /// prints each change.
+    /// prints each change. On SIGTERM or SIGINT, restore what the install
+    /// replaced (as --uninstall, but a later keeper installs again) and exit.
     #[arg(long, value_name = "SECS")]
     watch: Option<f64>,
     /// Restore what the first install replaced (HAMi's versioned files
@@ -100,9 +104,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         hami: args.hami,
         keeper: args.watch.is_some(),
     };
+    // Before the first install: a SIGTERM from then on waits to be read,
+    // and is answered by a restore, even while an install runs.
+    let stop = match args.watch {
+        Some(_) => Some(install::StopSignals::block().context("block SIGTERM and SIGINT")?),
+        None => None,
+    };
     let report = install::install(&plan)?;
     println!("{}", describe(&report, &dir));
-    let Some(secs) = args.watch else {
+    let (Some(secs), Some(stop)) = (args.watch, stop) else {
         return Ok(ExitCode::SUCCESS);
     };
     let mut last = report.outcome;
@@ -118,14 +128,20 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let mut failing = false;
     loop {
-        match &watch {
-            Some(w) => {
-                if let Err(e) = w.wait(period) {
-                    tracing::warn!("install-hook --watch: inotify: {e}");
-                    std::thread::sleep(period);
-                }
-            }
-            None => std::thread::sleep(period),
+        let woke = match &watch {
+            Some(w) => w.wait(period, &stop).or_else(|e| {
+                tracing::warn!("install-hook --watch: inotify: {e}");
+                stop.wait(period)
+            }),
+            None => stop.wait(period),
+        };
+        let woke = woke.unwrap_or_else(|e| {
+            tracing::warn!("install-hook --watch: waiting for signals: {e}");
+            std::thread::sleep(period);
+            install::Woke::Changed
+        });
+        if let install::Woke::Stop(sig) = woke {
+            return stopped(&args.host_dir, &dir, sig);
         }
         match install::install(&plan) {
             Ok(r) => {
@@ -147,6 +163,17 @@ pub fn run(args: Args) -> Result<ExitCode> {
             Err(_) => {}
         }
     }
+}
+
+/// The keeper's container is being stopped (pod deleted, or replaced by a
+/// rolling update; the kubelet sends SIGTERM): put back what was there
+/// before vgpu, so new containers get HAMi's library (or none) rather
+/// than a hook no daemon serves. The next pod's install puts vgpu's back.
+fn stopped(host_dir: &std::path::Path, dir: &str, sig: &str) -> Result<ExitCode> {
+    let report = install::restore(host_dir)
+        .with_context(|| format!("install-hook --watch: {sig}: restoring {dir}"))?;
+    println!("{sig}: {}", describe(&report, dir));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check(host_dir: &std::path::Path, lib: &std::path::Path, hami: bool) -> Result<ExitCode> {

@@ -30,7 +30,9 @@
 //! `--uninstall` leaves a marker (`.vgpu-uninstalled`) that a keeper
 //! (`--watch`) honours: it stands down instead of installing again, until
 //! an install without `--watch` (a new deployment's init container) clears
-//! the marker. Install and uninstall hold an exclusive `flock` on the host
+//! the marker. A keeper that is stopped (SIGTERM: its pod deleted or
+//! rolled) restores the directory as `--uninstall` does, but leaves no
+//! marker: the next pod's keeper, or one running beside it, installs again. Install and uninstall hold an exclusive `flock` on the host
 //! directory, so a keeper's install never interleaves with an uninstall.
 
 mod backup;
@@ -48,7 +50,7 @@ use crate::regions::open::{open_file_in, open_followed, Access, OpenError};
 
 pub use elf::{running_libc, ElfError, NotHook};
 pub use hami::HamiSeen;
-pub use watch::DirWatch;
+pub use watch::{DirWatch, StopSignals, Woke};
 
 /// The files vgpu manages in the host directory.
 pub const LIB_NAME: &str = "libvgpu.so";
@@ -326,7 +328,22 @@ pub fn mounted(host_dir: &Path, lib: &Path) -> Result<Mounted, InstallError> {
 
 /// Puts back what the first install found (or removes the files if there
 /// was nothing), HAMi's versioned files first, then drops the backup.
+/// Leaves the marker a keeper stands down at.
 pub fn uninstall(host_dir: &Path) -> Result<Report, InstallError> {
+    undo(host_dir, true)
+}
+
+/// What a keeper does when its container is stopped (its pod deleted, or
+/// replaced by a rolling update): as [`uninstall`], but without the
+/// marker, so that a keeper running beside it (a surge pod) or after it
+/// (the next pod, a restart of this container) installs again. Every file
+/// is put back by rename or removed, never written in place: processes
+/// that map vgpu's library keep its inode.
+pub fn restore(host_dir: &Path) -> Result<Report, InstallError> {
+    undo(host_dir, false)
+}
+
+fn undo(host_dir: &Path, marker: bool) -> Result<Report, InstallError> {
     let Some(_lock) = lock(host_dir)? else {
         return Ok(Report {
             outcome: Outcome::NothingToUninstall,
@@ -334,11 +351,13 @@ pub fn uninstall(host_dir: &Path) -> Result<Report, InstallError> {
         });
     };
     // First: a keeper woken by what follows must already find it.
-    write_atomic(
-        &host_dir.join(UNINSTALLED),
-        b"vgpu install-hook --uninstall ran here; keepers (--watch) stand down until the next install-hook\n",
-        0o644,
-    )?;
+    if marker {
+        write_atomic(
+            &host_dir.join(UNINSTALLED),
+            b"vgpu install-hook --uninstall ran here; keepers (--watch) stand down until the next install-hook\n",
+            0o644,
+        )?;
+    }
     let dir = host_dir.join(BACKUP_DIR);
     check_backup_dir(&dir)?;
     if fs::symlink_metadata(&dir).is_err() {
