@@ -1,5 +1,5 @@
 //! Builds the eBPF programs (`ebpf/`, package `vgpu-ebpf`) for bpfel-unknown-none
-//! and leaves the object in `OUT_DIR/vgpu-ebpf`, embedded by `src/ebpf.rs`.
+//! and leaves the object in `OUT_DIR/vgpu-ebpf`, embedded by `src/probes/mod.rs`.
 //!
 //! - `AYA_BUILD_SKIP=1` skips it (host-only `cargo clippy`); the loader then
 //!   embeds an empty object and `vgpu trace` says so.

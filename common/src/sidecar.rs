@@ -28,7 +28,7 @@ pub const MIN_VERSION: u32 = 1;
 /// Set in `ctx_bytes` when a size is stored (a size may be 0).
 const CTX_KNOWN: u64 = 1 << 63;
 
-/// One device's bucket (the hook's `sm/bucket.rs`): 64 bytes.
+/// One device's bucket (`hook/src/sm/admission/gcra.rs`): 64 bytes.
 #[repr(C, align(64))]
 #[derive(Debug, Default)]
 pub struct DevBucket {
@@ -43,8 +43,8 @@ pub struct DevBucket {
     /// The device's CUDA context size, exactly measured by a process of the
     /// container, `| CTX_KNOWN`; 0 = not measured yet (v2).
     pub ctx_bytes: AtomicU64,
-    /// The correction factor on every charge, `f64` bits; 0 = 1 (v3; the
-    /// hook's `sm/correction.rs`).
+    /// The correction factor on every charge, `f64` bits; 0 = 1 (v3;
+    /// `hook/src/sm/correction/mod.rs`).
     pub gain: AtomicU64,
     /// The feedback leader's lease: CLOCK_MONOTONIC ns it runs out, low 20
     /// bits replaced by the leader's pid; 0 = none (v3).

@@ -12,6 +12,8 @@
 //! - no raw driver call (`real_cuda!`, `real_nvml!`) in the hook outside
 //!   `real/` and the generated exports (`driver_seam`).
 //! - docs/README.md's map of the folders matches them (`docs_map`).
+//! - every file path the docs and doc comments name in backticks exists
+//!   (`doc_paths`).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -19,7 +21,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 use crate::arch::Arch;
-use crate::{abi, docs_map, driver_seam, setup, unsafe_free, util};
+use crate::{abi, doc_paths, docs_map, driver_seam, setup, unsafe_free, util};
 
 pub fn run() -> Result<()> {
     util::run(util::cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -27,6 +29,7 @@ pub fn run() -> Result<()> {
     unsafe_free::run()?;
     driver_seam::run()?;
     docs_map::run()?;
+    doc_paths::run()?;
     // cargo deny reads every crate of every target and feature, dev-only and
     // other platforms' included; the build before it fetched only what it
     // compiled. Fetch the rest from the lock file so the offline check works

@@ -5,6 +5,7 @@ mod arch;
 mod bench;
 mod build;
 mod demo;
+mod doc_paths;
 mod docs_map;
 mod driver_seam;
 mod gpu_check;

@@ -16,7 +16,7 @@
 //! is active, and queues nothing while that one has work in flight
 //! (docs/sm-limit.md, "Priority").
 //!
-//! The hook creates, joins and writes the table (`hook/src/sm/node.rs`);
+//! The hook creates, joins and writes the table (`hook/src/sm/node_sharing/node_mapping.rs`);
 //! `vgpu turns` reads it.
 
 use std::path::{Path, PathBuf};
@@ -62,7 +62,7 @@ pub struct Member {
     /// `priority`: 0 high, 1 low); 0 = none stated (a version-1 file).
     pub rank: AtomicU32,
     /// CLOCK_MONOTONIC ns when the container last used most of its share
-    /// (the hook's `sm/demand.rs`); 0 = never.
+    /// (`hook/src/sm/node_sharing/demand.rs`); 0 = never.
     pub wants: AtomicU64,
     /// CLOCK_MONOTONIC ns when the work the container has queued on the GPU
     /// drains, by its learnt costs (written on each of its launches).
