@@ -143,7 +143,7 @@ fn check(
         }
         // Between backticks: the odd pieces, but not one left open.
         let pieces: Vec<&str> = body.split('`').collect();
-        let closed = pieces.len() - usize::from(pieces.len() % 2 == 0);
+        let closed = pieces.len() - usize::from(pieces.len().is_multiple_of(2));
         for token in pieces[..closed].iter().skip(1).step_by(2) {
             if !is_path(token) {
                 continue;
