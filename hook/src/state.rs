@@ -17,7 +17,7 @@ use vgpu_common::region::MAX_DEVICES;
 
 use crate::config::Config;
 use crate::memory::track::{Entry, Tracker};
-use crate::memory::vmm_lifetime::Lifetimes;
+use crate::memory::vmm_table::Lifetimes;
 use crate::region::Attachment;
 
 /// Context size not measured yet.

@@ -6,7 +6,7 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::cmd;
 use crate::logging::LogFormat;
@@ -126,7 +126,7 @@ impl Invocation {
     pub fn run(self) -> anyhow::Result<ExitCode> {
         match self {
             Invocation::Cli(c) => c.command.run(),
-            Invocation::GenerateAssets(a) => cmd::generate_assets::run(a),
+            Invocation::GenerateAssets(a) => cmd::generate_assets::run(a, &Cli::command()),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The plan of turns: which phase of a common frame each member that wants
 //! its share gets. Every process computes it from the same table.
 
+use crate::region::rules::sm_limit;
+
 /// The schedule's period: short enough that a 100 ms utilization sample
 /// holds two whole frames, long enough that the two context switches per
 /// frame cost nothing measurable.
@@ -18,10 +20,11 @@ pub struct Phase {
 /// `None` when it is alone among the limited ones (its bucket suffices) or
 /// not among them.
 pub fn plan(active: &[(u64, u32)], me: u64) -> Option<Phase> {
+    // The table's cells hold a limit as the region does: decoded by its rule.
     let mut v: Vec<(u64, u32)> = active
         .iter()
-        .copied()
-        .filter(|(id, l)| *id != 0 && (1..100).contains(l))
+        .filter(|(id, _)| *id != 0)
+        .filter_map(|&(id, l)| Some((id, sm_limit(u64::from(l))?.percent())))
         .collect();
     v.sort_unstable();
     v.dedup_by_key(|x| x.0);

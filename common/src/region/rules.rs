@@ -4,6 +4,8 @@
 //! disagree about a region (HAMi-core's meanings, `src/multiprocess/` of
 //! <https://github.com/Project-HAMi/HAMi-core>).
 
+use core::fmt;
+use core::num::NonZeroU8;
 use core::sync::atomic::Ordering::SeqCst;
 
 use super::{ProcSlot, SharedRegion, MAX_DEVICES};
@@ -12,14 +14,49 @@ use super::{ProcSlot, SharedRegion, MAX_DEVICES};
 /// inspect`, the daemon's expected limits): a whole GPU.
 pub const SM_UNLIMITED: u64 = 100;
 
-/// The SM share an `sm_limit` cell sets, in percent, or `None`: 0 (unset)
-/// and anything from 100 up mean no limit.
+/// An SM limit in force: a share of the device from 1 to 99 percent. Only
+/// [`sm_limit`] makes one, so "no limit" is `None`, never a value that a
+/// reader must remember to test for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SmLimit(NonZeroU8);
+
+impl SmLimit {
+    /// The limit in percent (1 to 99).
+    #[inline]
+    pub const fn percent(self) -> u32 {
+        self.0.get() as u32
+    }
+}
+
+impl fmt::Display for SmLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The SM limit an `sm_limit` cell sets, or `None`: 0 (unset) and anything
+/// from 100 up mean no limit.
 #[inline]
-pub const fn sm_limit(raw: u64) -> Option<u32> {
+pub const fn sm_limit(raw: u64) -> Option<SmLimit> {
     if raw > 0 && raw < SM_UNLIMITED {
-        Some(raw as u32)
+        // raw is 1..=99: it fits a u8 and is not 0.
+        match NonZeroU8::new(raw as u8) {
+            Some(n) => Some(SmLimit(n)),
+            None => None,
+        }
     } else {
         None
+    }
+}
+
+/// What a cell holding a limit in percent (the region's, the node table's,
+/// the hook's own atomics) stores for `limit`: 0 for none, which
+/// [`sm_limit`] reads back as `None`.
+#[inline]
+pub const fn sm_limit_cell(limit: Option<SmLimit>) -> u32 {
+    match limit {
+        Some(l) => l.percent(),
+        None => 0,
     }
 }
 
@@ -28,7 +65,7 @@ pub const fn sm_limit(raw: u64) -> Option<u32> {
 #[inline]
 pub const fn sm_limit_shown(raw: u64) -> u64 {
     match sm_limit(raw) {
-        Some(pct) => pct as u64,
+        Some(l) => l.percent() as u64,
         None => SM_UNLIMITED,
     }
 }
@@ -60,7 +97,7 @@ pub fn used_by_slots(slots: &[ProcSlot], dev: usize) -> u64 {
 
 impl SharedRegion {
     /// [`sm_limit`] of device `dev` (`None` also past the last device).
-    pub fn sm_limit_of(&self, dev: usize) -> Option<u32> {
+    pub fn sm_limit_of(&self, dev: usize) -> Option<SmLimit> {
         self.sm_limit
             .get(dev)
             .and_then(|c| sm_limit(c.load(SeqCst)))
@@ -87,7 +124,11 @@ mod tests {
             (100, None),
             (150, None),
         ] {
-            assert_eq!(sm_limit(raw), want, "{raw}");
+            assert_eq!(sm_limit(raw).map(SmLimit::percent), want, "{raw}");
+            assert_eq!(
+                sm_limit(u64::from(sm_limit_cell(sm_limit(raw)))),
+                sm_limit(raw)
+            );
         }
         assert_eq!(sm_limit(u64::MAX), None);
         assert_eq!(sm_limit_shown(0), 100);

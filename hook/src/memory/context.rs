@@ -19,6 +19,7 @@ use vgpu_common::region::MAX_DEVICES;
 
 use super::context_host::{ContextHost, RealHost};
 use super::limit;
+use super::nvml_line::{own_listed, used_by, Snapshot};
 use super::track::Entry;
 use super::uncounted;
 use crate::driver::native::Native;
@@ -63,48 +64,7 @@ impl Measured {
     }
 }
 
-/// One observation around the creation: NVML's process list and the
-/// device's used memory.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    pub procs: Option<Vec<(u32, u64)>>,
-    pub used: Option<u64>,
-}
-
-impl Snapshot {
-    fn take(d: &impl Nvml, dev: usize) -> Self {
-        Self {
-            procs: d.processes(dev),
-            used: d.device_used(dev),
-        }
-    }
-}
-
-/// The PID to find ourselves under in NVML's list: the known host PID, or,
-/// when the list lacks it, our namespace PID if listed (a driver that
-/// lists a container's processes with namespace PIDs).
-pub fn own_listed(host: Option<u32>, ns: Option<u32>, after: &Snapshot) -> Option<u32> {
-    let listed = |pid: u32| {
-        after
-            .procs
-            .as_ref()
-            .is_some_and(|l| l.iter().any(|(p, _)| *p == pid))
-    };
-    match host {
-        Some(h) if !listed(h) => ns.filter(|n| listed(*n)).or(Some(h)),
-        other => other,
-    }
-}
-
 /// Infers the context size from snapshots before and after the creation.
-/// The memory NVML's process list charges `pid` (all its lines summed).
-pub fn used_by(list: &[(u32, u64)], pid: u32) -> u64 {
-    list.iter()
-        .filter(|(p, _)| *p == pid)
-        .map(|(_, u)| *u)
-        .sum()
-}
-
 /// `own` is this process's host PID when known.
 pub fn infer(
     own: Option<u32>,

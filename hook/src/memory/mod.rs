@@ -17,10 +17,12 @@ pub mod info;
 pub mod ipc;
 pub mod limit;
 pub mod modules;
+pub mod nvml_line;
 pub mod oversubscribe;
 pub mod track;
 pub mod vmm;
 pub mod vmm_lifetime;
+pub mod vmm_table;
 
 #[cfg(test)]
 mod tests;

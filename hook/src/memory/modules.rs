@@ -19,8 +19,8 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::context::{own_listed, used_by, Snapshot};
 use super::context_host::{ContextHost, RealHost};
+use super::nvml_line::{own_listed, used_by, Snapshot};
 use crate::driver::Nvml;
 use crate::region::Kind;
 use crate::state::{Process, UNKNOWN};

@@ -6,10 +6,9 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
 use super::alloc::{mem_alloc_in, mem_free_in};
-use super::context::{
-    counted_context, infer, own_listed, released_by_destroy, released_by_reset, Measured, Snapshot,
-};
+use super::context::{counted_context, infer, released_by_destroy, released_by_reset, Measured};
 use super::info::mem_get_info_in;
+use super::nvml_line::{own_listed, Snapshot};
 use super::track::Tracker;
 use super::{counted, uncounted};
 use crate::config::Config;

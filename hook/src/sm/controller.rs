@@ -15,6 +15,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use vgpu_common::region::rules::SmLimit;
 use vgpu_common::region::MAX_DEVICES;
 
 use crate::sm::admission::coast::Coast;
@@ -39,8 +40,8 @@ pub(crate) struct Ticket {
     cost_ns: u64,
     /// What the bucket was charged (`cost_ns × correction`).
     billed_ns: u64,
-    /// Percent it was charged at (0 = not charged to the bucket).
-    pct: u32,
+    /// The limit it was charged at (`None`: not charged to the bucket).
+    pct: Option<SmLimit>,
     stream: usize,
     /// (context, start event, end event).
     sample: Option<(usize, usize, usize)>,
@@ -69,8 +70,8 @@ pub(crate) struct Work {
 
 /// What admission decided for one launch.
 struct Admitted {
-    /// Percent charged at (0: not charged).
-    pct: u32,
+    /// The limit charged at (`None`: not charged).
+    pct: Option<SmLimit>,
     slept: bool,
     billed: u64,
     /// Held by a higher priority first.
@@ -156,7 +157,7 @@ impl<S: Sys> Controller<S> {
             key: w.key,
             cost_ns: cost,
             billed_ns: 0,
-            pct: 0,
+            pct: None,
             stream: w.stream,
             sample: None,
             mark: None,
@@ -227,9 +228,9 @@ impl<S: Sys> Controller<S> {
         let arrived = now;
         loop {
             let pct = self.settings.enforced(dev);
-            if pct == 0 && !self.settings.ranked() {
+            if pct.is_none() && !self.settings.ranked() {
                 return Admitted {
-                    pct: 0,
+                    pct: None,
                     slept,
                     billed: 0,
                     held: false,
@@ -250,15 +251,15 @@ impl<S: Sys> Controller<S> {
                     continue;
                 }
             }
-            if pct == 0 {
+            let Some(pct) = pct else {
                 self.sharing.note_queued(&self.sys, dev, now, cost);
                 return Admitted {
-                    pct: 0,
+                    pct: None,
                     slept,
                     billed: 0,
                     held,
                 };
-            }
+            };
             let billed = correction::charge(b, cost);
             let turn = self.sharing.turn(dev);
             let light = self.sharing.light(dev);
@@ -286,7 +287,7 @@ impl<S: Sys> Controller<S> {
                         self.feedback.on_launch(&self.sys, dev, now, pct);
                     }
                     return Admitted {
-                        pct,
+                        pct: Some(pct),
                         slept,
                         billed,
                         held,
@@ -332,9 +333,9 @@ impl<S: Sys> Controller<S> {
         // The launch did not happen: take its charge back.
         self.learner.cancel(&self.sys, t.key, t.cost_ns, t.sample);
         self.share.add(t.dev, -(t.cost_ns as i64));
-        if t.pct > 0 {
+        if let Some(pct) = t.pct {
             let b = &self.sys.buckets().devs[t.dev];
-            self.admission.refund(b, self.sys.now(), t.billed_ns, t.pct);
+            self.admission.refund(b, self.sys.now(), t.billed_ns, pct);
         }
     }
 
@@ -347,8 +348,7 @@ impl<S: Sys> Controller<S> {
         }
         let owed = i64::try_from(owed).unwrap_or(i64::MAX);
         self.share.add(dev, owed);
-        let pct = self.settings.enforced(dev);
-        if pct != 0 {
+        if let Some(pct) = self.settings.enforced(dev) {
             let b = &self.sys.buckets().devs[dev];
             let turns = self.sharing.turn(dev).is_some();
             self.admission.settle(b, now, owed, pct, turns);
@@ -358,10 +358,9 @@ impl<S: Sys> Controller<S> {
     /// Charges GPU time learnt after the fact (launches charged a guess),
     /// at most a frame of wall time at the limit (`admission::settlement_cap`).
     fn settle(&self, dev: usize, owed: i64) {
-        let pct = self.settings.limit(dev);
-        let owed = admission::settlement_cap(owed, pct);
+        let owed = admission::settlement_cap(owed, self.settings.limit(dev));
         self.share.add(dev, owed);
-        if self.settings.enforced(dev) != 0 {
+        if let Some(pct) = self.settings.enforced(dev) {
             let b = &self.sys.buckets().devs[dev];
             let turns = self.sharing.turn(dev).is_some();
             self.admission.settle(b, self.sys.now(), owed, pct, turns);

@@ -1,6 +1,7 @@
 //! `vgpu generate-assets` (for the build, outside the CLI's clap tree:
 //! `crate::cli::Invocation`): shell completions and man pages from the clap
 //! definitions, so they can never describe another CLI than the binary's.
+//! The CLI hands its clap tree in: this module knows nothing of it.
 //! `cargo xtask build` runs it into `target/dist/share/`; the image ships
 //! that tree under `/usr/local/share/`.
 
@@ -8,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::CommandFactory as _;
 use clap_complete::Shell;
 
 /// The word that selects it: `vgpu generate-assets DIR`.
@@ -20,7 +20,7 @@ pub const SUBCOMMAND: &str = "generate-assets";
 /// `zsh/site-functions/_vgpu`, `fish/vendor_completions.d/vgpu.fish`,
 /// `man/man1/vgpu.1` and one `man/man1/vgpu-<subcommand>.1` each.
 #[derive(clap::Parser, Debug)]
-#[command(name = "vgpu-generate-assets", bin_name = "vgpu generate-assets", version = crate::cli::VERSION)]
+#[command(name = "vgpu-generate-assets", bin_name = "vgpu generate-assets", version = env!("VGPU_VERSION"))]
 pub struct Args {
     /// The directory to write into (created if missing).
     #[arg(value_name = "DIR")]
@@ -34,11 +34,11 @@ const SHELLS: &[(Shell, &str)] = &[
     (Shell::Fish, "fish/vendor_completions.d"),
 ];
 
-/// Runs `vgpu generate-assets`.
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+/// Runs `vgpu generate-assets` for the CLI `cli`.
+pub fn run(args: Args, cli: &clap::Command) -> anyhow::Result<ExitCode> {
     for (shell, dir) in SHELLS {
         let dir = create(&args.out.join(dir))?;
-        let mut cmd = crate::cli::Cli::command();
+        let mut cmd = cli.clone();
         let written =
             clap_complete::generate_to(*shell, &mut cmd, "vgpu", &dir).with_context(|| {
                 format!(
@@ -55,7 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     let man = create(&args.out.join("man/man1"))?;
-    clap_mangen::generate_to(crate::cli::Cli::command(), &man)
+    clap_mangen::generate_to(cli.clone(), &man)
         .with_context(|| format!("cannot write the man pages into {}", man.display()))?;
     Ok(ExitCode::SUCCESS)
 }

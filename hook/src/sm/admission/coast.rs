@@ -21,6 +21,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
+use vgpu_common::region::rules::SmLimit;
 use vgpu_common::region::MAX_DEVICES;
 
 use crate::sm::tuning::{COAST_BELOW, COAST_WINDOW_NS};
@@ -106,17 +107,17 @@ impl Coast {
         dev: usize,
         now: u64,
         charged: u64,
-        pct: u32,
+        pct: Option<SmLimit>,
         factor: f64,
         eligible: bool,
     ) {
         let Some(d) = self.devs.get(dev) else {
             return;
         };
-        if !eligible || pct == 0 {
+        let Some(pct) = pct.filter(|_| eligible) else {
             d.until.store(0, Relaxed);
             return;
-        }
+        };
         let at = d.mark_at.load(Relaxed);
         if at != 0 && now < at.saturating_add(COAST_WINDOW_NS) {
             return;
@@ -132,7 +133,7 @@ impl Coast {
         if at == 0 {
             return;
         }
-        let share = f64::from(pct) / 100.0;
+        let share = f64::from(pct.percent()) / 100.0;
         let rate = charged.wrapping_sub(before) as i64 as f64 / (now - at).max(1) as f64;
         if rate < share * COAST_BELOW {
             let budget =
@@ -155,11 +156,12 @@ mod tests {
     #[test]
     fn a_window_opens_only_far_under_the_limit_and_holds_a_budget() {
         let c = Coast::default();
+        let fifty = vgpu_common::region::rules::sm_limit(50);
         // The first measurement only marks.
-        c.plan(0, 100 * MS, 0, 50, 1.0, true);
+        c.plan(0, 100 * MS, 0, fifty, 1.0, true);
         assert!(!c.open(0, 100 * MS + 1));
         // 10 % of the window charged at limit 50: far under, a window.
-        c.plan(0, 110 * MS, MS, 50, 1.0, true);
+        c.plan(0, 110 * MS, MS, fifty, 1.0, true);
         assert!(c.open(0, 115 * MS) && !c.open(0, 120 * MS));
         assert!(c.any_open(115 * MS) && !c.open(1, 115 * MS));
         // Budget: 0.75 × 50 % × 10 ms = 3.75 ms.
@@ -170,12 +172,12 @@ mod tests {
         assert_eq!(c.take_owed(0), 3 * MS);
         assert_eq!(c.take_owed(0), 0);
         // 40 % charged over the next window at limit 50: too close.
-        c.plan(0, 120 * MS, 5 * MS, 50, 1.0, true);
+        c.plan(0, 120 * MS, 5 * MS, fifty, 1.0, true);
         assert!(!c.open(0, 121 * MS));
         // Not eligible: closed at once, whatever the rate.
-        c.plan(0, 130 * MS, 5 * MS, 50, 1.0, true);
+        c.plan(0, 130 * MS, 5 * MS, fifty, 1.0, true);
         assert!(c.open(0, 131 * MS));
-        c.plan(0, 131 * MS, 5 * MS, 50, 1.0, false);
+        c.plan(0, 131 * MS, 5 * MS, fifty, 1.0, false);
         assert!(!c.open(0, 132 * MS));
     }
 }

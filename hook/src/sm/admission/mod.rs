@@ -11,6 +11,7 @@ pub(super) mod gcra;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
+use vgpu_common::region::rules::SmLimit;
 use vgpu_common::sidecar::DevBucket;
 
 use crate::sm::correction;
@@ -37,7 +38,7 @@ impl Admission {
         turn: Option<Phase>,
         now: u64,
         billed: u64,
-        pct: u32,
+        pct: SmLimit,
         light: bool,
     ) -> (Admit, bool) {
         match turn {
@@ -48,7 +49,10 @@ impl Admission {
                 } else {
                     self.depth.get()
                 };
-                (gcra::try_admit(&b.tat, now, billed, pct, depth), false)
+                (
+                    gcra::try_admit(&b.tat, now, billed, pct.percent(), depth),
+                    false,
+                )
             }
         }
     }
@@ -61,11 +65,18 @@ impl Admission {
     /// Charges `owed` GPU ns (negative: refunds) learnt after the fact to
     /// `b` at `pct`, with the correction; taking turns, the container's
     /// queue then drains that much later (or sooner).
-    pub(crate) fn settle(&self, b: &DevBucket, now: u64, owed: i64, pct: u32, taking_turns: bool) {
+    pub(crate) fn settle(
+        &self,
+        b: &DevBucket,
+        now: u64,
+        owed: i64,
+        pct: SmLimit,
+        taking_turns: bool,
+    ) {
         let owed = correction::charge_signed(b, owed);
         // Two's complement: adding a negative amount subtracts it.
         b.charged_ns.fetch_add(owed as u64, Relaxed);
-        gcra::adjust(&b.tat, now, owed, pct, self.depth.get());
+        gcra::adjust(&b.tat, now, owed, pct.percent(), self.depth.get());
         if taking_turns {
             let _ = b
                 .busy_until
@@ -74,18 +85,27 @@ impl Admission {
     }
 
     /// Takes back the `billed` charge of a launch that failed.
-    pub(crate) fn refund(&self, b: &DevBucket, now: u64, billed: u64, pct: u32) {
+    pub(crate) fn refund(&self, b: &DevBucket, now: u64, billed: u64, pct: SmLimit) {
         b.charged_ns.fetch_sub(billed, Relaxed);
-        gcra::adjust(&b.tat, now, -(billed as i64), pct, self.depth.get());
+        gcra::adjust(
+            &b.tat,
+            now,
+            -(billed as i64),
+            pct.percent(),
+            self.depth.get(),
+        );
     }
 }
 
 /// What one key's settlement may charge at most at `pct`: a frame of wall
 /// time. The estimate behind it is the minimum of agreeing samples; what
 /// is over a frame is forgiven rather than made a debt that no launch could
-/// pay before the next frame (a latency-bound tenant's worst wait).
-pub(crate) fn settlement_cap(owed: i64, pct: u32) -> i64 {
-    let cap = (FRAME_NS as u128 * u128::from(pct.clamp(1, 100)) / 100) as i64;
+/// pay before the next frame (a latency-bound tenant's worst wait). With
+/// no limit (a ranked container's launches are accounted too) the cap is
+/// that of the least limit, 1 %.
+pub(crate) fn settlement_cap(owed: i64, pct: Option<SmLimit>) -> i64 {
+    let pct = pct.map_or(1, SmLimit::percent);
+    let cap = (FRAME_NS as u128 * u128::from(pct) / 100) as i64;
     owed.min(cap)
 }
 

@@ -30,6 +30,7 @@ pub(super) mod turn_measure;
 
 use std::sync::atomic::Ordering::Relaxed;
 
+use vgpu_common::region::rules::SmLimit;
 use vgpu_common::sidecar::DevBucket;
 
 use crate::sm::tuning::{
@@ -103,11 +104,11 @@ pub(crate) struct Reading {
     pub shared: bool,
 }
 
-/// Steps the factor of `b` from an NVML reading at `limit` percent; returns
+/// Steps the factor of `b` from an NVML reading at `limit`; returns
 /// (before, after).
-pub(crate) fn from_nvml(b: &DevBucket, limit: u32, r: Reading) -> (f64, f64) {
+pub(crate) fn from_nvml(b: &DevBucket, limit: SmLimit, r: Reading) -> (f64, f64) {
     let was = factor(b);
-    let next = step(was, limit, r);
+    let next = step(was, Some(limit), r);
     b.gain.store(encode(next), Relaxed);
     (was, next)
 }
@@ -139,7 +140,8 @@ pub(crate) fn from_turn(b: &DevBucket, took: u64, charged: u64) -> Option<f64> {
     Some(next.clamp(FACTOR_MIN, FACTOR_MAX))
 }
 
-/// The feedback law: the next factor after a period at `limit` percent.
+/// The feedback law: the next factor after a period at `limit` (`None`:
+/// no limit, nothing to correct).
 ///
 /// Over a period the container was charged `charged` % of wall time and
 /// measured `measured` %; the right factor is `factor × measured /
@@ -149,13 +151,13 @@ pub(crate) fn from_turn(b: &DevBucket, took: u64, charged: u64) -> Option<f64> {
 /// step that converges geometrically and never overshoots, bounded per
 /// step and overall. A period with almost nothing charged says nothing and
 /// the factor holds (an idle container never drives it to a bound).
-pub(crate) fn step(factor: f64, limit: u32, r: Reading) -> f64 {
+pub(crate) fn step(factor: f64, limit: Option<SmLimit>, r: Reading) -> f64 {
     let factor = if factor.is_finite() {
         factor.clamp(FACTOR_MIN, FACTOR_MAX)
     } else {
         1.0
     };
-    if vgpu_common::region::rules::sm_limit(u64::from(limit)).is_none()
+    if limit.is_none()
         || !r.measured.is_finite()
         || !r.charged.is_finite()
         || r.charged < MIN_CHARGED

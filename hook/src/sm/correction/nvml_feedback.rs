@@ -16,6 +16,7 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::Mutex;
 
+use vgpu_common::region::rules::{self, SmLimit};
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use super::nvml_share;
@@ -41,8 +42,8 @@ struct Window {
     at_us: u64,
     /// The container's `charged_ns` counter then.
     charged: u64,
-    /// The limit then.
-    pct: u32,
+    /// The limit then (`None`: no window yet).
+    pct: Option<SmLimit>,
     /// Another container's process was on the device then.
     shared: bool,
     /// The window began at a baseline: it is discarded (NVML's samples lag
@@ -67,7 +68,8 @@ impl Window {
 pub(crate) struct Feedback {
     /// Next step due (CLOCK_MONOTONIC ns).
     next: [AtomicU64; MAX_DEVICES],
-    /// A step is due at this limit (0: none), for the background thread.
+    /// A step is due at this limit (`rules::sm_limit_cell`: 0 for none),
+    /// for the background thread.
     due: [AtomicU32; MAX_DEVICES],
     windows: Mutex<[Window; MAX_DEVICES]>,
 }
@@ -91,13 +93,13 @@ impl Feedback {
         sys: &S,
         dev: usize,
         now: u64,
-        pct: u32,
+        pct: SmLimit,
     ) {
         if now < self.next[dev].load(Relaxed) {
             return;
         }
         if sys.offload() {
-            self.due[dev].store(pct, Relaxed);
+            self.due[dev].store(rules::sm_limit_cell(Some(pct)), Relaxed);
         } else {
             self.step(sys, dev, now, pct);
         }
@@ -106,8 +108,7 @@ impl Feedback {
     /// The background thread's turn: runs the steps launches found due.
     pub(crate) fn background<S: Clock + Container + Nvml + Background>(&self, sys: &S) {
         for (dev, due) in self.due.iter().enumerate() {
-            let pct = due.swap(0, Relaxed);
-            if pct != 0 {
+            if let Some(pct) = rules::sm_limit(u64::from(due.swap(0, Relaxed))) {
                 self.step(sys, dev, sys.now(), pct);
             }
         }
@@ -119,7 +120,7 @@ impl Feedback {
         sys: &S,
         dev: usize,
         now: u64,
-        pct: u32,
+        pct: SmLimit,
     ) {
         let Ok(mut all) = self.windows.try_lock() else {
             return;
@@ -193,7 +194,8 @@ impl Feedback {
             }
         }
         let charged = b.charged_ns.load(Relaxed);
-        let rebase = prev.at == 0 || now.saturating_sub(prev.seen) > MAX_GAP_NS || prev.pct != pct;
+        let rebase =
+            prev.at == 0 || now.saturating_sub(prev.seen) > MAX_GAP_NS || prev.pct != Some(pct);
         let shared = nvml_share::shared(device.as_ref(), &pids);
         // Another container came or went during the window: it was neither
         // alone nor shared throughout, and neither reading fits it.
@@ -210,7 +212,7 @@ impl Feedback {
         st.at = now;
         st.at_us = sys.unix_us();
         st.charged = charged;
-        st.pct = pct;
+        st.pct = Some(pct);
         st.shared = shared;
         st.settling = rebase;
         if rebase || mixed || prev.settling {
@@ -280,6 +282,8 @@ mod tests {
 
     use super::*;
     use crate::sm::tuning::LEASE_NS;
+
+    const THIRTY: SmLimit = rules::sm_limit(30).unwrap();
 
     /// One process of a container, as the loop sees it: a clock, the
     /// region and the container's buckets, and an NVML that says the
@@ -369,7 +373,7 @@ mod tests {
                 p.buckets.devs[0]
                     .charged_ns
                     .fetch_add(PERIOD_NS * 3 / 10 / 2, Relaxed);
-                f.on_launch(p, 0, t, 30);
+                f.on_launch(p, 0, t, THIRTY);
             }
         }
     }
@@ -389,7 +393,7 @@ mod tests {
         b.1.now.store(t, Relaxed);
         let before = b.1.asked.load(Relaxed);
         for i in 1..6 {
-            b.0.on_launch(&b.1, 0, t + i * PERIOD_NS, 30);
+            b.0.on_launch(&b.1, 0, t + i * PERIOD_NS, THIRTY);
         }
         assert!(b.1.asked.load(Relaxed) > before, "the lease passed on");
     }

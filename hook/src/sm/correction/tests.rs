@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::sm::tuning::{FEEDBACK_MAX_STEP, TURN_RATIO_MAX};
+use vgpu_common::region::rules::sm_limit;
 
 /// The plant: a container that would use `demand` % of the device,
 /// whose launches really cost `truth` × their estimate and are charged
@@ -26,7 +27,11 @@ fn run_with(limit: u32, demand: f64, truth: f64, periods: usize) -> Vec<f64> {
     let mut g = 1.0;
     let mut out = vec![g];
     for _ in 0..periods {
-        g = step(g, limit, reading(plant(limit, demand, truth, g)));
+        g = step(
+            g,
+            sm_limit(u64::from(limit)),
+            reading(plant(limit, demand, truth, g)),
+        );
         out.push(g);
     }
     out
@@ -100,8 +105,8 @@ fn holds_when_idle_or_in_the_dead_band() {
     };
     let mut g = 1.7;
     for _ in 0..100 {
-        g = step(g, 30, idle);
-        g = step(g, 30, nearly_idle);
+        g = step(g, sm_limit(30), idle);
+        g = step(g, sm_limit(30), nearly_idle);
     }
     assert_eq!(g, 1.7);
     let close = Reading {
@@ -109,15 +114,15 @@ fn holds_when_idle_or_in_the_dead_band() {
         charged: 50.0,
         shared: false,
     };
-    assert_eq!(step(0.8, 50, close), 0.8);
+    assert_eq!(step(0.8, sm_limit(50), close), 0.8);
     // No limit: nothing to correct.
     let off = Reading {
         measured: 90.0,
         charged: 30.0,
         shared: false,
     };
-    assert_eq!(step(0.8, 0, off), 0.8);
-    assert_eq!(step(0.8, 100, off), 0.8);
+    assert_eq!(step(0.8, sm_limit(0), off), 0.8);
+    assert_eq!(step(0.8, sm_limit(100), off), 0.8);
 }
 
 #[test]
@@ -127,10 +132,10 @@ fn bounded_per_step_and_overall() {
         charged: 30.0,
         shared: false,
     };
-    assert!((step(1.0, 30, zero) - 1.0 / FEEDBACK_MAX_STEP).abs() < 1e-12);
+    assert!((step(1.0, sm_limit(30), zero) - 1.0 / FEEDBACK_MAX_STEP).abs() < 1e-12);
     let mut g = 1.0;
     for _ in 0..50 {
-        g = step(g, 30, zero);
+        g = step(g, sm_limit(30), zero);
     }
     assert_eq!(g, FACTOR_MIN);
     let full = Reading {
@@ -139,10 +144,13 @@ fn bounded_per_step_and_overall() {
         shared: false,
     };
     for _ in 0..50 {
-        g = step(g, 10, full);
+        g = step(g, sm_limit(10), full);
     }
     assert_eq!(g, FACTOR_MAX);
-    assert_eq!(step(f64::NAN, 30, full), step(1.0, 30, full));
+    assert_eq!(
+        step(f64::NAN, sm_limit(30), full),
+        step(1.0, sm_limit(30), full)
+    );
     assert_eq!(decode(0), 1.0);
     assert_eq!(decode(encode(2.5)), 2.5);
     assert_eq!(decode(f64::NAN.to_bits()), 1.0);

@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::Mutex;
 
+use vgpu_common::region::rules::{self, SmLimit};
 use vgpu_common::region::MAX_DEVICES;
 
 use crate::driver::Events;
@@ -96,13 +97,13 @@ impl Sharing {
     }
 
     /// Re-plans `dev` when due at `now`: the container is active there at
-    /// `pct` (0: accounted, not limited) with priority `priority`.
+    /// `pct` (`None`: accounted, not limited) with priority `priority`.
     pub(crate) fn replan_if_due<S: Container + NodeTable>(
         &self,
         sys: &S,
         dev: usize,
         now: u64,
-        pct: u32,
+        pct: Option<SmLimit>,
         priority: i32,
     ) {
         if now >= self.plan_next[dev].load(Relaxed) {
@@ -119,7 +120,7 @@ impl Sharing {
         sys: &S,
         dev: usize,
         now: u64,
-        pct: u32,
+        pct: Option<SmLimit>,
         priority: i32,
     ) {
         if self.replanning.swap(true, Acquire) {
@@ -127,8 +128,8 @@ impl Sharing {
         }
         self.plan_next[dev].store(now.saturating_add(REPLAN_NS), Relaxed);
         let b = &sys.buckets().devs[dev];
-        let wants = pct != 0 && self.wants_share(b, dev, now, pct);
-        self.light[dev].store(pct != 0 && self.demand.light(dev), Relaxed);
+        let wants = pct.is_some_and(|p| self.wants_share(b, dev, now, p));
+        self.light[dev].store(pct.is_some() && self.demand.light(dev), Relaxed);
         let mut higher = 0;
         let mut outranked = false;
         let mut member = 0;
@@ -140,7 +141,7 @@ impl Sharing {
                 .iter()
                 .position(|m| std::ptr::eq(m, me))
                 .map_or(0, |i| i as u32 + 1);
-            me.touch(now, pct);
+            me.touch(now, rules::sm_limit_cell(pct));
             me.set_priority(Some(priority));
             higher = node.higher(id, me.rank.load(Relaxed), now, HOLD_NS);
             outranked = node.higher(id, me.rank.load(Relaxed), now, MONITOR_LAG_NS) != 0;
@@ -202,12 +203,12 @@ impl Sharing {
         b: &vgpu_common::sidecar::DevBucket,
         dev: usize,
         now: u64,
-        pct: u32,
+        pct: SmLimit,
     ) -> bool {
         let turn = self.turn(dev);
         let share = match turn {
             Some(p) => p.len as f64 / phase::FRAME_NS as f64,
-            None => f64::from(pct) / 100.0,
+            None => f64::from(pct.percent()) / 100.0,
         };
         let rate = correction::demand_rate(b, turn.is_some());
         self.demand

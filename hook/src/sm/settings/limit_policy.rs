@@ -11,7 +11,8 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
-use vgpu_common::region::{policy, rules, SharedRegion, MAX_DEVICES};
+use vgpu_common::region::rules::{self, SmLimit};
+use vgpu_common::region::{policy, SharedRegion, MAX_DEVICES};
 
 /// `recent_kernel` value meaning "launched recently".
 pub const ACTIVE: i32 = 2;
@@ -28,8 +29,8 @@ pub fn enforced(policy_: i32, switch: i32) -> bool {
 /// One reading of the region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RegionReading {
-    /// Percent per device; 0 = no limit on that device.
-    pub limits: [u32; MAX_DEVICES],
+    /// Per device (`None`: no limit there).
+    pub limits: [Option<SmLimit>; MAX_DEVICES],
     pub enforce: bool,
     /// The monitor blocks this container (`recent_kernel < 0`).
     pub blocked: bool,
@@ -41,7 +42,7 @@ impl RegionReading {
         self.limits
             .iter()
             .enumerate()
-            .filter(|(_, &l)| l > 0)
+            .filter(|(_, l)| l.is_some())
             .fold(0, |m, (d, _)| m | (1 << d))
     }
 }
@@ -49,10 +50,7 @@ impl RegionReading {
 /// Reads the settings (relaxed loads; the monitor writes with plain atomic
 /// stores).
 pub fn read(region: &SharedRegion, policy_: i32) -> RegionReading {
-    let mut limits = [0u32; MAX_DEVICES];
-    for (d, l) in limits.iter_mut().enumerate() {
-        *l = rules::sm_limit(region.sm_limit[d].load(Relaxed)).unwrap_or(0);
-    }
+    let limits = std::array::from_fn(|d| rules::sm_limit(region.sm_limit[d].load(Relaxed)));
     RegionReading {
         limits,
         enforce: enforced(policy_, region.utilization_switch.load(Relaxed)),
@@ -71,15 +69,12 @@ pub fn live_processes(region: &SharedRegion) -> u32 {
 }
 
 /// One process's part of a container limit of `pct` shared by `n`
-/// processes that cannot share a bucket: `pct / n`, at least 1 % (0 stays
-/// "no limit"), so that together they never take more than `pct`
+/// processes that cannot share a bucket: `pct / n`, at least 1 % (no limit
+/// stays none), so that together they never take more than `pct`
 /// (give or take 1 % each).
-pub fn part(pct: u32, n: u32) -> u32 {
-    if pct == 0 {
-        0
-    } else {
-        (pct / n.max(1)).max(1)
-    }
+pub fn part(pct: Option<SmLimit>, n: u32) -> Option<SmLimit> {
+    // From 1 to `pct`: always a limit.
+    pct.and_then(|p| rules::sm_limit(u64::from((p.percent() / n.max(1)).max(1))))
 }
 
 /// Marks that the container launched: `recent_kernel = 2` unless the
@@ -136,8 +131,8 @@ mod tests {
         r.utilization_switch.store(0, Relaxed);
         r.recent_kernel.store(-1, Relaxed);
         let s = read(r, policy::DEFAULT);
-        assert_eq!(s.limits[0], 30);
-        assert_eq!(s.limits[2], 0);
+        assert_eq!(s.limits[0].map(SmLimit::percent), Some(30));
+        assert_eq!(s.limits[2], None);
         assert_eq!(s.limited_mask(), 0b1001);
         assert!(!s.enforce && s.blocked);
         assert!(read(r, policy::FORCE).enforce);

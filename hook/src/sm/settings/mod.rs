@@ -18,6 +18,7 @@ pub(super) mod limit_policy;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
 
+use vgpu_common::region::rules::{self, SmLimit};
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use crate::sm::sys::{Clock, Container, NodeTable};
@@ -33,6 +34,7 @@ pub(crate) struct Settings {
     limited: AtomicU32,
     enforce: AtomicBool,
     blocked: AtomicBool,
+    /// Per device, as `rules::sm_limit_cell` encodes it.
     limits: [AtomicU32; MAX_DEVICES],
     /// Unix seconds of this process's last `last_kernel_time` write.
     last_secs: AtomicU64,
@@ -92,7 +94,7 @@ impl Settings {
                 }
             }
             for (d, l) in s.limits.iter().enumerate() {
-                self.limits[d].store(*l, Relaxed);
+                self.limits[d].store(rules::sm_limit_cell(*l), Relaxed);
             }
             self.enforce.store(s.enforce, Relaxed);
             let priority = region.priority.load(Relaxed);
@@ -137,19 +139,15 @@ impl Settings {
         self.limited.load(Relaxed)
     }
 
-    /// The limit on `dev` (0: none).
-    pub(crate) fn limit(&self, dev: usize) -> u32 {
-        self.limits[dev].load(Relaxed)
+    /// The limit on `dev`.
+    pub(crate) fn limit(&self, dev: usize) -> Option<SmLimit> {
+        rules::sm_limit(u64::from(self.limits[dev].load(Relaxed)))
     }
 
-    /// The limit on `dev` while it is enforced (0: none or not enforced).
-    pub(crate) fn enforced(&self, dev: usize) -> u32 {
-        let pct = self.limit(dev);
-        if pct != 0 && self.enforce.load(Relaxed) {
-            pct
-        } else {
-            0
-        }
+    /// The limit on `dev` while it is enforced (`None`: none or not
+    /// enforced).
+    pub(crate) fn enforced(&self, dev: usize) -> Option<SmLimit> {
+        self.limit(dev).filter(|_| self.enforce.load(Relaxed))
     }
 
     pub(crate) fn ranked(&self) -> bool {
@@ -262,12 +260,16 @@ mod tests {
         assert!(s.due(0));
         s.refresh(&p, 5, |_, slot, mask| published = Some((slot, mask)));
         assert_eq!(published, Some((0, 0b10)), "100 % is no limit");
-        assert_eq!((s.limit(1), s.enforced(1), s.limit(2)), (30, 30, 0));
+        let pct = |l: Option<SmLimit>| l.map(SmLimit::percent);
+        assert_eq!(
+            (pct(s.limit(1)), pct(s.enforced(1)), s.limit(2)),
+            (Some(30), Some(30), None)
+        );
         assert!(!s.due(5 + REFRESH_NS - 1) && s.due(5 + REFRESH_NS));
         // The monitor switches enforcement off: still accounted, not held.
         r.utilization_switch.store(0, Relaxed);
         s.refresh(&p, 5 + REFRESH_NS, |_, _, _| {});
-        assert_eq!((s.limited(), s.enforced(1)), (0b10, 0));
+        assert_eq!((s.limited(), s.enforced(1)), (0b10, None));
         assert_eq!(r.recent_kernel.load(Relaxed), limit_policy::ACTIVE);
     }
 
