@@ -10,24 +10,24 @@ use std::time::{Duration, Instant};
 use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
-use super::check::{excess, Observation, Streaks, Thresholds};
-use super::container_identity::{ContainerIdentities, ContainerIdentity};
-use super::exposition::Exposition;
-use super::findings::{self, Finding, Kind, Subject};
-use super::hostpid::{self, Miss, SlotRef};
-use super::integrity::{self, Integrity, ProcInput};
-use super::launches::Ledger;
-use super::libs::LibWatch;
-use super::metrics::{self, Counters, Snapshot};
-use super::node_table::{Holder, NodeTables};
-use super::nvml::{DeviceSample, NvmlView, Sample};
-use super::pods::PodNames;
-use super::procfs::{ProcIdentity, Procfs};
-use super::reclaim::Reclaimer;
-use super::region_cache::{RegionCache, RegionKey, Tenant, MAX_OPEN};
-use super::region_view;
-use super::retention::Retention;
-use super::utilization::{self, SlotProc, Utilization};
+use crate::daemon::collect::container_identity::{ContainerIdentities, ContainerIdentity};
+use crate::daemon::collect::libs::LibWatch;
+use crate::daemon::collect::nvml::{DeviceSample, NvmlView, Sample};
+use crate::daemon::collect::pods::PodNames;
+use crate::daemon::collect::procfs::{ProcIdentity, Procfs};
+use crate::daemon::collect::region_cache::{RegionCache, RegionKey, Tenant, MAX_OPEN};
+use crate::daemon::judge::check::{excess, Observation, Streaks, Thresholds};
+use crate::daemon::judge::hostpid::{self, Miss, SlotRef};
+use crate::daemon::judge::integrity::{self, Integrity, ProcInput};
+use crate::daemon::judge::launches::Ledger;
+use crate::daemon::judge::node_table::{Holder, NodeTables};
+use crate::daemon::judge::reclaim::Reclaimer;
+use crate::daemon::judge::utilization::{self, SlotProc, Utilization};
+use crate::daemon::publish::exposition::Exposition;
+use crate::daemon::publish::metrics::{self, Counters, Snapshot};
+use crate::daemon::publish::region_view;
+use crate::daemon::state::findings::{self, Finding, Kind, Subject};
+use crate::daemon::state::retention::Retention;
 use crate::host_pidns::NotHost;
 use crate::probes::{ProbeError, ProbeSet};
 use crate::regions::discover::{discover_listed, Bounds, Listings};
@@ -82,7 +82,7 @@ pub struct ObserverSettings {
     pub pods_log_dir: PathBuf,
     /// This node's name, a label of the host GPU series (empty: none).
     pub node: String,
-    /// Also export HAMi 2.5–2.8's series (`super::legacy_metrics`).
+    /// Also export HAMi 2.5–2.8's series (`crate::daemon::publish::legacy_metrics`).
     pub legacy_metrics: bool,
     /// Limit integrity checks (`None`: off).
     pub integrity: Option<integrity::Config>,
@@ -141,7 +141,7 @@ pub struct ScanOutput {
     pub metrics: Exposition,
     pub findings_json: String,
     pub findings: usize,
-    /// [`super::utilization::State`] as JSON.
+    /// [`crate::daemon::judge::utilization::State`] as JSON.
     pub utilization_json: String,
 }
 

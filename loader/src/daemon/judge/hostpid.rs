@@ -12,8 +12,8 @@ use vgpu_common::env::{SHARED_CACHE, SHARED_CACHE_DEFAULT};
 use vgpu_common::region::{status, ProcSlot};
 use vgpu_common::region_io::{slot_offset, IoError, RegionIo};
 
-use super::procfs::{ProcIdentity, Procfs};
-use super::region_cache::{Full, RegionCache, RegionKey, Tenant};
+use crate::daemon::collect::procfs::{ProcIdentity, Procfs};
+use crate::daemon::collect::region_cache::{Full, RegionCache, RegionKey, Tenant};
 use crate::regions::open::{open_in_process, Access, OpenError};
 
 /// Processes of one region found in one poll share one read of it.

@@ -17,11 +17,11 @@ use prometheus_client::registry::Registry;
 use vgpu_common::event::ProcCounters;
 use vgpu_common::region::rules;
 
-use super::container_identity::ContainerIdentity;
-use super::findings::{Finding, Kind};
-use super::nvml::DeviceSample;
-use super::pods::PodNames;
-use super::region_cache::Overruns;
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::collect::nvml::DeviceSample;
+use crate::daemon::collect::pods::PodNames;
+use crate::daemon::collect::region_cache::Overruns;
+use crate::daemon::state::findings::{Finding, Kind};
 
 /// Label pairs.
 pub type Labels = Vec<(String, String)>;
@@ -94,7 +94,7 @@ pub struct Snapshot<'a> {
     pub node: &'a str,
     /// Pod names by UID, for the per-pod findings series.
     pub pods: Option<&'a PodNames>,
-    /// Also export HAMi 2.5–2.8's series ([`super::legacy_metrics`]).
+    /// Also export HAMi 2.5–2.8's series ([`crate::daemon::publish::legacy_metrics`]).
     pub legacy: bool,
 }
 
@@ -114,7 +114,7 @@ pub struct Counters {
     /// Calls the probes could not record, by reason.
     pub probe_lost: Family<Labels, Counter>,
     /// Violations found, by kind and the action taken
-    /// (`super::retention`).
+    /// (`crate::daemon::state::retention`).
     pub violations: Family<Labels, Counter>,
 }
 
@@ -201,12 +201,12 @@ impl EncodeLabelSet for Series {
 }
 
 /// Renders the snapshot and the counters as OpenMetrics text
-/// (`super::exposition` derives the classic text format from it).
+/// (`crate::daemon::publish::exposition` derives the classic text format from it).
 pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let mut reg = Registry::default();
     let hami = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
     if s.legacy {
-        super::legacy_metrics::register(hami, s);
+        crate::daemon::publish::legacy_metrics::register(hami, s);
     }
 
     let vused = Family::<Series, GaugeU>::default();
@@ -557,7 +557,7 @@ mod tests {
     /// the per-kind counts stay one series per kind.
     #[test]
     fn findings_series_carry_the_node_and_the_pod() {
-        use crate::daemon::pods::PodName;
+        use crate::daemon::collect::pods::PodName;
         let id = ContainerIdentity {
             cgroup: "/cg".into(),
             pod_uid: Some("u1".into()),

@@ -34,11 +34,11 @@ use vgpu_common::env::TASK_PRIORITY;
 use vgpu_common::node::{NodeView, MEMBERS, SIZE as TABLE_SIZE};
 use vgpu_common::sidecar;
 
-use super::container_identity::ContainerIdentity;
-use super::findings::{Finding, Kind};
-use super::integrity::expected::lookup;
-use super::integrity::spec::{self, SpecPattern};
-use super::procfs::Procfs;
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::collect::procfs::Procfs;
+use crate::daemon::judge::integrity::expected::lookup;
+use crate::daemon::judge::integrity::spec::{self, SpecPattern};
+use crate::daemon::state::findings::{Finding, Kind};
 use crate::regions::open::{open_file, open_file_in, open_file_in_process, Access, OpenError};
 
 /// Tables looked at in the directory, at most (one per GPU of the node).

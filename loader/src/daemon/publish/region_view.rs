@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use vgpu_common::region::{rules, status, ProcSlot, SharedRegion, MAX_DEVICES};
 
-use super::container_identity::{ContainerIdentities, ContainerIdentity};
-use super::launches::Ledger;
-use super::metrics::{Labels, RegionDevice, RegionView};
-use super::pods::{PodName, PodNames};
-use super::region_cache::{RegionCache, RegionKey};
-use super::region_owner::{region_owner, RegionOwner};
-use super::utilization::{daemon_publishes, Measured, Utilization};
+use crate::daemon::collect::container_identity::{ContainerIdentities, ContainerIdentity};
+use crate::daemon::collect::pods::{PodName, PodNames};
+use crate::daemon::collect::region_cache::{RegionCache, RegionKey};
+use crate::daemon::collect::region_owner::{region_owner, RegionOwner};
+use crate::daemon::judge::launches::Ledger;
+use crate::daemon::judge::utilization::{daemon_publishes, Measured, Utilization};
+use crate::daemon::publish::metrics::{Labels, RegionDevice, RegionView};
 use crate::regions::liveness::{AliveBy, Mappers};
 
 /// The longest value of any label: what a tenant names (a region path may

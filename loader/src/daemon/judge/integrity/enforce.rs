@@ -10,8 +10,8 @@ use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 use vgpu_common::region_io::RegionIo;
 
-use crate::daemon::findings::{LimitMismatch, LimitName};
-use crate::daemon::procfs::Procfs;
+use crate::daemon::collect::procfs::Procfs;
+use crate::daemon::state::findings::{LimitMismatch, LimitName};
 use vgpu_common::region::rules::sm_limit_shown;
 
 /// A region's limit cells, as [`restore`] reads and writes them.

@@ -35,9 +35,9 @@ use vgpu_common::lock;
 use vgpu_common::region::{ProcSlot, MAX_DEVICES};
 use vgpu_common::region_io::RegionIo;
 
-use super::hostpid::SlotRef;
-use super::procfs::{ProcIdentity, Procfs};
-use super::region_cache::{RegionCache, RegionKey};
+use crate::daemon::collect::procfs::{ProcIdentity, Procfs};
+use crate::daemon::collect::region_cache::{RegionCache, RegionKey};
+use crate::daemon::judge::hostpid::SlotRef;
 use crate::host_pidns::NotHost;
 use vgpu_common::reclaim;
 
@@ -238,7 +238,7 @@ fn free_dead(file: &RegionIo, procfs: &Procfs, dead: &[Dead]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::region_cache::Tenant;
+    use crate::daemon::collect::region_cache::Tenant;
     use std::os::unix::fs::MetadataExt;
     use std::path::Path;
     use std::sync::atomic::Ordering::Relaxed;
