@@ -24,8 +24,9 @@ use crate::daemon::judge::node_table::{Holder, NodeTables};
 use crate::daemon::judge::reclaim::Reclaimer;
 use crate::daemon::judge::utilization::{self, SlotProc, Utilization};
 use crate::daemon::publish::exposition::Exposition;
-use crate::daemon::publish::metrics::{self, Counters, Snapshot};
+use crate::daemon::publish::metrics;
 use crate::daemon::publish::region_view;
+use crate::daemon::publish::snapshot::{self, Counters, Snapshot};
 use crate::daemon::state::findings::{self, Finding, Kind, Subject};
 use crate::daemon::state::retention::Retention;
 use crate::host_pidns::NotHost;
@@ -173,7 +174,7 @@ pub struct Observer {
     /// read again).
     listings: Listings,
     /// How long the last scan and its render took.
-    last_timing: metrics::ScanTiming,
+    last_timing: snapshot::ScanTiming,
     /// The last render: when, what it showed (a fingerprint of the regions
     /// and findings), the text.
     rendered: Option<(Instant, u64, Exposition)>,
@@ -225,7 +226,7 @@ impl Observer {
             root_open: HashMap::new(),
             root_listed: None,
             listings: Listings::default(),
-            last_timing: metrics::ScanTiming::default(),
+            last_timing: snapshot::ScanTiming::default(),
             rendered: None,
             utilization_json: String::new(),
             reclaimer,
@@ -519,7 +520,7 @@ impl Observer {
         let rendering = Instant::now();
         let metrics = Exposition::from_openmetrics(metrics::render(&snap, &self.counters));
         drop(snap);
-        self.last_timing = metrics::ScanTiming {
+        self.last_timing = snapshot::ScanTiming {
             render: rendering.elapsed(),
             scan: started.elapsed(),
         };
@@ -762,7 +763,7 @@ impl Observer {
             let fam = self
                 .counters
                 .probe_lost
-                .get_or_create(&metrics::one("reason", c.name()));
+                .get_or_create(&snapshot::one("reason", c.name()));
             fam.inc_by(n.saturating_sub(last));
         }
     }

@@ -14,7 +14,7 @@ use crate::daemon::collect::region_cache::{RegionCache, RegionKey};
 use crate::daemon::collect::region_owner::{region_owner, RegionOwner};
 use crate::daemon::judge::launches::Ledger;
 use crate::daemon::judge::utilization::{daemon_publishes, Measured, Utilization};
-use crate::daemon::publish::metrics::{Labels, RegionDevice, RegionView};
+use crate::daemon::publish::snapshot::{Labels, RegionDevice, RegionView};
 use crate::regions::liveness::{AliveBy, Mappers};
 
 /// The longest value of any label: what a tenant names (a region path may

@@ -19,7 +19,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::daemon::publish::metrics::Labels;
+use crate::daemon::publish::snapshot::Labels;
 use crate::daemon::state::findings::{Finding, Kind};
 
 /// The default `--findings-retention`.
