@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
+use crate::daemon::apply;
 use crate::daemon::collect::container_identity::{ContainerIdentities, ContainerIdentity};
 use crate::daemon::collect::libs::LibWatch;
 use crate::daemon::collect::nvml::{DeviceSample, NvmlView, Sample};
@@ -499,7 +500,7 @@ impl Observer {
         self.cache.refresh();
         self.reclaim_dead_slots();
         let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
-        region_view::write_measured_sm_util(&self.cache, &views.sm_util);
+        apply::apply(&self.cache, &views.sm_util);
         self.cache.evict_idle(Duration::from_secs(60));
         let snap = Snapshot {
             regions: views.regions,
@@ -731,7 +732,7 @@ impl Observer {
 
     /// One view per open region. `devices` (NVML) gives each container's
     /// utilization, and the per-slot values to write into the slots of
-    /// devices the region does not SM-limit (`region_view::write_measured_sm_util`).
+    /// devices the region does not SM-limit (written by `daemon::apply`).
     fn region_views(&mut self, devices: &[DeviceSample]) -> region_view::Views {
         self.pods.refresh();
         let util = Utilization::new(
