@@ -4,7 +4,8 @@
 //! - [`procfs`] reads what `/proc` says;
 //! - [`nvml`] samples the driver's own view;
 //! - [`region_cache`] keeps the region files open and their last
-//!   snapshots (what a region means is `crate::regions`');
+//!   snapshots (what a region means is `crate::regions`'), [`root_regions`]
+//!   opens those found by listing the regions root;
 //! - [`container_identity`] names containers from their cgroups,
 //!   [`region_owner`] says whose a region is from the kernel's view,
 //!   [`pods`] names the pods.
@@ -16,3 +17,4 @@ pub mod pods;
 pub mod procfs;
 pub mod region_cache;
 pub mod region_owner;
+pub mod root_regions;
