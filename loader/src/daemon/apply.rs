@@ -134,6 +134,8 @@ pub enum ApplyError {
     Io(#[from] IoError),
     #[error(transparent)]
     Open(#[from] OpenError),
+    #[error("node table {path}: could not be opened")]
+    Unopened { path: PathBuf },
     #[error("node table {path}: shorter than a table")]
     ShortTable { path: PathBuf },
     #[error("node table {path}: {source}")]
@@ -172,8 +174,8 @@ fn apply_in(cache: Option<&RegionCache>, writes: &[Write]) -> Vec<Outcome> {
                         .or_insert_with(|| open_table(path).map_err(|e| tracing::warn!("{e}")));
                     match file {
                         Ok(f) => to_table(f, path, w),
-                        // Logged once, when it failed to open.
-                        Err(()) => Outcome::Stale,
+                        // Its error was logged once, when it failed to open.
+                        Err(()) => Outcome::Failed(ApplyError::Unopened { path: path.clone() }),
                     }
                 }
             };

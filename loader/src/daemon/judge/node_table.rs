@@ -122,10 +122,13 @@ impl NodeTables {
             .zip(repairs)
             .filter_map(|(o, r)| match o {
                 Outcome::Written => Some(r.finding),
-                // Taken over or truncated since judged: nothing done.
+                // Taken over, truncated or gone since judged: nothing done
+                // (an open that failed was logged by `apply`).
                 Outcome::Stale
                 | Outcome::Unchanged
-                | Outcome::Failed(ApplyError::ShortTable { .. }) => None,
+                | Outcome::Failed(ApplyError::ShortTable { .. } | ApplyError::Unopened { .. }) => {
+                    None
+                }
                 Outcome::Failed(e) => {
                     tracing::warn!("{e}");
                     None
