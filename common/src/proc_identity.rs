@@ -44,6 +44,13 @@ impl ProcIdentity {
         (pidns == 0 || self.pidns == 0 || pidns == self.pidns)
             && (start == 0 || self.start == 0 || start == self.start)
     }
+
+    /// Whether a slot recording `rec` can be this process: the same
+    /// namespace PID, and the same PID namespace and start time where the
+    /// slot records them.
+    pub fn is_recorded_in(&self, rec: &ProcIdentity) -> bool {
+        self.pid > 0 && rec.pid == self.pid && self.matches(rec.pidns, rec.start)
+    }
 }
 
 /// The inode of `<proc_pid_dir>/ns/pid`.

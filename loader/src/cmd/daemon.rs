@@ -14,18 +14,18 @@ use vgpu_common::event::sizes;
 use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR, VGPULOCK_DIR};
 
 use super::bounds::{number, seconds};
-use crate::daemon::check::{Thresholds, MIB};
-use crate::daemon::findings::{read_earlier, write_state, write_state_file, FILE_NAME};
+use crate::daemon::collect::libs::LibWatch;
+use crate::daemon::collect::nvml::NvmlView;
+use crate::daemon::collect::procfs::Procfs;
+use crate::daemon::http::listen::{self, Listen};
 use crate::daemon::http::{self, Published, Shared};
-use crate::daemon::integrity::decide::Policy;
-use crate::daemon::integrity::spec::{SpecPattern, DEFAULT_SPECS};
-use crate::daemon::integrity::Config as IntegrityConfig;
-use crate::daemon::libs::LibWatch;
-use crate::daemon::listen::{self, Listen};
-use crate::daemon::nvml::NvmlView;
+use crate::daemon::judge::check::{Thresholds, MIB};
+use crate::daemon::judge::integrity::decide::Policy;
+use crate::daemon::judge::integrity::spec::{SpecPattern, DEFAULT_SPECS};
+use crate::daemon::judge::integrity::Config as IntegrityConfig;
 use crate::daemon::observer::{Observer, ObserverSettings};
-use crate::daemon::procfs::Procfs;
-use crate::daemon::retention::DEFAULT_RETENTION;
+use crate::daemon::state::findings::{read_earlier, write_state, write_state_file, FILE_NAME};
+use crate::daemon::state::retention::DEFAULT_RETENTION;
 use crate::host_pidns;
 use crate::logging;
 use crate::printable::escape_controls;
@@ -306,7 +306,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             _ = scan.tick() => {
                 let out = obs.scan();
                 tracing::trace!("scan: {} finding(s)", out.findings);
-                let util = crate::daemon::utilization::FILE_NAME;
+                let util = crate::daemon::judge::utilization::FILE_NAME;
                 match write_state(&args.state_dir, &out.findings_json)
                     .and_then(|()| write_state_file(&args.state_dir, util, &out.utilization_json))
                 {
@@ -376,7 +376,7 @@ pub fn run_findings(args: FindingsArgs) -> anyhow::Result<ExitCode> {
     } else if list.is_empty() {
         writeln!(w, "no findings")?;
     } else {
-        let now = crate::daemon::findings::now_ms();
+        let now = crate::daemon::state::findings::now_ms();
         for f in &list {
             let resolved = f["resolved_unix_ms"].as_u64().map_or(String::new(), |t| {
                 format!(" [resolved {} s ago]", now.saturating_sub(t) / 1000)

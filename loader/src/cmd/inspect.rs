@@ -78,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut out = Output {
         regions: Vec::new(),
         errors: Vec::new(),
-        daemon_findings: crate::daemon::findings::read_state(&args.state_dir),
+        daemon_findings: crate::daemon::state::findings::read_state(&args.state_dir),
     };
     for f in &found {
         match summarize(f, root) {

@@ -8,7 +8,7 @@ use vgpu_common::limit::{parse_percent, parse_size};
 
 use vgpu_common::region_io::RegionIo;
 
-use crate::daemon::integrity::overrides::{self, Changed};
+use crate::daemon::judge::integrity::overrides::{self, Changed};
 use crate::regions::admin::{resolve_devices, set_limit, Devices, LimitKind};
 use crate::regions::open::{open_region, Access};
 use crate::regions::summary::bytes;

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 
-use crate::daemon::findings::read_state_file;
-use crate::daemon::pods::PodNames;
-use crate::daemon::utilization::{State, FILE_NAME as UTILIZATION};
+use crate::daemon::collect::pods::PodNames;
+use crate::daemon::judge::utilization::{State, FILE_NAME as UTILIZATION};
+use crate::daemon::state::findings::read_state_file;
 use crate::printable::escape_controls;
 use crate::regions::top::{rates, rows, sort, table, Input, Row, SortKey};
 
@@ -88,7 +88,7 @@ fn snapshot(args: &Args, pods: &mut PodNames) -> anyhow::Result<Snapshot> {
     // As `vgpu inspect`: files under a root are opened below it, read
     // with pread, never mapped.
     let (found, root) = args.at.find()?;
-    let now = crate::daemon::findings::now_ms();
+    let now = crate::daemon::state::findings::now_ms();
     let util: Option<State> = read_state_file(&args.state_dir, UTILIZATION)
         .filter(|s: &State| now.saturating_sub(s.updated_unix_ms) <= FRESH_MS);
     let mut inputs = Vec::new();
@@ -116,7 +116,7 @@ fn snapshot(args: &Args, pods: &mut PodNames) -> anyhow::Result<Snapshot> {
             Err(e) => errors.push((f.path.clone(), e)),
         }
     }
-    let daemon = crate::daemon::findings::read_state(&args.state_dir);
+    let daemon = crate::daemon::state::findings::read_state(&args.state_dir);
     let mut rs = rows(&inputs, daemon.as_ref());
     // Off Kubernetes there is no such directory: nothing to say about it.
     if args.pods_log_dir.is_dir() {

@@ -10,28 +10,29 @@ use std::time::{Duration, Instant};
 use vgpu_common::event::{Caller, Func, FuncClass, ProcCounters};
 use vgpu_common::region::MAX_DEVICES;
 
-use super::check::{excess, Observation, Streaks, Thresholds};
-use super::container_identity::{ContainerIdentities, ContainerIdentity};
-use super::exposition::Exposition;
-use super::findings::{self, Finding, Kind, Subject};
-use super::hostpid::{self, Miss, SlotRef};
-use super::integrity::{self, Integrity, ProcInput};
-use super::launches::Ledger;
-use super::libs::LibWatch;
-use super::metrics::{self, Counters, Snapshot};
-use super::node_table::{Holder, NodeTables};
-use super::nvml::{DeviceSample, NvmlView, Sample};
-use super::pods::PodNames;
-use super::procfs::{ProcIdentity, Procfs};
-use super::reclaim::Reclaimer;
-use super::region_cache::{RegionCache, RegionKey, Tenant, MAX_OPEN};
-use super::region_view;
-use super::retention::Retention;
-use super::utilization::{self, SlotProc, Utilization};
+use crate::daemon::apply;
+use crate::daemon::collect::container_identity::{ContainerIdentities, ContainerIdentity};
+use crate::daemon::collect::libs::LibWatch;
+use crate::daemon::collect::nvml::{DeviceSample, NvmlView, Sample};
+use crate::daemon::collect::pods::PodNames;
+use crate::daemon::collect::procfs::{ProcIdentity, Procfs};
+use crate::daemon::collect::region_cache::{RegionCache, RegionKey};
+use crate::daemon::collect::root_regions::RootRegions;
+use crate::daemon::judge::check::{excess, Observation, Streaks, Thresholds};
+use crate::daemon::judge::hostpid::{self, Miss, SlotRef};
+use crate::daemon::judge::integrity::{self, Integrity, ProcInput};
+use crate::daemon::judge::launches::Ledger;
+use crate::daemon::judge::node_table::{Holder, NodeTables};
+use crate::daemon::judge::reclaim::Reclaimer;
+use crate::daemon::judge::utilization::{self, SlotProc, Utilization};
+use crate::daemon::publish::exposition::Exposition;
+use crate::daemon::publish::metrics;
+use crate::daemon::publish::region_view;
+use crate::daemon::publish::snapshot::{self, Counters, Snapshot};
+use crate::daemon::state::findings::{self, Finding, Kind, Subject};
+use crate::daemon::state::retention::Retention;
 use crate::host_pidns::NotHost;
 use crate::probes::{ProbeError, ProbeSet};
-use crate::regions::discover::{discover_listed, Bounds, Listings};
-use crate::regions::open::{open_under, Access};
 
 /// The region pass (every open region re-read, dead slots judged and
 /// freed, `/metrics` rendered) runs at most this often while the set of
@@ -41,21 +42,6 @@ use crate::regions::open::{open_under, Access};
 /// scan: the cross-check and the integrity checks judge them. Reading and
 /// rendering thousands of regions is most of the daemon's work.
 pub const RENDER_EVERY: Duration = Duration::from_secs(1);
-
-/// The regions root is listed at most this often (a container directory is
-/// read again only when it changed: [`Listings`]); a region found through a
-/// process needs no listing, and a deleted one is dropped at the next
-/// region pass whatever.
-pub const ROOT_RELIST: Duration = Duration::from_secs(1);
-
-/// Region files read per container directory and per scan under the
-/// regions root. HAMi puts one region in each container's directory; a
-/// tenant filling its directory with files must not cost the node a core
-/// or push other containers' series out.
-pub const SCAN_BOUNDS: Bounds = Bounds {
-    per_dir: 4,
-    total: MAX_OPEN,
-};
 
 /// Entry points the daemon probes: driver init, context creation, every
 /// allocation and free. Never a launch (a uprobe there taxes every launch).
@@ -82,7 +68,7 @@ pub struct ObserverSettings {
     pub pods_log_dir: PathBuf,
     /// This node's name, a label of the host GPU series (empty: none).
     pub node: String,
-    /// Also export HAMi 2.5–2.8's series (`super::legacy_metrics`).
+    /// Also export HAMi 2.5–2.8's series (`crate::daemon::publish::legacy_metrics`).
     pub legacy_metrics: bool,
     /// Limit integrity checks (`None`: off).
     pub integrity: Option<integrity::Config>,
@@ -141,7 +127,7 @@ pub struct ScanOutput {
     pub metrics: Exposition,
     pub findings_json: String,
     pub findings: usize,
-    /// [`super::utilization::State`] as JSON.
+    /// [`crate::daemon::judge::utilization::State`] as JSON.
     pub utilization_json: String,
 }
 
@@ -162,18 +148,10 @@ pub struct Observer {
     lost_seen: HashMap<&'static str, u64>,
     attached: Vec<(String, String)>,
     integrity: Option<Integrity>,
-    /// Region files left out by [`SCAN_BOUNDS`] at the last scan.
-    skipped: usize,
-    /// Regions opened from the regions root, by path: an open one is not
-    /// opened again at every scan (a replaced file is a new inode, dropped
-    /// from the cache when the old one's last name goes).
-    root_open: HashMap<PathBuf, RegionKey>,
-    root_listed: Option<Instant>,
-    /// The container directories' last listings (an unchanged one is not
-    /// read again).
-    listings: Listings,
+    /// The regions found by listing the regions root.
+    root: RootRegions,
     /// How long the last scan and its render took.
-    last_timing: metrics::ScanTiming,
+    last_timing: snapshot::ScanTiming,
     /// The last render: when, what it showed (a fingerprint of the regions
     /// and findings), the text.
     rendered: Option<(Instant, u64, Exposition)>,
@@ -221,11 +199,8 @@ impl Observer {
             lost_seen: HashMap::new(),
             attached: Vec::new(),
             integrity,
-            skipped: 0,
-            root_open: HashMap::new(),
-            root_listed: None,
-            listings: Listings::default(),
-            last_timing: metrics::ScanTiming::default(),
+            root: RootRegions::default(),
+            last_timing: snapshot::ScanTiming::default(),
             rendered: None,
             utilization_json: String::new(),
             reclaimer,
@@ -388,13 +363,8 @@ impl Observer {
     /// it lists) and counts the probes' lost events.
     fn collect(&mut self) -> Option<Sample> {
         let started = Instant::now();
-        if self.root_listed.is_none_or(|t| t.elapsed() >= ROOT_RELIST) {
-            self.root_listed = Some(started);
-            self.open_root_regions();
-        } else {
-            for key in self.root_open.values() {
-                self.cache.touch(key);
-            }
+        if let Some(root) = &self.settings.regions_root {
+            self.root.collect(root, &mut self.cache, started);
         }
         // What the cross-check and the integrity checks read now; every
         // other region waits for the region pass.
@@ -498,7 +468,7 @@ impl Observer {
         self.cache.refresh();
         self.reclaim_dead_slots();
         let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));
-        region_view::write_measured_sm_util(&self.cache, &views.sm_util);
+        apply::apply(&self.cache, &views.sm_util);
         self.cache.evict_idle(Duration::from_secs(60));
         let snap = Snapshot {
             regions: views.regions,
@@ -507,7 +477,7 @@ impl Observer {
             untracked,
             probes: self.attached.clone(),
             processes: self.procs.len(),
-            region_files_skipped: self.skipped,
+            region_files_skipped: self.root.skipped(),
             overruns: self.cache.overruns(),
             labels_shortened: views.labels_shortened,
             timing: self.last_timing,
@@ -519,7 +489,7 @@ impl Observer {
         let rendering = Instant::now();
         let metrics = Exposition::from_openmetrics(metrics::render(&snap, &self.counters));
         drop(snap);
-        self.last_timing = metrics::ScanTiming {
+        self.last_timing = snapshot::ScanTiming {
             render: rendering.elapsed(),
             scan: started.elapsed(),
         };
@@ -675,62 +645,9 @@ impl Observer {
         }
     }
 
-    /// Opens the regions under the regions root, within [`SCAN_BOUNDS`],
-    /// each below the root without following a symlink.
-    fn open_root_regions(&mut self) {
-        let Some(root) = self.settings.regions_root.clone() else {
-            return;
-        };
-        let Ok(found) = discover_listed(&root, SCAN_BOUNDS, &mut self.listings) else {
-            return;
-        };
-        if found.skipped != self.skipped {
-            if found.skipped > 0 {
-                tracing::warn!(
-                    "{} region file(s) under {} left out: at most {} per container directory \
-                     and {} per scan are read",
-                    found.skipped,
-                    root.display(),
-                    SCAN_BOUNDS.per_dir,
-                    SCAN_BOUNDS.total
-                );
-            }
-            self.skipped = found.skipped;
-        }
-        let mut still = HashMap::with_capacity(found.regions.len());
-        for f in found.regions {
-            if let Some(key) = self.root_open.get(&f.path) {
-                if self.cache.contains(key) {
-                    self.cache.touch(key);
-                    still.insert(f.path, *key);
-                    continue;
-                }
-            }
-            let file = match open_under(&root, &f.path, Access::ReadWrite) {
-                Ok(file) => file,
-                Err(e) => {
-                    tracing::debug!("{e}");
-                    continue;
-                }
-            };
-            // HAMi's container directory: named by the device plugin.
-            let tenant = Tenant::Dir(f.path.parent().unwrap_or(&root).to_owned());
-            match self.cache.insert(file, &f.path, tenant) {
-                Ok((key, r)) => {
-                    // The device plugin's directory names the region,
-                    // whatever path its processes opened it by first.
-                    r.owner = f.owner;
-                    still.insert(f.path, key);
-                }
-                Err(e) => tracing::debug!("{e}"),
-            }
-        }
-        self.root_open = still;
-    }
-
     /// One view per open region. `devices` (NVML) gives each container's
     /// utilization, and the per-slot values to write into the slots of
-    /// devices the region does not SM-limit (`region_view::write_measured_sm_util`).
+    /// devices the region does not SM-limit (written by `daemon::apply`).
     fn region_views(&mut self, devices: &[DeviceSample]) -> region_view::Views {
         self.pods.refresh();
         let util = Utilization::new(
@@ -762,7 +679,7 @@ impl Observer {
             let fam = self
                 .counters
                 .probe_lost
-                .get_or_create(&metrics::one("reason", c.name()));
+                .get_or_create(&snapshot::one("reason", c.name()));
             fam.inc_by(n.saturating_sub(last));
         }
     }

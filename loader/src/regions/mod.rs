@@ -5,7 +5,7 @@
 //! them ([`admin`], one module per operation), opening them safely
 //! ([`open`]), and the per-container view of `vgpu top` ([`top`]). The
 //! daemon's cache of the regions it keeps open is
-//! [`crate::daemon::region_cache`].
+//! [`crate::daemon::collect::region_cache`].
 
 pub mod admin;
 pub mod discover;

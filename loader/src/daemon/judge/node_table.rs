@@ -25,37 +25,41 @@
 //! `vgpu_violations_total`. See docs/daemon.md, "Threat model".
 
 use std::collections::{HashMap, HashSet};
-use std::fs::File;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use vgpu_common::env::TASK_PRIORITY;
-use vgpu_common::node::{NodeView, MEMBERS, SIZE as TABLE_SIZE};
+use vgpu_common::node::{NodeView, MEMBERS};
 use vgpu_common::sidecar;
 
-use super::container_identity::ContainerIdentity;
-use super::findings::{Finding, Kind};
-use super::integrity::expected::lookup;
-use super::integrity::spec::{self, SpecPattern};
-use super::procfs::Procfs;
-use crate::regions::open::{open_file, open_file_in, open_file_in_process, Access, OpenError};
+use crate::daemon::apply::{
+    self, open_table, ApplyError, Expect, Field, MemberWord, Outcome, Target, Write,
+};
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::collect::procfs::Procfs;
+use crate::daemon::judge::integrity::expected::lookup;
+use crate::daemon::judge::integrity::spec::{self, SpecPattern};
+use crate::daemon::state::findings::{Finding, Kind};
+use crate::regions::open::{open_file, open_file_in_process, Access};
 
 /// Tables looked at in the directory, at most (one per GPU of the node).
 const MAX_TABLES: usize = 64;
 /// Directory entries read per scan, at most: any tenant can fill the
 /// directory, and a scan's cost must not grow with what it puts there.
 const MAX_ENTRIES: usize = 4096;
+/// A member the daemon removes or demotes: the write, and the finding it
+/// makes once written.
+#[derive(Debug)]
+pub struct Repair {
+    pub write: Write,
+    pub finding: Finding,
+}
+
 /// A container's spec priority is read again after this long.
 const SPEC_TTL: Duration = Duration::from_secs(30);
 /// HAMi's priority for a container whose spec states none (the lowest).
 const DEFAULT_PRIORITY: i32 = 1;
-/// Where a member starts in a table, and its words' offsets in a member
-/// (`vgpu_common::node::Member`; its layout is asserted there).
-const MEMBERS_AT: u64 = 64;
-const MEMBER_SIZE: u64 = 64;
-const OWNER_AT: u64 = 0;
-const RANK_AT: u64 = 20;
 /// The container id's offset in a sidecar (asserted in `sidecar`).
 const SIDECAR_ID_AT: u64 = 16;
 
@@ -111,6 +115,31 @@ impl NodeTables {
     /// for, demotes the ones claiming more than their spec; returns a
     /// finding per action.
     pub fn scan(&mut self, holders: &[Holder<'_>], now_ms: u64) -> Vec<Finding> {
+        let repairs = self.judge(holders, now_ms);
+        let writes: Vec<Write> = repairs.iter().map(|r| r.write.clone()).collect();
+        apply::apply_tables(&writes)
+            .into_iter()
+            .zip(repairs)
+            .filter_map(|(o, r)| match o {
+                Outcome::Written => Some(r.finding),
+                // Taken over, truncated or gone since judged: nothing done
+                // (an open that failed was logged by `apply`).
+                Outcome::Stale
+                | Outcome::Unchanged
+                | Outcome::Failed(ApplyError::ShortTable { .. } | ApplyError::Unopened { .. }) => {
+                    None
+                }
+                Outcome::Failed(e) => {
+                    tracing::warn!("{e}");
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// The repairs one pass over every table decides: each a write for
+    /// `daemon::apply` and the finding it makes once written.
+    pub fn judge(&mut self, holders: &[Holder<'_>], now_ms: u64) -> Vec<Repair> {
         let tables = self.tables();
         if tables.is_empty() {
             self.suspects.clear();
@@ -227,7 +256,7 @@ impl NodeTables {
         path: &Path,
         vouched: &HashMap<u64, Voucher>,
         suspects: &mut HashSet<(PathBuf, usize, u64)>,
-        out: &mut Vec<Finding>,
+        out: &mut Vec<Repair>,
         now_ms: u64,
     ) {
         let file = match open_table(path) {
@@ -254,7 +283,12 @@ impl NodeTables {
             if owner == 0 {
                 continue;
             }
-            let at = MEMBERS_AT + MEMBER_SIZE * i as u64;
+            let write = |word, value| Write {
+                target: Target::NodeTable(path.to_owned()),
+                field: Field::Member { index: i, word },
+                value,
+                expect: Expect::MemberOwner(owner),
+            };
             match vouched.get(&owner) {
                 None => {
                     let key = (path.to_owned(), i, owner);
@@ -262,22 +296,20 @@ impl NodeTables {
                         suspects.insert(key);
                         continue;
                     }
-                    match write_if_owner(&file, at, owner, OWNER_AT, &0u64.to_le_bytes()) {
-                        Ok(true) => out.push(removed(path, i, owner, now_ms)),
-                        Ok(false) => {}
-                        Err(e) => tracing::warn!("node table {}: {e}", path.display()),
-                    }
+                    out.push(Repair {
+                        write: write(MemberWord::Owner, 0),
+                        finding: removed(path, i, owner, now_ms),
+                    });
                 }
                 Some(v) => {
                     let rank = m.rank.load(std::sync::atomic::Ordering::Relaxed);
                     let Some(allowed) = v.rank.filter(|&a| rank != 0 && rank < a) else {
                         continue;
                     };
-                    match write_if_owner(&file, at, owner, RANK_AT, &allowed.to_le_bytes()) {
-                        Ok(true) => out.push(demoted(path, i, owner, rank, allowed, v, now_ms)),
-                        Ok(false) => {}
-                        Err(e) => tracing::warn!("node table {}: {e}", path.display()),
-                    }
+                    out.push(Repair {
+                        write: write(MemberWord::Rank, u64::from(allowed)),
+                        finding: demoted(path, i, owner, rank, allowed, v, now_ms),
+                    });
                 }
             }
         }
@@ -289,42 +321,6 @@ fn spec_priority(env: &[String]) -> i32 {
     lookup(env.iter().map(String::as_str), TASK_PRIORITY)
         .and_then(|v| v.trim().parse::<i32>().ok())
         .unwrap_or(DEFAULT_PRIORITY)
-}
-
-/// Opens a table for reading and writing through an `O_PATH` lookup with no
-/// symlink (`regions::open`): a FIFO or a device named like a table is
-/// refused on its type, never opened; a regular file at least a table long
-/// (checked again on the descriptor by `NodeView::from_file`).
-fn open_table(path: &Path) -> Result<File, OpenError> {
-    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
-        (Some(dir), Some(name)) => open_file_in(dir, name, Access::ReadWrite),
-        _ => Err(OpenError::Open {
-            path: path.to_owned(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a table's name"),
-        }),
-    }
-}
-
-/// Writes `bytes` at `word` of the member at `at` if its owner is still
-/// `owner` (read again just before: a member taken over meanwhile by a
-/// container the hook let in is left alone). `Ok(false)`: not written.
-fn write_if_owner(
-    file: &File,
-    at: u64,
-    owner: u64,
-    word: u64,
-    bytes: &[u8],
-) -> std::io::Result<bool> {
-    if file.metadata()?.len() < TABLE_SIZE as u64 {
-        return Ok(false);
-    }
-    let mut now = [0u8; 8];
-    file.read_exact_at(&mut now, at + OWNER_AT)?;
-    if u64::from_le_bytes(now) != owner {
-        return Ok(false);
-    }
-    file.write_all_at(bytes, at + word)?;
-    Ok(true)
 }
 
 fn finding(
@@ -370,9 +366,52 @@ fn demoted(
     finding(path, Some(&v.identity), v.pid, message, "demoted", now_ms)
 }
 
+/// The member word at `word` of the member at `at`, written if its owner
+/// is still `owner`, through `daemon::apply` (the tests' view of a repair,
+/// by offsets). `Ok(false)`: not written.
+#[cfg(test)]
+use crate::daemon::apply::{MEMBERS_AT, MEMBER_SIZE, OWNER_AT, RANK_AT};
+
+#[cfg(test)]
+fn write_if_owner(
+    file: &std::fs::File,
+    at: u64,
+    owner: u64,
+    word: u64,
+    bytes: &[u8],
+) -> Result<bool, ApplyError> {
+    let index = ((at - MEMBERS_AT) / MEMBER_SIZE) as usize;
+    let (word, value) = match (word, bytes.len()) {
+        (OWNER_AT, 8) => (
+            MemberWord::Owner,
+            u64::from_le_bytes(bytes.try_into().unwrap()),
+        ),
+        (RANK_AT, 4) => (
+            MemberWord::Rank,
+            u64::from(u32::from_le_bytes(bytes.try_into().unwrap())),
+        ),
+        _ => panic!("no member word {word} of {} bytes", bytes.len()),
+    };
+    let w = Write {
+        target: Target::NodeTable(PathBuf::new()),
+        field: Field::Member { index, word },
+        value,
+        expect: Expect::MemberOwner(owner),
+    };
+    match apply::to_table(file, Path::new("-"), &w) {
+        Outcome::Written => Ok(true),
+        Outcome::Failed(ApplyError::ShortTable { .. }) | Outcome::Stale | Outcome::Unchanged => {
+            Ok(false)
+        }
+        Outcome::Failed(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::regions::open::OpenError;
+    use vgpu_common::node::SIZE as TABLE_SIZE;
 
     #[test]
     fn a_spec_states_the_priority_or_gets_hamis_default() {

@@ -15,7 +15,7 @@
 //! directory disagree, the kernel wins and the container name (which only
 //! the directory gives) is left out; with neither, the labels stay empty.
 
-use super::container_identity::ContainerIdentity;
+use crate::daemon::collect::container_identity::ContainerIdentity;
 use crate::regions::discover::ContainerRef;
 
 /// A region's pod UID and container name; empty strings when unknown.

@@ -6,9 +6,9 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::check::{Excess, Observation, Source};
-use super::container_identity::ContainerIdentity;
-use super::hostpid::Miss;
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::judge::check::{Excess, Observation, Source};
+use crate::daemon::judge::hostpid::Miss;
 
 /// Name of the state file under `--state-dir`.
 pub const FILE_NAME: &str = "findings.json";

@@ -18,7 +18,7 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use crate::probes::libcuda::{Libcuda, LibcudaError, SONAME};
 
-use super::procfs::Procfs;
+use crate::daemon::collect::procfs::Procfs;
 
 /// Where the NVIDIA container toolkit and distributions put libcuda.
 const DIRS: &[&str] = &[

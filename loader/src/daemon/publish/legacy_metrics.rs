@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
-use super::metrics::{Labels, Snapshot};
+use crate::daemon::publish::snapshot::{Labels, Snapshot};
 
 /// HAMi 2.8 types this series counter but names it without `_total`, which
 /// OpenMetrics cannot express: OpenMetrics gets it as `unknown` (so the

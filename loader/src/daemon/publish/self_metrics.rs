@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::exposition::Exposition;
+use crate::daemon::publish::exposition::Exposition;
 
 /// What the build says about itself (loader/build.rs).
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -166,7 +166,7 @@ pub fn render_now() -> Exposition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::exposition::Format;
+    use crate::daemon::publish::exposition::Format;
 
     #[test]
     fn stat_fields_after_a_name_with_spaces_and_parentheses() {

@@ -39,10 +39,10 @@ use self::expected::{Expected, Limits};
 use self::overrides::FileKey;
 use self::report::{short, show_mem};
 use self::spec::SpecPattern;
-use super::container_identity::ContainerIdentity;
-use super::findings::{Finding, Kind, LimitMismatch};
-use super::nvml::DeviceSample;
-use super::procfs::Procfs;
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::collect::nvml::DeviceSample;
+use crate::daemon::collect::procfs::Procfs;
+use crate::daemon::state::findings::{Finding, Kind, LimitMismatch};
 
 /// A spec that was not found is looked for again after this long.
 const SPEC_RETRY: Duration = Duration::from_secs(5);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::expected::Limits;
-use crate::daemon::findings::{Kind, LimitMismatch, LimitName};
+use crate::daemon::state::findings::{Kind, LimitMismatch, LimitName};
 use vgpu_common::region::rules::{memory_limit, SM_UNLIMITED};
 
 /// What the daemon does about a violation (`--on-violation`).

@@ -8,7 +8,7 @@ use vgpu_common::env::{MEMORY_LIMIT, SHARED_CACHE, SHARED_CACHE_DEFAULT};
 
 use super::expected::{self, Limits};
 use super::{Integrity, OwnEnv};
-use crate::daemon::procfs::Procfs;
+use crate::daemon::collect::procfs::Procfs;
 
 /// `/proc/<pid>/environ` is read up to this many bytes.
 const MAX_ENVIRON: u64 = 1 << 20;

@@ -11,10 +11,10 @@ use super::decide::Policy;
 use super::expected::Limits;
 use super::overrides::{self, FileKey};
 use super::{Config, Integrity, ProcInput, RegionAccess};
-use crate::daemon::container_identity::ContainerIdentity;
-use crate::daemon::findings::{Kind, LimitMismatch, LimitName};
-use crate::daemon::nvml::DeviceSample;
-use crate::daemon::procfs::Procfs;
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::collect::nvml::DeviceSample;
+use crate::daemon::collect::procfs::Procfs;
+use crate::daemon::state::findings::{Kind, LimitMismatch, LimitName};
 
 const G: u64 = 1 << 30;
 const CID: &str = "4f1b3c0a9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b";

@@ -1,6 +1,6 @@
 //! The two text formats `/metrics` serves and which one a client gets.
 //!
-//! [`super::metrics`] renders OpenMetrics once per region pass. The
+//! [`crate::daemon::publish::metrics`] renders OpenMetrics once per region pass. The
 //! Prometheus text format 0.0.4 differs from it only in its comment lines,
 //! so it is not kept as a second copy of the text: [`classic_pieces`]
 //! notes, in one linear pass at render time, which runs of sample lines
@@ -21,7 +21,7 @@ use std::task::{Context, Poll};
 
 use hyper::body::{Body, Bytes, Frame, SizeHint};
 
-use super::legacy_metrics::UNSUFFIXED_COUNTERS;
+use crate::daemon::publish::legacy_metrics::UNSUFFIXED_COUNTERS;
 
 /// `Content-Type` of OpenMetrics text.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -60,7 +60,7 @@ impl Exposition {
     }
 
     /// The body of `format` with `tail`'s families after this one's (the
-    /// series rendered at each request, `super::self_metrics`): OpenMetrics
+    /// series rendered at each request, `crate::daemon::publish::self_metrics`): OpenMetrics
     /// keeps a single `# EOF`, `tail`'s.
     pub fn body_with(&self, format: Format, tail: &Exposition) -> (Chunks, &'static str) {
         let mut parts = self.parts(format, true);

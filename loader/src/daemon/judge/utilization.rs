@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 
-use super::nvml::DeviceSample;
-use super::region_cache::RegionKey;
+use crate::daemon::collect::nvml::DeviceSample;
+use crate::daemon::collect::region_cache::RegionKey;
 
 /// The state file with the last scan's measurements (for `vgpu top`).
 pub const FILE_NAME: &str = "utilization.json";

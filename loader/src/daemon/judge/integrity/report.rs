@@ -1,8 +1,8 @@
 //! How integrity findings read: the common fields and the sentences.
 
 use super::ProcInput;
-use crate::daemon::container_identity::ContainerIdentity;
-use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::state::findings::{Finding, Kind, LimitMismatch, LimitName};
 use crate::regions::summary::bytes;
 use vgpu_common::region::rules::{memory_limit, SM_UNLIMITED};
 

@@ -8,13 +8,14 @@ use std::time::{Duration, Instant};
 
 use vgpu_common::region::{rules, status, ProcSlot, SharedRegion, MAX_DEVICES};
 
-use super::container_identity::{ContainerIdentities, ContainerIdentity};
-use super::launches::Ledger;
-use super::metrics::{Labels, RegionDevice, RegionView};
-use super::pods::{PodName, PodNames};
-use super::region_cache::{RegionCache, RegionKey};
-use super::region_owner::{region_owner, RegionOwner};
-use super::utilization::{daemon_publishes, Measured, Utilization};
+use crate::daemon::apply::{Expect, Field, Target, Write};
+use crate::daemon::collect::container_identity::{ContainerIdentities, ContainerIdentity};
+use crate::daemon::collect::pods::{PodName, PodNames};
+use crate::daemon::collect::region_cache::{RegionCache, RegionKey};
+use crate::daemon::collect::region_owner::{region_owner, RegionOwner};
+use crate::daemon::judge::launches::Ledger;
+use crate::daemon::judge::utilization::{daemon_publishes, Measured, Utilization};
+use crate::daemon::publish::snapshot::{Labels, RegionDevice, RegionView};
 use crate::regions::liveness::{AliveBy, Mappers};
 
 /// The longest value of any label: what a tenant names (a region path may
@@ -98,35 +99,11 @@ pub struct Views {
     pub measured: Vec<Measured>,
     /// Containers with a label value shortened to its bound.
     pub labels_shortened: usize,
-    /// The slots' measured `sm_util` to write ([`write_measured_sm_util`]).
-    pub sm_util: Vec<SmUtilWrite>,
-}
-
-/// One process's SM utilization of one device, measured by the daemon, for
-/// its slot in a region that does not SM-limit the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SmUtilWrite {
-    pub region: RegionKey,
-    pub slot: usize,
-    /// The slot's host PID when measured: a slot taken over since keeps
-    /// its value.
-    pub host_pid: u32,
-    pub device: usize,
-    pub percent: u64,
-}
-
-/// Writes each measured `sm_util` of [`Views::sm_util`] into its slot,
-/// where HAMi's monitor reads it (the only write into tenants' regions of
-/// a scan's views).
-pub fn write_measured_sm_util(cache: &RegionCache, writes: &[SmUtilWrite]) {
-    for w in writes {
-        let Some(r) = cache.get(&w.region) else {
-            continue;
-        };
-        if let Err(e) = r.write_sm_util(w.slot, w.host_pid, w.device, w.percent) {
-            tracing::debug!("{e}");
-        }
-    }
+    /// The slots' measured `sm_util` to write, for HAMi's monitor, where
+    /// the region does not SM-limit the device (`daemon::apply` makes
+    /// them: each lands only while the slot's `hostpid` is still the
+    /// process measured; a slot taken over since keeps its value).
+    pub sm_util: Vec<Write>,
 }
 
 /// One view per open, initialised region of `cache`, and each container's
@@ -134,7 +111,7 @@ pub fn write_measured_sm_util(cache: &RegionCache, writes: &[SmUtilWrite]) {
 /// bound), per-device sums, launches (`launches` keeps them monotonic) and
 /// the utilization `util` gives, with the per-slot values to write into
 /// the slots of devices the region does not SM-limit (written by
-/// [`write_measured_sm_util`], not here: the regions are only read).
+/// `daemon::apply`, not here: the regions are only read).
 pub fn views(
     cache: &RegionCache,
     ids: &mut ContainerIdentities,
@@ -183,12 +160,18 @@ pub fn views(
             }
             if daemon_publishes(d.sm_limit) {
                 for (slot, host_pid, percent) in util.per_slot(key, &d.uuid, d.index) {
-                    sm_util.push(SmUtilWrite {
-                        region: *key,
-                        slot,
-                        host_pid,
-                        device: d.index,
-                        percent,
+                    // A host PID past i32 is in no slot.
+                    let Ok(host_pid) = i32::try_from(host_pid) else {
+                        continue;
+                    };
+                    sm_util.push(Write {
+                        target: Target::Region(*key),
+                        field: Field::SlotSmUtil {
+                            slot,
+                            device: d.index,
+                        },
+                        value: percent,
+                        expect: Expect::SlotHostPid(host_pid),
                     });
                 }
             }

@@ -3,17 +3,17 @@
 //! writes `hostpid` into the slot, so NVML's per-process samples (keyed by
 //! host PID) can be attributed to it.
 
-use std::mem::offset_of;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use vgpu_common::env::{SHARED_CACHE, SHARED_CACHE_DEFAULT};
-use vgpu_common::region::{status, ProcSlot};
-use vgpu_common::region_io::{slot_offset, IoError, RegionIo};
+use vgpu_common::region::status;
+use vgpu_common::region_io::IoError;
 
-use super::procfs::{ProcIdentity, Procfs};
-use super::region_cache::{Full, RegionCache, RegionKey, Tenant};
+use crate::daemon::apply::{self, Expect, Field, Target, Write};
+use crate::daemon::collect::procfs::{ProcIdentity, Procfs};
+use crate::daemon::collect::region_cache::{Full, RegionCache, RegionKey, Tenant};
 use crate::regions::open::{open_in_process, Access, OpenError};
 
 /// Processes of one region found in one poll share one read of it.
@@ -126,11 +126,9 @@ pub fn fill(
         ns_pid: u32::try_from(me.pid).unwrap_or(0),
         region: key,
     })?;
-    let wrote = write_hostpid(&open.file, slot, me, host_pid);
-    Ok(Filled {
-        at: SlotRef { region: key, slot },
-        wrote,
-    })
+    let at = SlotRef { region: key, slot };
+    let wrote = apply::to_region(&open.file, &the_write(at, me, host_pid)).written();
+    Ok(Filled { at, wrote })
 }
 
 /// Re-checks a filled slot: `Some(wrote)` while it still belongs to `me`
@@ -145,14 +143,14 @@ pub fn refresh(cache: &RegionCache, at: SlotRef, me: &ProcIdentity, host_pid: u3
         return None;
     }
     let host = i32::try_from(host_pid).ok()?;
-    Some(now_host != host && store_hostpid(file, at.slot, host))
+    Some(now_host != host && apply::to_region(file, &the_write(at, me, host_pid)).written())
 }
 
 /// Whether a slot recording `rec` can be process `me`: the same namespace
 /// PID, and the same PID namespace and start time where the slot records
 /// them (a HAMi-core hook records neither: PID alone, as HAMi matches).
 fn is_slot_of(rec: &ProcIdentity, me: &ProcIdentity) -> bool {
-    me.pid > 0 && rec.pid == me.pid && me.matches(rec.pidns, rec.start)
+    me.is_recorded_in(rec)
 }
 
 /// The live slot (status not exited) of process `me`. Namespace PIDs repeat
@@ -179,27 +177,14 @@ pub fn find_slot(region: &vgpu_common::region::SharedRegion, me: &ProcIdentity) 
     unrecorded
 }
 
-/// Stores `host_pid` (one `pwrite`) if the slot still belongs to `me` and
-/// holds another value; returns whether it wrote.
-fn write_hostpid(file: &RegionIo, slot: usize, me: &ProcIdentity, host_pid: u32) -> bool {
-    let Ok(host) = i32::try_from(host_pid) else {
-        return false;
-    };
-    let (Ok((_, now_host, _)), Ok(rec)) = (file.slot_head(slot), file.slot_identity(slot)) else {
-        return false;
-    };
-    is_slot_of(&rec, me) && now_host != host && store_hostpid(file, slot, host)
-}
-
-/// One `pwrite` of slot `slot`'s `hostpid`; returns whether it was written.
-fn store_hostpid(file: &RegionIo, slot: usize, host: i32) -> bool {
-    let at = slot_offset(slot) + offset_of!(ProcSlot, hostpid) as u64;
-    match file.write_i32(at, host) {
-        Ok(()) => true,
-        Err(e) => {
-            tracing::debug!("{e}");
-            false
-        }
+/// The fill of slot `at` with `host_pid`: it lands only while the slot
+/// still records `me` and holds another value.
+fn the_write(at: SlotRef, me: &ProcIdentity, host_pid: u32) -> Write {
+    Write {
+        target: Target::Region(at.region),
+        field: Field::SlotHostPid { slot: at.slot },
+        value: u64::from(host_pid),
+        expect: Expect::SlotOf(*me),
     }
 }
 

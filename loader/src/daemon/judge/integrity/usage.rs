@@ -12,8 +12,8 @@ use super::expected::{Expected, Limits};
 use super::overrides::FileKey;
 use super::report::{base, short, show_sm};
 use super::{Integrity, ProcInput, RegionAccess, Subject, OVER_SCANS};
-use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
-use crate::daemon::nvml::DeviceSample;
+use crate::daemon::collect::nvml::DeviceSample;
+use crate::daemon::state::findings::{Finding, Kind, LimitMismatch, LimitName};
 use crate::regions::summary::bytes;
 
 /// One limit a container is past, and what each of its processes holds

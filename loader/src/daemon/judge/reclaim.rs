@@ -31,13 +31,12 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use vgpu_common::lock;
 use vgpu_common::region::{ProcSlot, MAX_DEVICES};
-use vgpu_common::region_io::RegionIo;
 
-use super::hostpid::SlotRef;
-use super::procfs::{ProcIdentity, Procfs};
-use super::region_cache::{RegionCache, RegionKey};
+use crate::daemon::apply::{self, SlotFree};
+use crate::daemon::collect::procfs::{ProcIdentity, Procfs};
+use crate::daemon::collect::region_cache::{RegionCache, RegionKey};
+use crate::daemon::judge::hostpid::SlotRef;
 use crate::host_pidns::NotHost;
 use vgpu_common::reclaim;
 
@@ -45,16 +44,6 @@ use vgpu_common::reclaim;
 pub const MAX_CHECKS: usize = 256;
 /// Slots freed per scan.
 pub const MAX_FREES: usize = 32;
-
-/// A slot to free: its index and what it recorded when judged.
-#[derive(Debug, Clone, Copy)]
-struct Dead {
-    slot: usize,
-    rec: ProcIdentity,
-    hostpid: i32,
-    /// Bytes the slot counted when judged (for the log).
-    bytes: u64,
-}
 
 /// Where the next scan starts, across scans.
 #[derive(Debug, Default)]
@@ -137,7 +126,7 @@ impl Reclaimer {
                 }
                 checks += 1;
                 if proven_dead(procfs, &rec, hostpid) {
-                    dead.push(Dead {
+                    dead.push(SlotFree {
                         slot: i,
                         rec,
                         hostpid,
@@ -149,7 +138,9 @@ impl Reclaimer {
             }
             from = 0;
             if !dead.is_empty() {
-                let n = free_dead(&open.file, procfs, &dead);
+                let n = apply::free_slots(&open.file, &dead, |d| {
+                    proven_dead(procfs, &d.rec, d.hostpid)
+                });
                 if n > 0 {
                     freed += n;
                     if let Some(open) = cache.get_mut(&key) {
@@ -189,60 +180,16 @@ fn proven_dead(procfs: &Procfs, rec: &ProcIdentity, hostpid: i32) -> bool {
     reclaim::is_dead(rec, Some(&now))
 }
 
-/// Frees the `dead` slots of one region under its lock (tried once), each
-/// only if it still records what was judged and is still proven dead.
-fn free_dead(file: &RegionIo, procfs: &Procfs, dead: &[Dead]) -> usize {
-    let guard = match lock::try_lock(file.file()) {
-        Ok(Some(g)) => g,
-        Ok(None) => {
-            tracing::debug!(
-                "{}: region lock held; dead slots are freed at a later scan",
-                file.path().display()
-            );
-            return 0;
-        }
-        Err(e) => {
-            tracing::debug!("{}: region lock: {e}", file.path().display());
-            return 0;
-        }
-    };
-    let mut n = 0;
-    for d in dead {
-        let same = match (file.slot_identity(d.slot), file.slot_head(d.slot)) {
-            (Ok(rec), Ok((_, hostpid, _))) => rec == d.rec && hostpid == d.hostpid,
-            _ => false,
-        };
-        if !same || !proven_dead(procfs, &d.rec, d.hostpid) {
-            continue;
-        }
-        match reclaim::free(file, d.slot, d.rec.pid) {
-            Ok(true) => {
-                n += 1;
-                tracing::info!(
-                    "freed slot {} of {}: pid {} (host pid {}) is dead; {} bytes no longer counted",
-                    d.slot,
-                    file.path().display(),
-                    d.rec.pid,
-                    d.hostpid,
-                    d.bytes
-                );
-            }
-            Ok(false) => {}
-            Err(e) => tracing::debug!("{e}"),
-        }
-    }
-    drop(guard);
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::daemon::region_cache::Tenant;
+    use crate::daemon::collect::region_cache::Tenant;
     use std::os::unix::fs::MetadataExt;
     use std::path::Path;
     use std::sync::atomic::Ordering::Relaxed;
+    use vgpu_common::lock;
     use vgpu_common::region::{status, MAGIC, MAJOR_VERSION, MAX_PROCS};
+    use vgpu_common::region_io::RegionIo;
     use vgpu_common::view::RegionFile;
 
     /// A fake `/proc/<pid>` with a PID namespace (a file's inode stands for

@@ -4,8 +4,8 @@
 //! The path parsing is `crate::cgroup::ContainerInfo`; this adds the cache
 //! the daemon needs.
 
-use super::procfs::Procfs;
 use crate::cgroup::{CgroupIndex, ContainerInfo};
+use crate::daemon::collect::procfs::Procfs;
 
 /// A process's container, as far as its cgroup tells.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -16,12 +16,11 @@
 //! hurts that container). Both are counted in [`Overruns`] for the metrics.
 
 use std::collections::{BTreeSet, HashMap};
-use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use vgpu_common::region::{DeviceUtil, ProcSlot, MAX_DEVICES, MAX_PROCS};
-use vgpu_common::region_io::{slot_offset, IoError, RegionIo, RegionSnapshot};
+use vgpu_common::region::MAX_PROCS;
+use vgpu_common::region_io::{IoError, RegionIo, RegionSnapshot};
 
 use crate::regions::discover::ContainerRef;
 
@@ -106,31 +105,6 @@ impl OpenRegion {
     /// Who the region is charged to.
     pub fn tenant(&self) -> &Tenant {
         &self.tenant
-    }
-
-    /// Stores a process's SM utilization of device `dev` in slot `slot`,
-    /// where HAMi's monitor reads it, if the slot still holds host PID
-    /// `host_pid` (the daemon's own fill; a slot freed and taken by another
-    /// process meanwhile keeps its value).
-    pub fn write_sm_util(
-        &self,
-        slot: usize,
-        host_pid: u32,
-        dev: usize,
-        pct: u64,
-    ) -> Result<(), IoError> {
-        if slot >= MAX_PROCS || dev >= MAX_DEVICES {
-            return Ok(());
-        }
-        let (_, hostpid, _) = self.file.slot_head(slot)?;
-        if i64::from(hostpid) != i64::from(host_pid) {
-            return Ok(());
-        }
-        let at = slot_offset(slot)
-            + (offset_of!(ProcSlot, device_util)
-                + dev * size_of::<DeviceUtil>()
-                + offset_of!(DeviceUtil, sm_util)) as u64;
-        self.file.write_u64(at, pct)
     }
 }
 

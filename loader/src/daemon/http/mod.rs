@@ -10,6 +10,10 @@
 //! most [`MAX_BUF`] bytes, and at most [`MAX_CONNS`] connections are open,
 //! [`MAX_PER_PEER`] from one address; beyond that a new connection is
 //! closed at once. Responses share the published bytes, never copy them.
+//!
+//! [`listen`] binds the sockets it serves on.
+
+pub mod listen;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -26,8 +30,8 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use vgpu_common::paths::{HEALTH_PATH, METRICS_PATH, READY_PATH};
 
-use super::exposition::{self, Chunks, Exposition};
-use super::self_metrics;
+use crate::daemon::publish::exposition::{self, Chunks, Exposition};
+use crate::daemon::publish::self_metrics;
 
 /// Path of the findings JSON.
 pub const FINDINGS_PATH: &str = "/findings";
@@ -95,7 +99,7 @@ pub enum ServeError {
     Thread(#[source] std::io::Error),
 }
 
-/// Serves `listeners` (bound by [`super::listen::Listen::bind`]) on a
+/// Serves `listeners` (bound by [`crate::daemon::http::listen::Listen::bind`]) on a
 /// thread of its own, with its own runtime, until the process exits.
 pub fn spawn(listeners: Vec<std::net::TcpListener>, shared: Shared) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -14,136 +14,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use vgpu_common::event::ProcCounters;
 use vgpu_common::region::rules;
 
-use super::container_identity::ContainerIdentity;
-use super::findings::{Finding, Kind};
-use super::nvml::DeviceSample;
-use super::pods::PodNames;
-use super::region_cache::Overruns;
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::state::findings::Kind;
 
-/// Label pairs.
-pub type Labels = Vec<(String, String)>;
-
-/// One device of one region, summed over slots with status != 0 (as HAMi's
-/// monitor does).
-#[derive(Clone, Debug, Default)]
-pub struct RegionDevice {
-    pub index: usize,
-    pub uuid: String,
-    pub limit: u64,
-    pub total: u64,
-    pub context: u64,
-    pub module: u64,
-    pub data: u64,
-    /// Summed slot `offset`s (HAMi's monitor exports them as a label).
-    pub offset: u64,
-    pub sm_util: u64,
-    /// Kernel and graph launches the container's processes counted
-    /// (monotonic: `launches::Ledger`).
-    pub launches: u64,
-    /// The region's raw `sm_limit` (`rules::sm_limit` says what it means).
-    pub sm_limit: u64,
-    /// Of `data`, bytes served from host memory (`CUDA_OVERSUBSCRIBE`).
-    pub host: u64,
-}
-
-/// One region (one container).
-#[derive(Clone, Debug, Default)]
-pub struct RegionView {
-    /// pod_uid, container, container_id, cgroup, region.
-    pub labels: Labels,
-    pub devices: Vec<RegionDevice>,
-    /// Unix seconds; 0 = never.
-    pub last_kernel_time: u64,
-    /// Slots in use whose process is gone (by host PID), until reclaimed.
-    pub dead_slots: u64,
-}
-
-/// How long one scan took, all of it and its render.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ScanTiming {
-    pub scan: std::time::Duration,
-    pub render: std::time::Duration,
-}
-
-/// Everything one scan exports besides the counters.
-#[derive(Debug, Default)]
-pub struct Snapshot<'a> {
-    pub regions: Vec<RegionView>,
-    pub host: Vec<DeviceSample>,
-    pub findings: &'a [Finding],
-    /// Untracked bytes per container (cgroup identity).
-    pub untracked: Vec<(ContainerIdentity, u64)>,
-    /// Probed libcuda entry points: (symbol, libcuda path).
-    pub probes: Vec<(String, String)>,
-    /// Processes the probes know.
-    pub processes: usize,
-    /// Region files under the regions root the scan bounds left out.
-    pub region_files_skipped: usize,
-    /// Containers over a per-container bound of the region cache.
-    pub overruns: Overruns,
-    /// Containers whose label values were shortened to their bound.
-    pub labels_shortened: usize,
-    /// How long the previous scan took (this one's is not over).
-    pub timing: ScanTiming,
-    pub now_unix: u64,
-    /// This node's name: HAMi's `node` label of host series and the `node`
-    /// label of the findings' series (empty: left out).
-    pub node: &'a str,
-    /// Pod names by UID, for the per-pod findings series.
-    pub pods: Option<&'a PodNames>,
-    /// Also export HAMi 2.5–2.8's series ([`super::legacy_metrics`]).
-    pub legacy: bool,
-}
-
-/// Counters that accumulate over the daemon's life.
-#[derive(Clone, Debug, Default)]
-pub struct Counters {
-    /// `hostpid` writes into slots.
-    pub hostpid_fills: Counter,
-    /// Processes whose slot already held the right `hostpid` when the daemon
-    /// first found it (the hook learnt it itself, e.g. outside a PID
-    /// namespace or from NVML during its context measurement).
-    pub hostpid_verified: Counter,
-    /// Slots of dead processes the daemon freed.
-    pub slots_reclaimed: Counter,
-    /// Calls seen by the probes, by kind (`alloc`, `alloc_failure`, `free`, `launch`, `graph_launch`).
-    pub probe_events: Family<Labels, Counter>,
-    /// Calls the probes could not record, by reason.
-    pub probe_lost: Family<Labels, Counter>,
-    /// Violations found, by kind and the action taken
-    /// (`super::retention`).
-    pub violations: Family<Labels, Counter>,
-}
-
-impl Counters {
-    /// Adds to `probe_events` what a process's probe counters gained from
-    /// `old` to `new`.
-    pub fn count_probe_events(&self, old: &ProcCounters, new: &ProcCounters) {
-        let kinds = [
-            ("alloc", old.allocs, new.allocs),
-            ("alloc_failure", old.alloc_failures, new.alloc_failures),
-            ("free", old.frees, new.frees),
-            ("launch", old.launches, new.launches),
-            ("graph_launch", old.graph_launches, new.graph_launches),
-        ];
-        for (kind, a, b) in kinds {
-            let d = b.saturating_sub(a);
-            if d > 0 {
-                self.probe_events
-                    .get_or_create(&one("kind", kind))
-                    .inc_by(d);
-            }
-        }
-    }
-}
-
-/// `[("kind", v)]`.
-pub fn one(k: &str, v: &str) -> Labels {
-    vec![(k.to_owned(), v.to_owned())]
-}
+use crate::daemon::publish::snapshot::{one, Counters, Labels, Snapshot};
 
 fn identity_labels(id: &ContainerIdentity) -> Labels {
     vec![
@@ -201,12 +77,12 @@ impl EncodeLabelSet for Series {
 }
 
 /// Renders the snapshot and the counters as OpenMetrics text
-/// (`super::exposition` derives the classic text format from it).
+/// (`crate::daemon::publish::exposition` derives the classic text format from it).
 pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
     let mut reg = Registry::default();
     let hami = reg.sub_registry_with_label(("zone".into(), "vGPU".into()));
     if s.legacy {
-        super::legacy_metrics::register(hami, s);
+        crate::daemon::publish::legacy_metrics::register(hami, s);
     }
 
     let vused = Family::<Series, GaugeU>::default();
@@ -499,6 +375,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::daemon::collect::nvml::DeviceSample;
+    use crate::daemon::collect::pods::PodNames;
+    use crate::daemon::collect::region_cache::Overruns;
+    use crate::daemon::publish::snapshot::{RegionDevice, RegionView};
+    use crate::daemon::state::findings::Finding;
 
     #[test]
     fn names_labels_and_values() {
@@ -557,7 +438,7 @@ mod tests {
     /// the per-kind counts stay one series per kind.
     #[test]
     fn findings_series_carry_the_node_and_the_pod() {
-        use crate::daemon::pods::PodName;
+        use crate::daemon::collect::pods::PodName;
         let id = ContainerIdentity {
             cgroup: "/cg".into(),
             pod_uid: Some("u1".into()),

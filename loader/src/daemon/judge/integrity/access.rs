@@ -8,8 +8,8 @@ use vgpu_common::region::MAX_DEVICES;
 use super::expected::Limits;
 use super::overrides::FileKey;
 use super::{enforce, RegionAccess};
-use crate::daemon::findings::LimitMismatch;
-use crate::daemon::region_cache::RegionCache;
+use crate::daemon::collect::region_cache::RegionCache;
+use crate::daemon::state::findings::LimitMismatch;
 use vgpu_common::region::rules::sm_limit_shown;
 
 impl RegionAccess for RegionCache {

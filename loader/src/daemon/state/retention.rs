@@ -19,8 +19,8 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use super::findings::{Finding, Kind};
-use super::metrics::Labels;
+use crate::daemon::publish::snapshot::Labels;
+use crate::daemon::state::findings::{Finding, Kind};
 
 /// The default `--findings-retention`.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 60);
@@ -193,8 +193,8 @@ impl Retention {
 
 #[cfg(test)]
 mod tests {
-    use super::super::container_identity::ContainerIdentity;
     use super::*;
+    use crate::daemon::collect::container_identity::ContainerIdentity;
 
     fn finding(kind: Kind, pid: u32, cgroup: &str, since: u64, action: Option<&str>) -> Finding {
         let container = ContainerIdentity {
@@ -315,12 +315,12 @@ mod tests {
         assert_eq!(count(&fam, Kind::OverLimit, "killed"), 0);
         // And the file it came from reads back.
         let dir = tempfile::tempdir().unwrap();
-        crate::daemon::findings::write_state(
+        crate::daemon::state::findings::write_state(
             dir.path(),
-            &crate::daemon::findings::to_json(&out, 7),
+            &crate::daemon::state::findings::to_json(&out, 7),
         )
         .unwrap();
-        let (back, at) = crate::daemon::findings::read_earlier(dir.path());
+        let (back, at) = crate::daemon::state::findings::read_earlier(dir.path());
         assert_eq!((back, at), (out, 7));
     }
 

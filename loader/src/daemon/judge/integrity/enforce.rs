@@ -1,69 +1,49 @@
-//! The integrity policy's actions: writing a tampered limit back, and
-//! killing a process, only once it is proven to be the one meant.
+//! The integrity policy's actions: the writes that put a tampered limit
+//! back (made by `daemon::apply`), and killing a process, only once it is
+//! proven to be the one meant.
 
 use std::io;
-use std::mem::{offset_of, size_of};
 use std::os::fd::OwnedFd;
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::{pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
-use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 use vgpu_common::region_io::RegionIo;
 
-use crate::daemon::findings::{LimitMismatch, LimitName};
-use crate::daemon::procfs::Procfs;
-use vgpu_common::region::rules::sm_limit_shown;
+use crate::daemon::apply::{self, Expect, Field, Target, Write};
+use crate::daemon::collect::procfs::Procfs;
+use crate::daemon::collect::region_cache::RegionKey;
+use crate::daemon::state::findings::{LimitMismatch, LimitName};
 
-/// A region's limit cells, as [`restore`] reads and writes them.
-pub trait LimitCells {
-    /// The cell's current value (`None`: unreadable, or no such device).
-    fn read(&self, limit: LimitName, device: usize) -> Option<u64>;
-    /// Stores `value`; false when it could not be written.
-    fn write(&self, limit: LimitName, device: usize, value: u64) -> bool;
+/// The writes that put each mismatched limit's expected value back, each
+/// only where the cell still holds what was found (a newer write, an
+/// admin's included, is not overwritten; one racing this read is seen at
+/// the next scan, against its recorded override).
+pub fn restores(region: RegionKey, mismatches: &[LimitMismatch]) -> Vec<Write> {
+    mismatches
+        .iter()
+        .map(|m| Write {
+            target: Target::Region(region),
+            field: Field::Limit {
+                limit: m.limit,
+                device: m.device,
+            },
+            value: m.expected,
+            expect: match m.limit {
+                LimitName::MemoryBytes => Expect::Holds(m.found),
+                LimitName::SmPercent => Expect::ShowsSmLimit(m.found),
+            },
+        })
+        .collect()
 }
 
-/// The cell's offset in the region file.
-fn cell_offset(limit: LimitName, device: usize) -> Option<u64> {
-    if device >= MAX_DEVICES {
-        return None;
-    }
-    let base = match limit {
-        LimitName::MemoryBytes => offset_of!(SharedRegion, limit),
-        LimitName::SmPercent => offset_of!(SharedRegion, sm_limit),
-    };
-    Some((base + device * size_of::<u64>()) as u64)
-}
-
-/// The daemon's regions: each cell read anew with `pread` and written with
-/// `pwrite`, never through a mapping the tenant could truncate.
-impl LimitCells for RegionIo {
-    fn read(&self, limit: LimitName, device: usize) -> Option<u64> {
-        self.read_u64(cell_offset(limit, device)?).ok()
-    }
-    fn write(&self, limit: LimitName, device: usize, value: u64) -> bool {
-        cell_offset(limit, device).is_some_and(|at| self.write_u64(at, value).is_ok())
-    }
-}
-
-/// Writes each mismatched limit's expected value back, only where the cell
-/// still holds what was found (a newer write, an admin's included, is not
-/// overwritten; one racing this read is seen at the next scan, against its
-/// recorded override). Returns how many cells it wrote.
-pub fn restore(cells: &impl LimitCells, mismatches: &[LimitMismatch]) -> usize {
-    let mut n = 0;
-    for m in mismatches {
-        let Some(now) = cells.read(m.limit, m.device) else {
-            continue;
-        };
-        let same = match m.limit {
-            LimitName::MemoryBytes => now == m.found,
-            LimitName::SmPercent => sm_limit_shown(now) == m.found,
-        };
-        if same && cells.write(m.limit, m.device, m.expected) {
-            n += 1;
-        }
-    }
-    n
+/// Writes each mismatched limit's expected value back into the region open
+/// as `io` ([`restores`], carried out by `daemon::apply`). Returns how
+/// many cells it wrote.
+pub fn restore(io: &RegionIo, mismatches: &[LimitMismatch]) -> usize {
+    restores(io.key(), mismatches)
+        .iter()
+        .filter(|w| apply::to_region(io, w).written())
+        .count()
 }
 
 /// Why a process was not killed.

@@ -11,8 +11,8 @@ use super::expected::Expected;
 use super::overrides::FileKey;
 use super::report::{base, describe, short};
 use super::{Integrity, OwnEnv, ProcInput, RegionAccess, Subject};
-use crate::daemon::container_identity::ContainerIdentity;
-use crate::daemon::findings::{Finding, Kind, LimitMismatch, LimitName};
+use crate::daemon::collect::container_identity::ContainerIdentity;
+use crate::daemon::state::findings::{Finding, Kind, LimitMismatch, LimitName};
 
 impl Integrity {
     pub(super) fn check_regions(
