@@ -16,6 +16,7 @@ use vgpu_tests::container::Cgroup;
 use vgpu_tests::daemon::Workdir;
 use vgpu_tests::dist;
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::poll_until;
 
 /// The victim pod: its kubelet log directory names it, HAMi's directory
 /// under the regions root is its own.
@@ -39,15 +40,13 @@ fn parse_sample(line: &str) -> Option<(&str, Vec<(&str, &str)>)> {
 
 /// Waits up to 20 s until `name`'s program reports its allocation.
 fn allocated(fx: &Workdir, name: &str) {
-    let t = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(fx.out(name)).unwrap_or_default();
-        if text.contains("allocated") {
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "{name}: {text:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let read = || std::fs::read_to_string(fx.out(name)).unwrap_or_default();
+    let done = poll_until(Duration::from_secs(20), || read().contains("allocated"));
+    assert!(
+        done.is_some(),
+        "{name}: not allocated within 20 s: {:?}",
+        read()
+    );
 }
 
 /// A tenant names its region inside a directory it called
