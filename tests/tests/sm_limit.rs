@@ -280,8 +280,10 @@ fn sm_a_limited_container_beside_an_unlimited_one_gets_its_share() {
 #[test]
 fn sm_two_containers_take_turns_through_the_node_dir() {
     let _s = serial();
-    let node = tempfile::tempdir().expect("temp dir");
     let view = retried("two containers taking turns", || {
+        // A node dir of its own per try: the table shows this try's two
+        // containers, not the idle ones of the try before.
+        let node = tempfile::tempdir().expect("temp dir");
         let (_, switches, view) = two_containers("sm-turns", Some(node.path()))?;
         if !(30.0..=60.0).contains(&switches) {
             return Err(format!(
