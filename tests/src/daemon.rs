@@ -16,7 +16,6 @@ use crate::container::{Cgroup, ContainerProcess};
 use crate::dist;
 use crate::http::get;
 use crate::sim::SimGpu;
-use crate::wait::poll_until;
 
 /// A temp dir with `lib/libcuda.so.1` and the `daemon_prog` test program.
 pub struct Workdir {
@@ -89,18 +88,21 @@ impl Workdir {
     /// The number after `what` in test program `name`'s output file (its
     /// marks), waiting up to `timeout` for the line.
     pub fn mark(&self, name: &str, what: &str, timeout: Duration) -> u64 {
-        let read = || std::fs::read_to_string(self.out(name)).unwrap_or_default();
-        poll_until(timeout, || {
-            read()
+        let t = Instant::now();
+        loop {
+            let text = std::fs::read_to_string(self.out(name)).unwrap_or_default();
+            if let Some(v) = text
                 .lines()
                 .find_map(|l| l.strip_prefix(what)?.trim().parse().ok())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "{name}: no {what:?} line after {timeout:?}; its output: {:?}",
-                read()
-            )
-        })
+            {
+                return v;
+            }
+            assert!(
+                t.elapsed() < timeout,
+                "{name}: no {what:?} line after {timeout:?}; its output: {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Starts `prog` (`daemon_prog` or a copy of it) in a new container in
@@ -211,18 +213,16 @@ impl Running {
     /// ready.
     pub fn start(cmd: Command, port: u16, log: PathBuf) -> Running {
         let mut d = Running::spawn(cmd, port, log);
-        let ready = poll_until(Duration::from_secs(30), || {
-            let up = get(port, "/readyz").map(|(s, _)| s) == Some(200);
-            if !up {
-                d.assert_alive();
-            }
-            up
-        });
-        assert!(
-            ready.is_some(),
-            "daemon not ready within 30 s: {}",
-            d.log_text()
-        );
+        let t = Instant::now();
+        while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
+            d.assert_alive();
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "daemon not ready: {}",
+                d.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
         d
     }
 
@@ -263,13 +263,19 @@ impl Running {
         limit: Duration,
         pick: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        poll_until(limit, || self.findings().into_iter().find(|f| pick(f))).unwrap_or_else(|| {
-            panic!(
-                "no {what} finding after {limit:?}: {:#?}\n{}",
-                self.findings(),
+        let t = Instant::now();
+        loop {
+            let list = self.findings();
+            if let Some(f) = list.iter().find(|f| pick(f)) {
+                return f.clone();
+            }
+            assert!(
+                t.elapsed() < limit,
+                "no {what} finding after {limit:?}: {list:#?}\n{}",
                 self.log_text()
-            )
-        })
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The daemon's pid.
