@@ -27,7 +27,7 @@
  *                            (step over: rc <rc>); all freed in NCCL's order,
  *                            then one more (step after: rc <rc>).
  *
- * A failed driver call prints `FAIL <what> rc <rc>` and exits 1.
+ * A failed driver call prints `<call> failed: <rc>` and exits 1 (check.h).
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "cuda_min.h"
+#include "check.h"
 
 #define SEG (2u << 20)
 #define MAX_BUFS 1024
@@ -75,14 +76,6 @@ static void *proc(const char *name) {
     return p;
 }
 
-#define CHECK(call, what)                                 \
-    do {                                                  \
-        CUresult r_ = (call);                             \
-        if (r_ != CUDA_SUCCESS) {                         \
-            printf("FAIL %s rc %d\n", what, (int)r_);     \
-            exit(1);                                      \
-        }                                                 \
-    } while (0)
 
 /* Prints the step and waits for the test to go on. */
 static void step(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -102,10 +95,10 @@ static void step(const char *fmt, ...) {
  * points, then step context. */
 static void setup(void) {
     CUcontext ctx;
-    CHECK(cuInit(0), "cuInit");
-    CHECK(cuDeviceGet(&dev, 0), "cuDeviceGet");
-    CHECK(cuDevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
-    CHECK(cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+    MUST(cuInit(0));
+    MUST(cuDeviceGet(&dev, 0));
+    MUST(cuDevicePrimaryCtxRetain(&ctx, dev));
+    MUST(cuCtxSetCurrent(ctx));
     vmm.create = (create_t)proc("cuMemCreate");
     vmm.release = (release_t)proc("cuMemRelease");
     vmm.retain = (retain_t)proc("cuMemRetainAllocationHandle");
@@ -138,8 +131,8 @@ static void map_rw(CUdeviceptr p, CUmemGenericAllocationHandle h) {
     acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     acc.location.id = dev;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    CHECK(vmm.map(p, SEG, 0, h, 0), "cuMemMap");
-    CHECK(vmm.access(p, SEG, &acc, 1), "cuMemSetAccess");
+    MUST(vmm.map(p, SEG, 0, h, 0));
+    MUST(vmm.access(p, SEG, &acc, 1));
 }
 
 /* The address of segment i of a reservation at base. */
@@ -148,18 +141,18 @@ static CUdeviceptr segment(CUdeviceptr base, int i) { return base + (CUdeviceptr
 /* One reservation of n segments, none mapped yet. */
 static CUdeviceptr reserve_segments(int n) {
     CUdeviceptr base;
-    CHECK(vmm.reserve(&base, (size_t)n * SEG, SEG, 0, 0), "cuMemAddressReserve");
+    MUST(vmm.reserve(&base, (size_t)n * SEG, SEG, 0, 0));
     return base;
 }
 
 /* The reservation of n segments at base given back. */
 static void free_reservation(CUdeviceptr base, int n) {
-    CHECK(vmm.addr_free(base, (size_t)n * SEG), "cuMemAddressFree");
+    MUST(vmm.addr_free(base, (size_t)n * SEG));
 }
 
 /* Segment i of base created (its handle in *h) and mapped read-write. */
 static void create_mapped(CUdeviceptr base, int i, CUmemGenericAllocationHandle *h) {
-    CHECK(create(h), "cuMemCreate");
+    MUST(create(h));
     map_rw(segment(base, i), *h);
 }
 
@@ -167,8 +160,8 @@ static void create_mapped(CUdeviceptr base, int i, CUmemGenericAllocationHandle 
  * shrinks an expandable segment from its end. */
 static void unmap_release(CUdeviceptr base, CUmemGenericAllocationHandle *hs, int lo, int hi) {
     for (int i = hi - 1; i >= lo; i--) {
-        CHECK(vmm.unmap(segment(base, i), SEG), "cuMemUnmap");
-        CHECK(vmm.release(hs[i]), "cuMemRelease");
+        MUST(vmm.unmap(segment(base, i), SEG));
+        MUST(vmm.release(hs[i]));
     }
 }
 
@@ -186,11 +179,10 @@ static CUresult nccl_alloc(CUdeviceptr *p) {
     CUmemAllocationProp prop = device_prop();
     CUmemGenericAllocationHandle h;
     size_t gran = 0;
-    CHECK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-          "cuMemGetAllocationGranularity");
+    MUST(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     CUresult r = vmm.create(&h, SEG, &prop, 0);
     if (r != CUDA_SUCCESS) return r;
-    CHECK(vmm.reserve(p, SEG, gran, 0, 0), "cuMemAddressReserve");
+    MUST(vmm.reserve(p, SEG, gran, 0, 0));
     map_rw(*p, h);
     return CUDA_SUCCESS;
 }
@@ -200,23 +192,23 @@ static CUresult nccl_alloc(CUdeviceptr *p) {
 static void nccl_query(CUdeviceptr p) {
     CUmemGenericAllocationHandle h;
     CUmemAllocationProp prop;
-    CHECK(vmm.retain(&h, (void *)p), "cuMemRetainAllocationHandle");
-    CHECK(vmm.props(&prop, h), "cuMemGetAllocationPropertiesFromHandle");
+    MUST(vmm.retain(&h, (void *)p));
+    MUST(vmm.props(&prop, h));
     if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != dev) {
         printf("FAIL properties: location %d/%d\n", (int)prop.location.type, prop.location.id);
         exit(1);
     }
-    CHECK(vmm.release(h), "cuMemRelease (pair)");
+    MUST(vmm.release(h));
 }
 
 /* NCCL's free: retain, release, unmap, release, address free. */
 static void nccl_free(CUdeviceptr p) {
     CUmemGenericAllocationHandle h;
-    CHECK(vmm.retain(&h, (void *)p), "cuMemRetainAllocationHandle (free)");
-    CHECK(vmm.release(h), "cuMemRelease (retained)");
-    CHECK(vmm.unmap(p, SEG), "cuMemUnmap");
-    CHECK(vmm.release(h), "cuMemRelease (last)");
-    CHECK(vmm.addr_free(p, SEG), "cuMemAddressFree");
+    MUST(vmm.retain(&h, (void *)p));
+    MUST(vmm.release(h));
+    MUST(vmm.unmap(p, SEG));
+    MUST(vmm.release(h));
+    MUST(vmm.addr_free(p, SEG));
 }
 
 /* Buffers lo to hi-1 freed in NCCL's order. */
@@ -227,7 +219,7 @@ static void nccl_free_range(const CUdeviceptr *bufs, int lo, int hi) {
 static int nccl(int n) {
     CUdeviceptr bufs[MAX_BUFS];
     setup();
-    for (int i = 0; i < n; i++) CHECK(nccl_alloc(&bufs[i]), "cuMemCreate");
+    for (int i = 0; i < n; i++) MUST(nccl_alloc(&bufs[i]));
     step("alloc");
     for (int round = 0; round < 3; round++)
         for (int i = 0; i < n; i++) nccl_query(bufs[i]);
@@ -259,10 +251,10 @@ static int early(int n) {
     for (int i = 0; i < n; i++) {
         CUmemGenericAllocationHandle h;
         create_mapped(base, i, &h);
-        CHECK(vmm.release(h), "cuMemRelease (mapped)");
+        MUST(vmm.release(h));
     }
     step("released");
-    CHECK(vmm.unmap(base, (size_t)n * SEG), "cuMemUnmap (whole range)");
+    MUST(vmm.unmap(base, (size_t)n * SEG));
     free_reservation(base, n);
     step("unmapped");
     return 0;

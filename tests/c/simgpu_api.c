@@ -13,16 +13,11 @@
 #include <time.h>
 
 #include "cuda_min.h"
+#define CHECK_OUT stderr
+#include "check.h"
 
 #define MiB (1024ull * 1024ull)
-#define CHECK(cond)                                                             \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "check failed at line %d: %s\n", __LINE__, #cond); \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
-#define OK(call) CHECK((call) == CUDA_SUCCESS)
+#define OK(call) REQUIRE((call) == CUDA_SUCCESS)
 
 static size_t used(void) {
     size_t f, t;
@@ -64,78 +59,78 @@ int main(void) {
     char name[64];
     const char *s;
 
-    CHECK(cuDeviceGetCount(&v) == CUDA_ERROR_NOT_INITIALIZED);
+    REQUIRE(cuDeviceGetCount(&v) == CUDA_ERROR_NOT_INITIALIZED);
     OK(cuDriverGetVersion(&v));
-    CHECK(v == 13000);
+    REQUIRE(v == 13000);
     OK(cuInit(0));
     OK(cuDeviceGetCount(&v));
-    CHECK(v == 1);
+    REQUIRE(v == 1);
     OK(cuDeviceGet(&dev, 0));
-    CHECK(cuDeviceGet(&dev, 1) == CUDA_ERROR_INVALID_DEVICE);
+    REQUIRE(cuDeviceGet(&dev, 1) == CUDA_ERROR_INVALID_DEVICE);
     OK(cuDeviceGetName(name, sizeof name, dev));
-    CHECK(strstr(name, "SimGPU") != NULL);
+    REQUIRE(strstr(name, "SimGPU") != NULL);
     OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
-    CHECK(v == 132);
+    REQUIRE(v == 132);
     OK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev));
-    CHECK(v == 2048);
+    REQUIRE(v == 2048);
     OK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s));
-    CHECK(strcmp(s, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
+    REQUIRE(strcmp(s, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
     OK(cuGetErrorString(CUDA_ERROR_INVALID_VALUE, &s));
-    CHECK(cuGetErrorString(12345, &s) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuGetErrorString(12345, &s) == CUDA_ERROR_INVALID_VALUE);
 
     /* Contexts: each costs 100 MiB. */
-    CHECK(cuMemGetInfo_v2(NULL, NULL) == CUDA_ERROR_INVALID_CONTEXT);
+    REQUIRE(cuMemGetInfo_v2(NULL, NULL) == CUDA_ERROR_INVALID_CONTEXT);
     OK(cuDevicePrimaryCtxRetain(&ctx, dev));
     OK(cuCtxSetCurrent(ctx));
-    CHECK(used() == 100 * MiB);
+    REQUIRE(used() == 100 * MiB);
     OK(cuCtxCreate(&ctx2, 0, dev));
     OK(cuCtxGetCurrent(&cur));
-    CHECK(cur == ctx2);
-    CHECK(used() == 200 * MiB);
+    REQUIRE(cur == ctx2);
+    REQUIRE(used() == 200 * MiB);
     OK(cuCtxPopCurrent(&cur));
-    CHECK(cur == ctx2);
+    REQUIRE(cur == ctx2);
     OK(cuCtxDestroy(ctx2));
-    CHECK(used() == 100 * MiB);
+    REQUIRE(used() == 100 * MiB);
     OK(cuCtxGetCurrent(&cur));
-    CHECK(cur == ctx);
+    REQUIRE(cur == ctx);
 
     /* Plain, pitch, managed allocations and frees. */
     CUdeviceptr a, b, m;
     size_t pitch;
     OK(cuMemAlloc(&a, 10 * MiB));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
     OK(cuMemAllocPitch(&b, &pitch, 1000, 100, 4));
-    CHECK(pitch == 1024);
-    CHECK(used() == 110 * MiB + 1024 * 100);
+    REQUIRE(pitch == 1024);
+    REQUIRE(used() == 110 * MiB + 1024 * 100);
     OK(cuMemFree(b));
     OK(cuMemAllocManaged(&m, 4 * MiB, CU_MEM_ATTACH_GLOBAL));
     memset((void *)(uintptr_t)m, 7, 4 * MiB); /* managed memory is real */
-    CHECK(used() == 114 * MiB);
+    REQUIRE(used() == 114 * MiB);
     OK(cuMemFree(m));
-    CHECK(cuMemFree(12345) == CUDA_ERROR_INVALID_VALUE);
-    CHECK(cuMemFree(b) == CUDA_ERROR_INVALID_VALUE);
-    CHECK(cuMemAlloc(&b, 2000 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
-    CHECK(used() == 110 * MiB);
+    REQUIRE(cuMemFree(12345) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuMemFree(b) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuMemAlloc(&b, 2000 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
+    REQUIRE(used() == 110 * MiB);
     OK(cuMemcpyHtoD(a, name, 8));
     OK(cuMemcpyDtoH(name, a, 8));
-    CHECK(cuMemcpyHtoD(a, NULL, 8) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuMemcpyHtoD(a, NULL, 8) == CUDA_ERROR_INVALID_VALUE);
     OK(cuMemsetD8(a, 0, 16));
     size_t sz;
     CUdeviceptr base;
     OK(cuMemGetAddressRange(&base, &sz, a + 100));
-    CHECK(base == a && sz == 10 * MiB);
+    REQUIRE(base == a && sz == 10 * MiB);
 
     /* Host memory costs no device memory and is real. */
     void *h;
     OK(cuMemAllocHost(&h, 1 * MiB));
     memset(h, 1, 1 * MiB);
     OK(cuMemFreeHost(h));
-    CHECK(cuMemFreeHost(h) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuMemFreeHost(h) == CUDA_ERROR_INVALID_VALUE);
     static char reg[8192];
     OK(cuMemHostRegister(reg, sizeof reg, 0));
-    CHECK(cuMemHostRegister(reg, sizeof reg, 0) == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+    REQUIRE(cuMemHostRegister(reg, sizeof reg, 0) == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     OK(cuMemHostUnregister(reg));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
 
     /* VMM: charged from cuMemCreate until released and unmapped. */
     CUmemAllocationProp prop;
@@ -145,11 +140,11 @@ int main(void) {
     prop.location.id = dev;
     size_t gran;
     OK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    CHECK(gran == 2 * MiB);
+    REQUIRE(gran == 2 * MiB);
     CUmemGenericAllocationHandle mh;
-    CHECK(cuMemCreate(&mh, 3 * MiB, &prop, 0) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuMemCreate(&mh, 3 * MiB, &prop, 0) == CUDA_ERROR_INVALID_VALUE);
     OK(cuMemCreate(&mh, 8 * MiB, &prop, 0));
-    CHECK(used() == 118 * MiB);
+    REQUIRE(used() == 118 * MiB);
     CUdeviceptr va;
     OK(cuMemAddressReserve(&va, 8 * MiB, 0, 0, 0));
     OK(cuMemMap(va, 8 * MiB, 0, mh, 0));
@@ -159,20 +154,20 @@ int main(void) {
      * more reference; the memory stays until the last release and unmap. */
     CUmemGenericAllocationHandle rh = 0;
     OK(cuMemRetainAllocationHandle(&rh, (void *)(va + 4 * MiB)));
-    CHECK(rh == mh);
-    CHECK(cuMemRetainAllocationHandle(&rh, (void *)(va + 8 * MiB)) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(rh == mh);
+    REQUIRE(cuMemRetainAllocationHandle(&rh, (void *)(va + 8 * MiB)) == CUDA_ERROR_INVALID_VALUE);
     CUmemAllocationProp got;
     memset(&got, 0xff, sizeof got);
     OK(cuMemGetAllocationPropertiesFromHandle(&got, mh));
-    CHECK(got.type == CU_MEM_ALLOCATION_TYPE_PINNED && got.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+    REQUIRE(got.type == CU_MEM_ALLOCATION_TYPE_PINNED && got.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
           got.location.id == dev && got.win32HandleMetaData == NULL);
     OK(cuMemRelease(rh));
-    CHECK(used() == 118 * MiB); /* the creation's reference is left */
+    REQUIRE(used() == 118 * MiB); /* the creation's reference is left */
     OK(cuMemRelease(mh));
-    CHECK(used() == 118 * MiB); /* still mapped */
-    CHECK(cuMemRelease(mh) == CUDA_ERROR_INVALID_VALUE); /* no reference left */
+    REQUIRE(used() == 118 * MiB); /* still mapped */
+    REQUIRE(cuMemRelease(mh) == CUDA_ERROR_INVALID_VALUE); /* no reference left */
     OK(cuMemUnmap(va, 8 * MiB));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
     OK(cuMemAddressFree(va, 8 * MiB));
     /* One unmap over several mappings; one that cuts a mapping is refused. */
     CUmemGenericAllocationHandle ha, hb;
@@ -183,43 +178,43 @@ int main(void) {
     OK(cuMemMap(va + 2 * MiB, 2 * MiB, 0, hb, 0));
     OK(cuMemRelease(ha));
     OK(cuMemRelease(hb));
-    CHECK(used() == 114 * MiB);
-    CHECK(cuMemUnmap(va, 3 * MiB) == CUDA_ERROR_INVALID_VALUE);
-    CHECK(cuMemUnmap(va + 1 * MiB, 1 * MiB) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(used() == 114 * MiB);
+    REQUIRE(cuMemUnmap(va, 3 * MiB) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuMemUnmap(va + 1 * MiB, 1 * MiB) == CUDA_ERROR_INVALID_VALUE);
     OK(cuMemUnmap(va, 4 * MiB));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
     OK(cuMemAddressFree(va, 4 * MiB));
     prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
     OK(cuMemCreate(&mh, 2 * MiB, &prop, 0));
-    CHECK(used() == 110 * MiB); /* host location: no device memory */
+    REQUIRE(used() == 110 * MiB); /* host location: no device memory */
     OK(cuMemRelease(mh));
 
     /* Arrays: exact bytes, summed over mip levels. */
     CUarray arr;
     CUDA_ARRAY_DESCRIPTOR ad = {1000, 100, CU_AD_FORMAT_FLOAT, 4};
     OK(cuArrayCreate(&arr, &ad));
-    CHECK(used() == 110 * MiB + 1000 * 100 * 16);
+    REQUIRE(used() == 110 * MiB + 1000 * 100 * 16);
     OK(cuArrayDestroy(arr));
     CUDA_ARRAY3D_DESCRIPTOR a3 = {64, 64, 4, CU_AD_FORMAT_UNSIGNED_INT8, 2, 0};
     OK(cuArray3DCreate(&arr, &a3));
-    CHECK(used() == 110 * MiB + 64 * 64 * 4 * 2);
+    REQUIRE(used() == 110 * MiB + 64 * 64 * 4 * 2);
     OK(cuArrayDestroy(arr));
     CUmipmappedArray mip;
     CUDA_ARRAY3D_DESCRIPTOR md = {64, 32, 0, CU_AD_FORMAT_HALF, 1, 0};
     OK(cuMipmappedArrayCreate(&mip, &md, 3));
-    CHECK(used() == 110 * MiB + (64 * 32 + 32 * 16 + 16 * 8) * 2);
+    REQUIRE(used() == 110 * MiB + (64 * 32 + 32 * 16 + 16 * 8) * 2);
     OK(cuMipmappedArrayDestroy(mip));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
 
     /* IPC import costs nothing. */
     CUipcMemHandle ih;
     CUdeviceptr imp;
     OK(cuIpcGetMemHandle(&ih, a));
     OK(cuIpcOpenMemHandle(&imp, ih, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
-    CHECK(imp != 0 && imp != a);
-    CHECK(used() == 110 * MiB);
+    REQUIRE(imp != 0 && imp != a);
+    REQUIRE(used() == 110 * MiB);
     OK(cuIpcCloseMemHandle(imp));
-    CHECK(cuIpcCloseMemHandle(imp) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuIpcCloseMemHandle(imp) == CUDA_ERROR_INVALID_VALUE);
 
     /* Pools: reserved grows in 2 MiB steps, released at synchronize. */
     CUstream st;
@@ -228,18 +223,18 @@ int main(void) {
     OK(cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
     OK(cuDeviceGetDefaultMemPool(&dpool, dev));
     OK(cuDeviceGetMemPool(&pool, dev));
-    CHECK(pool == dpool);
+    REQUIRE(pool == dpool);
     CUdeviceptr p1, p2;
     OK(cuMemAllocAsync(&p1, 3 * MiB, st));
-    CHECK(used() == 114 * MiB);
+    REQUIRE(used() == 114 * MiB);
     OK(cuMemPoolGetAttribute(dpool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &val));
-    CHECK(val == 3 * MiB);
+    REQUIRE(val == 3 * MiB);
     OK(cuMemPoolGetAttribute(dpool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &val));
-    CHECK(val == 4 * MiB);
+    REQUIRE(val == 4 * MiB);
     OK(cuMemFreeAsync(p1, st));
-    CHECK(used() == 114 * MiB); /* held until a synchronization */
+    REQUIRE(used() == 114 * MiB); /* held until a synchronization */
     OK(cuStreamSynchronize(st));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
     CUmemPoolProps pp;
     memset(&pp, 0, sizeof pp);
     pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -249,27 +244,27 @@ int main(void) {
     val = 64 * MiB;
     OK(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &val));
     OK(cuMemAllocFromPoolAsync(&p2, 10 * MiB, pool, st));
-    CHECK(used() == 120 * MiB);
+    REQUIRE(used() == 120 * MiB);
     OK(cuMemFreeAsync(p2, st));
     OK(cuStreamSynchronize(st));
-    CHECK(used() == 120 * MiB); /* under the release threshold: kept */
+    REQUIRE(used() == 120 * MiB); /* under the release threshold: kept */
     OK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &val));
-    CHECK(val == 10 * MiB);
+    REQUIRE(val == 10 * MiB);
     OK(cuMemPoolTrimTo(pool, 0));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
     OK(cuDeviceSetMemPool(dev, pool));
     OK(cuMemAllocAsync(&p1, 1 * MiB, st));
     OK(cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &val));
-    CHECK(val == 1 * MiB);
+    REQUIRE(val == 1 * MiB);
     OK(cuMemFreeAsync(p1, st));
     OK(cuDeviceSetMemPool(dev, dpool));
     OK(cuMemPoolDestroy(pool));
-    CHECK(cuMemPoolDestroy(dpool) == CUDA_ERROR_INVALID_VALUE);
-    CHECK(used() == 110 * MiB);
+    REQUIRE(cuMemPoolDestroy(dpool) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(used() == 110 * MiB);
 
     /* Launch entry points: counts and durations. */
     count_fn launches = (count_fn)dlsym(RTLD_DEFAULT, "simgpu_launch_count");
-    CHECK(launches != NULL);
+    REQUIRE(launches != NULL);
     CUmodule mod;
     CUfunction busy, geo;
     OK(cuModuleLoadData(&mod, "anything"));
@@ -289,16 +284,16 @@ int main(void) {
     OK(cuLaunchKernelEx_ptsz(&lc, busy, NULL, NULL));
     OK(cuLaunchCooperativeKernel(busy, 1, 1, 1, 32, 1, 1, 0, st, NULL));
     OK(cuLaunchCooperativeKernel_ptsz(busy, 1, 1, 1, 32, 1, 1, 0, NULL, NULL));
-    CHECK(now_ms() - t0 < 2.0); /* launches are asynchronous */
-    CHECK(cuStreamQuery(st) == CUDA_ERROR_NOT_READY);
+    REQUIRE(now_ms() - t0 < 2.0); /* launches are asynchronous */
+    REQUIRE(cuStreamQuery(st) == CUDA_ERROR_NOT_READY);
     OK(cuCtxSynchronize());
     double dt = now_ms() - t0;
-    CHECK(dt >= 12.0 && dt < 30.0); /* 6 x 2 ms, one at a time */
-    CHECK(launches(0) - n0 == 6);
-    CHECK(cuLaunchCooperativeKernel(busy, 100000, 1, 1, 1024, 1, 1, 0, st, NULL) ==
+    REQUIRE(dt >= 12.0 && dt < 30.0); /* 6 x 2 ms, one at a time */
+    REQUIRE(launches(0) - n0 == 6);
+    REQUIRE(cuLaunchCooperativeKernel(busy, 100000, 1, 1, 1024, 1, 1, 0, st, NULL) ==
           CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
-    CHECK(cuLaunchKernel(busy, 0, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_ERROR_INVALID_VALUE);
-    CHECK(cuLaunchKernel((CUfunction)0x1234, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) ==
+    REQUIRE(cuLaunchKernel(busy, 0, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) == CUDA_ERROR_INVALID_VALUE);
+    REQUIRE(cuLaunchKernel((CUfunction)0x1234, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL) ==
           CUDA_ERROR_INVALID_HANDLE);
 
     /* Geometry model: 2112 blocks of 256 threads on 132 SMs = 2 waves of 5 us. */
@@ -315,7 +310,7 @@ int main(void) {
     OK(cuEventSynchronize(e1));
     OK(cuEventQuery(e1));
     OK(cuEventElapsedTime(&ms, e0, e1));
-    CHECK(ms > 0.999f && ms < 1.001f); /* 100 x 10 us */
+    REQUIRE(ms > 0.999f && ms < 1.001f); /* 100 x 10 us */
 
     /* Library / kernel handles work as functions. */
     CUlibrary lib;
@@ -341,7 +336,7 @@ int main(void) {
     anp.poolProps.location.id = 0;
     anp.bytesize = 32 * MiB;
     OK(cuGraphAddMemAllocNode(&an, g, NULL, 0, &anp));
-    CHECK(anp.dptr != 0);
+    REQUIRE(anp.dptr != 0);
     CUDA_KERNEL_NODE_PARAMS kp;
     memset(&kp, 0, sizeof kp);
     kp.func = busy;
@@ -350,58 +345,58 @@ int main(void) {
     for (int i = 0; i < 3; i++) OK(cuGraphAddKernelNode(&kn[i], g, i ? &kn[i - 1] : &an, 1, &kp));
     OK(cuGraphAddMemFreeNode(&fn, g, &kn[2], 1, anp.dptr));
     OK(cuGraphInstantiateWithFlags(&ge, g, 0));
-    CHECK(used() == 110 * MiB); /* not yet */
+    REQUIRE(used() == 110 * MiB); /* not yet */
     n0 = launches(0);
     t0 = now_ms();
     OK(cuGraphLaunch(ge, st));
-    CHECK(used() == 142 * MiB);
+    REQUIRE(used() == 142 * MiB);
     OK(cuGraphLaunch_ptsz(ge, NULL));
     OK(cuStreamSynchronize_ptsz(NULL));
     dt = now_ms() - t0;
-    CHECK(dt >= 12.0 && dt < 30.0); /* 2 launches x 3 nodes x 2 ms */
-    CHECK(launches(0) - n0 == 6);
-    CHECK(used() == 142 * MiB); /* kept between launches */
+    REQUIRE(dt >= 12.0 && dt < 30.0); /* 2 launches x 3 nodes x 2 ms */
+    REQUIRE(launches(0) - n0 == 6);
+    REQUIRE(used() == 142 * MiB); /* kept between launches */
     OK(cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &val));
-    CHECK(val == 32 * MiB);
+    REQUIRE(val == 32 * MiB);
     OK(cuDeviceGraphMemTrim(dev));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
     OK(cuGraphLaunch(ge, st));
-    CHECK(used() == 142 * MiB);
+    REQUIRE(used() == 142 * MiB);
     OK(cuStreamSynchronize(st));
     OK(cuGraphExecDestroy(ge));
-    CHECK(used() == 110 * MiB);
+    REQUIRE(used() == 110 * MiB);
     OK(cuGraphDestroy(g));
 
     /* Stream capture: launches become kernel nodes of the returned graph. */
     CUstreamCaptureStatus cs;
     CUstreamCaptureMode cm;
     CUgraph cg;
-    CHECK(cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    REQUIRE(cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     OK(cuStreamIsCapturing(st, &cs));
-    CHECK(cs == CU_STREAM_CAPTURE_STATUS_NONE);
+    REQUIRE(cs == CU_STREAM_CAPTURE_STATUS_NONE);
     n0 = launches(0);
     OK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL));
-    CHECK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_ILLEGAL_STATE);
+    REQUIRE(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_ILLEGAL_STATE);
     OK(cuStreamIsCapturing(st, &cs));
-    CHECK(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    REQUIRE(cs == CU_STREAM_CAPTURE_STATUS_ACTIVE);
     OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
     OK(cuEventRecord(e0, st)); /* captured */
     cm = CU_STREAM_CAPTURE_MODE_RELAXED;
     OK(cuThreadExchangeStreamCaptureMode(&cm));
-    CHECK(cm == CU_STREAM_CAPTURE_MODE_GLOBAL);
+    REQUIRE(cm == CU_STREAM_CAPTURE_MODE_GLOBAL);
     OK(cuCtxSynchronize()); /* relaxed: allowed */
-    CHECK(cuStreamQuery(st) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* never the capturing stream */
+    REQUIRE(cuStreamQuery(st) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); /* never the capturing stream */
     OK(cuThreadExchangeStreamCaptureMode(&cm));
-    CHECK(cm == CU_STREAM_CAPTURE_MODE_RELAXED);
+    REQUIRE(cm == CU_STREAM_CAPTURE_MODE_RELAXED);
     OK(cuStreamIsCapturing(st, &cs));
-    CHECK(cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    REQUIRE(cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
     cg = (CUgraph)1;
-    CHECK(cuStreamEndCapture(st, &cg) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && cg == NULL);
-    CHECK(cuStreamEndCapture(st, &cg) == CUDA_ERROR_ILLEGAL_STATE);
-    CHECK(cuEventQuery(e0) == CUDA_ERROR_CAPTURED_EVENT);
+    REQUIRE(cuStreamEndCapture(st, &cg) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED && cg == NULL);
+    REQUIRE(cuStreamEndCapture(st, &cg) == CUDA_ERROR_ILLEGAL_STATE);
+    REQUIRE(cuEventQuery(e0) == CUDA_ERROR_CAPTURED_EVENT);
     OK(cuEventRecord(e0, st)); /* a normal record clears it */
     OK(cuEventSynchronize(e0));
-    CHECK(launches(0) == n0); /* nothing ran */
+    REQUIRE(launches(0) == n0); /* nothing ran */
 
     OK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
     OK(cuLaunchKernel(busy, 1, 1, 1, 1, 1, 1, 0, st, NULL, NULL));
@@ -413,36 +408,36 @@ int main(void) {
     OK(cuGraphExecDestroy(ge));
     OK(cuGraphDestroy(cg));
     OK(cuStreamEndCapture(st, &cg));
-    CHECK(launches(0) == n0);
+    REQUIRE(launches(0) == n0);
     OK(cuGraphInstantiateWithFlags(&ge, cg, 0));
     t0 = now_ms();
     OK(cuGraphLaunch(ge, st));
     OK(cuStreamSynchronize(st));
-    CHECK(now_ms() - t0 >= 4.0 && launches(0) - n0 == 2); /* 2 x busy_2ms */
+    REQUIRE(now_ms() - t0 >= 4.0 && launches(0) - n0 == 2); /* 2 x busy_2ms */
     OK(cuGraphExecDestroy(ge));
     OK(cuGraphDestroy(cg));
 
     /* Unsafe calls: a thread in global mode may not wait during its own
      * capture or another thread's global capture. */
     OK(cuStreamBeginCapture(st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-    CHECK(cuEventSynchronize(e0) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    CHECK(cuStreamEndCapture(st, &cg) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    REQUIRE(cuEventSynchronize(e0) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    REQUIRE(cuStreamEndCapture(st, &cg) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     other.ctx = ctx;
     OK(cuStreamCreate(&other.st, CU_STREAM_NON_BLOCKING));
     pthread_t th;
-    CHECK(pthread_barrier_init(&other.bar, NULL, 2) == 0);
-    CHECK(pthread_create(&th, NULL, other_capture, NULL) == 0);
+    REQUIRE(pthread_barrier_init(&other.bar, NULL, 2) == 0);
+    REQUIRE(pthread_create(&th, NULL, other_capture, NULL) == 0);
     pthread_barrier_wait(&other.bar);
     OK(other.begin);
     cm = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
     OK(cuThreadExchangeStreamCaptureMode(&cm));
     OK(cuEventQuery(e0)); /* thread-local mode: other threads' captures do not matter */
     OK(cuThreadExchangeStreamCaptureMode(&cm));
-    CHECK(cuEventQuery(e0) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    CHECK(cuStreamEndCapture(other.st, &cg) == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    REQUIRE(cuEventQuery(e0) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    REQUIRE(cuStreamEndCapture(other.st, &cg) == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
     pthread_barrier_wait(&other.bar);
     pthread_join(th, NULL);
-    CHECK(other.end == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    REQUIRE(other.end == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     OK(cuEventQuery(e0));
     OK(cuStreamDestroy(other.st));
     pthread_barrier_destroy(&other.bar);
@@ -451,19 +446,19 @@ int main(void) {
     void *pfn;
     CUdriverProcAddressQueryResult qr;
     OK(cuGetProcAddress_v2("cuLaunchKernel", &pfn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &qr));
-    CHECK(qr == CU_GET_PROC_ADDRESS_SUCCESS && pfn == (void *)cuLaunchKernel_ptsz);
+    REQUIRE(qr == CU_GET_PROC_ADDRESS_SUCCESS && pfn == (void *)cuLaunchKernel_ptsz);
     OK(cuGetProcAddress_v2("cuLaunchKernel", &pfn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &qr));
-    CHECK(pfn == (void *)cuLaunchKernel);
+    REQUIRE(pfn == (void *)cuLaunchKernel);
     OK(cuGetProcAddress_v2("cuGraphLaunch", &pfn, 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &qr));
-    CHECK(pfn == (void *)cuGraphLaunch_ptsz);
+    REQUIRE(pfn == (void *)cuGraphLaunch_ptsz);
     OK(cuGetProcAddress_v2("cuMemAlloc", &pfn, 12000, 0, &qr));
-    CHECK(pfn == (void *)cuMemAlloc_v2);
+    REQUIRE(pfn == (void *)cuMemAlloc_v2);
     OK(cuGetProcAddress("cuMemFree", &pfn, 12000, 0));
-    CHECK(pfn == (void *)cuMemFree_v2);
-    CHECK(cuGetProcAddress_v2("cuNoSuchFunction", &pfn, 12000, 0, &qr) == CUDA_ERROR_NOT_FOUND);
-    CHECK(qr == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND && pfn == NULL);
-    CHECK(cuGetProcAddress_v2("cuCtxCreate", &pfn, 3000, 0, &qr) == CUDA_ERROR_NOT_FOUND);
-    CHECK(qr == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    REQUIRE(pfn == (void *)cuMemFree_v2);
+    REQUIRE(cuGetProcAddress_v2("cuNoSuchFunction", &pfn, 12000, 0, &qr) == CUDA_ERROR_NOT_FOUND);
+    REQUIRE(qr == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND && pfn == NULL);
+    REQUIRE(cuGetProcAddress_v2("cuCtxCreate", &pfn, 3000, 0, &qr) == CUDA_ERROR_NOT_FOUND);
+    REQUIRE(qr == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                        CUstream, void **, void **);
     OK(cuGetProcAddress_v2("cuLaunchKernel", (void **)&launch, 13000,
@@ -471,7 +466,7 @@ int main(void) {
     n0 = launches(0);
     OK(launch(busy, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
     OK(cuStreamSynchronize_ptsz(NULL));
-    CHECK(launches(0) - n0 == 1);
+    REQUIRE(launches(0) - n0 == 1);
 
     OK(cuEventDestroy(e0));
     OK(cuEventDestroy(e1));
@@ -479,7 +474,7 @@ int main(void) {
     OK(cuMemFree(a));
     OK(cuModuleUnload(mod));
     OK(cuDevicePrimaryCtxRelease(dev));
-    CHECK(cuCtxSynchronize() == CUDA_ERROR_INVALID_CONTEXT);
+    REQUIRE(cuCtxSynchronize() == CUDA_ERROR_INVALID_CONTEXT);
     printf("ok\n");
     return 0;
 }

@@ -10,50 +10,45 @@
 
 #include "cuda_min.h"
 #include "nvml_min.h"
+#define CHECK_OUT stderr
+#include "check.h"
 
-#define CHECK(cond)                                                             \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            fprintf(stderr, "check failed at line %d: %s\n", __LINE__, #cond); \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
 
 int main(void) {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    CHECK(cu != NULL);
+    REQUIRE(cu != NULL);
     void *ml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    CHECK(ml != NULL);
+    REQUIRE(ml != NULL);
 
     CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(cu, "cuInit");
     CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
         (CUresult(*)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))dlsym(
             cu, "cuGetProcAddress_v2");
-    CHECK(init && gpa);
-    CHECK(init(0) == CUDA_SUCCESS);
+    REQUIRE(init && gpa);
+    REQUIRE(init(0) == CUDA_SUCCESS);
 
     CUdriverProcAddressQueryResult q;
     CUresult (*count)(int *);
-    CHECK(gpa("cuDeviceGetCount", (void **)&count, 13000, 0, &q) == CUDA_SUCCESS && q == 0);
+    REQUIRE(gpa("cuDeviceGetCount", (void **)&count, 13000, 0, &q) == CUDA_SUCCESS && q == 0);
     int n = 0;
-    CHECK(count(&n) == CUDA_SUCCESS && n == 2);
+    REQUIRE(count(&n) == CUDA_SUCCESS && n == 2);
     void *ptsz = NULL, *plain = NULL;
-    CHECK(gpa("cuLaunchKernel", &ptsz, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q) == 0);
-    CHECK(gpa("cuLaunchKernel", &plain, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &q) == 0);
-    CHECK(ptsz == dlsym(cu, "cuLaunchKernel_ptsz"));
-    CHECK(plain == dlsym(cu, "cuLaunchKernel"));
+    REQUIRE(gpa("cuLaunchKernel", &ptsz, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q) == 0);
+    REQUIRE(gpa("cuLaunchKernel", &plain, 13000, CU_GET_PROC_ADDRESS_LEGACY_STREAM, &q) == 0);
+    REQUIRE(ptsz == dlsym(cu, "cuLaunchKernel_ptsz"));
+    REQUIRE(plain == dlsym(cu, "cuLaunchKernel"));
     void *p = NULL;
-    CHECK(gpa("cuStreamSynchronize", &p, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q) == 0);
-    CHECK(p == dlsym(cu, "cuStreamSynchronize_ptsz"));
-    CHECK(gpa("cuMemcpyHtoD", &p, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q) == 0);
-    CHECK(p == dlsym(cu, "cuMemcpyHtoD_v2_ptds"));
-    CHECK(gpa("cuCtxCreate", &p, 12000, 0, &q) == 0 && p == dlsym(cu, "cuCtxCreate_v3"));
+    REQUIRE(gpa("cuStreamSynchronize", &p, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q) == 0);
+    REQUIRE(p == dlsym(cu, "cuStreamSynchronize_ptsz"));
+    REQUIRE(gpa("cuMemcpyHtoD", &p, 13000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &q) == 0);
+    REQUIRE(p == dlsym(cu, "cuMemcpyHtoD_v2_ptds"));
+    REQUIRE(gpa("cuCtxCreate", &p, 12000, 0, &q) == 0 && p == dlsym(cu, "cuCtxCreate_v3"));
 
     nvmlReturn_t (*ninit)(void) = (nvmlReturn_t(*)(void))dlsym(ml, "nvmlInit_v2");
     nvmlReturn_t (*ncount)(unsigned *) = (nvmlReturn_t(*)(unsigned *))dlsym(ml, "nvmlDeviceGetCount_v2");
-    CHECK(ninit && ncount);
+    REQUIRE(ninit && ncount);
     unsigned un = 0;
-    CHECK(ninit() == NVML_SUCCESS && ncount(&un) == NVML_SUCCESS && un == 2);
+    REQUIRE(ninit() == NVML_SUCCESS && ncount(&un) == NVML_SUCCESS && un == 2);
     printf("ok\n");
     return 0;
 }

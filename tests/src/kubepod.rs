@@ -11,7 +11,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::SeqCst;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vgpu_common::view::{Access, RegionFile};
 
@@ -20,6 +20,7 @@ use crate::daemon::{Running, Workdir};
 use crate::dist;
 use crate::http::now_ns;
 use crate::sim::SimGpu;
+use crate::wait::poll_until;
 
 /// A fresh 64-hex container id; `salt` keeps a test's containers apart.
 pub fn container_id(salt: u64) -> String {
@@ -117,24 +118,19 @@ pub fn spawn_hooked(
 /// Waits up to 10 s until some slot of region `path` records host PID
 /// `host` (the daemon tracks the process); panics with `d`'s log if not.
 pub fn wait_slot_hostpid(path: &Path, host: u32, d: &Running) {
-    let t = Instant::now();
-    loop {
-        if let Ok(f) = RegionFile::open(path, Access::ReadOnly) {
-            if f.region()
+    let filled = poll_until(Duration::from_secs(10), || {
+        RegionFile::open(path, Access::ReadOnly).is_ok_and(|f| {
+            f.region()
                 .active_slots()
                 .iter()
                 .any(|s| s.hostpid.load(SeqCst) == host as i32)
-            {
-                return;
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "slot never filled: {}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        })
+    });
+    assert!(
+        filled.is_some(),
+        "slot never filled with host PID {host} within 10 s: {}",
+        d.log_text()
+    );
 }
 
 /// Whether host process `pid` is gone (or a zombie).

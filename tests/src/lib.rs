@@ -14,3 +14,4 @@ pub mod host;
 pub mod http;
 pub mod kubepod;
 pub mod sim;
+pub mod wait;

@@ -132,21 +132,17 @@ impl SimGpu {
         &self.dir
     }
 
-    /// The node tables in this instance's node directory, polled every
-    /// 20 ms until one exists; panics if none does within `within`.
+    /// The node tables in this instance's node directory, polled until one
+    /// exists; panics if none does within `within`.
     pub fn node_tables(&self, within: Duration) -> Vec<PathBuf> {
         let node = self.dir.join("node");
-        let t = Instant::now();
-        loop {
+        let what = format!("a node table in {}", node.display());
+        crate::wait::eventually(within, &what, || {
             let v: Vec<PathBuf> = std::fs::read_dir(&node)
                 .map(|d| d.flatten().map(|e| e.path()).collect())
                 .unwrap_or_default();
-            if !v.is_empty() {
-                return v;
-            }
-            assert!(t.elapsed() < within, "no node table in {}", node.display());
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            (!v.is_empty()).then_some(v)
+        })
     }
 
     /// The percent of the next `window` each of `pids` (host PIDs) kept
@@ -250,18 +246,9 @@ impl SimGpu {
             .map_or(0, |d| d.launches.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// Polls `cond` every 10 ms until it holds or `timeout` passes.
+    /// Polls `cond` until it holds (`true`) or `timeout` passes (`false`).
     pub fn wait_for(&self, timeout: Duration, mut cond: impl FnMut(&SimGpu) -> bool) -> bool {
-        let t = Instant::now();
-        loop {
-            if cond(self) {
-                return true;
-            }
-            if t.elapsed() > timeout {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        crate::wait::poll_until(timeout, || cond(self)).is_some()
     }
 }
 

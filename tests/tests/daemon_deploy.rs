@@ -11,6 +11,7 @@ use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::dist;
 use vgpu_tests::http::{free_port, get};
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::{eventually, poll_until};
 
 struct Daemon {
     child: Child,
@@ -40,15 +41,14 @@ impl Daemon {
             .spawn()
             .expect("spawn vgpu daemon");
         let d = Daemon { child, port, log };
-        let t = Instant::now();
-        while get(port, "/readyz").map(|(s, _)| s) != Some(200) {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "daemon not ready: {}",
-                std::fs::read_to_string(&d.log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let ready = poll_until(Duration::from_secs(30), || {
+            get(port, "/readyz").map(|(s, _)| s) == Some(200)
+        });
+        assert!(
+            ready.is_some(),
+            "daemon not ready within 30 s: {}",
+            std::fs::read_to_string(&d.log).unwrap_or_default()
+        );
         d
     }
 
@@ -188,22 +188,17 @@ fn every_hami_series_carries_hamis_labels_with_the_pods_names() {
             "gpu-node-1",
         ],
     );
-    let t = Instant::now();
-    let text = loop {
-        let (code, body) = get(d.port, "/metrics").unwrap();
-        assert_eq!(code, 200);
-        if PODS
-            .iter()
-            .all(|p| body.contains(&format!("pod=\"{}\"", p.name)))
-        {
-            break body;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "pods never named:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let text = eventually(
+        Duration::from_secs(10),
+        "both pods named in /metrics",
+        || {
+            let (code, body) = get(d.port, "/metrics").unwrap();
+            assert_eq!(code, 200);
+            PODS.iter()
+                .all(|p| body.contains(&format!("pod=\"{}\"", p.name)))
+                .then_some(body)
+        },
+    );
 
     let mut per_pod = [0usize; 2];
     let mut host = 0;
@@ -563,6 +558,14 @@ fn value_of(text: &str, name: &str, pod: &str) -> Option<f64> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
+/// `vgpu_region_passes_total` in `/metrics` text.
+fn region_passes(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("vgpu_region_passes_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no vgpu_region_passes_total in:\n{text}"))
+}
+
 /// Two containers (PID namespaces, own regions under HAMi's directory), one
 /// SM-limited (30 %) and one not, both busy, plus an unhooked CUDA process
 /// (a `no_region` finding): every container's utilization is in `/metrics`
@@ -645,25 +648,26 @@ fn busy_containers_are_measured_shown_by_top_and_fit_the_dashboard() {
         })
         .collect();
     // Wait until both containers' processes are matched and measured.
-    let t = Instant::now();
-    loop {
-        let (_, body) = get(d.port, "/metrics").unwrap();
-        let ok = PODS.iter().all(|p| {
-            value_of(&body, "hami_container_device_utilization_ratio", p.name).unwrap_or(0.0) > 0.0
-        }) && body.contains("vgpu_findings{node=\"gpu-node-1\",kind=\"no_region\"} 1");
-        if ok {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(8),
-            "utilization never measured for both:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let measured = eventually(
+        Duration::from_secs(8),
+        "utilization measured for both containers and the no_region finding",
+        || {
+            let (_, body) = get(d.port, "/metrics").unwrap();
+            let ok = PODS.iter().all(|p| {
+                value_of(&body, "hami_container_device_utilization_ratio", p.name).unwrap_or(0.0)
+                    > 0.0
+            }) && body.contains("vgpu_findings{node=\"gpu-node-1\",kind=\"no_region\"} 1");
+            ok.then_some(body)
+        },
+    );
     // The first value covered the workloads' start. Values are refreshed
-    // by the region pass, at most once a second, so one pass later every
-    // value is a whole window of the running workloads.
-    std::thread::sleep(Duration::from_millis(1500));
+    // by the region pass, so from the next pass on every value is a whole
+    // window of the running workloads.
+    let pass = region_passes(&measured);
+    eventually(Duration::from_secs(5), "one region pass more", || {
+        let (_, body) = get(d.port, "/metrics").unwrap();
+        region_passes(&body) > pass
+    });
     // The metric, averaged over 3 s of scrapes, against the simulator's
     // truth over the same 3 s.
     let scraper = {
@@ -820,18 +824,16 @@ fn ready_on_a_node_with_no_gpu_process_and_no_libcuda_yet() {
 
     std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
     std::fs::copy(dist::sim_dir().join("libcuda.so.1"), &lib).unwrap();
-    let t = Instant::now();
-    loop {
-        let log = std::fs::read_to_string(&d.log).unwrap_or_default();
-        if log.contains("probing") && log.contains("libcuda.so.1") {
-            break;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the library that appeared was not probed:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let log = || std::fs::read_to_string(&d.log).unwrap_or_default();
+    let probed = poll_until(Duration::from_secs(20), || {
+        let log = log();
+        log.contains("probing") && log.contains("libcuda.so.1")
+    });
+    assert!(
+        probed.is_some(),
+        "the library that appeared was not probed within 20 s:\n{}",
+        log()
+    );
     assert_eq!(get(d.port, "/readyz").unwrap().0, 200);
     d.stop();
 }

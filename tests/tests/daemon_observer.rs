@@ -18,6 +18,7 @@ use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::{get, now_ns};
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::poll_until;
 
 const MIB: u64 = 1 << 20;
 
@@ -32,6 +33,13 @@ fn findings_doc(d: &Running) -> Value {
     let (code, body) = get(d.port, "/findings").expect("findings");
     assert_eq!(code, 200);
     serde_json::from_str(&body).expect("findings json")
+}
+
+/// The current finding about `pid`, if there is one.
+fn finding_of(d: &Running, pid: u32) -> Option<Value> {
+    findings_doc(d)["findings"]
+        .as_array()
+        .and_then(|l| l.iter().find(|x| x["pid"] == pid).cloned())
 }
 
 /// The test's working directory (`vgpu_tests::daemon::Workdir`).
@@ -302,24 +310,20 @@ fn allocations_behind_the_hook_are_findings() {
     fx.mark("bare", "allocated", Duration::from_secs(10));
 
     // The findings endpoint, within 2 s of the allocation.
-    let t = Instant::now();
-    let found = loop {
-        let f = findings_doc(&daemon);
-        let list = f["findings"].as_array().cloned().unwrap_or_default();
-        let hit = list
-            .iter()
-            .find(|x| x["kind"] == "untracked_allocation" && x["pid"] == hidden_pid)
-            .cloned();
-        if let Some(h) = hit {
-            break h;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no finding: {f:#}\n{}",
+    let found = poll_until(Duration::from_secs(10), || {
+        findings_doc(&daemon)["findings"].as_array().and_then(|l| {
+            l.iter()
+                .find(|x| x["kind"] == "untracked_allocation" && x["pid"] == hidden_pid)
+                .cloned()
+        })
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "no finding within 10 s: {:#}\n{}",
+            findings_doc(&daemon),
             daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        )
+    });
     let after = Duration::from_nanos(now_ns().saturating_sub(t_alloc));
     eprintln!("untracked allocation reported {after:?} after it was made: {found:#}");
     assert!(after <= Duration::from_secs(2), "took {after:?}");
@@ -331,21 +335,13 @@ fn allocations_behind_the_hook_are_findings() {
     assert!(found["tracked_data_bytes"].as_u64().unwrap() >= 64 * MIB);
 
     // The unhooked process: no region (after the 1 s grace).
-    let t = Instant::now();
-    let bare_f = loop {
-        let f = findings_doc(&daemon);
-        let hit = f["findings"]
-            .as_array()
-            .and_then(|l| l.iter().find(|x| x["pid"] == bare_pid).cloned());
-        if let Some(h) = hit {
-            break h;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no finding for the bare process: {f:#}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let bare_f = poll_until(Duration::from_secs(10), || finding_of(&daemon, bare_pid))
+        .unwrap_or_else(|| {
+            panic!(
+                "no finding for the bare process within 10 s: {:#}",
+                findings_doc(&daemon)
+            )
+        });
     assert_eq!(bare_f["kind"], "no_region", "{bare_f:#}");
     assert!(
         bare_f["untracked_bytes"].as_u64().unwrap() >= 128 * MIB,
@@ -490,38 +486,26 @@ fn pid_1_of_two_namespaces_sharing_a_region_each_get_their_own_host_pid() {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let t = Instant::now();
-    while !right() {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "host pids never right: {}\n{}",
-            shown(),
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        poll_until(Duration::from_secs(10), &right).is_some(),
+        "host pids not right within 10 s: {}\n{}",
+        shown(),
+        daemon.log_text()
+    );
     // … and they stay right (the daemon polls every 100 ms).
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(1) {
         assert!(right(), "a slot got another host pid: {}", shown());
         std::thread::sleep(Duration::from_millis(5));
     }
-    let t = Instant::now();
-    let bare = loop {
-        let f = findings_doc(&daemon);
-        let hit = f["findings"]
-            .as_array()
-            .and_then(|l| l.iter().find(|x| x["pid"] == bare_pid).cloned());
-        if let Some(h) = hit {
-            break h;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no finding for the process without the hook: {f:#}\n{}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let bare = poll_until(Duration::from_secs(10), || finding_of(&daemon, bare_pid))
+        .unwrap_or_else(|| {
+            panic!(
+                "no finding for the process without the hook within 10 s: {:#}\n{}",
+                findings_doc(&daemon),
+                daemon.log_text()
+            )
+        });
     assert_eq!(bare["kind"], "no_region", "{bare:#}");
     assert_eq!(bare["ns_pid"], 1, "{bare:#}");
     let f = findings_doc(&daemon);
@@ -588,18 +572,15 @@ fn a_dead_process_slot_is_freed_and_a_live_one_never_is() {
         fx.mark(n, "allocated", Duration::from_secs(10));
     }
     let region = fx.region("shared");
-    let t = Instant::now();
-    while !ids
-        .iter()
-        .all(|&(host, ns)| host_pid_of_ns(&region, ns) == Some(host as i32))
-    {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "host pids not filled\n{}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let filled = poll_until(Duration::from_secs(10), || {
+        ids.iter()
+            .all(|&(host, ns)| host_pid_of_ns(&region, ns) == Some(host as i32))
+    });
+    assert!(
+        filled.is_some(),
+        "host pids not filled within 10 s\n{}",
+        daemon.log_text()
+    );
     let dead = slot_index_of_ns(&region, ids[0].1).expect("slot of the exiting process");
     let live = slot_index_of_ns(&region, ids[1].1).expect("slot of the live process");
     assert!(slot_at(&region, dead).3 >= 64 * MIB);
@@ -673,15 +654,14 @@ fn a_full_probe_map_is_logged_by_the_daemon() {
         fx.mark(&format!("full{i}"), "allocated", Duration::from_secs(30));
     }
     let want = "procs_full (first time on this CPU";
+    // 10 s for the log line and the counter together.
     let t = Instant::now();
-    while !daemon.log_text().contains(want) {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no diagnostic in the daemon's log: {}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let logged = poll_until(Duration::from_secs(10), || daemon.log_text().contains(want));
+    assert!(
+        logged.is_some(),
+        "no diagnostic in the daemon's log within 10 s: {}",
+        daemon.log_text()
+    );
     // The counter behind it is exported at the next scan.
     let lost = || {
         sample(
@@ -691,14 +671,13 @@ fn a_full_probe_map_is_logged_by_the_daemon() {
         )
         .unwrap_or(0.0)
     };
-    while lost() < 1.0 {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "{}",
-            daemon.metrics()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let left = Duration::from_secs(10).saturating_sub(t.elapsed());
+    let counted = poll_until(left, || lost() >= 1.0);
+    assert!(
+        counted.is_some(),
+        "procs_full not counted within 10 s: {}",
+        daemon.metrics()
+    );
     for p in procs {
         p.wait();
     }

@@ -12,6 +12,7 @@ use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::{free_port, get, get_on};
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::poll_until;
 
 fn workdir() -> Workdir {
     Workdir::new("vgpu-ops-", &["state", "regions"])
@@ -32,19 +33,14 @@ fn spawn_on(wd: &Workdir, gpu: &SimGpu, listen: &str, port: u16, name: &str) -> 
 /// `/readyz` over a connection `connect` makes answers 200 within 30 s;
 /// panics with the log otherwise.
 fn wait_ready(d: &mut Running, connect: impl Fn() -> Option<TcpStream>) {
-    let t = Instant::now();
-    loop {
-        if connect().and_then(|s| get_on(s, "/readyz")).map(|(c, _)| c) == Some(200) {
-            return;
+    let ready = poll_until(Duration::from_secs(30), || {
+        let up = connect().and_then(|s| get_on(s, "/readyz")).map(|(c, _)| c) == Some(200);
+        if !up {
+            d.assert_alive();
         }
-        d.assert_alive();
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "not ready: {}",
-            d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        up
+    });
+    assert!(ready.is_some(), "not ready within 30 s: {}", d.log_text());
 }
 
 fn v4(port: u16) -> Option<TcpStream> {

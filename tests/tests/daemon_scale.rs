@@ -16,6 +16,7 @@ use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::get;
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::poll_until;
 
 /// The bound the daemon holds per region it reads (issue target).
 const PER_REGION_KIB: u64 = 64;
@@ -159,20 +160,14 @@ fn count_series(text: &str, prefix: &str) -> usize {
 /// Waits until the daemon exports `want` regions (one `vgpu_dead_slots`
 /// series each), up to `timeout`.
 fn wait_regions(d: &mut Running, want: usize, timeout: Duration) -> String {
-    let t = Instant::now();
-    loop {
+    let mut n = 0;
+    poll_until(timeout, || {
         d.assert_alive();
         let m = d.metrics();
-        let n = count_series(&m, "vgpu_dead_slots{");
-        if n >= want {
-            return m;
-        }
-        assert!(
-            t.elapsed() < timeout,
-            "{n} of {want} regions exported after {timeout:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        n = count_series(&m, "vgpu_dead_slots{");
+        (n >= want).then_some(m)
+    })
+    .unwrap_or_else(|| panic!("{n} of {want} regions exported after {timeout:?}"))
 }
 
 fn start(fx: &Workdir, gpu: &SimGpu, root: &Path) -> Running {
@@ -273,15 +268,14 @@ fn tenant_run(tag: &str, n: usize, long: bool) -> (u64, String) {
     }
     for i in 0..n {
         let out = fx.out(&format!("{tag}{i}"));
-        let t = Instant::now();
-        while !std::fs::read_to_string(&out).is_ok_and(|s| s.contains("allocated")) {
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "process {i} never allocated: {:?}",
-                std::fs::read_to_string(&out)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let allocated = poll_until(Duration::from_secs(60), || {
+            std::fs::read_to_string(&out).is_ok_and(|s| s.contains("allocated"))
+        });
+        assert!(
+            allocated.is_some(),
+            "process {i} did not allocate within 60 s: {:?}",
+            std::fs::read_to_string(&out)
+        );
     }
     // Every process found (filled or refused), a few scans done.
     std::thread::sleep(Duration::from_secs(4));

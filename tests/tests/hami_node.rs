@@ -26,11 +26,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::dist::{self, vgpu_bin};
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::eventually;
 
 /// A HAMi release whose device-plugin start and `Allocate` are emulated.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -382,14 +383,6 @@ fn assert_runs_hami(node: &mut Node, gpu: &SimGpu, exe: &Path, when: &str) {
     );
 }
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "not within {limit:?}: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 struct Watcher(Child);
 
 impl Drop for Watcher {
@@ -568,9 +561,9 @@ fn lifecycle(gen: Gen) {
     let ours = std::fs::metadata(node.vgpu_dir.join("libvgpu.so")).unwrap();
     for restart in ["first", "second"] {
         node.device_plugin_start();
-        wait_until(
-            &format!("the keeper moves the library copied back at the {restart} restart aside"),
+        eventually(
             Duration::from_secs(2),
+            &format!("the keeper moves the library copied back at the {restart} restart aside"),
             || !node.versioned().exists(),
         );
         assert!(running.unchanged(), "{restart} restart: mapped pages kept");
@@ -672,9 +665,9 @@ fn lifecycle(gen: Gen) {
     );
     std::thread::sleep(Duration::from_millis(500));
     node.device_plugin_start();
-    wait_until(
-        "a keeper after a new install",
+    eventually(
         Duration::from_secs(2),
+        "a keeper after a new install",
         || !node.versioned().exists(),
     );
     drop(keeper);

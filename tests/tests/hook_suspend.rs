@@ -6,11 +6,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use vgpu_common::region::status;
 use vgpu_tests::dist;
 use vgpu_tests::hook::{field, run, HookEnv};
+use vgpu_tests::wait::eventually;
 
 const M: u64 = 1 << 20;
 
@@ -36,14 +37,6 @@ fn slot_status(env: &HookEnv, pid: u32) -> Option<i32> {
         .iter()
         .find(|s| s.pid.load(Ordering::SeqCst) == pid as i32)
         .map(|s| s.status.load(Ordering::SeqCst))
-}
-
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// A program looping allocations and launches stops making progress when
@@ -83,7 +76,7 @@ fn suspend_stops_allocations_and_launches_until_resume() {
     ready_rx
         .recv_timeout(Duration::from_secs(10))
         .expect("hook_suspend never got ready");
-    wait_until("progress", Duration::from_secs(10), || {
+    eventually(Duration::from_secs(10), "progress", || {
         iter.load(Ordering::SeqCst) >= 20
     });
 
@@ -105,7 +98,7 @@ fn suspend_stops_allocations_and_launches_until_resume() {
     let (ok, out) = vgpu(&["resume", &region, "--timeout", "5"]);
     assert!(ok, "vgpu resume: {out}");
     assert_eq!(slot_status(&env, pid), Some(status::RUNNING));
-    wait_until("progress after resume", Duration::from_secs(5), || {
+    eventually(Duration::from_secs(5), "progress after resume", || {
         iter.load(Ordering::SeqCst) >= stalled + 20
     });
     assert!(

@@ -17,6 +17,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use vgpu_tests::dist::{dist_dir, hook_lib, vgpu_bin, workspace_root};
+use vgpu_tests::wait::eventually;
 
 struct Image(String);
 
@@ -184,17 +185,6 @@ fn listing(files: &BTreeMap<String, (Vec<u8>, u32)>) -> String {
         .collect()
 }
 
-fn wait_for(what: &str, cond: impl Fn() -> bool) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "waited 30 s for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The hami overlay's pod on one node, as the kubelet runs it: the init
 /// container installs, the keeper keeps the hook in place (it moves aside
 /// the file a device-plugin restart copies back), and deleting the pod
@@ -265,16 +255,22 @@ fn the_keeper_puts_hamis_library_back_when_its_container_is_stopped() {
             String::from_utf8_lossy(&out.stderr)
         )
     };
-    wait_for("the keeper's first install", || {
-        logs().contains("already up to date")
-    });
+    eventually(
+        Duration::from_secs(30),
+        "the keeper's first install",
+        || logs().contains("already up to date"),
+    );
     // A device-plugin restart copies HAMi's file back; the keeper moves it
     // aside again.
     let copy = dir.path().join("copy");
     std::fs::write(&copy, b"HAMi's library, v2.10.0").unwrap();
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::rename(&copy, &hami_lib).unwrap();
-    wait_for("the keeper to move HAMi's copy aside", vgpus_in_place);
+    eventually(
+        Duration::from_secs(30),
+        "the keeper to move HAMi's copy aside",
+        vgpus_in_place,
+    );
 
     // The pod is deleted: SIGTERM, SIGKILL 20 s later.
     let t = Instant::now();

@@ -15,6 +15,7 @@ use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::eventually;
 
 /// HAMi v2.8.0's `cmd/vGPUmonitor/metrics.go`: every descriptor's name and
 /// variable labels. Its registerer is wrapped with `zone="vGPU"`
@@ -548,11 +549,9 @@ impl Node {
             .envs(self.work.envs(&self.gpu))
             .envs(env.iter().copied());
         let d = Running::start(cmd, port, self.work.path(&format!("daemon-{port}.log")));
-        let t = Instant::now();
-        while !scrape(d.port, None).1.contains(&format!("pod=\"{POD}\"")) {
-            assert!(t.elapsed() < Duration::from_secs(10), "pod never named");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        eventually(Duration::from_secs(10), "the pod named in /metrics", || {
+            scrape(d.port, None).1.contains(&format!("pod=\"{POD}\""))
+        });
         d
     }
 }

@@ -20,6 +20,7 @@ use vgpu_tests::daemon::{Running, Workdir};
 use vgpu_tests::dist;
 use vgpu_tests::http::{get, get_on, loopback};
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::eventually;
 
 /// A `vgpu daemon` probing this fixture's own libcuda copy, the HAMi
 /// directory at `root`, without NVML.
@@ -150,14 +151,6 @@ fn hostpid_in(path: &Path, pid: i32) -> Option<i32> {
         .filter(|h| *h > 0)
 }
 
-fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(t.elapsed() < timeout, "{what} not within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// utime + stime of `pid`, seconds.
 fn cpu_secs(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -229,14 +222,14 @@ fn truncating_a_region_never_crashes_the_daemon() {
         .collect();
     for (path, name) in [(&a, "a"), (&b, "b"), (&c, "c")] {
         fx.allocated(name);
-        wait_for(
-            &format!("{name}'s host pid"),
+        eventually(
             Duration::from_secs(10),
+            &format!("{name}'s host pid"),
             || hostpid_in(path, 1).is_some(),
         );
     }
     // Let a scan read all three (the series exist).
-    wait_for("c exported", Duration::from_secs(5), || {
+    eventually(Duration::from_secs(5), "c exported", || {
         daemon
             .metrics()
             .contains(&format!("region=\"{}\"", c.display()))
@@ -347,7 +340,7 @@ fn symlinked_regions_never_open_the_target() {
     let cg_s = Cgroup::unique("secd-link-s");
     let _owner = fx.spawn(&gpu, &cg_s, "s", &swap, true);
     fx.allocated("s");
-    wait_for("swap's host pid", Duration::from_secs(10), || {
+    eventually(Duration::from_secs(10), "swap's host pid", || {
         hostpid_in(&swap, 1).is_some()
     });
     let watch = OpenWatch::new(&secret);
@@ -501,7 +494,7 @@ fn suspend_never_signals_a_forged_hostpid() {
         .spawn()
         .expect("spawn decoy"),
     );
-    wait_for("decoy up", Duration::from_secs(5), || {
+    eventually(Duration::from_secs(5), "decoy up", || {
         std::fs::read_to_string(&got).is_ok_and(|s| s.contains("up"))
     });
     // Give the shell time to install its traps.
@@ -672,9 +665,9 @@ fn a_thousand_sparse_regions_stay_cheap() {
     drop(o);
     std::fs::remove_file(&other).unwrap();
     let t = Instant::now();
-    wait_for(
-        "deleted region dropped",
+    eventually(
         Duration::from_millis(1500),
+        "deleted region dropped",
         || !daemon.metrics().contains("podO"),
     );
     eprintln!("deleted region dropped after {:?}", t.elapsed());

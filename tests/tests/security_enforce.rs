@@ -31,6 +31,7 @@ use vgpu_tests::kubepod::{
     KubeContainer,
 };
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::poll_until;
 
 const G: u64 = 1 << 30;
 /// `device_num` and `limit[0]` in the v1.2 region.
@@ -72,14 +73,8 @@ fn spawn(
 /// The time from `since_ns` (a program's mark) until `pid` is dead, if it
 /// dies within `limit` of now.
 fn died_after(pid: u32, since_ns: u64, limit: Duration) -> Option<Duration> {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if process_dead(pid) {
-            return Some(Duration::from_nanos(now_ns().saturating_sub(since_ns)));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    None
+    poll_until(limit, || process_dead(pid))
+        .map(|()| Duration::from_nanos(now_ns().saturating_sub(since_ns)))
 }
 
 /// (a) A tenant writes `device_num` = 16 into its own region, then
@@ -250,15 +245,14 @@ fn a_daemon_outside_the_host_pid_namespace_frees_no_slot() {
         .args(["--interval", "0.1"])
         .envs(fx.envs(&gpu));
     let mut d = Running::spawn(cmd, port, fx.path("daemon.log"));
-    let t = Instant::now();
-    let ready = loop {
-        if let Some(r) = get(port, "/readyz") {
-            break r;
+    let ready = poll_until(Duration::from_secs(30), || {
+        let r = get(port, "/readyz");
+        if r.is_none() {
+            d.assert_alive();
         }
-        d.assert_alive();
-        assert!(t.elapsed() < Duration::from_secs(30), "{}", d.log_text());
-        std::thread::sleep(Duration::from_millis(50));
-    };
+        r
+    })
+    .unwrap_or_else(|| panic!("no answer on /readyz within 30 s: {}", d.log_text()));
     // Many scans (0.1 s each) over the region, whose process the daemon
     // cannot see: the slot stays as it is.
     let t = Instant::now();
@@ -389,11 +383,12 @@ fn a_restored_tampering_stays_on_record() {
     );
     // The next tampering is another violation.
     tamper();
-    let t = Instant::now();
-    while violations(&daemon.metrics()) != Some(2) {
-        assert!(t.elapsed() < WITHIN, "{}", daemon.metrics());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let counted = poll_until(WITHIN, || violations(&daemon.metrics()) == Some(2));
+    assert!(
+        counted.is_some(),
+        "not 2 violations within {WITHIN:?}: {}",
+        daemon.metrics()
+    );
     // A restarted daemon (same state directory) keeps the record.
     drop(daemon);
     let again = spec_daemon(&fx, &gpu, &["--interval", "0.1"]);

@@ -16,6 +16,7 @@ use vgpu_tests::container::Cgroup;
 use vgpu_tests::daemon::Workdir;
 use vgpu_tests::dist;
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::poll_until;
 
 /// The victim pod: its kubelet log directory names it, HAMi's directory
 /// under the regions root is its own.
@@ -39,15 +40,13 @@ fn parse_sample(line: &str) -> Option<(&str, Vec<(&str, &str)>)> {
 
 /// Waits up to 20 s until `name`'s program reports its allocation.
 fn allocated(fx: &Workdir, name: &str) {
-    let t = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(fx.out(name)).unwrap_or_default();
-        if text.contains("allocated") {
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "{name}: {text:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let read = || std::fs::read_to_string(fx.out(name)).unwrap_or_default();
+    let done = poll_until(Duration::from_secs(20), || read().contains("allocated"));
+    assert!(
+        done.is_some(),
+        "{name}: not allocated within 20 s: {:?}",
+        read()
+    );
 }
 
 /// A tenant names its region inside a directory it called
@@ -93,24 +92,22 @@ fn a_forged_directory_name_never_gives_another_pods_labels() {
     allocated(&fx, "bare");
 
     let (pod_cg, bare_cg) = (cg_pod.rel(), cg_bare.rel());
-    let t = Instant::now();
-    let text = loop {
+    let text = poll_until(Duration::from_secs(15), || {
         d.assert_alive();
         let body = d.metrics();
         let seen = |cg: &str| {
             body.lines()
                 .any(|l| l.starts_with("hami_vgpu_memory_used_bytes{") && l.contains(cg))
         };
-        if seen(&pod_cg) && seen(&bare_cg) {
-            break body;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "the tenants' series never appeared:\n{body}\n{}",
+        (seen(&pod_cg) && seen(&bare_cg)).then_some(body)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the tenants' series did not appear within 15 s:\n{}\n{}",
+            d.metrics(),
             d.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        )
+    });
     let mut checked = 0;
     for line in text.lines().filter(|l| l.starts_with("hami_vgpu_")) {
         let Some((_, labels)) = parse_sample(line) else {
@@ -170,21 +167,18 @@ fn a_newline_in_a_process_name_or_region_path_forges_no_log_line() {
     let region = PathBuf::from("/nonexistent\nFORGED-PATH here/r.cache");
     let mut p = fx.spawn_allocating(&gpu, &cg, &exe, "unhooked", &region, false);
     allocated(&fx, "unhooked");
-    let t = Instant::now();
-    let log = loop {
+    let logged = poll_until(Duration::from_secs(15), || {
         d.assert_alive();
-        let log = d.log_text();
-        if log.contains("no region") {
-            // The line is written whole; give it a moment anyway.
-            std::thread::sleep(Duration::from_millis(200));
-            break d.log_text();
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "no `no region` finding logged:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+        d.log_text().contains("no region")
+    });
+    assert!(
+        logged.is_some(),
+        "no `no region` finding logged within 15 s:\n{}",
+        d.log_text()
+    );
+    // The line is written whole; give it a moment anyway.
+    std::thread::sleep(Duration::from_millis(200));
+    let log = d.log_text();
     let forged: Vec<&str> = log.lines().filter(|l| l.starts_with("FORGED")).collect();
     assert!(forged.is_empty(), "forged log lines {forged:?} in:\n{log}");
     let line = log

@@ -29,6 +29,7 @@ use vgpu_tests::kubepod::{
     KubeContainer,
 };
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::{eventually, poll_until};
 
 const G: u64 = 1 << 30;
 /// `limit[0]` and `sm_limit[0]` in the v1.2 region.
@@ -69,27 +70,15 @@ fn sm_limit0(path: &Path) -> u64 {
 
 /// The first child of host process `pid` (waits up to 5 s for it).
 fn child_of(pid: u32) -> u32 {
-    let t = Instant::now();
-    loop {
+    eventually(Duration::from_secs(5), &format!("a child of {pid}"), || {
         let c =
             std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-        if let Some(c) = c.split_whitespace().next() {
-            return c.parse().expect("pid");
-        }
-        assert!(t.elapsed() < Duration::from_secs(5), "{pid} has no child");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        c.split_whitespace().next().map(|c| c.parse().expect("pid"))
+    })
 }
 
 fn wait_dead(pid: u32, limit: Duration) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if process_dead(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    process_dead(pid)
+    poll_until(limit, || process_dead(pid)).is_some() || process_dead(pid)
 }
 
 fn spec_env(region: &Path, extra: &[&str]) -> Vec<String> {

@@ -37,6 +37,7 @@ use vgpu_tests::hook::{sm_sidecar_path, truncate_file};
 use vgpu_tests::http::now_ns;
 use vgpu_tests::kubepod::{process_dead, spawn_hooked, spec_daemon, spec_workdir, KubeContainer};
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::{eventually, poll_until};
 
 const G: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -80,14 +81,8 @@ fn spawn(
 /// The time from `since_ns` (a program's mark) until `pid` is dead, if it
 /// dies within `limit` of now.
 fn died_after(pid: u32, since_ns: u64, limit: Duration) -> Option<Duration> {
-    let t = Instant::now();
-    while t.elapsed() < limit {
-        if process_dead(pid) {
-            return Some(Duration::from_nanos(now_ns().saturating_sub(since_ns)));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    None
+    poll_until(limit, || process_dead(pid))
+        .map(|()| Duration::from_nanos(now_ns().saturating_sub(since_ns)))
 }
 
 /// `vgpu_violations_total{kind=…,action=…}`, 0 when absent.
@@ -229,11 +224,12 @@ fn a_container_past_the_slot_bound_is_still_judged() {
         f["kind"] == "limit_tampered" && f["container_id"] == ctr.id.as_str()
     });
     eprintln!("limit_tampered: {tampered:#}");
-    let t = Instant::now();
-    while rf.region().limit[0].load(SeqCst) != G {
-        assert!(t.elapsed() < WITHIN, "not restored: {}", daemon.log_text());
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let restored = poll_until(WITHIN, || rf.region().limit[0].load(SeqCst) == G);
+    assert!(
+        restored.is_some(),
+        "not restored within {WITHIN:?}: {}",
+        daemon.log_text()
+    );
     let found = over_limit(&daemon, &ctr.id, 0, "memory_bytes", WITHIN);
     eprintln!(
         "over_limit {:.2} s after the allocation: {found:#}",
@@ -390,11 +386,9 @@ fn truncating_the_sm_sidecar_is_over_the_sm_limit_and_killed() {
     let p_att = sm_loop(&fx, &gpu, &att, &r_att);
     let (pid_att, pid_ok) = (p_att.host_pid(), p_ok.host_pid());
     let sidecar = sm_sidecar_path(&r_att);
-    let t = Instant::now();
-    while !sidecar.exists() {
-        assert!(t.elapsed() < Duration::from_secs(10), "no sidecar");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually(Duration::from_secs(10), "the SM sidecar", || {
+        sidecar.exists()
+    });
     std::thread::sleep(Duration::from_millis(500));
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();

@@ -23,6 +23,7 @@ use vgpu_tests::hook::{sm_sidecar_path, HookEnv, Running};
 use vgpu_tests::http::get;
 use vgpu_tests::kubepod::{runtime_spec_pattern, KubeContainer};
 use vgpu_tests::sim::SimGpu;
+use vgpu_tests::wait::poll_until;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -79,18 +80,13 @@ fn findings(d: &Daemon) -> Vec<Value> {
 /// The first `node_table_forged` finding with `action` whose message
 /// names `what`, polled every 10 ms up to `limit`; `None` if none came.
 fn wait_repair(d: &Daemon, action: &str, what: &str, limit: Duration) -> Option<Value> {
-    let t = Instant::now();
-    loop {
-        let hit = findings(d).into_iter().find(|f| {
+    poll_until(limit, || {
+        findings(d).into_iter().find(|f| {
             f["kind"] == "node_table_forged"
                 && f["action"] == action
                 && f["message"].as_str().is_some_and(|m| m.contains(what))
-        });
-        if hit.is_some() || t.elapsed() >= limit {
-            return hit;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        })
+    })
 }
 
 /// `vgpu_violations_total{kind="node_table_forged",action=…}`.

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use vgpu_tests::sim::{c_program, Running, SimGpu};
+use vgpu_tests::wait::eventually;
 
 #[test]
 fn process_killed_holding_the_lock_does_not_wedge_others() {
@@ -63,13 +64,10 @@ fn idle_server_exits_and_restarts_on_demand() {
     };
     let first = run();
     let sock = dir.join("simgpu.sock");
-    let t = Instant::now();
-    while sock.exists() && t.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        !sock.exists(),
-        "the idle server removed its socket and exited"
+    eventually(
+        Duration::from_secs(5),
+        "the idle server to remove its socket and exit",
+        || !sock.exists(),
     );
     assert!(!dir.join("server.pid").exists());
     let second = run();

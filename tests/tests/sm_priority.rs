@@ -45,13 +45,14 @@ fn start(env: &HookEnv, gpu: &SimGpu, limit: Option<&str>, priority: Option<&str
 /// The service (priority 0) and the trainer (`trainer`: 1, or unset, which
 /// HAMi's default makes 1), both at `limit`: the service gets nearly all of
 /// the device, the trainer a little (held, not starved). Equal shares would
-/// mean priority did nothing. Up to three tries, since a loaded host can
-/// delay either process.
+/// mean priority did nothing. Two runs of three must hold, so one run a
+/// loaded host delays decides nothing either way.
 fn priority_holds_at(limit: Option<&str>, trainer: Option<&str>) {
     let what =
         format!("priority 0 beside CUDA_TASK_PRIORITY={trainer:?}, CUDA_DEVICE_SM_LIMIT={limit:?}");
-    let mut failed = Vec::new();
-    for _ in 0..3 {
+    let mut runs = Vec::new();
+    let (mut held, mut not) = (0, 0);
+    while held < 2 && not < 2 {
         let gpu = SimGpu::new();
         let tag = limit.unwrap_or("unset");
         let a = HookEnv::new(&format!("prio-hi-{tag}"), "0");
@@ -61,12 +62,21 @@ fn priority_holds_at(limit: Option<&str>, trainer: Option<&str>) {
         std::thread::sleep(Duration::from_millis(600));
         let s = gpu.process_shares(Duration::from_secs(2), &[hi.child.id(), lo.child.id()]);
         eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
-        if s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0 {
-            return;
+        let ok = s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0;
+        if ok {
+            held += 1;
+        } else {
+            not += 1;
         }
-        failed.push(format!("high {:.1}%, low {:.1}%", s[0], s[1]));
+        let verdict = if ok { "held" } else { "not held" };
+        runs.push(format!("high {:.1}%, low {:.1}% ({verdict})", s[0], s[1]));
     }
-    panic!("{what}: {} (not > 85 and 0.2..10)", failed.join("; "));
+    assert!(
+        held == 2,
+        "{what}: {not} runs of {} not held (high > 85 and low 0.2..10 in two of three): {}",
+        runs.len(),
+        runs.join("; ")
+    );
 }
 
 #[test]

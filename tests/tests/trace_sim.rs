@@ -12,6 +12,7 @@ use std::{
 };
 
 use serde_json::{json, Value};
+use vgpu_tests::wait::poll_until;
 use vgpu_tests::{container::Cgroup, daemon::Workdir, dist, sim::SimGpu};
 
 #[test]
@@ -54,10 +55,10 @@ fn trace_counts_match_the_simulator() {
     );
     let host_pid = p.host_pid();
     assert!(p.wait().success(), "bench_launch failed");
-    let t = Instant::now();
-    while gpu.launches(0) < LAUNCHES + 1000 && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // Whether they all arrive or not, the trace's count is judged below.
+    poll_until(Duration::from_secs(10), || {
+        gpu.launches(0) >= LAUNCHES + 1000
+    });
     std::thread::sleep(Duration::from_millis(300));
     Command::new("kill")
         .arg("-INT")
@@ -147,14 +148,12 @@ fn stop_trace(work: &Workdir, mut child: Child, name: &str) -> String {
 
 /// Waits until `daemon_prog` has made its context (or failed).
 fn wait_note(path: &Path) -> String {
-    let t = Instant::now();
-    loop {
-        let s = std::fs::read_to_string(path).unwrap_or_default();
-        if s.contains("allocated") || s.contains("error") || t.elapsed() > Duration::from_secs(20) {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let read = || std::fs::read_to_string(path).unwrap_or_default();
+    poll_until(Duration::from_secs(20), || {
+        let s = read();
+        (s.contains("allocated") || s.contains("error")).then_some(s)
+    })
+    .unwrap_or_else(read)
 }
 
 /// Two simulated devices; one process with `CUDA_VISIBLE_DEVICES=1`, one

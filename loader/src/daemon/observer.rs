@@ -464,7 +464,9 @@ impl Observer {
                 };
             }
         }
-        // The region pass.
+        // The region pass, counted before the render so that /metrics
+        // shows the pass whose values it carries.
+        self.counters.region_passes.inc();
         self.cache.refresh();
         self.reclaim_dead_slots();
         let views = self.region_views(nv.as_ref().map_or(&[][..], |s| &s.devices[..]));

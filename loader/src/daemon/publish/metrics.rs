@@ -356,6 +356,11 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         c.slots_reclaimed.clone(),
     );
     reg.register(
+        "vgpu_region_passes",
+        "Region passes: every open region re-read and the values shown refreshed",
+        c.region_passes.clone(),
+    );
+    reg.register(
         "vgpu_probe_events",
         "libcuda calls seen by the probes, by kind",
         c.probe_events.clone(),
@@ -414,6 +419,7 @@ mod tests {
             ..Snapshot::default()
         };
         c.slots_reclaimed.inc_by(2);
+        c.region_passes.inc_by(5);
         let text = render(&s, &c);
         for line in [
             r#"hami_vgpu_memory_used_bytes{zone="vGPU",pod_uid="p",container="c",vdevice_index="0",device_uuid="GPU-x"} 600"#,
@@ -428,6 +434,7 @@ mod tests {
             r#"vgpu_containers_over_bound{bound="regions"} 1"#,
             r#"vgpu_containers_over_bound{bound="slots"} 0"#,
             "vgpu_slots_reclaimed_total 2",
+            "vgpu_region_passes_total 5",
             r#"vgpu_findings{kind="untracked_allocation"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");

@@ -99,6 +99,9 @@ pub struct Counters {
     pub hostpid_verified: Counter,
     /// Slots of dead processes the daemon freed.
     pub slots_reclaimed: Counter,
+    /// Region passes (every region re-read and its values refreshed), so
+    /// that a reader can wait for values at least one pass newer.
+    pub region_passes: Counter,
     /// Calls seen by the probes, by kind (`alloc`, `alloc_failure`, `free`, `launch`, `graph_launch`).
     pub probe_events: Family<Labels, Counter>,
     /// Calls the probes could not record, by reason.
