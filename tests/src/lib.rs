@@ -13,5 +13,6 @@ pub mod hook;
 pub mod host;
 pub mod http;
 pub mod kubepod;
+pub mod manifests;
 pub mod sim;
 pub mod wait;

@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_yaml::{Mapping, Value};
 use vgpu_common::paths;
 use vgpu_tests::dist::workspace_root;
+use vgpu_tests::manifests::images_in;
 
 const OVERLAYS: [&str; 2] = ["hami", "standalone"];
 
@@ -828,22 +829,6 @@ fn every_flag_the_manifests_pass_exists_in_the_binary() {
                 );
             }
         }
-    }
-}
-
-/// Every `image:` value anywhere in a rendered document.
-fn images_in(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::Mapping(m) => {
-            for (k, val) in m {
-                match (k.as_str(), val.as_str()) {
-                    (Some("image"), Some(image)) => out.push(image.to_owned()),
-                    _ => images_in(val, out),
-                }
-            }
-        }
-        Value::Sequence(s) => s.iter().for_each(|x| images_in(x, out)),
-        _ => {}
     }
 }
 

@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use serde::Deserialize as _;
 use serde_yaml::Value;
 use vgpu_tests::dist::{dist_dir, vgpu_bin, workspace_root};
+use vgpu_tests::manifests::images_in;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const REGISTRY: &str = "localhost/vgpu-release-test";
@@ -179,22 +180,6 @@ fn kubectl_kustomize(dir: &Path) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// Every `image:` value anywhere in `v`.
-fn images(v: &Value, into: &mut Vec<String>) {
-    match v {
-        Value::Mapping(m) => {
-            for (k, val) in m {
-                match (k.as_str(), val.as_str()) {
-                    (Some("image"), Some(s)) => into.push(s.to_owned()),
-                    _ => images(val, into),
-                }
-            }
-        }
-        Value::Sequence(s) => s.iter().for_each(|x| images(x, into)),
-        _ => {}
-    }
-}
-
 #[test]
 fn manifests_name_the_bundle_image_and_are_schema_valid() {
     for (arch, _, _) in arches() {
@@ -212,7 +197,7 @@ fn manifests_name_the_bundle_image_and_are_schema_valid() {
                 .collect();
             let mut named = Vec::new();
             for d in &docs {
-                images(d, &mut named);
+                images_in(d, &mut named);
                 assert_eq!(
                     d["metadata"]["labels"]["app.kubernetes.io/version"].as_str(),
                     Some(VERSION),

@@ -23,6 +23,21 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// The architectures a command was asked for: every one with `all`,
+    /// else those named (the host's when none), each once, in order.
+    pub fn selected(named: &[Arch], all: bool) -> Vec<Arch> {
+        let mut arches = if all {
+            Arch::ALL.to_vec()
+        } else if named.is_empty() {
+            vec![Arch::host()]
+        } else {
+            named.to_vec()
+        };
+        arches.sort();
+        arches.dedup();
+        arches
+    }
+
     pub const ALL: [Arch; 2] = [Arch::X86_64, Arch::Aarch64];
 
     /// The architecture of the machine running xtask.

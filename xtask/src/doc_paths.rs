@@ -16,7 +16,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
@@ -31,7 +30,7 @@ const EXTERNAL: &[&str] = &["src/multiprocess/", "include/linux/"];
 
 pub fn run() -> Result<()> {
     let root = util::root();
-    let files = git_files(&root)?;
+    let files = util::git_files(&root)?;
     let crates: BTreeSet<String> = files
         .iter()
         .filter_map(|f| f.strip_suffix("Cargo.toml"))
@@ -86,7 +85,7 @@ fn bases(file: &str, kind: Kind, crates: &BTreeSet<String>) -> Vec<String> {
         .unwrap_or("")
         .to_owned();
     let mut out = vec![String::new(), dir];
-    let with_src = |c: &str| [c.to_owned(), join(c, "src")];
+    let with_src = |c: &str| [c.to_owned(), util::join_rel(c, "src")];
     match kind {
         Kind::Markdown => {
             for c in crates {
@@ -150,7 +149,7 @@ fn check(
             }
             for path in expand(token) {
                 let path = path.trim_start_matches("./");
-                if !bases.iter().any(|b| exists(&join(b, path))) {
+                if !bases.iter().any(|b| exists(&util::join_rel(b, path))) {
                     problems.push(format!(
                         "{file}:{}: `{token}`: no file {path} (from the root, the doc's folder or the crate)",
                         n + 1
@@ -185,41 +184,6 @@ fn expand(token: &str) -> Vec<String> {
         .split(',')
         .flat_map(|alt| expand(&format!("{head}{alt}{tail}")))
         .collect()
-}
-
-fn join(base: &str, rel: &str) -> String {
-    if base.is_empty() {
-        rel.to_owned()
-    } else {
-        format!("{base}/{rel}")
-    }
-}
-
-/// Files git knows of or would add (tracked, or untracked and not
-/// ignored), relative to `root`.
-fn git_files(root: &Path) -> Result<Vec<String>> {
-    let out = Command::new("git")
-        .current_dir(root)
-        .args([
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-        ])
-        .output()
-        .context("running git ls-files")?;
-    if !out.status.success() {
-        bail!(
-            "git ls-files failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .split('\0')
-        .filter(|f| !f.is_empty())
-        .map(str::to_owned)
-        .collect())
 }
 
 #[cfg(test)]

@@ -23,7 +23,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
@@ -80,7 +79,7 @@ fn parse(readme: &str) -> Result<BTreeSet<String>> {
             };
             for word in body.split_whitespace() {
                 if let Some(dir) = folder(word) {
-                    out.insert(join(entry, dir));
+                    out.insert(util::join_rel(entry, dir));
                 }
             }
             continue;
@@ -99,14 +98,14 @@ fn parse(readme: &str) -> Result<BTreeSet<String>> {
             let Some(dir) = folder(word) else {
                 bail!("docs/README.md's map: {word:?} in {line:?} is not a folder (`name/`)");
             };
-            let path = join(&base, dir);
+            let path = util::join_rel(&base, dir);
             first.get_or_insert_with(|| path.clone());
             out.insert(path);
         }
         let Some(first) = first else { continue };
         for word in desc.split_whitespace() {
             if let Some(dir) = folder(word) {
-                out.insert(join(&first, dir));
+                out.insert(util::join_rel(&first, dir));
             }
         }
         parents.push((indent, first));
@@ -122,36 +121,11 @@ fn folder(word: &str) -> Option<&str> {
     (!dir.is_empty() && !dir.contains("//") && !dir.starts_with('/')).then_some(dir)
 }
 
-fn join(base: &str, rel: &str) -> String {
-    if base.is_empty() {
-        rel.to_owned()
-    } else {
-        format!("{base}/{rel}")
-    }
-}
-
 /// Folders holding a source file git knows of or would add (tracked, or
 /// untracked and not ignored), relative to `root`.
 fn source_folders(root: &Path) -> Result<BTreeSet<String>> {
-    let out = Command::new("git")
-        .current_dir(root)
-        .args([
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-        ])
-        .output()
-        .context("running git ls-files")?;
-    if !out.status.success() {
-        bail!(
-            "git ls-files failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .split('\0')
+    Ok(util::git_files(root)?
+        .iter()
         .filter(|f| {
             Path::new(f)
                 .extension()

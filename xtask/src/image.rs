@@ -29,15 +29,7 @@ pub fn run(args: &Args) -> Result<()> {
     if !util::is_root() {
         bail!("cargo xtask image builds with buildah as root; run it as root");
     }
-    let mut arches = if args.all_arches {
-        Arch::ALL.to_vec()
-    } else if args.arches.is_empty() {
-        vec![Arch::host()]
-    } else {
-        args.arches.clone()
-    };
-    arches.sort();
-    arches.dedup();
+    let arches = Arch::selected(&args.arches, args.all_arches);
     let stage = util::target_dir().join("image");
     let mut dists = Vec::new();
     for arch in &arches {

@@ -100,3 +100,40 @@ pub fn real_gpu_present() -> bool {
         .map(|s| s.contains("GPU"))
         .unwrap_or(false)
 }
+
+/// Files git knows of or would add (tracked, or untracked and not ignored),
+/// relative to `root`.
+pub fn git_files(root: &Path) -> Result<Vec<String>> {
+    let out = Command::new("git")
+        .current_dir(root)
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .output()
+        .context("running git ls-files")?;
+    if !out.status.success() {
+        bail!(
+            "git ls-files failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .split('\0')
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// `base/rel` for repository-relative paths (`rel` alone when `base` is
+/// the root, "").
+pub fn join_rel(base: &str, rel: &str) -> String {
+    if base.is_empty() {
+        rel.to_owned()
+    } else {
+        format!("{base}/{rel}")
+    }
+}
