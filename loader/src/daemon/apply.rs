@@ -429,21 +429,11 @@ pub fn free_slots(
 mod tests {
     use super::*;
     use std::sync::atomic::Ordering::Relaxed;
-    use vgpu_common::region::{MAGIC, MAJOR_VERSION};
     use vgpu_common::view::RegionFile;
 
     fn region(dir: &Path) -> (RegionFile, RegionIo, PathBuf) {
         let path = dir.join("r.cache");
-        let f = RegionFile::create_or_open(&path).unwrap();
-        let r = f.region();
-        r.major_version.store(MAJOR_VERSION, Relaxed);
-        r.initialized_flag.store(MAGIC, Relaxed);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
-        let io = RegionIo::new(file, &path, true).unwrap();
+        let (f, io) = crate::regions::admin::testutil::initialised_region(&path);
         (f, io, path)
     }
 

@@ -324,25 +324,16 @@ impl RegionCache {
 mod tests {
     use super::*;
     use std::sync::atomic::Ordering::Relaxed;
-    use vgpu_common::region::{MAGIC, MAJOR_VERSION};
     use vgpu_common::view::RegionFile;
 
     fn region(dir: &Path, name: &str, proc_num: i32) -> (PathBuf, RegionIo) {
         let path = dir.join(name);
-        let f = RegionFile::create_or_open(&path).unwrap();
+        let (f, io) = crate::regions::admin::testutil::initialised_region(&path);
         let r = f.region();
-        r.major_version.store(MAJOR_VERSION, Relaxed);
-        r.initialized_flag.store(MAGIC, Relaxed);
         for i in 0..proc_num as usize {
             r.procs[i].pid.store(i as i32 + 1, Relaxed);
         }
         r.proc_num.store(proc_num, Relaxed);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .unwrap();
-        let io = RegionIo::new(file, &path, true).unwrap();
         (path, io)
     }
 

@@ -27,7 +27,7 @@ pub use signal::{plan_signal, send_signal, wait_status, SignalAction};
 pub use unlock::unlock;
 
 #[cfg(test)]
-mod testutil;
+pub(crate) mod testutil;
 
 /// Why an admin operation refused or failed.
 #[derive(Debug, thiserror::Error)]

@@ -17,20 +17,27 @@ pub struct Fx {
     pub io: RegionIo,
 }
 
-pub fn fixture() -> Fx {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("r.cache");
-    let map = RegionFile::create_or_open(&path).unwrap();
+/// An initialised v1 region at `path`: mapped (as by a hooked process), and
+/// a writable [`RegionIo`] on a descriptor of its own, as the daemon and the
+/// commands hold one. Shared by the loader's tests that write regions.
+pub fn initialised_region(path: &Path) -> (RegionFile, RegionIo) {
+    let map = RegionFile::create_or_open(path).unwrap();
     let r = map.region();
     r.major_version.store(MAJOR_VERSION, Relaxed);
     r.initialized_flag.store(MAGIC, Relaxed);
-    r.sem[0].store(1, Relaxed);
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(&path)
+        .open(path)
         .unwrap();
-    let io = RegionIo::new(file, &path, true).unwrap();
+    let io = RegionIo::new(file, path, true).unwrap();
+    (map, io)
+}
+
+pub fn fixture() -> Fx {
+    let dir = tempfile::tempdir().unwrap();
+    let (map, io) = initialised_region(&dir.path().join("r.cache"));
+    map.region().sem[0].store(1, Relaxed);
     Fx { _dir: dir, map, io }
 }
 
