@@ -230,7 +230,22 @@ pub fn run(dist: &Path, work: &Path) -> Result<()> {
     }
 
     if let Some((_, port)) = &daemon {
-        let (_, metrics) = get(*port, "/metrics").context("scrape the daemon")?;
+        // The series appear at the daemon's next region pass (at most a
+        // second after it first sees a region): scrape until both pods have
+        // theirs, for up to 5 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let metrics = loop {
+            let (_, m) = get(*port, "/metrics").context("scrape the daemon")?;
+            let all = TENANTS.iter().all(|t| {
+                let pod = format!("pod=\"{}\"", t.pod);
+                m.lines()
+                    .any(|l| l.starts_with("hami_vgpu_memory_used_bytes{") && l.contains(&pod))
+            });
+            if all || std::time::Instant::now() >= deadline {
+                break m;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        };
         println!("\nits /metrics, the two tenants' lines (labels cut to the pod):");
         for name in [
             "hami_vgpu_memory_used_bytes",
