@@ -110,16 +110,15 @@ fn line_diff(old: &str, new: &str) -> String {
     out
 }
 
-/// Every layout `common` defines: the shared region, the node table of SM
-/// turns, and the records shared with the eBPF programs.
+/// Every layout `common` defines: the shared region, the SM sidecar with
+/// the daemon's plans, and the records shared with the eBPF programs.
 pub fn render() -> String {
     use crate::event::{
         AllocKey, CallEvent, Caller, Config, KernelOffsets, LaunchKey, Pending, PendingKey,
         ProcCounters,
     };
-    use crate::node::{Member, NodeFile};
     use crate::region::{DeviceMemory, DeviceUtil, ProcSlot, SharedRegion};
-    use crate::sidecar::{DevBucket, SmShared};
+    use crate::sidecar::{DevBucket, DevPlan, SmShared};
 
     let mut s = String::from("# cargo xtask abi --bless rewrites this file\n");
     abi_layout!(
@@ -183,24 +182,18 @@ pub fn render() -> String {
     );
     abi_layout!(
         &mut s,
-        Member {
-            owner,
-            seen,
-            limit,
-            rank,
+        DevPlan {
+            seq,
+            planned_until,
+            turn,
+            hold_until,
+            high_inflight_until,
+            outranked_until,
+            daemon_reserved,
+            launched,
             wants,
             inflight_until,
-            reserved
-        }
-    );
-    abi_layout!(
-        &mut s,
-        NodeFile {
-            magic,
-            version,
-            size,
-            reserved,
-            members
+            hook_reserved
         }
     );
     abi_layout!(
@@ -224,7 +217,8 @@ pub fn render() -> String {
             size,
             container,
             reserved,
-            devs
+            devs,
+            plans
         }
     );
     abi_layout!(

@@ -10,11 +10,18 @@
 //!
 //! Each version only gives a name to words that were reserved, and so read
 //! zero, in older files; zero means "unknown" in every field. So any file
-//! from version `MIN_VERSION` on is used as it is.
+//! from version `MIN_VERSION` on is used as it is. Version 5 appends the
+//! daemon's plan per device (`DevPlan`), which a version-4 file lacks until
+//! a newer hook extends it (the daemon writes only into a file that long).
+//!
+//! The plan is the only word from outside the container that decides the
+//! container's turns and priority holds: `vgpu daemon` writes it
+//! (`loader/src/daemon/plan/`), from the runtime specs and NVML, into each
+//! container's own sidecar; the hook reads nothing of any other container's.
 
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use crate::region::MAX_DEVICES;
@@ -22,7 +29,7 @@ use crate::shared_file::Header;
 
 /// `"vgpusm01"` little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"vgpusm01");
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 /// The oldest layout this code reads (its reserved words are zero).
 pub const MIN_VERSION: u32 = 1;
 /// Set in `ctx_bytes` when a size is stored (a size may be 0).
@@ -72,6 +79,133 @@ impl DevBucket {
     }
 }
 
+/// One device's plan (v5): the first line is written by the daemon only
+/// (`pwrite`, under `seq`), the second by the container's hook, for the
+/// daemon to read. 128 bytes.
+#[repr(C, align(64))]
+#[derive(Debug, Default)]
+pub struct DevPlan {
+    /// Odd while the daemon writes the line; readers retry or keep their
+    /// last plan (`DevPlan::read`).
+    pub seq: AtomicU64,
+    /// CLOCK_MONOTONIC ns until which the plan stands; a plan past it (or
+    /// 0: never planned) means no daemon plans this GPU, and the container
+    /// keeps to its own SM limit alone.
+    pub planned_until: AtomicU64,
+    /// The container's turn (`node::encode_turn`); 0 = none.
+    pub turn: AtomicU64,
+    /// Until when a container of higher priority counts as active on the
+    /// GPU: this one keeps its queue short.
+    pub hold_until: AtomicU64,
+    /// When the higher containers' queued work drains, as they state it,
+    /// bounded by the daemon: this one queues nothing before.
+    pub high_inflight_until: AtomicU64,
+    /// Until when a block by HAMi's monitor may be about a higher container
+    /// (it lags activity by seconds): the hold answers it instead.
+    pub outranked_until: AtomicU64,
+    pub daemon_reserved: [AtomicU64; 2],
+    /// CLOCK_MONOTONIC ns of the container's last accounted launch here.
+    pub launched: AtomicU64,
+    /// CLOCK_MONOTONIC ns the container last used most of its share.
+    pub wants: AtomicU64,
+    /// CLOCK_MONOTONIC ns its queued work drains, by its learnt costs.
+    pub inflight_until: AtomicU64,
+    pub hook_reserved: [AtomicU64; 5],
+}
+
+/// The daemon's line of a [`DevPlan`], as one consistent reading.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanWords {
+    pub planned_until: u64,
+    pub turn: u64,
+    pub hold_until: u64,
+    pub high_inflight_until: u64,
+    pub outranked_until: u64,
+}
+
+impl PlanWords {
+    /// The words in file order after `seq`, as the daemon writes them.
+    pub fn to_bytes(self) -> [u8; 40] {
+        let mut b = [0u8; 40];
+        let w = [
+            self.planned_until,
+            self.turn,
+            self.hold_until,
+            self.high_inflight_until,
+            self.outranked_until,
+        ];
+        for (i, v) in w.iter().enumerate() {
+            b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+}
+
+/// What the hook states about its own activity (a [`DevPlan`]'s second
+/// line), as the daemon reads it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OwnWords {
+    pub launched: u64,
+    pub wants: u64,
+    pub inflight_until: u64,
+}
+
+impl OwnWords {
+    /// Decodes the line's first 24 bytes.
+    pub fn from_bytes(b: &[u8; 24]) -> Self {
+        let w = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(x)
+        };
+        Self {
+            launched: w(0),
+            wants: w(1),
+            inflight_until: w(2),
+        }
+    }
+}
+
+impl DevPlan {
+    /// The daemon's words, read consistently (a few tries while the daemon
+    /// writes); `None` when no consistent reading was had.
+    pub fn read(&self) -> Option<PlanWords> {
+        for _ in 0..4 {
+            let s1 = self.seq.load(Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let w = PlanWords {
+                planned_until: self.planned_until.load(Acquire),
+                turn: self.turn.load(Acquire),
+                hold_until: self.hold_until.load(Acquire),
+                high_inflight_until: self.high_inflight_until.load(Acquire),
+                outranked_until: self.outranked_until.load(Acquire),
+            };
+            std::sync::atomic::fence(Acquire);
+            if self.seq.load(Relaxed) == s1 {
+                return Some(w);
+            }
+        }
+        None
+    }
+
+    /// Moves the instant `w` forward to `now` (never back: several
+    /// processes of the container write it).
+    pub fn advance(w: &AtomicU64, now: u64) {
+        w.fetch_max(now, Relaxed);
+    }
+
+    /// Notes `cost_ns` of work queued at `now`: it drains at
+    /// `max(inflight_until, now) + cost`.
+    pub fn queued(&self, now: u64, cost_ns: u64) {
+        let _ = self.inflight_until.fetch_update(Relaxed, Relaxed, |t| {
+            Some(t.max(now).saturating_add(cost_ns))
+        });
+    }
+}
+
 /// The whole file.
 #[repr(C)]
 #[derive(Debug, Default)]
@@ -85,9 +219,24 @@ pub struct SmShared {
     pub container: AtomicU64,
     pub reserved: [AtomicU64; 5],
     pub devs: [DevBucket; MAX_DEVICES],
+    /// The daemon's plan per device (v5).
+    pub plans: [DevPlan; MAX_DEVICES],
 }
 
 pub const SIZE: usize = std::mem::size_of::<SmShared>();
+/// Where the plans start in the file.
+pub const PLANS_AT: usize = 64 + 64 * MAX_DEVICES;
+/// A plan's size in the file.
+pub const PLAN_BYTES: usize = 128;
+/// The daemon's words within a plan, after `seq` (at 0).
+pub const PLAN_WORDS_AT: usize = 8;
+/// The hook's words within a plan.
+pub const OWN_WORDS_AT: usize = 64;
+
+/// The file offset of device `dev`'s plan.
+pub fn plan_at(dev: usize) -> u64 {
+    (PLANS_AT + dev * PLAN_BYTES) as u64
+}
 
 const _: () = {
     use std::mem::{align_of, offset_of, size_of};
@@ -107,7 +256,14 @@ const _: () = {
     assert!(offset_of!(SmShared, container) == 16);
     assert!(offset_of!(SmShared, reserved) == 24);
     assert!(offset_of!(SmShared, devs) == 64);
-    assert!(SIZE == 64 + 64 * MAX_DEVICES);
+    assert!(size_of::<DevPlan>() == 128);
+    assert!(offset_of!(DevPlan, seq) == 0);
+    assert!(offset_of!(DevPlan, planned_until) == PLAN_WORDS_AT);
+    assert!(offset_of!(DevPlan, outranked_until) == 40);
+    assert!(offset_of!(DevPlan, launched) == OWN_WORDS_AT);
+    assert!(offset_of!(DevPlan, inflight_until) == 80);
+    assert!(offset_of!(SmShared, plans) == PLANS_AT);
+    assert!(SIZE == 64 + 64 * MAX_DEVICES + 128 * MAX_DEVICES);
 };
 
 impl SmShared {
@@ -181,7 +337,37 @@ mod tests {
         v1.version.store(4, Relaxed);
         assert!(v1.init_or_check().is_ok());
         v1.version.store(5, Relaxed);
-        assert_eq!(v1.init_or_check(), Err((MAGIC, 5)));
+        assert!(v1.init_or_check().is_ok());
+        v1.version.store(6, Relaxed);
+        assert_eq!(v1.init_or_check(), Err((MAGIC, 6)));
+    }
+
+    #[test]
+    fn a_plan_is_read_whole_or_not_at_all() {
+        let s = SmShared::default();
+        let p = &s.plans[2];
+        assert_eq!(p.read(), Some(PlanWords::default()));
+        p.turn.store(7, Relaxed);
+        p.seq.store(1, Relaxed);
+        assert_eq!(p.read(), None, "the daemon is writing");
+        p.seq.store(2, Relaxed);
+        assert_eq!(p.read().map(|w| w.turn), Some(7));
+        // The bytes the daemon writes land on the words the hook reads.
+        let w = PlanWords {
+            planned_until: 1,
+            turn: 2,
+            hold_until: 3,
+            high_inflight_until: 4,
+            outranked_until: 5,
+        };
+        let b = w.to_bytes();
+        assert_eq!(&b[8..16], &2u64.to_le_bytes());
+        p.queued(100, 5);
+        p.queued(90, 5);
+        assert_eq!(p.inflight_until.load(Relaxed), 110);
+        let mut own = [0u8; 24];
+        own[16..].copy_from_slice(&110u64.to_le_bytes());
+        assert_eq!(OwnWords::from_bytes(&own).inflight_until, 110);
     }
 
     #[test]

@@ -12,16 +12,8 @@ use vgpu_common::region::{policy, MAX_DEVICES};
 #[derive(Debug, Clone)]
 pub struct Config {
     pub region_path: PathBuf,
-    /// The node's shared directory of per-GPU tables (`sm::node_sharing`):
-    /// `VGPU_SM_NODE_DIR`, or HAMi's `/tmp/vgpulock` (which HAMi mounts into
-    /// every container) when that is unset; `None` = the container is
-    /// alone (`VGPU_SM_NODE_DIR` set but empty).
-    pub node_dir: Option<PathBuf>,
-    /// Whether limited containers take turns there (`VGPU_SM_NODE_DIR`
-    /// set); a stated priority alone only ranks the container.
-    pub turns: bool,
     /// `CUDA_TASK_PRIORITY` was set: the container takes part in the
-    /// node's priorities even without a limit.
+    /// node's priorities (which the daemon plans) even without a limit.
     pub priority_stated: bool,
     /// Bytes per container-visible device; 0 = no limit.
     pub mem_limit: [u64; MAX_DEVICES],
@@ -73,16 +65,6 @@ impl Config {
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| names::SHARED_CACHE_DEFAULT.to_owned())
             .into();
-        // Opt-in: a container that takes turns waits for its turn, up to a
-        // frame, which a latency-bound service may not want.
-        // Set but empty: explicitly alone (no turns, no priorities).
-        let dir_var = lookup(names::SM_NODE_DIR);
-        let turns = dir_var.as_deref().is_some_and(|d| !d.is_empty());
-        let node_dir = match dir_var {
-            Some(d) if !d.is_empty() => Some(PathBuf::from(d)),
-            None => Some(PathBuf::from(names::SM_NODE_DIR_HAMI)),
-            _ => None,
-        };
         let nvidia_visible = lookup(names::NVIDIA_VISIBLE_DEVICES);
         let oversubscribe = match lookup(names::OVERSUBSCRIBE).as_deref().map(str::trim) {
             None | Some("") => false,
@@ -114,8 +96,6 @@ impl Config {
         errors.extend(sm.errors);
         Self {
             region_path,
-            node_dir,
-            turns,
             priority_stated,
             mem_limit: mem.values,
             sm_limit: sm.values,
@@ -139,21 +119,6 @@ impl Config {
         }
         for e in &self.other_errors {
             vlog!(crate::log::ERROR, "{e}");
-        }
-        // Priority works through the directory the node's containers share
-        // (HAMi mounts `/tmp/vgpulock` into each): without it a stated
-        // priority silently does nothing, whatever the SM limit.
-        if let Some(d) = self
-            .node_dir
-            .as_ref()
-            .filter(|d| self.priority_stated && !d.is_dir())
-        {
-            vlog!(
-                crate::log::WARN,
-                "{} is set but {} is not a directory: this container neither holds nor is held by others' priorities",
-                names::TASK_PRIORITY,
-                d.display()
-            );
         }
     }
 }
@@ -197,45 +162,17 @@ mod tests {
     }
 
     #[test]
-    fn taking_turns_is_opt_in() {
-        let with = |v: Option<&str>| {
-            Config::from_lookup(|k| {
-                (k == "VGPU_SM_NODE_DIR")
-                    .then(|| v.map(str::to_owned))
-                    .flatten()
-            })
-            .node_dir
-        };
-        assert_eq!(with(None), Some(PathBuf::from("/tmp/vgpulock")));
-        assert_eq!(with(Some("")), None);
-        assert_eq!(
-            with(Some("/tmp/vgpulock")),
-            Some(PathBuf::from("/tmp/vgpulock"))
-        );
-    }
-
-    #[test]
-    fn a_stated_priority_joins_hamis_node_dir_without_turns() {
-        let cfg = |dir: Option<&str>, prio: Option<&str>| {
+    fn a_stated_priority_is_noted() {
+        let cfg = |prio: Option<&str>| {
             Config::from_lookup(|k| match k {
-                "VGPU_SM_NODE_DIR" => dir.map(str::to_owned),
                 "CUDA_TASK_PRIORITY" => prio.map(str::to_owned),
                 _ => None,
             })
         };
-        let c = cfg(None, Some("0"));
-        assert_eq!(c.node_dir, Some(PathBuf::from("/tmp/vgpulock")));
-        assert!(!c.turns && c.priority_stated && c.priority == 0);
-        let c = cfg(Some("/x"), Some("1"));
-        assert_eq!(c.node_dir, Some(PathBuf::from("/x")));
-        assert!(c.turns && c.priority_stated);
-        let c = cfg(Some(""), Some("0"));
-        assert_eq!(c.node_dir, None);
-        assert!(!c.turns);
-        // No priority stated: HAMi's default, 1, read from the same
-        // directory (held while a higher one is active), never turns.
-        let c = cfg(None, None);
-        assert_eq!(c.node_dir, Some(PathBuf::from("/tmp/vgpulock")));
-        assert!(!c.turns && !c.priority_stated && c.priority == 1);
+        let c = cfg(Some("0"));
+        assert!(c.priority_stated && c.priority == 0);
+        // No priority stated: HAMi's default, 1.
+        let c = cfg(None);
+        assert!(!c.priority_stated && c.priority == 1);
     }
 }

@@ -1,5 +1,5 @@
-//! The plan of turns: which phase of a common frame each member that wants
-//! its share gets. Every process computes it from the same table.
+//! The plan of turns: which phase of a common frame each limited container
+//! that wants its share gets. The daemon computes it per GPU.
 
 use crate::region::rules::sm_limit;
 
@@ -42,4 +42,68 @@ pub fn plan(active: &[(u64, u32)], me: u64) -> Option<Phase> {
         start += len;
     }
     None
+}
+
+/// A turn in one word, as the plan stores it: 0 = none, else a flag and
+/// the phase's start and length in µs.
+pub fn encode_turn(p: Option<Phase>) -> u64 {
+    p.map_or(0, |p| {
+        1 << 63 | ((p.start / 1_000) & 0xff_ffff) << 24 | ((p.len / 1_000) & 0xff_ffff)
+    })
+}
+
+/// The turn [`encode_turn`] stored; `None` for 0 or a phase that does not
+/// fit in a frame (not one the daemon writes).
+pub fn decode_turn(w: u64) -> Option<Phase> {
+    let p = (w >> 63 == 1).then(|| Phase {
+        start: (w >> 24 & 0xff_ffff) * 1_000,
+        len: (w & 0xff_ffff) * 1_000,
+    })?;
+    (p.len > 0 && p.start.saturating_add(p.len) <= FRAME_NS).then_some(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn phases_follow_the_limits_in_id_order() {
+        let a = [(9, 70), (4, 30)];
+        assert_eq!(
+            plan(&a, 4),
+            Some(Phase {
+                start: 0,
+                len: 15 * MS
+            })
+        );
+        assert_eq!(
+            plan(&a, 9),
+            Some(Phase {
+                start: 15 * MS,
+                len: 35 * MS
+            })
+        );
+        // Alone, unlimited neighbours, or not a member: no plan.
+        assert_eq!(plan(&[(4, 30)], 4), None);
+        assert_eq!(plan(&[(4, 30), (5, 100), (6, 0)], 4), None);
+        assert_eq!(plan(&a, 5), None);
+        // Over-committed: scaled to the frame.
+        let b = [(1, 80), (2, 80), (3, 40)];
+        assert_eq!(plan(&b, 3).unwrap().len, 10 * MS);
+        assert_eq!(plan(&b, 3).unwrap().start, 40 * MS);
+        // Under-committed: the rest of the frame is nobody's.
+        let c = [(1, 20), (2, 30)];
+        assert_eq!(
+            plan(&c, 2).unwrap(),
+            Phase {
+                start: 10 * MS,
+                len: 15 * MS
+            }
+        );
+        for p in [plan(&a, 9), plan(&b, 3), None] {
+            assert_eq!(decode_turn(encode_turn(p)), p);
+        }
+    }
 }

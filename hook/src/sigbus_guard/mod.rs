@@ -61,7 +61,6 @@ const SLOTS: usize = 64;
 pub enum Kind {
     Region = 1,
     Sidecar = 2,
-    NodeTable = 3,
 }
 
 impl Kind {
@@ -69,7 +68,6 @@ impl Kind {
         match v {
             1 => Some(Self::Region),
             2 => Some(Self::Sidecar),
-            3 => Some(Self::NodeTable),
             _ => None,
         }
     }
@@ -79,7 +77,6 @@ impl Kind {
         match self {
             Self::Region => "the region: its limits and this process's usage are published again",
             Self::Sidecar => "the SM sidecar: the container's buckets restart empty",
-            Self::NodeTable => "the node's SM table: this container joins it again",
         }
     }
 
@@ -91,9 +88,6 @@ impl Kind {
             }
             Self::Sidecar => {
                 "the SM sidecar: this process now takes its part of the container's SM limit"
-            }
-            Self::NodeTable => {
-                "the node's SM table: this container no longer takes turns with the others"
             }
         }
     }
@@ -607,7 +601,7 @@ mod tests {
         let len = 16 * 4096;
         let (file, base) = mapped(dir.path(), len);
         assert!(guard(
-            Kind::NodeTable,
+            Kind::Sidecar,
             base,
             len,
             None,

@@ -1,16 +1,14 @@
-//! The hook's own shared files (the container's sidecar, the node's tables),
-//! mapped through `vgpu_common::shared_file` for the process's whole life
+//! The hook's own shared file (the container's sidecar), mapped through `vgpu_common::shared_file` for the process's whole life
 //! and guarded against truncation.
 //!
 //! Any process that can write these files can truncate them: the mappings
 //! are guarded (`super`), so a truncation re-attaches every process to the
-//! file, zeroed, instead of a SIGBUS. Zero is a valid state of both layouts
-//! (no bucket charged, no member): the container's processes go on sharing
-//! one bucket, and join the node's table again at their next re-plan.
+//! file, zeroed, instead of a SIGBUS. Zero is a valid state of the layout
+//! (no bucket charged, no plan): the container's processes go on sharing
+//! one bucket, and follow the daemon's plan again once it re-writes it.
 
 use std::path::Path;
 
-use vgpu_common::node::NodeFile;
 use vgpu_common::shared_file::{self, MapError, Sizing};
 use vgpu_common::sidecar::SmShared;
 
@@ -34,17 +32,6 @@ pub(crate) unsafe trait SharedFile: Sized + Sync + 'static {
 unsafe impl SharedFile for SmShared {
     const KIND: crate::sigbus_guard::Kind = crate::sigbus_guard::Kind::Sidecar;
     const SIZING: Sizing = Sizing::AnyOpener;
-
-    fn stamp(&self) -> Result<(), (u64, u32)> {
-        self.init_or_check()
-    }
-}
-
-// SAFETY: `NodeFile` is all atomics (common/src/node/mod.rs asserts its
-// layout).
-unsafe impl SharedFile for NodeFile {
-    const KIND: crate::sigbus_guard::Kind = crate::sigbus_guard::Kind::NodeTable;
-    const SIZING: Sizing = Sizing::CreatorOnly;
 
     fn stamp(&self) -> Result<(), (u64, u32)> {
         self.init_or_check()

@@ -116,7 +116,7 @@ impl<S: Sys> Controller<S> {
             self.refresh(now);
         }
         // A block by HAMi's monitor means "a container of higher priority is
-        // active on your GPU". Where the node table shows that container,
+        // active on your GPU". Where the daemon's plan shows that container,
         // the hold rule keeps this one's queue short for exactly as long as
         // it is active; sleeping whole seconds on the monitor's 5 s view
         // would starve this one and keep the GPU idle after it stops.
@@ -236,15 +236,13 @@ impl<S: Sys> Controller<S> {
                     held: false,
                 };
             }
-            let priority = self.settings.priority();
-            self.sharing
-                .replan_if_due(&self.sys, dev, now, pct, priority);
+            self.sharing.replan_if_due(&self.sys, dev, now, pct);
             let higher = self.sharing.higher(dev);
             let held = higher != 0;
             if held {
-                if let Some(t) =
-                    self.sharing
-                        .yield_to(&self.sys, dev, higher, now, now - arrived, cost)
+                if let Some(t) = self
+                    .sharing
+                    .yield_to(&self.sys, dev, now, now - arrived, cost)
                 {
                     slept = true;
                     now = self.sleep(t);

@@ -1,24 +1,21 @@
 //! The process's real world behind the traits of `sys`: the clocks, the
-//! region, the container's sidecar, the node's tables and the background
-//! thread; the driver's part is `crate::driver::native`.
+//! region, the container's sidecar (with the daemon's plan) and the
+//! background thread; the driver's part is `crate::driver::native`.
 
 use std::sync::OnceLock;
 
 use vgpu_common::clock::clock_ns;
-use vgpu_common::region::{SharedRegion, MAX_DEVICES};
+use vgpu_common::region::SharedRegion;
 
 use crate::driver::native::Native;
 use crate::driver::{Context, Events, Nvml, Poll};
 use crate::sidecar::{self, SmShared};
-use crate::sm::node_sharing::node_mapping::{self, NodeFile};
-use crate::sm::sys::{Background, Clock, Container, NodeTable};
+use crate::sm::sys::{Background, Clock, Container};
 
 /// The process's real world.
 #[derive(Debug, Default)]
 pub(crate) struct Real {
     buckets: OnceLock<&'static SmShared>,
-    /// The node's tables by container device index, opened once.
-    nodes: [OnceLock<Option<&'static NodeFile>>; MAX_DEVICES],
     /// What the background thread runs (the feedback steps); `None`: no
     /// thread, they run on the launch path.
     background: Option<fn()>,
@@ -162,6 +159,10 @@ impl Container for Real {
             && !crate::sigbus_guard::is_lost(b as *const SmShared as *const u8)
     }
 
+    fn priority_stated(&self) -> bool {
+        crate::state::config().priority_stated
+    }
+
     fn note_host_pid(&self) {
         if crate::pid_namespace::in_initial_pid_ns() {
             if let Some(p) = crate::state::process() {
@@ -175,47 +176,5 @@ impl Background for Real {
     fn offload(&self) -> bool {
         self.background
             .is_some_and(|run| crate::background::ensure(crate::background::Job::SmFeedback, run))
-    }
-}
-
-impl NodeTable for Real {
-    fn node(&self, dev: usize) -> Option<&'static NodeFile> {
-        *self.nodes.get(dev)?.get_or_init(|| {
-            let dir = crate::state::config().node_dir.as_ref()?;
-            // Only a directory the node's containers share (HAMi mounts it):
-            // never created here, where no other container would see it.
-            if !dir.is_dir() {
-                return None;
-            }
-            let path = node_mapping::path_for(dir, &crate::devices::uuid(dev)?);
-            match node_mapping::open(&path) {
-                Ok(n) => Some(n),
-                Err(e) => {
-                    // Only a container that asked for the table (turns, a
-                    // stated priority) is told at WARN; one that only
-                    // looks for higher priorities there loses nothing else.
-                    let c = crate::state::config();
-                    let level = if c.turns || c.priority_stated {
-                        crate::log::WARN
-                    } else {
-                        crate::log::DEBUG
-                    };
-                    vlog!(
-                        level,
-                        "{e}; containers on this GPU neither take turns nor rank by priority"
-                    );
-                    None
-                }
-            }
-        })
-    }
-
-    fn turns(&self) -> bool {
-        crate::state::config().turns
-    }
-
-    fn ranked(&self) -> bool {
-        let c = crate::state::config();
-        c.priority_stated && c.node_dir.as_ref().is_some_and(|d| d.is_dir())
     }
 }

@@ -1,16 +1,14 @@
 //! What the limiter needs from the outside world besides the driver, behind
 //! narrow traits so the controller can be tested with a fake clock and a
 //! fake GPU, and each part asks only for what it uses: `Clock` (clocks and
-//! sleeping), `Container` (the region, policy and buckets), `NodeTable`
-//! (the node's table and how this process uses it) and `Background` (where
-//! the feedback steps run). The driver's part (the current context, timing
+//! sleeping), `Container` (the region, policy, buckets and the daemon's
+//! plan in them) and `Background` (where the feedback steps run). The driver's part (the current context, timing
 //! events, NVML's measurements) is `crate::driver`, shared with the rest of
 //! the hook. `Sys` is all of them, for the controller that composes the
 //! parts. The process's real world is `live`.
 
 #![forbid(unsafe_code)]
 
-use vgpu_common::node::NodeFile;
 use vgpu_common::region::SharedRegion;
 use vgpu_common::sidecar::SmShared;
 
@@ -55,6 +53,12 @@ pub(crate) trait Container: Sync {
     /// second), so that every process of the container shares the newest
     /// sidecar.
     fn follow_files(&self, _now: u64) {}
+    /// Whether the process states a priority (`CUDA_TASK_PRIORITY`): it
+    /// then accounts its launches wherever a daemon plans, so that the
+    /// daemon can hold lower-priority containers while it is active.
+    fn priority_stated(&self) -> bool {
+        false
+    }
     /// Fills this process's slot `hostpid` when its host pid is known
     /// without a guess (it runs in the initial PID namespace).
     fn note_host_pid(&self) {}
@@ -70,26 +74,7 @@ pub(crate) trait Background: Sync {
     }
 }
 
-/// The node's table of containers on a GPU, and how this process uses it.
-pub(crate) trait NodeTable: Sync {
-    /// The node's table of limited containers on CUDA device `dev`, shared
-    /// with the other containers of the node; `None` when there is none.
-    fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
-        None
-    }
-    /// Whether limited containers take turns in the node's table (else it
-    /// only ranks them by priority).
-    fn turns(&self) -> bool {
-        true
-    }
-    /// Whether the process takes part in the node's priorities even
-    /// without a limit (`CUDA_TASK_PRIORITY` set and a node directory).
-    fn ranked(&self) -> bool {
-        false
-    }
-}
-
 /// Everything the controller needs from the outside world.
-pub(crate) trait Sys: Clock + Events + Nvml + Container + NodeTable + Background {}
+pub(crate) trait Sys: Clock + Events + Nvml + Container + Background {}
 
-impl<T: Clock + Events + Nvml + Container + NodeTable + Background> Sys for T {}
+impl<T: Clock + Events + Nvml + Container + Background> Sys for T {}

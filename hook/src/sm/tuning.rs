@@ -19,16 +19,6 @@ pub const LOW_QUEUE_NS: u64 = 500_000;
 /// container that keeps the GPU busy must not starve the low one.
 pub const YIELD_MAX_NS: u64 = FRAME_NS;
 
-/// A higher-priority container holds the lower ones while it launched
-/// within this long: less than a frame (the re-plan period added), so a
-/// service that stops gives the GPU back within a frame, and more than its
-/// gaps between requests (20 ms for a 50-request/s service).
-pub const HOLD_NS: u64 = FRAME_NS - REPLAN_NS;
-
-/// How long after a higher-priority container's last launch a block by
-/// HAMi's monitor may still be about it: the monitor decays `recent_kernel`
-/// 2 → 1 → 0 over two 5 s ticks before it unblocks, plus a tick of slack.
-pub const MONITOR_LAG_NS: u64 = 15_000_000_000;
 
 /// What a GPU's switch between two contexts' work may take, at most,
 /// beyond the work itself (an allowance: Hopper time-slices contexts with
@@ -110,9 +100,9 @@ pub const CACHE_SLOTS: usize = 8;
 /// each): well under the sampling gap, so no timing waits long.
 pub const POLL_NS: u64 = 500_000;
 
-/// How often a limited process re-reads the node's table (`phase`) and
-/// marks its container active there: a fifth of a frame, so a plan change
-/// is seen within the frame it starts in.
+/// How often an accounted process re-reads the daemon's plan (`phase`) and
+/// states its activity in its plan line: a fifth of a frame, so a plan
+/// change is seen within the frame it starts in.
 pub const REPLAN_NS: u64 = 10_000_000;
 
 /// A leader holds the loop this long without renewing it: a few periods,

@@ -1,32 +1,42 @@
-//! How the container shares a GPU with the node's other containers, through
-//! the node's table (`node_mapping`): taking turns with other limited containers
-//! that use most of their share (`demand`, `phase`), and priorities (`priority`:
-//! a lower-priority container keeps its queue short while a higher one is
-//! active). Re-planned every `REPLAN_NS` on a limited launch.
+//! How the container shares a GPU with the node's other containers, by the
+//! plan `vgpu daemon` writes into the container's own sidecar
+//! (`vgpu_common::sidecar::DevPlan`): taking turns with other limited
+//! containers that use most of their share (`demand`, `phase`), and
+//! priorities (`priority`: a lower-priority container keeps its queue
+//! short while the daemon says a higher one is active). The hook states
+//! only its own activity (the plan's second line); it reads nothing any
+//! other container writes. Without a live plan (no daemon) the container
+//! keeps to its own SM limit alone, as HAMi-core does. Re-read every
+//! `REPLAN_NS` on an accounted launch.
 
 #![forbid(unsafe_code)]
 
 pub(super) mod demand;
-pub(super) mod node_mapping;
 pub(super) mod phase;
 pub(super) mod priority;
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8};
 use std::sync::Mutex;
 
-use vgpu_common::region::rules::{self, SmLimit};
+use vgpu_common::region::rules::SmLimit;
 use vgpu_common::region::MAX_DEVICES;
+use vgpu_common::sidecar::DevPlan;
 
 use crate::driver::Events;
 use crate::sm::correction;
-use crate::sm::sys::{Container, NodeTable};
-use crate::sm::tuning::{HIGH_START_NS, HOLD_NS, MONITOR_LAG_NS, REPLAN_NS, TURN_REPORT_NS};
+use crate::sm::sys::Container;
+use crate::sm::tuning::{HIGH_START_NS, REPLAN_NS, TURN_REPORT_NS};
 use demand::Demand;
 use phase::Phase;
 use priority::Marks;
 
-/// This process's view of the node, per device.
+/// Whether a daemon's plan was seen on a device: not yet looked, none, live.
+const PLAN_UNKNOWN: u8 = 0;
+const PLAN_NONE: u8 = 1;
+const PLAN_LIVE: u8 = 2;
+
+/// This process's view of its plan, per device.
 #[derive(Debug)]
 pub(crate) struct Sharing {
     /// The container's turn while it shares the GPU with other limited
@@ -40,13 +50,13 @@ pub(crate) struct Sharing {
     /// The container used less than most of its share lately, so its
     /// bucket holds a frame.
     light: [AtomicBool; MAX_DEVICES],
-    /// This container's member of the node table, + 1.
-    member: [AtomicU32; MAX_DEVICES],
-    /// The members of higher priority active now (bit mask).
+    /// 1 while the plan holds the container for a higher-priority one.
     higher: [AtomicU32; MAX_DEVICES],
-    /// A member of higher priority was active within `MONITOR_LAG_NS`: a
-    /// block from HAMi's monitor is about it, and the hold rule answers it.
+    /// The plan says a block from HAMi's monitor is about a higher
+    /// container, and the hold rule answers it.
     outranked: [AtomicBool; MAX_DEVICES],
+    /// `PLAN_*`: whether a daemon plans the device (logged on change).
+    planned: [AtomicU8; MAX_DEVICES],
     /// This process's launches admitted while held (`priority`).
     marks: Mutex<Marks>,
     /// (CLOCK_MONOTONIC ns, the container's `charged_ns`) at the last debug
@@ -62,9 +72,9 @@ impl Default for Sharing {
             replanning: AtomicBool::new(false),
             demand: Demand::default(),
             light: std::array::from_fn(|_| AtomicBool::new(false)),
-            member: std::array::from_fn(|_| AtomicU32::new(0)),
             higher: std::array::from_fn(|_| AtomicU32::new(0)),
             outranked: std::array::from_fn(|_| AtomicBool::new(false)),
+            planned: std::array::from_fn(|_| AtomicU8::new(PLAN_UNKNOWN)),
             marks: Mutex::new(Marks::default()),
             report: Mutex::new([(0, 0); MAX_DEVICES]),
         }
@@ -82,79 +92,66 @@ impl Sharing {
         self.light[dev].load(Relaxed)
     }
 
-    /// The members of higher priority active on `dev` (bit mask).
+    /// Non-zero while the plan holds the container on `dev` for a container
+    /// of higher priority.
     pub(crate) fn higher(&self, dev: usize) -> u32 {
         self.higher[dev].load(Relaxed)
     }
 
-    /// Whether a member of higher priority was active on any device within
-    /// `MONITOR_LAG_NS`, so that a block by HAMi's monitor (which lags
-    /// activity by up to two of its 5 s ticks) is one the node table sees
-    /// too, and the hold rule (fresher by three orders of magnitude) serves
-    /// it instead of sleeping.
+    /// Whether the plan says a block by HAMi's monitor (which lags activity
+    /// by up to two of its 5 s ticks) may be about a higher container on
+    /// some device, so that the hold rule (fresher by three orders of
+    /// magnitude) serves it instead of sleeping.
     pub(crate) fn outranked(&self) -> bool {
         self.outranked.iter().any(|o| o.load(Relaxed))
     }
 
     /// Re-plans `dev` when due at `now`: the container is active there at
-    /// `pct` (`None`: accounted, not limited) with priority `priority`.
-    pub(crate) fn replan_if_due<S: Container + NodeTable>(
+    /// `pct` (`None`: accounted, not limited).
+    pub(crate) fn replan_if_due<S: Container>(
         &self,
         sys: &S,
         dev: usize,
         now: u64,
         pct: Option<SmLimit>,
-        priority: i32,
     ) {
         if now >= self.plan_next[dev].load(Relaxed) {
-            self.replan(sys, dev, now, pct, priority);
+            self.replan(sys, dev, now, pct);
         }
     }
 
-    /// Re-reads the node's table of limited containers on `dev` (marking
-    /// this one active at `pct`, and wanting its share if it does) and
-    /// stores the container's turn, if another limited container on the
-    /// device wants its share too.
-    fn replan<S: Container + NodeTable>(
-        &self,
-        sys: &S,
-        dev: usize,
-        now: u64,
-        pct: Option<SmLimit>,
-        priority: i32,
-    ) {
+    /// States the container's activity on `dev` in its own plan line
+    /// (launching, and wanting its share if it does), and takes the
+    /// daemon's plan: its turn, and whether a higher container holds it.
+    fn replan<S: Container>(&self, sys: &S, dev: usize, now: u64, pct: Option<SmLimit>) {
         if self.replanning.swap(true, Acquire) {
             return;
         }
         self.plan_next[dev].store(now.saturating_add(REPLAN_NS), Relaxed);
-        let b = &sys.buckets().devs[dev];
+        let buckets = sys.buckets();
+        let b = &buckets.devs[dev];
+        let mine = &buckets.plans[dev];
         let wants = pct.is_some_and(|p| self.wants_share(b, dev, now, p));
         self.light[dev].store(pct.is_some() && self.demand.light(dev), Relaxed);
-        let mut higher = 0;
-        let mut outranked = false;
-        let mut member = 0;
-        let plan = sys.node(dev).and_then(|node| {
-            let id = sys.buckets().container_id();
-            let me = node.join(id, now)?;
-            member = node
-                .members
-                .iter()
-                .position(|m| std::ptr::eq(m, me))
-                .map_or(0, |i| i as u32 + 1);
-            me.touch(now, rules::sm_limit_cell(pct));
-            me.set_priority(Some(priority));
-            higher = node.higher(id, me.rank.load(Relaxed), now, HOLD_NS);
-            outranked = node.higher(id, me.rank.load(Relaxed), now, MONITOR_LAG_NS) != 0;
-            if wants {
-                me.want(now);
-            }
-            if !sys.turns() {
-                return None;
-            }
-            phase::plan(&node.wanting(now, phase::ACTIVE_NS), id)
-        });
-        self.member[dev].store(member, Relaxed);
-        self.outranked[dev].store(outranked, Relaxed);
+        DevPlan::advance(&mine.launched, now);
+        if wants {
+            DevPlan::advance(&mine.wants, now);
+        }
+        let words = mine.read();
+        // A plan read torn three times keeps the last one.
+        let Some(w) = words else {
+            self.replanning.store(false, Release);
+            return;
+        };
+        let live = w.planned_until > now;
+        self.note_planned(dev, live);
+        let plan = if live && pct.is_some() {
+            phase::decode(w.turn)
+        } else {
+            None
+        };
+        let higher = u32::from(live && w.hold_until > now);
+        self.outranked[dev].store(live && w.outranked_until > now, Relaxed);
         if self.higher[dev].swap(higher, Relaxed) != higher {
             vlog!(
                 crate::log::INFO,
@@ -195,6 +192,44 @@ impl Sharing {
         self.replanning.store(false, Release);
     }
 
+    /// Logs when the daemon's plan of `dev` appears or goes.
+    fn note_planned(&self, dev: usize, live: bool) {
+        let now = if live { PLAN_LIVE } else { PLAN_NONE };
+        if self.planned[dev].swap(now, Relaxed) == now {
+            return;
+        }
+        if live {
+            vlog!(
+                crate::log::INFO,
+                "sm dev {dev}: vgpu daemon plans this GPU: turns with other limited containers and priority holds as it says"
+            );
+        } else {
+            vlog!(
+                crate::log::INFO,
+                "sm dev {dev}: no vgpu daemon plans this GPU: containers do not coordinate, this one keeps to its own SM limit"
+            );
+        }
+    }
+
+    /// Whether a live plan of the daemon's holds the container on any
+    /// device now (read from the sidecar, for a process that accounts no
+    /// launch yet).
+    pub(crate) fn held_by_plan<S: Container>(sys: &S, now: u64) -> bool {
+        sys.buckets().plans.iter().any(|p| {
+            p.read().is_some_and(|w| {
+                w.planned_until > now && (w.hold_until > now || w.outranked_until > now)
+            })
+        })
+    }
+
+    /// Whether a daemon plans any of the container's devices now.
+    pub(crate) fn planned<S: Container>(sys: &S, now: u64) -> bool {
+        sys.buckets()
+            .plans
+            .iter()
+            .any(|p| p.read().is_some_and(|w| w.planned_until > now))
+    }
+
     /// Whether the container used most of its share of `dev` lately: of its
     /// turn while taking turns, else of its limit `pct`, its charges read
     /// as the correction says they may be (`correction::demand_rate`).
@@ -215,20 +250,23 @@ impl Sharing {
             .observe(dev, now, b.charged_ns.load(Relaxed), rate, share)
     }
 
-    /// While containers of higher priority (`higher`, members of the node
-    /// table) are active on `dev`: until when this launch of `cost` must
-    /// wait (`priority::gate`), having waited `yielded` already; `None` = go.
-    pub(crate) fn yield_to<S: Events + NodeTable>(
+    /// While the plan holds the container on `dev`: until when this
+    /// launch of `cost` must wait (`priority::gate`), having waited
+    /// `yielded` already; `None` = go.
+    pub(crate) fn yield_to<S: Events + Container>(
         &self,
         sys: &S,
         dev: usize,
-        higher: u32,
         now: u64,
         yielded: u64,
         cost: u64,
     ) -> Option<u64> {
-        let node = sys.node(dev)?;
-        let high_until = node.inflight_until(higher);
+        let w = sys.buckets().plans.get(dev)?.read()?;
+        let high_until = if w.planned_until > now {
+            w.high_inflight_until
+        } else {
+            0
+        };
         let queued = {
             let mut m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
             m.drain(sys)
@@ -245,18 +283,14 @@ impl Sharing {
         m.push(sys, ctx, stream, cost);
     }
 
-    /// Publishes `cost` of work queued at `now` in the container's member
-    /// of the node table, for lower-priority containers to yield to.
-    pub(crate) fn note_queued<S: NodeTable>(&self, sys: &S, dev: usize, now: u64, cost: u64) {
-        let i = self.member[dev].load(Relaxed);
-        if i == 0 {
-            return;
-        }
-        if let Some(m) = sys.node(dev).and_then(|n| n.members.get(i as usize - 1)) {
+    /// States `cost` of work queued at `now` in the container's own plan
+    /// line: the daemon passes it on to lower-priority containers.
+    pub(crate) fn note_queued<S: Container>(&self, sys: &S, dev: usize, now: u64, cost: u64) {
+        if let Some(p) = sys.buckets().plans.get(dev) {
             // Its work starts, at the latest, once the lower-priority
             // containers' short queues have drained and the GPU has
             // switched contexts: in flight until then, and for its cost.
-            m.queued(now.saturating_add(HIGH_START_NS), cost);
+            p.queued(now.saturating_add(HIGH_START_NS), cost);
         }
     }
 

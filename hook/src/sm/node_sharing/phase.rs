@@ -12,32 +12,27 @@
 //! So while two or more limited containers on a GPU each use most of their
 //! share (`demand`), each one runs only in its own phase of a common frame
 //! on CLOCK_MONOTONIC (shared by every container of a node): phases in the
-//! order of the containers' ids, each `limit %` of the frame (scaled down
-//! when the limits add up to more than 100). Every process derives the same
-//! plan (`vgpu_common::node::plan`) from the node's table (`node_mapping`), so
-//! nothing is exchanged but the table's few words. A launch is admitted
-//! only when the container's queued work plus its cost fits before the
-//! phase ends.
+//! order of the containers, each `limit %` of the frame (scaled down when
+//! the limits add up to more than 100). `vgpu daemon` makes the plan
+//! (`vgpu_common::node::plan`) and writes each container its own phase. A
+//! launch is admitted only when the container's queued work plus its cost
+//! fits before the phase ends.
 
 #![forbid(unsafe_code)]
 
 use crate::sm::tuning::ALONE_WITHIN_DIV;
 pub use crate::sm::tuning::GUARD_NS;
-pub use vgpu_common::node::{plan, Phase, ACTIVE_NS, FRAME_NS};
+pub use vgpu_common::node::{Phase, FRAME_NS};
+#[cfg(test)]
+pub use vgpu_common::node::{plan, ACTIVE_NS};
 
-/// The plan in one word for the launch path: 0 = none, else a flag and the
-/// phase's start and length in µs.
+/// The plan in one word for the launch path: 0 = none.
 pub fn encode(p: Option<Phase>) -> u64 {
-    p.map_or(0, |p| {
-        1 << 63 | ((p.start / 1_000) & 0xff_ffff) << 24 | ((p.len / 1_000) & 0xff_ffff)
-    })
+    vgpu_common::node::encode_turn(p)
 }
 
 pub fn decode(w: u64) -> Option<Phase> {
-    (w >> 63 == 1).then(|| Phase {
-        start: (w >> 24 & 0xff_ffff) * 1_000,
-        len: (w & 0xff_ffff) * 1_000,
-    })
+    vgpu_common::node::decode_turn(w)
 }
 
 /// How far `t` is into the phase's latest start at or before it.
@@ -84,45 +79,6 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1_000_000;
-
-    #[test]
-    fn phases_follow_the_limits_in_id_order() {
-        let a = [(9, 70), (4, 30)];
-        assert_eq!(
-            plan(&a, 4),
-            Some(Phase {
-                start: 0,
-                len: 15 * MS
-            })
-        );
-        assert_eq!(
-            plan(&a, 9),
-            Some(Phase {
-                start: 15 * MS,
-                len: 35 * MS
-            })
-        );
-        // Alone, unlimited neighbours, or not a member: no plan.
-        assert_eq!(plan(&[(4, 30)], 4), None);
-        assert_eq!(plan(&[(4, 30), (5, 100), (6, 0)], 4), None);
-        assert_eq!(plan(&a, 5), None);
-        // Over-committed: scaled to the frame.
-        let b = [(1, 80), (2, 80), (3, 40)];
-        assert_eq!(plan(&b, 3).unwrap().len, 10 * MS);
-        assert_eq!(plan(&b, 3).unwrap().start, 40 * MS);
-        // Under-committed: the rest of the frame is nobody's.
-        let c = [(1, 20), (2, 30)];
-        assert_eq!(
-            plan(&c, 2).unwrap(),
-            Phase {
-                start: 10 * MS,
-                len: 15 * MS
-            }
-        );
-        for p in [plan(&a, 9), plan(&b, 3), None] {
-            assert_eq!(decode(encode(p)), p);
-        }
-    }
 
     #[test]
     fn work_is_admitted_only_where_it_fits_in_the_phase() {

@@ -4,25 +4,26 @@
 //! rules). A refresh also marks the container's activity for HAMi's
 //! monitor and notes the host pid once a device is limited.
 //!
-//! A container that states no priority has HAMi's default, 1 (HAMi sets
-//! `CUDA_TASK_PRIORITY` only for a pod that asks `nvidia.com/priority`).
-//! It is ranked while a container of higher priority is active on one of
-//! the node's tables (`outranked_now`): then its launches are held as a
-//! stated 1's are; otherwise they keep the unlimited path, with nothing
-//! published.
+//! A container that states a priority is ranked (its launches accounted,
+//! its activity stated in its plan line) wherever the daemon plans its
+//! GPUs. One that states none (HAMi sets `CUDA_TASK_PRIORITY` only for a
+//! pod that asks `nvidia.com/priority`) is ranked while the daemon's plan
+//! holds it for a higher one: then its launches are held; otherwise they
+//! keep the unlimited path, with nothing published.
 
 #![forbid(unsafe_code)]
 
 pub(super) mod limit_policy;
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 use vgpu_common::region::rules::{self, SmLimit};
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
-use crate::sm::sys::{Clock, Container, NodeTable};
-use crate::sm::tuning::{BLOCK_SLEEP_NS, HOLD_NS, REFRESH_NS};
+use crate::sm::node_sharing::Sharing;
+use crate::sm::sys::{Clock, Container};
+use crate::sm::tuning::{BLOCK_SLEEP_NS, REFRESH_NS};
 
 /// The settings in force, shared by the launching threads.
 #[derive(Debug)]
@@ -39,11 +40,9 @@ pub(crate) struct Settings {
     /// Unix seconds of this process's last `last_kernel_time` write.
     last_secs: AtomicU64,
     host_pid_noted: AtomicBool,
-    /// Takes part in the node's priorities without a limit: stated
-    /// (`NodeTable::ranked`), or outranked now.
+    /// Takes part in the node's priorities without a limit: stated where a
+    /// daemon plans, or held by the plan now.
     ranked: AtomicBool,
-    /// The region's `priority` (HAMi's; 0 high).
-    priority: AtomicI32,
 }
 
 impl Default for Settings {
@@ -58,7 +57,6 @@ impl Default for Settings {
             last_secs: AtomicU64::new(0),
             host_pid_noted: AtomicBool::new(false),
             ranked: AtomicBool::new(false),
-            priority: AtomicI32::new(1),
         }
     }
 }
@@ -71,7 +69,7 @@ impl Settings {
 
     /// Re-reads the region (one thread at a time) and marks activity; then
     /// hands the region and this process's slot to `also` (publishing).
-    pub(crate) fn refresh<S: Container + Clock + NodeTable>(
+    pub(crate) fn refresh<S: Container + Clock>(
         &self,
         sys: &S,
         now: u64,
@@ -97,10 +95,9 @@ impl Settings {
                 self.limits[d].store(rules::sm_limit_cell(*l), Relaxed);
             }
             self.enforce.store(s.enforce, Relaxed);
-            let priority = region.priority.load(Relaxed);
-            let ranked = sys.ranked() || outranked_now(sys, priority, now);
+            let ranked = (sys.priority_stated() && Sharing::planned(sys, now))
+                || Sharing::held_by_plan(sys, now);
             self.ranked.store(ranked, Relaxed);
-            self.priority.store(priority, Relaxed);
             // Ranked without a limit, every device is accounted: its launches
             // are published to (or held by) the node's other containers.
             let all = (1u32 << MAX_DEVICES) - 1;
@@ -153,22 +150,6 @@ impl Settings {
     pub(crate) fn ranked(&self) -> bool {
         self.ranked.load(Relaxed)
     }
-
-    pub(crate) fn priority(&self) -> i32 {
-        self.priority.load(Relaxed)
-    }
-}
-
-/// Whether a container of higher priority than `priority` (the region's:
-/// stated, or HAMi's default) launched on one of the node's tables within
-/// `HOLD_NS` before `now`. Read only: the container joins the table when
-/// its launches are ranked.
-fn outranked_now<S: Container + NodeTable>(sys: &S, priority: i32, now: u64) -> bool {
-    let rank = vgpu_common::node::rank_of(priority);
-    let me = sys.buckets().container_id();
-    (0..MAX_DEVICES)
-        .filter_map(|d| sys.node(d))
-        .any(|n| n.higher(me, rank, now, HOLD_NS) != 0)
 }
 
 #[cfg(test)]
@@ -189,8 +170,7 @@ mod tests {
         sleeps: AtomicU32,
         unblock: u32,
         ranked: bool,
-        /// The node's table of device 1, if any.
-        node: Option<&'static vgpu_common::node::NodeFile>,
+        buckets: &'static vgpu_common::sidecar::SmShared,
     }
 
     impl Proc {
@@ -205,7 +185,7 @@ mod tests {
                 sleeps: AtomicU32::new(0),
                 unblock: 3,
                 ranked,
-                node: None,
+                buckets: crate::sidecar::private(),
             }
         }
     }
@@ -236,17 +216,18 @@ mod tests {
             pol::DEFAULT
         }
         fn buckets(&self) -> &'static vgpu_common::sidecar::SmShared {
-            crate::sidecar::private()
+            self.buckets
+        }
+        fn priority_stated(&self) -> bool {
+            self.ranked
         }
     }
 
-    impl NodeTable for Proc {
-        fn ranked(&self) -> bool {
-            self.ranked
-        }
-        fn node(&self, dev: usize) -> Option<&'static vgpu_common::node::NodeFile> {
-            self.node.filter(|_| dev == 1)
-        }
+    /// What the daemon writes into device `dev`'s plan.
+    fn plan(p: &Proc, dev: usize, until: u64, hold_until: u64) {
+        let w = &p.buckets.plans[dev];
+        w.planned_until.store(until, Relaxed);
+        w.hold_until.store(hold_until, Relaxed);
     }
 
     #[test]
@@ -280,8 +261,10 @@ mod tests {
         p.file.region().priority.store(0, Relaxed);
         let s = Settings::default();
         s.refresh(&p, 1, |_, _, _| {});
+        assert!(!s.ranked(), "no daemon plans: no priorities, no accounting");
+        plan(&p, 3, 1_000, 0);
+        s.refresh(&p, 2, |_, _, _| {});
         assert_eq!(s.limited(), (1 << MAX_DEVICES) - 1);
-        assert_eq!(s.priority(), 0);
         assert!(s.ranked());
         s.wait_unblocked(&p);
         assert_eq!(p.sleeps.load(Relaxed), 3, "slept until the monitor let go");
@@ -292,34 +275,29 @@ mod tests {
     }
 
     #[test]
-    fn a_process_stating_no_priority_is_ranked_while_a_higher_one_is_active() {
-        let mut p = Proc::new(false);
-        let node: &'static _ = Box::leak(Box::default());
-        p.node = Some(node);
+    fn a_process_stating_no_priority_is_ranked_while_the_plan_holds_it() {
+        let p = Proc::new(false);
         // What the region's creator writes when no priority is stated.
         p.file.region().priority.store(1, Relaxed);
         let s = Settings::default();
-        let now = 1_000 * HOLD_NS;
+        let now = 1_000_000_000;
+        plan(&p, 1, now + 1_000, 0);
         s.refresh(&p, now, |_, _, _| {});
         assert!(
             !s.ranked() && s.limited() == 0,
-            "an empty table holds nobody"
+            "a plan that holds nothing ranks nobody"
         );
-        // A priority-0 service launches on device 1.
-        let svc = node.join(42, now).unwrap_or_else(|| panic!("join"));
-        svc.touch(now, 0);
-        svc.set_priority(Some(0));
+        // The daemon sees a priority-0 service active on device 1.
+        plan(&p, 1, now + 1_000, now + 500);
         s.refresh(&p, now + 1, |_, _, _| {});
         assert!(s.ranked(), "HAMi's default priority 1 is held by a 0");
-        assert_eq!((s.priority(), s.limited()), (1, (1 << MAX_DEVICES) - 1));
-        // Quiet for longer than the hold: the unlimited path again.
-        s.refresh(&p, now + HOLD_NS + 2, |_, _, _| {});
+        assert_eq!(s.limited(), (1 << MAX_DEVICES) - 1);
+        // The hold runs out: the unlimited path again.
+        s.refresh(&p, now + 501, |_, _, _| {});
         assert!(!s.ranked() && s.limited() == 0);
-        // A neighbour of the same default priority never ranks it.
-        svc.set_priority(Some(1));
-        svc.touch(now + HOLD_NS + 3, 0);
-        let fresh = Settings::default();
-        fresh.refresh(&p, now + HOLD_NS + 4, |_, _, _| {});
-        assert!(!fresh.ranked());
+        // A hold in a plan the daemon stopped renewing holds nothing.
+        plan(&p, 1, now + 600, now + 5_000);
+        s.refresh(&p, now + 601, |_, _, _| {});
+        assert!(!s.ranked());
     }
 }

@@ -18,9 +18,8 @@ use crate::driver::{Context, Events, Nvml, Poll};
 use crate::sidecar::{self, SmShared};
 use crate::sm::controller::{Controller, Work};
 use crate::sm::cost_learning::cost::Key;
-use crate::sm::node_sharing::node_mapping::NodeFile;
 use crate::sm::node_sharing::phase;
-use crate::sm::sys::{Background, Clock, Container, NodeTable};
+use crate::sm::sys::{Background, Clock, Container};
 
 const QUEUE_NS: u64 = 50_000_000;
 const SLACK_NS: u64 = 60_000;
@@ -72,9 +71,9 @@ struct Fake {
     /// Until this fake ns the device counter reads half the truth (NVML's
     /// samples lagging a start).
     lag_until: AtomicU64,
-    /// The node's table of limited containers (none: the container is
-    /// alone on the node).
-    node: Option<&'static NodeFile>,
+    /// The other container on the GPU and the stand-in for the daemon
+    /// that plans for both (none: no daemon plans, the container is alone).
+    node: Option<&'static Neighbour>,
     /// Every sleep overshoots by this much more (a host whose timers run
     /// late: a loaded VM, a CPU quota).
     late_ns: AtomicU64,
@@ -148,8 +147,14 @@ impl Clock for Fake {
         self.now.load(Relaxed)
     }
 
+    /// Every launch reads the coarse clock first: the stand-in daemon plans
+    /// then, and after every sleep (the real one every few ms).
     fn coarse(&self) -> u64 {
-        self.now()
+        let now = self.now();
+        if let Some(n) = self.node {
+            n.plan_for(self, now);
+        }
+        now
     }
 
     fn unix_secs(&self) -> u64 {
@@ -163,6 +168,9 @@ impl Clock for Fake {
         }
         self.now
             .fetch_max(t + SLACK_NS + self.late_ns.load(Relaxed), Relaxed);
+        if let Some(n) = self.node {
+            n.plan_for(self, self.now());
+        }
     }
 
     fn unix_us(&self) -> u64 {
@@ -230,6 +238,10 @@ impl Container for Fake {
 
     fn policy(&self) -> i32 {
         self.policy
+    }
+
+    fn priority_stated(&self) -> bool {
+        self.ranked.load(Relaxed)
     }
 
     fn buckets(&self) -> &'static SmShared {
@@ -310,15 +322,6 @@ impl Background for Fake {
     }
 }
 
-impl NodeTable for Fake {
-    fn node(&self, _dev: usize) -> Option<&'static NodeFile> {
-        self.node
-    }
-
-    fn ranked(&self) -> bool {
-        self.ranked.load(Relaxed)
-    }
-}
 
 /// Runs launches of `cost` (key `key`) for `dur` of fake time; returns the
 /// GPU's busy share (percent) over the last `dur - warmup`.
@@ -412,27 +415,98 @@ fn nvml_on(f: Fake, skew: u64, hostpid: i32) -> Fake {
     f
 }
 
-/// `f` on a node whose table of limited containers on the GPU is shared.
-fn on_node(mut f: Fake) -> (Fake, &'static NodeFile) {
-    let node: &'static NodeFile = Box::leak(Box::default());
-    node.init_or_check().unwrap();
+/// Another container on the GPU, as the daemon knows it: its spec's limit
+/// and priority, and what its hook states in its plan line.
+#[derive(Debug, Default)]
+struct Neighbour {
+    limit: AtomicU32,
+    /// `node::rank_of` its priority; 0 = no spec.
+    rank: AtomicU32,
+    launched: AtomicU64,
+    wants: AtomicU64,
+    inflight_until: AtomicU64,
+}
+
+/// The neighbour's key among the seats (ours is our container id).
+const NEIGHBOUR_KEY: u64 = 0x5555_0000_0000_0000;
+
+impl Neighbour {
+    fn touch(&self, now: u64, pct: u32) {
+        self.limit.store(pct, Relaxed);
+        self.launched.fetch_max(now, Relaxed);
+    }
+
+    fn want(&self, now: u64) {
+        self.wants.fetch_max(now, Relaxed);
+    }
+
+    fn set_priority(&self, p: Option<i32>) {
+        self.rank
+            .store(p.map_or(0, vgpu_common::node::rank_of), Relaxed);
+    }
+
+    fn queued(&self, now: u64, cost: u64) {
+        let _ = self
+            .inflight_until
+            .fetch_update(Relaxed, Relaxed, |t| Some(t.max(now) + cost));
+    }
+
+    /// The stand-in for `vgpu daemon`: decides with the daemon's own rule
+    /// (`node::decide`, every statement confirmed by the kernel) and writes
+    /// our plan of device 0.
+    fn plan_for(&self, f: &Fake, now: u64) {
+        let r = f.file.region();
+        let mine = &f.buckets.plans[0];
+        let ours = vgpu_common::node::Seat {
+            key: f.buckets.container_id(),
+            limit: vgpu_common::region::rules::sm_limit(r.sm_limit[0].load(Relaxed)),
+            rank: Some(vgpu_common::node::rank_of(r.priority.load(Relaxed))),
+            own: vgpu_common::sidecar::OwnWords {
+                launched: mine.launched.load(Relaxed),
+                wants: mine.wants.load(Relaxed),
+                inflight_until: mine.inflight_until.load(Relaxed),
+            },
+            confirmed: true,
+        };
+        let rank = self.rank.load(Relaxed);
+        let other = vgpu_common::node::Seat {
+            key: NEIGHBOUR_KEY,
+            limit: vgpu_common::region::rules::sm_limit(u64::from(self.limit.load(Relaxed))),
+            rank: (rank != 0).then_some(rank),
+            own: vgpu_common::sidecar::OwnWords {
+                launched: self.launched.load(Relaxed),
+                wants: self.wants.load(Relaxed),
+                inflight_until: self.inflight_until.load(Relaxed),
+            },
+            confirmed: true,
+        };
+        let w = vgpu_common::node::decide(&[ours, other], now)[0];
+        mine.seq.fetch_add(1, Relaxed);
+        mine.planned_until.store(w.planned_until, Relaxed);
+        mine.turn.store(w.turn, Relaxed);
+        mine.hold_until.store(w.hold_until, Relaxed);
+        mine.high_inflight_until
+            .store(w.high_inflight_until, Relaxed);
+        mine.outranked_until.store(w.outranked_until, Relaxed);
+        mine.seq.fetch_add(1, Relaxed);
+    }
+}
+
+/// `f` on a GPU it shares with another container, the daemon planning.
+fn on_node(mut f: Fake) -> (Fake, &'static Neighbour) {
+    let node: &'static Neighbour = Box::leak(Box::default());
     f.node = Some(node);
     (f, node)
 }
 
-/// Another container's member on `node`, limited to `pct`, as of `now`.
-fn neighbour(
-    node: &'static NodeFile,
-    now: u64,
-    pct: u32,
-) -> &'static crate::sm::node_sharing::node_mapping::Member {
-    let m = node.join(0x5555_0000_0000_0000, now).unwrap();
-    m.touch(now, pct);
-    m
+/// The other container on `node`, limited to `pct`, as of `now`.
+fn neighbour(node: &'static Neighbour, now: u64, pct: u32) -> &'static Neighbour {
+    node.touch(now, pct);
+    node
 }
 
 /// The neighbour `m` launches at `now` and uses most of its share.
-fn busy(m: &crate::sm::node_sharing::node_mapping::Member, now: u64) {
+fn busy(m: &Neighbour, now: u64) {
     m.touch(now, 70);
     m.want(now);
 }

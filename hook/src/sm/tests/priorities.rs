@@ -4,14 +4,14 @@
 
 use super::*;
 
-/// A trainer of priority 1 (`rank`: the node table's priority + 1), no
-/// limit, beside a service of priority 0 (another container's member) that
+/// A trainer of priority 1, no limit, beside a service of priority 0
+/// (another container, the daemon planning for both) that
 /// sends a request of `req` GPU ns every 20 ms until `until`: the request
 /// queues behind whatever the trainer has queued (one FIFO device).
 /// Returns, per request, what it found queued ahead of it.
 fn trainer_beside_service(
     c: &Controller<Fake>,
-    service: &crate::sm::node_sharing::node_mapping::Member,
+    service: &Neighbour,
     req: u64,
     dur: u64,
     until: u64,
@@ -47,10 +47,7 @@ fn trainer_beside_service(
     ahead
 }
 
-fn ranked_trainer() -> (
-    Controller<Fake>,
-    &'static crate::sm::node_sharing::node_mapping::Member,
-) {
+fn ranked_trainer() -> (Controller<Fake>, &'static Neighbour) {
     let (f, node) = on_node(Fake::new(0, policy::DEFAULT));
     f.ranked.store(true, Relaxed);
     f.file.region().priority.store(1, Relaxed);

@@ -1,4 +1,4 @@
-//! Time division between limited containers sharing the node's table:
+//! Time division between limited containers, as the daemon plans it:
 //! turns, the correction while taking them, who takes them, how they end.
 
 use super::*;
@@ -12,7 +12,7 @@ fn limited_containers_on_one_gpu_take_turns() {
     let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
     let c = Controller::new(f);
     let m = neighbour(node, c.sys.now(), 70);
-    let other = m.owner.load(Relaxed);
+    let other = NEIGHBOUR_KEY;
     let ours = c.sys.buckets.container_id();
     let p = phase::plan(&[(ours, 30), (other, 70)], ours).unwrap();
     assert_eq!(p.len, phase::FRAME_NS * 30 / 100);
@@ -104,7 +104,7 @@ fn short_charges_are_corrected_by_measuring_the_turns() {
     assert!((k - 1.0).abs() < 0.03, "correction {k:.3}");
     assert!((s - 30.0).abs() < 1.5, "{s:.1}%");
     let ours = c.sys.buckets.container_id();
-    let p = phase::plan(&[(ours, 30), (m.owner.load(Relaxed), 70)], ours).unwrap();
+    let p = phase::plan(&[(ours, 30), (NEIGHBOUR_KEY, 70)], ours).unwrap();
     let g = c.sys.gpu.lock().unwrap().intervals.clone();
     let spill = g
         .iter()
@@ -124,7 +124,7 @@ fn containers_that_use_little_of_their_share_do_not_take_turns() {
     let c = Controller::new(f);
     let m = neighbour(node, c.sys.now(), 70);
     let ours = c.sys.buckets.container_id();
-    let p = phase::plan(&[(ours, 30), (m.owner.load(Relaxed), 70)], ours).unwrap();
+    let p = phase::plan(&[(ours, 30), (NEIGHBOUR_KEY, 70)], ours).unwrap();
     let start = c.sys.now();
     let s = run_with(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2, |f| {
         m.touch(f.now(), 70)
@@ -151,8 +151,8 @@ fn containers_that_use_little_of_their_share_do_not_take_turns() {
     );
     // Ours used its share, so it wants it: were the neighbour busy too,
     // they would take turns.
-    let me = node.join(ours, c.sys.now()).unwrap();
-    assert!(me.wants.load(Relaxed) + phase::ACTIVE_NS > c.sys.now());
+    let wants = c.sys.buckets.plans[0].wants.load(Relaxed);
+    assert!(wants + phase::ACTIVE_NS > c.sys.now());
 
     // Now ours launches a 1 ms kernel every 20 ms (5 % of the device)
     // beside a busy neighbour: once its last window of use has passed
