@@ -143,8 +143,7 @@ impl Workdir {
     /// Starts `vgpu daemon` probing this directory's own libcuda only,
     /// on a free loopback port, logging to `daemon.log` here, with `state`
     /// as its state directory, `regions_root` as HAMi's containers
-    /// directory, `node/` here as its node directory unless `extra` names
-    /// one, `extra` arguments and the simulator's environment.
+    /// directory, `extra` arguments and the simulator's environment.
     pub fn start_daemon(
         &self,
         gpu: &SimGpu,
@@ -180,10 +179,6 @@ impl Workdir {
             .arg(state)
             .arg("--regions-root")
             .arg(regions_root);
-        // Never the machine's own /tmp/vgpulock: other tests' tables.
-        if !extra.contains(&"--node-dir") {
-            cmd.arg("--node-dir").arg(self.path("node"));
-        }
         cmd.args(extra).envs(self.envs(gpu));
         cmd
     }

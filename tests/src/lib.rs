@@ -14,5 +14,6 @@ pub mod host;
 pub mod http;
 pub mod kubepod;
 pub mod manifests;
+pub mod planned;
 pub mod sim;
 pub mod wait;

@@ -32,8 +32,6 @@ impl Daemon {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--state-dir")
             .arg(dir.join("state"))
-            .arg("--node-dir")
-            .arg(dir.join("node"))
             .args(extra)
             .envs(gpu.envs())
             .stdout(Stdio::null())

@@ -3,13 +3,15 @@
 //! and 100 for a whole share. Both mean "no cap", like the variable unset,
 //! and priority must work the same in all three: a trainer at priority 1
 //! beside a service at priority 0 keeps its queue short while the service is
-//! active. Timing-sensitive, so the tests run one at a time. Needs the built
-//! artifacts (`cargo xtask test`).
+//! active. The daemon plans the holds (from the containers' runtime specs
+//! and NVML), so every test runs it, with its containers as the kubelet
+//! lays them out (`vgpu_tests::planned`). Timing-sensitive, so the tests
+//! run one at a time. Needs the built artifacts (`cargo xtask test`).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use vgpu_tests::hook::{HookEnv, Running};
+use vgpu_tests::planned::{PlannedNode, Tenant};
 use vgpu_tests::sim::SimGpu;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -18,35 +20,36 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Starts `sm_loop kernel busy_500us 8` under the hook at `priority`
-/// (`None`: unset, as HAMi leaves it for a pod that asks no
+/// Starts `sm_loop kernel busy_500us 8` in a container of `node` at
+/// `priority` (`None`: unset, as HAMi leaves it for a pod that asks no
 /// `nvidia.com/priority`), with `CUDA_DEVICE_SM_LIMIT` set to `limit`
 /// (unset: `None`) and the policy HAMi's monitor runs most clusters with
-/// (`force`).
-fn start(env: &HookEnv, gpu: &SimGpu, limit: Option<&str>, priority: Option<&str>) -> Running {
-    let exe = env.build("sm_loop");
-    let mut c = env.hooked(&exe, &["kernel", "busy_500us", "8"]);
-    gpu.apply(&mut c);
-    c.env_remove("CUDA_DEVICE_SM_LIMIT");
+/// (`force`), in its runtime spec and its environment alike.
+fn start(
+    node: &PlannedNode,
+    gpu: &SimGpu,
+    salt: u64,
+    limit: Option<&str>,
+    priority: Option<&str>,
+) -> Tenant {
+    let exe = vgpu_tests::dist::compile_c("sm_loop", &node.wd.path("out"), false);
+    let mut vars = vec![("GPU_CORE_UTILIZATION_POLICY", "force")];
     if let Some(l) = limit {
-        c.env("CUDA_DEVICE_SM_LIMIT", l);
+        vars.push(("CUDA_DEVICE_SM_LIMIT", l));
     }
-    c.env_remove("CUDA_TASK_PRIORITY");
     if let Some(p) = priority {
-        c.env("CUDA_TASK_PRIORITY", p);
+        vars.push(("CUDA_TASK_PRIORITY", p));
     }
-    c.env("GPU_CORE_UTILIZATION_POLICY", "force");
-    let mut r = Running::start(c);
-    let l = r.wait_for("ready");
-    assert_eq!(l, "ready", "sm_loop did not start");
-    r
+    let name = format!("prio-{salt}");
+    node.run(gpu, salt, &name, &vars, &exe, &["kernel", "busy_500us", "8"])
 }
 
 /// The service (priority 0) and the trainer (`trainer`: 1, or unset, which
-/// HAMi's default makes 1), both at `limit`: the service gets nearly all of
-/// the device, the trainer a little (held, not starved). Equal shares would
-/// mean priority did nothing. Two runs of three must hold, so one run a
-/// loaded host delays decides nothing either way.
+/// HAMi's default makes 1), both at `limit`, with the daemon planning: the
+/// service gets nearly all of the device, the trainer a little (held, not
+/// starved). Equal shares would mean priority did nothing. Two runs of
+/// three must hold, so one run a loaded host delays decides nothing either
+/// way.
 fn priority_holds_at(limit: Option<&str>, trainer: Option<&str>) {
     let what =
         format!("priority 0 beside CUDA_TASK_PRIORITY={trainer:?}, CUDA_DEVICE_SM_LIMIT={limit:?}");
@@ -54,19 +57,18 @@ fn priority_holds_at(limit: Option<&str>, trainer: Option<&str>) {
     let (mut held, mut not) = (0, 0);
     while held < 2 && not < 2 {
         let gpu = SimGpu::new();
-        let tag = limit.unwrap_or("unset");
-        let a = HookEnv::new(&format!("prio-hi-{tag}"), "0");
-        let b = HookEnv::new(&format!("prio-lo-{tag}"), "0");
-        let hi = start(&a, &gpu, limit, Some("0"));
-        let lo = start(&b, &gpu, limit, trainer);
-        std::thread::sleep(Duration::from_millis(600));
-        let s = gpu.process_shares(Duration::from_secs(2), &[hi.child.id(), lo.child.id()]);
+        let node = PlannedNode::start("prio", &gpu);
+        let hi = start(&node, &gpu, 1, limit, Some("0"));
+        let lo = start(&node, &gpu, 2, limit, trainer);
+        std::thread::sleep(Duration::from_millis(1500));
+        let s = gpu.process_shares(Duration::from_secs(2), &[hi.pid(), lo.pid()]);
         eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
         let ok = s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0;
         if ok {
             held += 1;
         } else {
             not += 1;
+            eprintln!("{}", node.daemon.log_text());
         }
         let verdict = if ok { "held" } else { "not held" };
         runs.push(format!("high {:.1}%, low {:.1}% ({verdict})", s[0], s[1]));

@@ -4,7 +4,7 @@
 //! `tests/src/container.rs` builds them; otherwise plain processes), with
 //! its own region file in a HAMi-style containers directory. `vgpu daemon`
 //! watches them (its own `--libcuda` copy of the simulated driver,
-//! `--state-dir`, node directory and loopback port, never the machine's);
+//! `--state-dir` and loopback port, never the machine's);
 //! the demo prints one `vgpu top` frame and the daemon's metric lines for
 //! the two, then stops and removes everything.
 
@@ -121,8 +121,6 @@ pub fn run(dist: &Path, work: &Path) -> Result<()> {
         ("SIMGPU_MEMORY", "8g".into()),
         ("SIMGPU_CONTEXT_BYTES", "64m".into()),
         ("SIMGPU_IDLE_EXIT_MS", "2000".into()),
-        // The tenants' SM turn table: the demo's, not the node's.
-        ("VGPU_SM_NODE_DIR", work.join("node").display().to_string()),
     ];
     let root = util::is_root();
     println!("\n=== vgpu demo: two tenants share one simulated GPU (8 GiB, 132 SMs) ===");
@@ -302,8 +300,6 @@ fn start_daemon(
         .arg(format!("127.0.0.1:{port}"))
         .arg("--state-dir")
         .arg(work.join("state"))
-        .arg("--node-dir")
-        .arg(work.join("node"))
         .arg("--regions-root")
         .arg(containers)
         .arg("--pods-log-dir")

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 use vgpu_common::event::sizes;
-use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR, VGPULOCK_DIR};
+use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
 
 use super::bounds::{number, seconds};
 use crate::daemon::collect::libs::LibWatch;
@@ -24,6 +24,7 @@ use crate::daemon::judge::integrity::decide::Policy;
 use crate::daemon::judge::integrity::spec::{SpecPattern, DEFAULT_SPECS};
 use crate::daemon::judge::integrity::Config as IntegrityConfig;
 use crate::daemon::observer::{Observer, ObserverSettings};
+use crate::daemon::plan::planner::{self, Handle as PlanHandle};
 use crate::daemon::state::findings::{read_earlier, write_state, write_state_file, FILE_NAME};
 use crate::daemon::state::retention::DEFAULT_RETENTION;
 use crate::host_pidns;
@@ -63,6 +64,14 @@ use crate::probes::{btf, Options, ProbeError, ProbeSet};
 /// limit by the kernel's count `over_limit`; --on-violation says what
 /// happens then.
 ///
+/// Turns and priority: the daemon alone plans how SM-limited containers on
+/// a GPU take turns and how lower-priority containers hold for higher ones,
+/// from each container's runtime spec (limit, CUDA_TASK_PRIORITY) and NVML's
+/// view of who uses the GPU, and writes each container its plan into its
+/// own sidecar (`<region>.sm`); no container reads another's words. Without
+/// the daemon, containers do not coordinate and each keeps its own SM limit.
+/// `vgpu turns` shows the plan.
+///
 /// HTTP (default 0.0.0.0:9396): /metrics (Prometheus text, HAMi monitor's
 /// metric names plus vgpu_*), /readyz (200 once the probes are loaded and
 /// the first scan is done, whether or not a libcuda was found yet; 503 with
@@ -95,13 +104,6 @@ pub struct Args {
     /// Directory of the state file (findings.json).
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
     state_dir: PathBuf,
-
-    /// The host path of the node directory shared by every container
-    /// (HAMi mounts this host directory at /tmp/vgpulock in each): its SM
-    /// tables are validated, members no live container vouches for removed
-    /// and priorities above a container's runtime spec lowered.
-    #[arg(long, value_name = "DIR", default_value = VGPULOCK_DIR)]
-    node_dir: PathBuf,
 
     /// HAMi's per-container region directory, also exported when present.
     #[arg(long, value_name = "DIR", default_value = CONTAINERS_DIR)]
@@ -257,8 +259,11 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
         }),
         host_pids: host_pids.clone(),
         findings_retention: secs(args.findings_retention, 0.0),
-        node_dir: Some(args.node_dir.clone()),
+        planner: host_pids.is_ok().then(PlanHandle::default),
     };
+    if let Some(h) = &settings.planner {
+        planner::spawn(h.clone(), args.state_dir.clone()).context("starting the planner")?;
+    }
     let libs = LibWatch::new(Procfs::default(), args.libcuda.clone());
     let mut obs = Observer::new(settings, probes, libs, nvml);
     let (earlier, written) = read_earlier(&args.state_dir);

@@ -5,8 +5,9 @@
 //!
 //! - a region is written only through the descriptor `regions::open` gave
 //!   the cache (never a path opened anew, never a mapping a tenant could
-//!   truncate under the daemon); a node table is opened through
-//!   `regions::open` too, on its type, without following a symlink;
+//!   truncate under the daemon); a container's sidecar, where its plan of
+//!   turns and holds goes ([`plan`]), is opened through `regions::open`
+//!   too, on its type, without following a symlink, by the planner;
 //! - one `pwrite` of one field per write, at an offset inside the file's
 //!   fixed size, checked against the file's size right before: a write
 //!   never extends a file;
@@ -16,42 +17,33 @@
 //!   slot over) is never overwritten by a stale decision.
 //!
 //! Freeing a dead process's slot is several fields ([`free_slots`]): there
-//! the compare-then-write runs under the region's lock.
+//! the compare-then-write runs under the region's lock. A plan is the
+//! daemon's own line of the sidecar, written whole under its sequence word
+//! ([`plan`]): nothing there is the tenant's to keep.
 //!
 //! Signals are not writes into files: the integrity policy's kills stay in
 //! `judge::integrity::enforce`, next to the pidfd proof they depend on.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::mem::{offset_of, size_of};
 use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
 
-use vgpu_common::node::SIZE as TABLE_SIZE;
 use vgpu_common::region::rules::sm_limit_shown;
 use vgpu_common::region::{DeviceUtil, ProcSlot, SharedRegion, MAX_DEVICES, MAX_PROCS};
 use vgpu_common::region_io::{slot_offset, IoError, RegionIo};
+use vgpu_common::sidecar::{plan_at, PlanWords, PLAN_BYTES, PLAN_WORDS_AT};
 use vgpu_common::{lock, reclaim};
 
 use crate::daemon::collect::procfs::ProcIdentity;
 use crate::daemon::collect::region_cache::{RegionCache, RegionKey};
 use crate::daemon::state::findings::LimitName;
-use crate::regions::open::{open_file_in, Access, OpenError};
-
-/// Where a node table's members start, and a member's size and words'
-/// offsets (`vgpu_common::node::Member`; its layout is asserted there).
-pub const MEMBERS_AT: u64 = 64;
-pub const MEMBER_SIZE: u64 = 64;
-pub const OWNER_AT: u64 = 0;
-pub const RANK_AT: u64 = 20;
+use crate::regions::open::OpenError;
 
 /// The file a write goes into.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// A region the cache holds open.
     Region(RegionKey),
-    /// A node table (`vgpu_common::node`), by path.
-    NodeTable(PathBuf),
 }
 
 /// The field a write stores.
@@ -63,15 +55,6 @@ pub enum Field {
     SlotHostPid { slot: usize },
     /// A slot's `sm_util` of one device, u64.
     SlotSmUtil { slot: usize, device: usize },
-    /// A node table member's `owner` (u64) or `rank` (u32).
-    Member { index: usize, word: MemberWord },
-}
-
-/// A word of a node table's member.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MemberWord {
-    Owner,
-    Rank,
 }
 
 /// What must still hold, read just before the write, for it to land.
@@ -88,8 +71,6 @@ pub enum Expect {
     /// The slot records this process (`ProcIdentity::is_recorded_in`), and
     /// the field does not hold the value yet (then nothing is written).
     SlotOf(ProcIdentity),
-    /// The member's `owner` is this container id.
-    MemberOwner(u64),
 }
 
 /// One decided write.
@@ -134,50 +115,28 @@ pub enum ApplyError {
     Io(#[from] IoError),
     #[error(transparent)]
     Open(#[from] OpenError),
-    #[error("node table {path}: could not be opened")]
-    Unopened { path: PathBuf },
-    #[error("node table {path}: shorter than a table")]
-    ShortTable { path: PathBuf },
-    #[error("node table {path}: {source}")]
-    Table {
-        path: PathBuf,
+    #[error("sidecar too short for device {dev}'s plan (an older hook's): not extended")]
+    ShortSidecar { dev: usize },
+    #[error("writing device {dev}'s plan: {source}")]
+    Plan {
+        dev: usize,
         #[source]
         source: std::io::Error,
     },
 }
 
-/// Applies `writes` in order: regions through `cache`'s descriptors, node
-/// tables each opened once. One outcome per write, in the same order;
-/// skipped and failed writes are logged here.
+/// Applies `writes` in order, each through the descriptor `cache` holds
+/// for its region. One outcome per write, in the same order; skipped and
+/// failed writes are logged here.
 pub fn apply(cache: &RegionCache, writes: &[Write]) -> Vec<Outcome> {
-    apply_in(Some(cache), writes)
-}
-
-/// [`apply`] for writes into node tables alone (a region's fails).
-pub fn apply_tables(writes: &[Write]) -> Vec<Outcome> {
-    apply_in(None, writes)
-}
-
-fn apply_in(cache: Option<&RegionCache>, writes: &[Write]) -> Vec<Outcome> {
-    let mut tables: HashMap<PathBuf, Result<File, ()>> = HashMap::new();
     writes
         .iter()
         .map(|w| {
             let outcome = match &w.target {
-                Target::Region(key) => match cache.and_then(|c| c.get(key)) {
+                Target::Region(key) => match cache.get(key) {
                     Some(r) => to_region(&r.file, w),
                     None => Outcome::Failed(ApplyError::NotOpen(*key)),
                 },
-                Target::NodeTable(path) => {
-                    let file = tables
-                        .entry(path.clone())
-                        .or_insert_with(|| open_table(path).map_err(|e| tracing::warn!("{e}")));
-                    match file {
-                        Ok(f) => to_table(f, path, w),
-                        // Its error was logged once, when it failed to open.
-                        Err(()) => Outcome::Failed(ApplyError::Unopened { path: path.clone() }),
-                    }
-                }
             };
             report(w, &outcome);
             outcome
@@ -231,17 +190,13 @@ fn region_field(field: Field) -> Result<(u64, usize), ApplyError> {
                 + offset_of!(DeviceUtil, sm_util);
             Ok((slot_offset(slot) + at as u64, 8))
         }
-        Field::Member { .. } => Err(ApplyError::Misplaced {
-            target: Target::Region((0, 0)),
-            field,
-        }),
     }
 }
 
 fn slot_of(field: Field) -> Option<usize> {
     match field {
         Field::SlotHostPid { slot } | Field::SlotSmUtil { slot, .. } => Some(slot),
-        Field::Limit { .. } | Field::Member { .. } => None,
+        Field::Limit { .. } => None,
     }
 }
 
@@ -250,10 +205,7 @@ fn region_write(io: &RegionIo, w: &Write) -> Result<Outcome, ApplyError> {
         target: w.target.clone(),
         field: w.field,
     };
-    let (at, width) = region_field(w.field).map_err(|e| match e {
-        ApplyError::Misplaced { .. } => misplaced(),
-        e => e,
-    })?;
+    let (at, width) = region_field(w.field)?;
     let now = if width == 8 {
         io.read_u64(at)?
     } else {
@@ -272,7 +224,6 @@ fn region_write(io: &RegionIo, w: &Write) -> Result<Outcome, ApplyError> {
             let slot = slot_of(w.field).ok_or_else(misplaced)?;
             me.is_recorded_in(&io.slot_identity(slot)?)
         }
-        Expect::MemberOwner(_) => return Err(misplaced()),
     };
     if !holds {
         return Ok(Outcome::Stale);
@@ -293,71 +244,37 @@ fn region_write(io: &RegionIo, w: &Write) -> Result<Outcome, ApplyError> {
     Ok(Outcome::Written)
 }
 
-/// Opens a table for reading and writing through an `O_PATH` lookup with no
-/// symlink (`regions::open`): a FIFO or a device named like a table is
-/// refused on its type, never opened.
-pub fn open_table(path: &Path) -> Result<File, OpenError> {
-    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
-        (Some(dir), Some(name)) => open_file_in(dir, name, Access::ReadWrite),
-        _ => Err(OpenError::Open {
-            path: path.to_owned(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a table's name"),
-        }),
-    }
-}
-
-pub fn to_table(file: &File, path: &Path, w: &Write) -> Outcome {
-    match table_write(file, path, w) {
-        Ok(o) => o,
+/// Writes device `dev`'s plan into a container's sidecar open as `file`
+/// (the planner opened it through `regions::open`): the daemon's line,
+/// whole, between two writes of its sequence word (odd while writing, so a
+/// hook reading meanwhile keeps its last plan). Checked against the file's
+/// size right before: a short sidecar (an older hook's, not yet extended)
+/// is never extended here.
+pub fn plan(file: &File, dev: usize, words: PlanWords) -> Outcome {
+    match plan_write(file, dev, words) {
+        Ok(()) => Outcome::Written,
         Err(e) => Outcome::Failed(e),
     }
 }
 
-/// Writes a member's word if its owner is still the one judged (a member
-/// taken over meanwhile by a container the hook let in is left alone).
-fn table_write(file: &File, path: &Path, w: &Write) -> Result<Outcome, ApplyError> {
-    let misplaced = || ApplyError::Misplaced {
-        target: w.target.clone(),
-        field: w.field,
-    };
-    let (Field::Member { index, word }, Expect::MemberOwner(owner)) = (w.field, w.expect) else {
-        return Err(misplaced());
-    };
-    if index >= vgpu_common::node::MEMBERS {
-        return Err(ApplyError::OutOfRange(w.field));
+fn plan_write(file: &File, dev: usize, words: PlanWords) -> Result<(), ApplyError> {
+    if dev >= MAX_DEVICES {
+        return Err(ApplyError::ShortSidecar { dev });
     }
-    let io = |source| ApplyError::Table {
-        path: path.to_owned(),
-        source,
-    };
-    let at = MEMBERS_AT + MEMBER_SIZE * index as u64;
-    // Checked right before the write: one past a truncated file's end
-    // would extend it.
-    if file.metadata().map_err(io)?.len() < TABLE_SIZE as u64 {
-        return Err(ApplyError::ShortTable {
-            path: path.to_owned(),
-        });
+    let io = |source| ApplyError::Plan { dev, source };
+    let at = plan_at(dev);
+    if file.metadata().map_err(io)?.len() < at + PLAN_BYTES as u64 {
+        return Err(ApplyError::ShortSidecar { dev });
     }
-    let mut now = [0u8; 8];
-    file.read_exact_at(&mut now, at + OWNER_AT).map_err(io)?;
-    if u64::from_le_bytes(now) != owner {
-        return Ok(Outcome::Stale);
-    }
-    let too_wide = || ApplyError::TooWide {
-        field: w.field,
-        value: w.value,
-    };
-    match word {
-        MemberWord::Owner => file
-            .write_all_at(&w.value.to_le_bytes(), at + OWNER_AT)
-            .map_err(io)?,
-        MemberWord::Rank => {
-            let v = u32::try_from(w.value).map_err(|_| too_wide())?;
-            file.write_all_at(&v.to_le_bytes(), at + RANK_AT)
-                .map_err(io)?;
-        }
-    }
-    Ok(Outcome::Written)
+    let mut seq = [0u8; 8];
+    file.read_exact_at(&mut seq, at).map_err(io)?;
+    let odd = (u64::from_le_bytes(seq) | 1).wrapping_add(2);
+    file.write_all_at(&odd.to_le_bytes(), at).map_err(io)?;
+    file.write_all_at(&words.to_bytes(), at + PLAN_WORDS_AT as u64)
+        .map_err(io)?;
+    file.write_all_at(&odd.wrapping_add(1).to_le_bytes(), at)
+        .map_err(io)?;
+    Ok(())
 }
 
 /// A slot of a process proven dead, to free: its index and what it
@@ -512,54 +429,47 @@ mod tests {
         };
         assert!(matches!(to_region(&io, &slot), Outcome::Failed(_)));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), short);
-
-        // A node table likewise.
-        let table = dir.path().join("t");
-        std::fs::write(&table, vec![0u8; 128]).unwrap();
-        let file = open_table(&table).unwrap();
-        let w = Write {
-            target: Target::NodeTable(table.clone()),
-            field: Field::Member {
-                index: 1,
-                word: MemberWord::Owner,
-            },
-            value: 0,
-            expect: Expect::MemberOwner(9),
-        };
-        let o = to_table(&file, &table, &w);
-        assert!(
-            matches!(o, Outcome::Failed(ApplyError::ShortTable { .. })),
-            "{o:?}"
-        );
-        assert_eq!(std::fs::metadata(&table).unwrap().len(), 128);
     }
 
     #[test]
-    fn a_member_is_written_only_while_its_owner_is_the_one_judged() {
+    fn a_plan_is_written_whole_and_never_extends_a_sidecar() {
+        use vgpu_common::sidecar::{SmShared, SIZE};
         let dir = tempfile::tempdir().unwrap();
-        let table = dir.path().join("t");
-        let mut bytes = vec![0u8; TABLE_SIZE];
-        let at = (MEMBERS_AT + MEMBER_SIZE * 2) as usize;
-        bytes[at..at + 8].copy_from_slice(&7u64.to_le_bytes());
-        bytes[at + 20..at + 24].copy_from_slice(&1u32.to_le_bytes());
-        std::fs::write(&table, &bytes).unwrap();
-        let file = open_table(&table).unwrap();
-        let demote = |owner| Write {
-            target: Target::NodeTable(table.clone()),
-            field: Field::Member {
-                index: 2,
-                word: MemberWord::Rank,
-            },
-            value: 2,
-            expect: Expect::MemberOwner(owner),
+        let path = dir.path().join("r.cache.sm");
+        std::fs::write(&path, vec![0u8; SIZE]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let w = PlanWords {
+            planned_until: 11,
+            turn: 22,
+            hold_until: 33,
+            high_inflight_until: 44,
+            outranked_until: 55,
         };
+        assert!(plan(&file, 3, w).written());
+        assert!(plan(&file, 3, w).written());
+        let bytes = std::fs::read(&path).unwrap();
+        // SAFETY (test): a heap copy, aligned for the layout, of the file.
+        let mut copy = Box::<SmShared>::default();
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                (&mut *copy as *mut SmShared).cast::<u8>(),
+                SIZE,
+            );
+        }
+        assert_eq!(copy.plans[3].read(), Some(w));
+        assert_eq!(copy.plans[3].seq.load(std::sync::atomic::Ordering::Relaxed) % 2, 0);
+        assert_eq!(copy.plans[2].read(), Some(PlanWords::default()));
+        // A short (older) sidecar is left as it is.
+        file.set_len(1000).unwrap();
         assert!(matches!(
-            to_table(&file, &table, &demote(8)),
-            Outcome::Stale
+            plan(&file, 3, w),
+            Outcome::Failed(ApplyError::ShortSidecar { dev: 3 })
         ));
-        assert!(to_table(&file, &table, &demote(7)).written());
-        let now = std::fs::read(&table).unwrap();
-        assert_eq!(now[at + 20..at + 24], 2u32.to_le_bytes());
-        assert_eq!(now.len(), TABLE_SIZE);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 1000);
     }
 }

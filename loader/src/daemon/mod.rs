@@ -6,8 +6,11 @@
 //!   driver's NVML view, the region files (kept open by
 //!   [`collect::region_cache`]) and whose each is;
 //! - [`judge`] decides from them: usage that escaped the hook, each
-//!   container's limits and tampering with them, forged node-table
-//!   members, dead slots to free, host PIDs to fill, utilization;
+//!   container's limits and tampering with them, dead slots to free, host
+//!   PIDs to fill, utilization;
+//! - [`plan`] makes the node's plan of turns and priority holds, on its
+//!   own thread, from each scan's roster, and writes each container its
+//!   own through [`apply`];
 //! - [`publish`] renders what the scan found: Prometheus text in both
 //!   exposition formats, HAMi's legacy names, the daemon's own series;
 //! - [`state`] keeps the findings across scans and restarts;
@@ -23,5 +26,6 @@ pub mod collect;
 pub mod http;
 pub mod judge;
 pub mod observer;
+pub mod plan;
 pub mod publish;
 pub mod state;

@@ -22,9 +22,10 @@ use crate::daemon::judge::check::{excess, Observation, Streaks, Thresholds};
 use crate::daemon::judge::hostpid::{self, Miss, SlotRef};
 use crate::daemon::judge::integrity::{self, Integrity, ProcInput};
 use crate::daemon::judge::launches::Ledger;
-use crate::daemon::judge::node_table::{Holder, NodeTables};
 use crate::daemon::judge::reclaim::Reclaimer;
 use crate::daemon::judge::utilization::{self, SlotProc, Utilization};
+use crate::daemon::plan::planner::Handle as PlanHandle;
+use crate::daemon::plan::roster::{Member, RosterBuilder};
 use crate::daemon::publish::exposition::Exposition;
 use crate::daemon::publish::metrics;
 use crate::daemon::publish::region_view;
@@ -76,9 +77,9 @@ pub struct ObserverSettings {
     pub host_pids: Result<(), NotHost>,
     /// How long a resolved finding stays published.
     pub findings_retention: Duration,
-    /// The host path of the node directory whose tables are validated
-    /// (`None`: not validated).
-    pub node_dir: Option<PathBuf>,
+    /// Where the planner takes each scan's roster (`None`: no plans; the
+    /// containers keep to their own SM limits).
+    pub planner: Option<PlanHandle>,
 }
 
 /// One process the daemon knows.
@@ -161,7 +162,8 @@ pub struct Observer {
     launches: Ledger,
     retention: Retention,
     dead_slots: region_view::DeadSlots,
-    node_tables: Option<NodeTables>,
+    /// The roster's builder and where it goes (`ObserverSettings::planner`).
+    roster: Option<(RosterBuilder, PlanHandle)>,
 }
 
 impl Observer {
@@ -178,12 +180,15 @@ impl Observer {
         let counters = Counters::default();
         let retention = Retention::new(settings.findings_retention, counters.violations.clone());
         let reclaimer = Reclaimer::new(settings.host_pids.clone());
-        let node_tables = settings.node_dir.clone().map(|d| {
+        let roster = settings.planner.clone().map(|h| {
             let specs = settings.integrity.as_ref().map(|c| c.specs.clone());
-            NodeTables::new(d, specs.unwrap_or_default(), Procfs::default())
+            (
+                RosterBuilder::new(specs.unwrap_or_default(), Procfs::default()),
+                h,
+            )
         });
         Self {
-            node_tables,
+            roster,
             pods: PodNames::new(settings.pods_log_dir.clone()),
             settings,
             probes,
@@ -345,7 +350,7 @@ impl Observer {
 
     /// Slow job, in three stages: collect (the judged processes' regions,
     /// NVML, the probes' counters), judge (the cross-check, limit
-    /// integrity, node tables), publish (findings; at most once a second
+    /// integrity, the planner's roster), publish (findings; at most once a second
     /// the region pass: every region, dead slots, metrics, utilization).
     pub fn scan(&mut self) -> ScanOutput {
         let started = Instant::now();
@@ -354,7 +359,7 @@ impl Observer {
         let mut out = self.judge_processes(nv.as_ref(), now_ms);
         let untracked = untracked_by_container(&out);
         out.extend(self.check_and_restore_limits(nv.as_ref(), now_ms));
-        out.extend(self.check_and_repair_node_tables(now_ms));
+        self.publish_roster(nv.as_ref());
         self.publish(started, now_ms, nv, untracked, out)
     }
 
@@ -572,32 +577,40 @@ impl Observer {
         }
     }
 
-    /// Removes and demotes forged node-table members (see [`NodeTables`]):
-    /// the regions live tracked processes hold slots in vouch for them.
-    /// Without the host's PIDs the daemon tracks nobody, so every member
-    /// would look forged: nothing is judged.
-    fn check_and_repair_node_tables(&mut self, now_ms: u64) -> Vec<Finding> {
-        let Some(tables) = self.node_tables.as_mut() else {
-            return Vec::new();
+    /// Hands the planner the containers of the live tracked processes that
+    /// hold slots (`plan::roster`). Without the host's PIDs the daemon
+    /// tracks nobody: no plans, and the containers keep to their own limits.
+    fn publish_roster(&mut self, nv: Option<&Sample>) {
+        let Some((builder, handle)) = self.roster.as_mut() else {
+            return;
         };
         if self.settings.host_pids.is_err() {
-            return Vec::new();
+            return;
         }
-        let empty = ContainerIdentity::default();
-        let holders: Vec<Holder<'_>> = self
+        let members: Vec<Member<'_>> = self
             .procs
             .iter()
             .filter_map(|(&pid, p)| {
+                let id = p.identity.as_ref()?.container_id.as_deref()?;
                 let open = self.cache.get(&p.slot?.region)?;
-                Some(Holder {
+                let uuids = open.last_snapshot().map_or_else(Vec::new, |r| {
+                    (0..MAX_DEVICES)
+                        .map(|d| {
+                            let (b, n) = r.uuid(d);
+                            String::from_utf8_lossy(&b[..n]).into_owned()
+                        })
+                        .collect()
+                });
+                Some(Member {
                     pid,
-                    identity: p.identity.as_ref().unwrap_or(&empty),
+                    container_id: id,
                     region: &open.shown_path,
                     on_host: open.owner.is_some(),
+                    uuids,
                 })
             })
             .collect();
-        tables.scan(&holders, now_ms)
+        handle.publish(builder.build(&members, nv));
     }
 
     /// Processes NVML lists that the probes never saw (a libcuda we do not

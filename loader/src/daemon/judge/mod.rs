@@ -3,8 +3,6 @@
 //! - [`check`] decides when usage escaped the hook;
 //! - [`integrity`] knows each container's limits and reports and acts on
 //!   tampering;
-//! - [`node_table`] removes and demotes forged members of the node's SM
-//!   tables;
 //! - [`reclaim`] frees the slots of processes proven dead;
 //! - [`hostpid`] matches slots to processes and fills their host PIDs;
 //! - [`utilization`] turns NVML's per-process samples into each
@@ -15,6 +13,5 @@ pub mod check;
 pub mod hostpid;
 pub mod integrity;
 pub mod launches;
-pub mod node_table;
 pub mod reclaim;
 pub mod utilization;

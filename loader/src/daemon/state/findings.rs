@@ -36,21 +36,16 @@ pub enum Kind {
     /// A container holds more device memory than its limit, by the
     /// kernel's count (the probes).
     OverLimit,
-    /// A member of a node table that no live container vouches for, or
-    /// that claims a higher priority than its container's runtime spec
-    /// (`node_table`): removed or demoted.
-    NodeTableForged,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 6] = [
         Kind::UntrackedAllocation,
         Kind::NoRegion,
         Kind::LimitTampered,
         Kind::UnlimitedProcess,
         Kind::PrivateRegion,
         Kind::OverLimit,
-        Kind::NodeTableForged,
     ];
 
     /// The JSON / metric label value.
@@ -62,7 +57,6 @@ impl Kind {
             Kind::UnlimitedProcess => "unlimited_process",
             Kind::PrivateRegion => "private_region",
             Kind::OverLimit => "over_limit",
-            Kind::NodeTableForged => "node_table_forged",
         }
     }
 }

@@ -53,7 +53,6 @@ pub fn known_labels() -> Vec<(Kind, &'static str)> {
             Kind::UnlimitedProcess | Kind::PrivateRegion | Kind::OverLimit => {
                 &["none", "killed", "kill_failed"]
             }
-            Kind::NodeTableForged => &["removed", "demoted"],
         };
         v.extend(actions.iter().map(|a| (k, *a)));
     }

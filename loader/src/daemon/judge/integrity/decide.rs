@@ -50,8 +50,7 @@ pub fn plan(policy: Policy, oom_killer: bool, kind: Kind) -> Plan {
             restore: false,
             kill,
         },
-        // The node table is repaired whatever the policy (`node_table`).
-        Kind::UntrackedAllocation | Kind::NoRegion | Kind::NodeTableForged => Plan::default(),
+        Kind::UntrackedAllocation | Kind::NoRegion => Plan::default(),
     }
 }
 

@@ -1,0 +1,20 @@
+//! The node's plan of turns and priority holds (docs/sm-limit.md, "Time
+//! division between containers" and "Priority"), made here and nowhere
+//! else: hooks of different containers never read each other's words.
+//!
+//! - [`roster`]: at each scan, the containers the daemon tracks, with what
+//!   no tenant can forge about them (their SM limits and priority from the
+//!   runtime spec, which pids NVML saw use which GPU) and their sidecars,
+//!   opened without following a link;
+//! - [`planner`]: a thread that, every few ms (every 200 µs while a hold is
+//!   on, to pass a higher container's work in flight on quickly), reads
+//!   each container's own statement of its activity, decides with
+//!   `vgpu_common::node::decide`, and writes each container its plan
+//!   through `daemon::apply::plan`, into its own sidecar only. It also
+//!   leaves `turns.json` in the state directory for `vgpu turns`.
+
+pub mod planner;
+pub mod roster;
+
+/// `vgpu turns` reads the planner's last view here, in the state directory.
+pub const TURNS_FILE: &str = "turns.json";

@@ -1,0 +1,230 @@
+//! The containers to plan for, as one scan knows them.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vgpu_common::env::TASK_PRIORITY;
+use vgpu_common::node::rank_of;
+use vgpu_common::region::rules::{sm_limit, SmLimit};
+use vgpu_common::region::MAX_DEVICES;
+use vgpu_common::sidecar;
+
+use crate::daemon::collect::nvml::Sample;
+use crate::daemon::collect::procfs::Procfs;
+use crate::daemon::judge::integrity::expected::{lookup, Limits};
+use crate::daemon::judge::integrity::spec::{self, SpecPattern};
+use crate::regions::open::{open_file, open_file_in_process, Access};
+
+/// HAMi's priority for a container whose spec states none (the lowest).
+const DEFAULT_PRIORITY: i32 = 1;
+/// A container's spec is read again after this long.
+const SPEC_TTL: Duration = Duration::from_secs(30);
+
+/// One container, as the planner needs it.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// Orders its turns; from its container id.
+    pub key: u64,
+    /// Its container id.
+    pub id: String,
+    /// Its sidecar, open for the plan's `pwrite`s and the `pread`s of its
+    /// own statement.
+    pub sidecar: Arc<File>,
+    /// (CUDA ordinal in the container, GPU UUID), as its region lists them.
+    pub gpus: Vec<(usize, String)>,
+    /// Its SM limit per ordinal, from its spec.
+    pub limits: [Option<SmLimit>; MAX_DEVICES],
+    /// Its priority's rank, from its spec.
+    pub rank: u32,
+    /// Its host PIDs the daemon tracks.
+    pub pids: Vec<u32>,
+}
+
+/// What one scan hands the planner.
+#[derive(Debug, Clone, Default)]
+pub struct Roster {
+    pub tenants: Vec<Tenant>,
+    /// GPU UUID -> the host PIDs NVML saw use it since the scan before.
+    pub busy: HashMap<String, HashSet<u32>>,
+    /// When NVML was sampled (`None`: no sample).
+    pub sampled: Option<Instant>,
+}
+
+/// A process of a container, with the region it holds a slot in.
+#[derive(Debug, Clone)]
+pub struct Member<'a> {
+    pub pid: u32,
+    pub container_id: &'a str,
+    /// The region as the process names it, or its host path.
+    pub region: &'a Path,
+    /// `region` is a host path (found under HAMi's containers directory).
+    pub on_host: bool,
+    /// The region's GPU UUIDs by ordinal (empty: none set).
+    pub uuids: Vec<String>,
+}
+
+/// What a spec says, kept for `SPEC_TTL`.
+#[derive(Debug, Clone)]
+struct SpecView {
+    limits: Option<Limits>,
+    rank: u32,
+    read_at: Instant,
+}
+
+/// Builds rosters, reading specs once in a while.
+pub struct RosterBuilder {
+    specs: Vec<SpecPattern>,
+    procfs: Procfs,
+    seen: HashMap<String, SpecView>,
+    /// Sidecars already warned about.
+    warned: HashSet<PathBuf>,
+}
+
+impl RosterBuilder {
+    pub fn new(specs: Vec<SpecPattern>, procfs: Procfs) -> Self {
+        Self {
+            specs,
+            procfs,
+            seen: HashMap::new(),
+            warned: HashSet::new(),
+        }
+    }
+
+    /// The roster of `members` (every tracked process with a slot), with
+    /// NVML's sample `nv`. A container without a spec is left out: nothing
+    /// unforgeable says its limit or priority.
+    pub fn build(&mut self, members: &[Member<'_>], nv: Option<&Sample>) -> Roster {
+        let mut by: HashMap<(&str, &Path), Tenant> = HashMap::new();
+        for m in members {
+            if let Some(t) = by.get_mut(&(m.container_id, m.region)) {
+                t.pids.push(m.pid);
+                continue;
+            }
+            let Some(spec) = self.spec(m.container_id) else {
+                continue;
+            };
+            let Some(file) = self.sidecar(m) else {
+                continue;
+            };
+            let limits = spec.limits.map_or([None; MAX_DEVICES], |l| {
+                l.sm.map(|v| sm_limit(v).filter(|_| v != 0))
+            });
+            let gpus = m
+                .uuids
+                .iter()
+                .enumerate()
+                .filter(|(_, u)| !u.is_empty())
+                .map(|(i, u)| (i, u.clone()))
+                .collect();
+            by.insert(
+                (m.container_id, m.region),
+                Tenant {
+                    key: key_of(m.container_id, m.region),
+                    id: m.container_id.to_owned(),
+                    sidecar: Arc::new(file),
+                    gpus,
+                    limits,
+                    rank: spec.rank,
+                    pids: vec![m.pid],
+                },
+            );
+        }
+        let now = Instant::now();
+        self.seen
+            .retain(|_, v| now.duration_since(v.read_at) < SPEC_TTL * 4);
+        let mut tenants: Vec<Tenant> = by.into_values().collect();
+        tenants.sort_by_key(|t| t.key);
+        let busy = nv
+            .map(|s| {
+                s.devices
+                    .iter()
+                    .map(|d| {
+                        let pids = d.process_util.as_ref().map_or_else(HashSet::new, |u| {
+                            u.iter().filter(|(_, &p)| p > 0).map(|(&pid, _)| pid).collect()
+                        });
+                        (d.uuid.clone(), pids)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Roster {
+            tenants,
+            busy,
+            sampled: nv.map(|_| now),
+        }
+    }
+
+    fn spec(&mut self, id: &str) -> Option<SpecView> {
+        let now = Instant::now();
+        let fresh = self
+            .seen
+            .get(id)
+            .is_some_and(|v| now.duration_since(v.read_at) < SPEC_TTL);
+        if !fresh {
+            let view = match spec::find(&self.specs, id) {
+                Ok(Some((_, env))) => {
+                    let records = env.iter().map(String::as_str);
+                    let (limits, _) = Limits::from_env(records.clone());
+                    let priority = lookup(records, TASK_PRIORITY)
+                        .and_then(|v| v.trim().parse::<i32>().ok())
+                        .unwrap_or(DEFAULT_PRIORITY);
+                    Some(SpecView {
+                        limits: Some(limits),
+                        rank: rank_of(priority),
+                        read_at: now,
+                    })
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::debug!("container {id}: {e}");
+                    None
+                }
+            };
+            match view {
+                Some(v) => {
+                    self.seen.insert(id.to_owned(), v);
+                }
+                None => {
+                    self.seen.remove(id);
+                }
+            }
+        }
+        self.seen.get(id).cloned()
+    }
+
+    /// The sidecar of `m`'s region, read-write, opened inside `m`'s root
+    /// (or on the host) without following a link, refused unless a regular
+    /// file.
+    fn sidecar(&mut self, m: &Member<'_>) -> Option<File> {
+        let path = sidecar::path_for(m.region);
+        let opened = if m.on_host {
+            open_file(&path, Access::ReadWrite)
+        } else {
+            open_file_in_process(&self.procfs.dir(m.pid), &path, Access::ReadWrite)
+        };
+        match opened {
+            Ok(f) => {
+                self.warned.remove(&path);
+                Some(f)
+            }
+            Err(e) => {
+                if self.warned.insert(path) {
+                    tracing::debug!("container {}: {e}; not planned", m.container_id);
+                }
+                None
+            }
+        }
+    }
+}
+
+/// A container's key among the seats of a GPU.
+fn key_of(id: &str, region: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    region.hash(&mut h);
+    h.finish() | 1
+}

@@ -1,0 +1,95 @@
+//! A node where `vgpu daemon` plans turns and priority holds, which is the
+//! only way containers on a GPU take turns or hold for each other: a
+//! working directory with runtime specs (`kubepod`), the daemon probing the
+//! directory's own libcuda copy, and containers laid out as the kubelet
+//! and containerd lay them out, each hooked, with its own region. The
+//! kubelet and containerd are stand-ins (a cgroup, a PID namespace and a
+//! `config.json`); the daemon, the hook and the simulated GPU are real.
+#![expect(
+    clippy::expect_used,
+    reason = "test helpers panic with a message when the test machine cannot set up a node"
+)]
+
+use std::ffi::OsStr;
+use std::path::Path;
+
+use crate::container::ContainerProcess;
+use crate::daemon::{Running, Workdir};
+use crate::dist;
+use crate::kubepod::{self, KubeContainer};
+use crate::sim::SimGpu;
+
+/// The daemon and its working directory.
+pub struct PlannedNode {
+    pub wd: Workdir,
+    pub daemon: Running,
+}
+
+/// One container of the node and its one process.
+pub struct Tenant {
+    pub ctr: KubeContainer,
+    pub proc: ContainerProcess,
+}
+
+impl Tenant {
+    /// The process's host PID.
+    pub fn pid(&self) -> u32 {
+        self.proc.host_pid()
+    }
+}
+
+impl PlannedNode {
+    /// A node on `gpu` with its daemon running (a scan every 0.2 s).
+    pub fn start(prefix: &str, gpu: &SimGpu) -> PlannedNode {
+        let wd = kubepod::spec_workdir(prefix);
+        let daemon = kubepod::spec_daemon(&wd, gpu, &["--interval", "0.2"]);
+        PlannedNode { wd, daemon }
+    }
+
+    /// Container `name` (`salt` tells it apart) whose runtime spec and
+    /// process environment are `vars` plus its own region, running `exe
+    /// args` under the hook.
+    pub fn run(
+        &self,
+        gpu: &SimGpu,
+        salt: u64,
+        name: &str,
+        vars: &[(&str, &str)],
+        exe: &Path,
+        args: &[&str],
+    ) -> Tenant {
+        let region = self.wd.region(name);
+        let region_s = region.display().to_string();
+        let mut spec: Vec<String> = vars.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        spec.push(format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={region_s}"));
+        let ctr = KubeContainer::create(&self.wd, salt, &spec);
+        let base = self.wd.envs(gpu);
+        let hook = dist::hook_lib();
+        let mut env: Vec<(&str, &OsStr)> = base
+            .iter()
+            .filter(|(k, _)| k != "VGPU_SM_NODE_DIR")
+            .map(|(k, v)| (k.as_str(), OsStr::new(v)))
+            .collect();
+        env.push(("LD_PRELOAD", hook.as_os_str()));
+        env.push(("CUDA_DEVICE_MEMORY_SHARED_CACHE", OsStr::new(&region_s)));
+        for (k, v) in vars {
+            env.push((k, OsStr::new(v)));
+        }
+        let mut argv: Vec<&OsStr> = vec![exe.as_os_str()];
+        argv.extend(args.iter().map(OsStr::new));
+        let proc = ctr.cg.spawn(&argv, &env);
+        Tenant { ctr, proc }
+    }
+
+    /// What `vgpu turns --json` says of this node.
+    pub fn turns(&self) -> Result<serde_json::Value, String> {
+        let mut c = std::process::Command::new(dist::vgpu_bin());
+        c.args(["turns", "--json", "--state-dir"])
+            .arg(kubepod::state_dir(&self.wd));
+        let (ok, out, err) = crate::hook::run(c);
+        if !ok {
+            return Err(format!("vgpu turns: {out}{err}"));
+        }
+        serde_json::from_str(&out).map_err(|e| format!("vgpu turns --json: {e}: {out}"))
+    }
+}
