@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::hook::{HookEnv, Running};
+use vgpu_tests::planned::PlannedNode;
 use vgpu_tests::host;
 use vgpu_tests::sim::SimGpu;
 
@@ -180,38 +181,45 @@ fn sm_graph_cooperative_and_ex_launches_are_limited() {
     }
 }
 
-/// Two containers at 30 and 70 on one GPU, each process under its own
-/// region. `node_dir`: the directory the node's containers share (the
-/// containers then take turns); `None`: none, each bucket alone limits.
-/// Returns the two shares, how often the device passed from one
-/// container's kernels to the other's, per second, and (with a node
-/// directory) what `vgpu turns --json` said while they ran; `Err` when a
-/// share is off.
+/// Two containers on one simulated GPU at 30 and 70 %, each bucket alone
+/// limiting (no daemon plans: they do not coordinate), or, with `planned`,
+/// with `vgpu daemon` planning their turns. Returns the two shares, how
+/// often the device passed from one container's kernels to the other's,
+/// per second, and (planned) what `vgpu turns --json` said while they ran;
+/// `Err` when a share is off.
 fn two_containers(
     name: &str,
-    node_dir: Option<&std::path::Path>,
+    planned: bool,
 ) -> Result<(Vec<f64>, f64, Option<serde_json::Value>), String> {
     let gpu = SimGpu::new();
-    let a = HookEnv::new(&format!("{name}-a"), "0");
-    let b = HookEnv::new(&format!("{name}-b"), "0");
-    let dir = node_dir.map_or(String::new(), |d| d.display().to_string());
-    let vars = [
-        ("GPU_CORE_UTILIZATION_POLICY", "force"),
-        ("VGPU_SM_NODE_DIR", dir.as_str()),
-    ];
-    let pa = start(&a, &gpu, 30, &["kernel", "busy_1000us", "4"], &vars);
-    let pb = start(&b, &gpu, 70, &["kernel", "busy_500us", "4"], &vars);
-    std::thread::sleep(Duration::from_millis(600));
+    let vars = [("GPU_CORE_UTILIZATION_POLICY", "force")];
+    let (pids, _keep, node) = if planned {
+        let node = PlannedNode::start(name, &gpu);
+        let exe = vgpu_tests::dist::compile_c("sm_loop", &node.wd.path("out"), false);
+        let at = |salt, limit: &str, kernel: &str| {
+            let mut v = vars.to_vec();
+            v.push(("CUDA_DEVICE_SM_LIMIT", limit));
+            node.run(&gpu, salt, &format!("{name}-{salt}"), &v, &exe, &["kernel", kernel, "4"])
+        };
+        let ta = at(1, "30", "busy_1000us");
+        let tb = at(2, "70", "busy_500us");
+        std::thread::sleep(Duration::from_millis(1500));
+        (vec![ta.pid(), tb.pid()], (Some((ta, tb)), None), Some(node))
+    } else {
+        let a = HookEnv::new(&format!("{name}-a"), "0");
+        let b = HookEnv::new(&format!("{name}-b"), "0");
+        let pa = start(&a, &gpu, 30, &["kernel", "busy_1000us", "4"], &vars);
+        let pb = start(&b, &gpu, 70, &["kernel", "busy_500us", "4"], &vars);
+        std::thread::sleep(Duration::from_millis(600));
+        (vec![pa.child.id(), pb.child.id()], (None, Some((pa, pb, a, b))), None)
+    };
     let from = now_ns();
-    let s = gpu.process_shares(Duration::from_secs(2), &[pa.child.id(), pb.child.id()]);
+    let s = gpu.process_shares(Duration::from_secs(2), &pids);
     let to = now_ns();
-    let turns = node_dir.map(|d| {
-        let mut c = std::process::Command::new(vgpu_tests::dist::vgpu_bin());
-        c.args(["turns", "--json"]).arg(d);
-        let (ok, out, err) = vgpu_tests::hook::run(c);
-        assert!(ok, "vgpu turns: {err}");
-        serde_json::from_str(&out).expect("vgpu turns --json")
-    });
+    let turns = match &node {
+        Some(n) => Some(n.turns()?),
+        None => None,
+    };
     let switches =
         simgpu::timeline::owner_switches(gpu.shm(), 0, from, to) as f64 * 1e9 / (to - from) as f64;
     eprintln!(
@@ -229,7 +237,7 @@ fn two_containers(
 #[test]
 fn sm_two_containers_get_their_own_limits() {
     let _s = serial();
-    retried("two containers", || two_containers("sm-two", None));
+    retried("two containers", || two_containers("sm-two", false));
 }
 
 /// A limited container beside an unlimited one (HAMi's pod without
@@ -272,19 +280,16 @@ fn sm_a_limited_container_beside_an_unlimited_one_gets_its_share() {
     retried("limit 30 beside limit 0", beside_an_unlimited_neighbour);
 }
 
-/// With a directory shared by the node's containers (HAMi's /tmp/vgpulock),
-/// two limited containers on one GPU take turns: 50 ms frames, so two
-/// switches between them per frame, about 40 a second (time-sliced, the
-/// pair of `sm_two_containers_get_their_own_limits` switches about 500
-/// times a second, one per batch), and each still gets its limit.
+/// With `vgpu daemon` planning, two limited containers on one GPU take
+/// turns: 50 ms frames, so two switches between them per frame, about 40 a
+/// second (time-sliced, the pair of `sm_two_containers_get_their_own_limits`
+/// switches about 500 times a second, one per batch), and each still gets
+/// its limit.
 #[test]
-fn sm_two_containers_take_turns_through_the_node_dir() {
+fn sm_two_containers_take_turns_as_the_daemon_plans() {
     let _s = serial();
     let view = retried("two containers taking turns", || {
-        // A node dir of its own per try: the table shows this try's two
-        // containers, not the idle ones of the try before.
-        let node = tempfile::tempdir().expect("temp dir");
-        let (_, switches, view) = two_containers("sm-turns", Some(node.path()))?;
+        let (_, switches, view) = two_containers("sm-turns", true)?;
         if !(30.0..=60.0).contains(&switches) {
             return Err(format!(
                 "switches/s taking turns: {switches:.0} (two per 50 ms frame: 40)"
@@ -292,31 +297,25 @@ fn sm_two_containers_take_turns_through_the_node_dir() {
         }
         Ok(view)
     });
-    // `vgpu turns` shows one table for the one GPU, both containers taking
-    // turns: 15 and 35 ms of every 50.
+    // `vgpu turns` shows the one GPU, both containers taking turns: 15 and
+    // 35 ms of every 50.
     let view = view.expect("vgpu turns ran");
-    let tables = view["tables"].as_array().expect("tables");
-    assert_eq!(tables.len(), 1, "one table for the one GPU: {view}");
-    let mut turns: Vec<(u64, String)> = tables[0]["members"]
+    let gpus = view["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 1, "one GPU: {view}");
+    let mut turns: Vec<(u64, String)> = gpus[0]["seats"]
         .as_array()
-        .expect("members")
+        .expect("seats")
         .iter()
         .map(|m| {
             let t = &m["turn_ms"];
             let len = t[1].as_f64().unwrap_or(0.0) - t[0].as_f64().unwrap_or(0.0);
-            (
-                m["limit"].as_u64().unwrap_or(0),
-                format!("{} {len:.1}", m["state"]),
-            )
+            (m["sm_limit"].as_u64().unwrap_or(0), format!("{len:.1}"))
         })
         .collect();
     turns.sort();
     assert_eq!(
         turns,
-        vec![
-            (30, "\"taking turns\" 15.0".to_owned()),
-            (70, "\"taking turns\" 35.0".to_owned())
-        ],
+        vec![(30, "15.0".to_owned()), (70, "35.0".to_owned())],
         "{view}"
     );
 }
@@ -599,25 +598,37 @@ fn sm_a_new_process_behind_a_killed_ones_queue_is_not_stalled() {
 }
 
 /// Priorities: two unlimited processes of two containers on one
-/// simulated GPU, sharing its node directory. With equal priorities the
-/// device's FIFO splits them about evenly; with `CUDA_TASK_PRIORITY` 0 and
-/// 1 the low one keeps a short queue and waits for the high one's work in
-/// flight, at most a frame at a time: it gets a little (it is not starved),
-/// the high one nearly all. Once the high one is gone, the low one has the
-/// device within a frame or two.
+/// simulated GPU, the daemon planning. With equal priorities the device's
+/// FIFO splits them about evenly; with `CUDA_TASK_PRIORITY` 0 and 1 the low
+/// one keeps a short queue and waits for the high one's work in flight, at
+/// most a frame at a time: it gets a little (it is not starved), the high
+/// one nearly all. Once the high one is gone, the low one has the device
+/// within a frame or two.
 #[test]
 fn sm_a_lower_priority_container_yields_to_a_higher_one() {
     let _s = serial();
     let what = "priority 0 beside priority 1";
+    let pair = |name: &str, gpu: &SimGpu, p: [&str; 2], kernels: &str| {
+        let node = PlannedNode::start(name, gpu);
+        let exe = vgpu_tests::dist::compile_c("sm_loop", &node.wd.path("out"), false);
+        let run = |salt: u64, prio: &str| {
+            let vars = [
+                ("CUDA_DEVICE_SM_LIMIT", "0"),
+                ("CUDA_TASK_PRIORITY", prio),
+                ("GPU_CORE_UTILIZATION_POLICY", "force"),
+            ];
+            let args = ["kernel", "busy_500us", kernels];
+            node.run(gpu, salt, &format!("{name}-{salt}"), &vars, &exe, &args)
+        };
+        let hi = run(1, p[0]);
+        let lo = run(2, p[1]);
+        std::thread::sleep(Duration::from_millis(1500));
+        (node, hi, lo)
+    };
     retried(what, || {
         let gpu = SimGpu::new();
-        let a = HookEnv::new("sm-prio-hi", "0");
-        let b = HookEnv::new("sm-prio-lo", "0");
-        let args = ["kernel", "busy_500us", "8"];
-        let mut hi = start(&a, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "0")]);
-        let lo = start(&b, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
-        std::thread::sleep(Duration::from_millis(600));
-        let ids = [hi.child.id(), lo.child.id()];
+        let (node, hi, lo) = pair("sm-prio", &gpu, ["0", "1"], "8");
+        let ids = [hi.pid(), lo.pid()];
         let s = gpu.process_shares(Duration::from_secs(2), &ids);
         eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
         if !(s[0] > 85.0 && s[1] > 0.2 && s[1] < 10.0) {
@@ -628,9 +639,10 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
         }
         // HAMi's monitor sees the high one active and blocks the low one
         // (`recent_kernel = -1`), and keeps it blocked for two of its 5 s
-        // ticks after the high one stops. The node table shows the same
+        // ticks after the high one stops. The daemon's plan shows the same
         // container: the low one goes on being held, not put to sleep.
-        let monitor = RegionFile::open(&b.region_path(), Access::ReadWrite).expect("open region");
+        let region = node.wd.region("sm-prio-2");
+        let monitor = RegionFile::open(&region, Access::ReadWrite).expect("open region");
         monitor.region().recent_kernel.store(-1, Relaxed);
         std::thread::sleep(Duration::from_millis(300));
         let s = gpu.process_shares(Duration::from_secs(1), &ids);
@@ -644,11 +656,11 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
                 s[0], s[1]
             ));
         }
-        hi.kill9();
+        drop(hi);
         // The dead one's queue (the sim's 50 ms) drains, then the low one
         // is free within a frame, though the monitor's block still stands.
         std::thread::sleep(Duration::from_millis(200));
-        let after = gpu.process_shares(Duration::from_secs(1), &[lo.child.id()]);
+        let after = gpu.process_shares(Duration::from_secs(1), &[ids[1]]);
         eprintln!("{what}: low alone {:.1}%", after[0]);
         if after[0] < 90.0 {
             return Err(format!("low alone {:.1}%, not > 90", after[0]));
@@ -656,17 +668,13 @@ fn sm_a_lower_priority_container_yields_to_a_higher_one() {
         if monitor.region().recent_kernel.load(Relaxed) != -1 {
             return Err("the hook cleared the monitor's block".into());
         }
+        drop(lo);
         Ok(())
     });
     retried("equal priorities", || {
         let gpu = SimGpu::new();
-        let a = HookEnv::new("sm-prio-eq-a", "0");
-        let b = HookEnv::new("sm-prio-eq-b", "0");
-        let args = ["kernel", "busy_500us", "4"];
-        let pa = start(&a, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
-        let pb = start(&b, &gpu, 0, &args, &[("CUDA_TASK_PRIORITY", "1")]);
-        std::thread::sleep(Duration::from_millis(600));
-        let s = gpu.process_shares(Duration::from_secs(2), &[pa.child.id(), pb.child.id()]);
+        let (_node, pa, pb) = pair("sm-prio-eq", &gpu, ["1", "1"], "4");
+        let s = gpu.process_shares(Duration::from_secs(2), &[pa.pid(), pb.pid()]);
         eprintln!("equal priorities: {:.1}% / {:.1}%", s[0], s[1]);
         near("equal priorities, the first", s[0], 50.0).and(near(
             "equal priorities, the second",

@@ -230,8 +230,15 @@ impl Planner {
     /// Writes `words` as `t`'s plan of `ordinal` when it changed, or when
     /// the written one is half-way to its end (so it never lapses while
     /// the daemon lives).
-    fn write(&mut self, t: &Tenant, ordinal: usize, words: PlanWords, now: u64) {
+    fn write(&mut self, t: &Tenant, ordinal: usize, mut words: PlanWords, now: u64) {
         let k = (t.key, ordinal);
+        // A block by HAMi's monitor may be about a higher container that
+        // has just gone: what was planned for it stands to its end.
+        if let Some(w) = self.written.get(&k) {
+            if w.words.outranked_until > now {
+                words.outranked_until = words.outranked_until.max(w.words.outranked_until);
+            }
+        }
         let same = self.written.get(&k).is_some_and(|w| {
             let mut a = w.words;
             a.planned_until = words.planned_until;
