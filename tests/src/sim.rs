@@ -112,12 +112,6 @@ impl SimGpu {
             .header
             .server_pid
             .load(std::sync::atomic::Ordering::Relaxed);
-        // This simulated GPU's own node directory: every simulator has the
-        // same GPU UUID, and limited containers on "one GPU" take turns
-        // through a table named by it (the hook's `VGPU_SM_NODE_DIR`).
-        let node = dir.join("node");
-        std::fs::create_dir_all(&node)
-            .unwrap_or_else(|e| panic!("creating {}: {e}", node.display()));
         SimGpu {
             dir,
             lib_dir,
@@ -130,19 +124,6 @@ impl SimGpu {
     /// The `SIMGPU_DIR` of this instance.
     pub fn dir(&self) -> &Path {
         &self.dir
-    }
-
-    /// The node tables in this instance's node directory, polled until one
-    /// exists; panics if none does within `within`.
-    pub fn node_tables(&self, within: Duration) -> Vec<PathBuf> {
-        let node = self.dir.join("node");
-        let what = format!("a node table in {}", node.display());
-        crate::wait::eventually(within, &what, || {
-            let v: Vec<PathBuf> = std::fs::read_dir(&node)
-                .map(|d| d.flatten().map(|e| e.path()).collect())
-                .unwrap_or_default();
-            (!v.is_empty()).then_some(v)
-        })
     }
 
     /// The percent of the next `window` each of `pids` (host PIDs) kept
@@ -180,9 +161,7 @@ impl SimGpu {
 
     /// The environment a program needs to use this simulator:
     /// `LD_LIBRARY_PATH` (the sim directory first), `SIMGPU_DIR`,
-    /// `SIMGPU_SERVER`, `VGPU_SM_NODE_DIR` (this simulator's own node
-    /// directory, so that tests on other simulators never take turns with
-    /// it) and the builder's variables.
+    /// `SIMGPU_SERVER` and the builder's variables.
     pub fn envs(&self) -> Vec<(String, String)> {
         let mut ld = self.lib_dir.display().to_string();
         if let Ok(old) = std::env::var("LD_LIBRARY_PATH") {
@@ -196,10 +175,6 @@ impl SimGpu {
             (
                 "SIMGPU_SERVER".to_string(),
                 self.lib_dir.join("simgpu-server").display().to_string(),
-            ),
-            (
-                "VGPU_SM_NODE_DIR".to_string(),
-                self.dir.join("node").display().to_string(),
             ),
         ];
         v.extend(self.vars.iter().cloned());

@@ -12,12 +12,14 @@ use std::time::{Duration, Instant};
 use vgpu_tests::hook::{HookEnv, Running};
 use vgpu_tests::sim::SimGpu;
 
-/// Runs an SM-limited `sm_loop` (which maps the GPU's node table) for
-/// `seconds` in `env`'s container on `gpu`, to its end; how long it took.
+/// Runs an SM-limited `sm_loop` for `seconds` in `env`'s container on
+/// `gpu`, pointed at the node directory as hooks before the daemon's plan
+/// were (`VGPU_SM_NODE_DIR`), to its end; how long it took.
 fn limited_run(env: &HookEnv, gpu: &SimGpu, seconds: &str) -> Duration {
     let exe = env.build("sm_loop");
     let mut c = env.hooked(&exe, &["kernel", "busy_200us", seconds]);
     gpu.apply(&mut c);
+    c.env("VGPU_SM_NODE_DIR", gpu.dir().join("node"));
     c.env("CUDA_DEVICE_SM_LIMIT", "50")
         .env("GPU_CORE_UTILIZATION_POLICY", "force");
     let t = Instant::now();
@@ -28,17 +30,13 @@ fn limited_run(env: &HookEnv, gpu: &SimGpu, seconds: &str) -> Duration {
     t.elapsed()
 }
 
-/// The path of the GPU's node table, made by a first limited run and then
-/// removed, so another tenant can put something there first.
+/// The path of the GPU's node table as hooks before the daemon's plan
+/// named it, in the node directory, for another tenant to put something
+/// there.
 fn table_path(gpu: &SimGpu) -> PathBuf {
-    let env = HookEnv::new("nodedir-first", "0");
-    limited_run(&env, gpu, "0.3");
-    let tables = gpu.node_tables(Duration::from_secs(2));
-    let [t] = &tables[..] else {
-        panic!("one table for the one GPU: {tables:?}");
-    };
-    std::fs::remove_file(t).expect("remove the table");
-    t.clone()
+    let node = gpu.dir().join("node");
+    std::fs::create_dir_all(&node).expect("node dir");
+    node.join("vgpu-sm-GPU-516d6770-7500-4000-8000-000000000000")
 }
 
 /// Mode, size and content of `p`, not following a symlink.
