@@ -52,7 +52,16 @@ fn forge_table(table: &Path, owner: u64, now: u64) {
     m[20..24].copy_from_slice(&1u32.to_le_bytes()); // rank 1: priority 0
     m[24..32].copy_from_slice(&now.to_le_bytes()); // wants
     m[32..40].copy_from_slice(&(now + 50_000_000).to_le_bytes()); // in flight
-    let _ = std::fs::write(table, &b);
+    // In place, never truncated (a truncation would only cut off the
+    // readers' mappings).
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(table)
+    {
+        let _ = std::os::unix::fs::FileExt::write_all_at(&f, &b, 0);
+    }
 }
 
 /// Another container writes what it likes into the node directory every
