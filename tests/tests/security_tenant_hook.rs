@@ -52,8 +52,8 @@ fn forge_table(table: &Path, owner: u64, now: u64) {
     m[20..24].copy_from_slice(&1u32.to_le_bytes()); // rank 1: priority 0
     m[24..32].copy_from_slice(&now.to_le_bytes()); // wants
     m[32..40].copy_from_slice(&(now + 50_000_000).to_le_bytes()); // in flight
-    // In place, never truncated (a truncation would only cut off the
-    // readers' mappings).
+                                                                  // In place, never truncated (a truncation would only cut off the
+                                                                  // readers' mappings).
     if let Ok(f) = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -78,7 +78,8 @@ fn the_node_directory_decides_nothing_for_a_neighbour() {
     let gpu = SimGpu::new();
     let node = gpu.dir().join("node");
     std::fs::create_dir_all(&node).expect("node dir");
-    let env = HookEnv::new("tenant-nodedir", "0").env("VGPU_SM_NODE_DIR", &node.display().to_string());
+    let env =
+        HookEnv::new("tenant-nodedir", "0").env("VGPU_SM_NODE_DIR", &node.display().to_string());
     let p = sm_loop(&env, &gpu, 0, "busy_200us", "7");
     let pid = [p.child.id()];
     std::thread::sleep(Duration::from_millis(600));

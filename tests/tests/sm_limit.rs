@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use vgpu_common::view::{Access, RegionFile};
 use vgpu_tests::hook::{HookEnv, Running};
-use vgpu_tests::planned::PlannedNode;
 use vgpu_tests::host;
+use vgpu_tests::planned::PlannedNode;
 use vgpu_tests::sim::SimGpu;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -199,7 +199,14 @@ fn two_containers(
         let at = |salt, limit: &str, kernel: &str| {
             let mut v = vars.to_vec();
             v.push(("CUDA_DEVICE_SM_LIMIT", limit));
-            node.run(&gpu, salt, &format!("{name}-{salt}"), &v, &exe, &["kernel", kernel, "4"])
+            node.run(
+                &gpu,
+                salt,
+                &format!("{name}-{salt}"),
+                &v,
+                &exe,
+                &["kernel", kernel, "4"],
+            )
         };
         let ta = at(1, "30", "busy_1000us");
         let tb = at(2, "70", "busy_500us");
@@ -211,7 +218,11 @@ fn two_containers(
         let pa = start(&a, &gpu, 30, &["kernel", "busy_1000us", "4"], &vars);
         let pb = start(&b, &gpu, 70, &["kernel", "busy_500us", "4"], &vars);
         std::thread::sleep(Duration::from_millis(600));
-        (vec![pa.child.id(), pb.child.id()], (None, Some((pa, pb, a, b))), None)
+        (
+            vec![pa.child.id(), pb.child.id()],
+            (None, Some((pa, pb, a, b))),
+            None,
+        )
     };
     let from = now_ns();
     let s = gpu.process_shares(Duration::from_secs(2), &pids);

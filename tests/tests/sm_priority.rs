@@ -41,7 +41,14 @@ fn start(
         vars.push(("CUDA_TASK_PRIORITY", p));
     }
     let name = format!("prio-{salt}");
-    node.run(gpu, salt, &name, &vars, &exe, &["kernel", "busy_500us", "8"])
+    node.run(
+        gpu,
+        salt,
+        &name,
+        &vars,
+        &exe,
+        &["kernel", "busy_500us", "8"],
+    )
 }
 
 /// The service (priority 0) and the trainer (`trainer`: 1, or unset, which

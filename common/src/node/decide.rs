@@ -62,7 +62,7 @@ pub fn decide(seats: &[Seat], now: u64) -> Vec<PlanWords> {
             let limit = s.limit?;
             let w = s.stated(now).wants;
             (s.confirmed && w != 0 && now.saturating_sub(w) <= ACTIVE_NS)
-                .then(|| (s.key, u32::from(limit.percent())))
+                .then(|| (s.key, limit.percent()))
         })
         .collect();
     seats
@@ -77,7 +77,7 @@ pub fn decide(seats: &[Seat], now: u64) -> Vec<PlanWords> {
                 return w;
             };
             for h in seats {
-                if h.key == m.key || !h.rank.is_some_and(|r| r < mine) {
+                if h.key == m.key || h.rank.is_none_or(|r| r >= mine) {
                     continue;
                 }
                 if let Some(l) = h.launched_within(now, HOLD_NS) {
@@ -147,7 +147,13 @@ mod tests {
         assert_eq!(p[1].high_inflight_until, NOW + 2 * MS);
         assert_eq!(p[1].outranked_until, NOW - 5 * MS + MONITOR_LAG_NS);
         assert_eq!(p[0].hold_until, 0, "nothing above the service");
-        assert_eq!(p[2], PlanWords { planned_until: NOW + PLAN_TTL_NS, ..PlanWords::default() });
+        assert_eq!(
+            p[2],
+            PlanWords {
+                planned_until: NOW + PLAN_TTL_NS,
+                ..PlanWords::default()
+            }
+        );
         // Quiet for longer than the hold: nothing held.
         svc.own.launched = NOW - HOLD_NS - 1;
         assert_eq!(decide(&[svc, trainer], NOW)[1].hold_until, 0);

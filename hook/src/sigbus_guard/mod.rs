@@ -600,14 +600,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let len = 16 * 4096;
         let (file, base) = mapped(dir.path(), len);
-        assert!(guard(
-            Kind::Sidecar,
-            base,
-            len,
-            None,
-            Some(count_repair),
-            0
-        ));
+        assert!(guard(Kind::Sidecar, base, len, None, Some(count_repair), 0));
         file.set_len(0).unwrap();
         let addr = base as usize;
         let threads: Vec<_> = (0..8)

@@ -19,7 +19,6 @@ pub const LOW_QUEUE_NS: u64 = 500_000;
 /// container that keeps the GPU busy must not starve the low one.
 pub const YIELD_MAX_NS: u64 = FRAME_NS;
 
-
 /// What a GPU's switch between two contexts' work may take, at most,
 /// beyond the work itself (an allowance: Hopper time-slices contexts with
 /// its compute preemption; tens of µs are typical).

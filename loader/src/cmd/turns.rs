@@ -122,11 +122,7 @@ fn render(r: &Report) -> String {
     }
     for g in &r.gpus {
         let _ = writeln!(s, "GPU {} (frame {} ms)", g.uuid, r.frame_ms);
-        let _ = writeln!(
-            s,
-            "  {:<12} {:>3} {:>6} {:>4} {:<10} {:<14} {}",
-            "CONTAINER", "DEV", "LIMIT", "PRIO", "NVML", "TURN", "STATE"
-        );
+        s.push_str("  CONTAINER    DEV  LIMIT PRIO NVML       TURN           STATE\n");
         for c in &g.seats {
             let limit = c.sm_limit.map_or("-".to_owned(), |l| format!("{l}%"));
             let turn = c
@@ -175,7 +171,10 @@ mod tests {
             panic!("a fresh plan")
         };
         let out = render(&r);
-        assert!(out.contains("0.0-15.0 ms") && out.contains("taking turns"), "{out}");
+        assert!(
+            out.contains("0.0-15.0 ms") && out.contains("taking turns"),
+            "{out}"
+        );
         assert!(out.contains("held for a higher priority"), "{out}");
         let View::Absent(why) = view(&p, 1_000_000 + STALE_MS + 1).unwrap() else {
             panic!("a stale plan")

@@ -345,6 +345,7 @@ pub fn free_slots(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::{Path, PathBuf};
     use std::sync::atomic::Ordering::Relaxed;
     use vgpu_common::view::RegionFile;
 
@@ -433,7 +434,7 @@ mod tests {
 
     #[test]
     fn a_plan_is_written_whole_and_never_extends_a_sidecar() {
-        use vgpu_common::sidecar::{SmShared, SIZE};
+        use vgpu_common::sidecar::SIZE;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.cache.sm");
         std::fs::write(&path, vec![0u8; SIZE]).unwrap();
@@ -452,18 +453,16 @@ mod tests {
         assert!(plan(&file, 3, w).written());
         assert!(plan(&file, 3, w).written());
         let bytes = std::fs::read(&path).unwrap();
-        // SAFETY (test): a heap copy, aligned for the layout, of the file.
-        let mut copy = Box::<SmShared>::default();
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                (&mut *copy as *mut SmShared).cast::<u8>(),
-                SIZE,
-            );
-        }
-        assert_eq!(copy.plans[3].read(), Some(w));
-        assert_eq!(copy.plans[3].seq.load(std::sync::atomic::Ordering::Relaxed) % 2, 0);
-        assert_eq!(copy.plans[2].read(), Some(PlanWords::default()));
+        let at = plan_at(3) as usize;
+        let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+        assert_eq!(
+            &bytes[at + PLAN_WORDS_AT..at + PLAN_WORDS_AT + 40],
+            &w.to_bytes()
+        );
+        assert_eq!(word(at) % 2, 0, "the sequence word is even once written");
+        assert_eq!(word(at), 8, "two writes: 3 then 4, 7 then 8");
+        let other = plan_at(2) as usize;
+        assert!(bytes[other..other + PLAN_BYTES].iter().all(|&b| b == 0));
         // A short (older) sidecar is left as it is.
         file.set_len(1000).unwrap();
         assert!(matches!(

@@ -22,9 +22,9 @@
 
 use crate::sm::tuning::ALONE_WITHIN_DIV;
 pub use crate::sm::tuning::GUARD_NS;
-pub use vgpu_common::node::{Phase, FRAME_NS};
 #[cfg(test)]
 pub use vgpu_common::node::{plan, ACTIVE_NS};
+pub use vgpu_common::node::{Phase, FRAME_NS};
 
 /// The plan in one word for the launch path: 0 = none.
 pub fn encode(p: Option<Phase>) -> u64 {

@@ -322,7 +322,6 @@ impl Background for Fake {
     }
 }
 
-
 /// Runs launches of `cost` (key `key`) for `dur` of fake time; returns the
 /// GPU's busy share (percent) over the last `dur - warmup`.
 fn run(c: &Controller<Fake>, key: Key, cost: u64, dur: u64, warmup: u64) -> f64 {

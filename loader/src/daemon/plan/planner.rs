@@ -207,9 +207,8 @@ impl Planner {
                         confirmed: seat.confirmed,
                         launching: seat.own.launched != 0
                             && now.saturating_sub(seat.own.launched) <= HOLD_NS,
-                        turn_ms: node::decode_turn(words.turn).map(|p| {
-                            [p.start as f64 / 1e6, (p.start + p.len) as f64 / 1e6]
-                        }),
+                        turn_ms: node::decode_turn(words.turn)
+                            .map(|p| [p.start as f64 / 1e6, (p.start + p.len) as f64 / 1e6]),
                         held: words.hold_until > now,
                     });
                 }

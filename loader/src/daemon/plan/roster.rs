@@ -143,7 +143,10 @@ impl RosterBuilder {
                     .iter()
                     .map(|d| {
                         let pids = d.process_util.as_ref().map_or_else(HashSet::new, |u| {
-                            u.iter().filter(|(_, &p)| p > 0).map(|(&pid, _)| pid).collect()
+                            u.iter()
+                                .filter(|(_, &p)| p > 0)
+                                .map(|(&pid, _)| pid)
+                                .collect()
                         });
                         (d.uuid.clone(), pids)
                     })
