@@ -5,10 +5,6 @@
 //! and containerd lay them out, each hooked, with its own region. The
 //! kubelet and containerd are stand-ins (a cgroup, a PID namespace and a
 //! `config.json`); the daemon, the hook and the simulated GPU are real.
-#![expect(
-    clippy::expect_used,
-    reason = "test helpers panic with a message when the test machine cannot set up a node"
-)]
 
 use std::ffi::OsStr;
 use std::path::Path;
