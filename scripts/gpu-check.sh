@@ -51,6 +51,12 @@
 #                                        0 / 1 at limits 0, 100 and unset, 0 beside a trainer stating
 #                                        none (VARIANTS: other builds there too); a limit-30 matmul
 #                                        beside a limit-0 one in another container (HAMISH_MIX= skips it)
+#   bash scripts/gpu-check.sh planned    issue 37's before and after in one run: the 30/70 pair and a
+#                                        service at priority 0 beside a trainer (SM limit 0 and 100, as
+#                                        HAMi sets them), BEFORE's hook (default .device/final/libvgpu.so)
+#                                        sharing /tmp/vgpulock, then the dist's hook with `vgpu daemon`
+#                                        planning, each process in an emulated container (a kubepods
+#                                        cgroup and a runtime spec: containerd and the kubelet stand-ins)
 #   bash scripts/gpu-check.sh stall      a limited process (STALL_LIMIT, 30) right after a busy
 #                                        unlimited neighbour is killed with work queued: its rate per
 #                                        0.25 s window against the same process alone
@@ -913,6 +919,112 @@ PY
     hook plain 2>&1 | grep -E '^(step|gpt2)|Error' | tail -4
     touch "$W/os/release"
     wait $hp
+}
+
+# ctr_exec NAME VAR=VALUE... -- CMD...: CMD in a new emulated container: a
+# cgroup laid out as the kubelet lays it out (kubepods/burstable/pod<uid>/
+# <64-hex id>) and its runtime spec where containerd keeps it (here under
+# $W/runtime), whose environment, and CMD's, are the VAR=VALUEs. A stand-in
+# for the kubelet and containerd; the daemon reads both as on a node.
+CG_ROOT=/sys/fs/cgroup/vgpu-gpu-check
+ctr_exec() {
+    local name=$1 id uid cg envs=()
+    shift
+    while [ "$1" != -- ]; do envs+=("$1"); shift; done
+    shift
+    id=$(echo "$name-$$-$RANDOM-$(date +%s%N)" | sha256sum | cut -c1-64)
+    uid=$(cat /proc/sys/kernel/random/uuid)
+    cg="$CG_ROOT/kubepods/burstable/pod$uid/$id"
+    mkdir -p "$cg" "$W/runtime/k8s.io/$id"
+    python3 -c 'import json, sys; print(json.dumps({"ociVersion": "1.1.0", "process": {"args": ["/bin/app"], "env": sys.argv[1:], "cwd": "/"}, "root": {"path": "rootfs"}}))' \
+        "${envs[@]}" >"$W/runtime/k8s.io/$id/config.json"
+    sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg" env "${envs[@]}" "$@"
+}
+
+planner_start() {
+    "$DIST/vgpu" daemon --libcuda "$LIBCUDA" --state-dir "$W/state" --listen 127.0.0.1:9396 \
+        --runtime-spec "$W/runtime/*/{id}/config.json" --regions-root "$W/no-hami" --interval 0.2 \
+        >"$W/planner.log" 2>&1 &
+    PLANNER=$!
+    local t
+    for ((t = 0; t < 300; t++)); do
+        curl -sf localhost:9396/readyz >/dev/null && break
+        sleep 0.1
+    done
+    echo "daemon ready after ~$((t / 10)) s"
+}
+
+planner_stop() {
+    kill "$PLANNER" 2>/dev/null
+    wait "$PLANNER" 2>/dev/null
+    grep -i 'error\|panic' "$W/planner.log" | head -n 5
+}
+
+# psvc_run LABEL SERVICE_ENV TRAINER_ENV: svc_run's service and trainer, each
+# in its own emulated container whose spec is its environment.
+psvc_run() {
+    local label=$1 secs=${PRIO_SECONDS:-12} s t share
+    local sdir tdir
+    sdir=$(mktemp -d "$W/psvc.XXXX") tdir=$(mktemp -d "$W/psvc.XXXX")
+    ctr_exec svc $2 CUDA_DEVICE_MEMORY_SHARED_CACHE="$sdir/s.cache" -- \
+        python3 "$ROOT/scripts/gpu/svc_bench.py" service --seconds "$secs" >"$W/svc-s.txt" 2>"$W/svc-s.log" &
+    local a=$!
+    ctr_exec trainer $3 CUDA_DEVICE_MEMORY_SHARED_CACHE="$tdir/t.cache" -- \
+        python3 "$ROOT/scripts/gpu/svc_bench.py" trainer --seconds "$secs" >"$W/svc-t.txt" 2>"$W/svc-t.log" &
+    local b=$!
+    sleep $((secs / 2))
+    "$DIST/vgpu" turns --state-dir "$W/state" | sed 's/^/    /'
+    wait $a $b
+    s=$(cat "$W/svc-s.txt") t=$(awk '{print $2}' "$W/svc-t.txt")
+    share=$(awk -v a="$t" -v b="$SOLO" 'BEGIN {printf "%.1f %%", 100 * a / b}')
+    printf '| %s | %s | %s matmuls/s %s |\n' "$label" "${s:--}" "${t:--}" "$share"
+    grep -hi 'higher priority\|plans this GPU\|panicked\|error' "$W/svc-s.log" "$W/svc-t.log" 2>/dev/null | sort | uniq -c | head -n 4
+}
+
+phase_planned() {
+    local before=${BEFORE:-$ROOT/.device/final/libvgpu.so} after=$DIST/libvgpu.so lim
+    [ -f "$before" ] || { echo "no BEFORE build at $before"; return 1; }
+    say "the 30/70 pair (bf16 matmul): before ($before, /tmp/vgpulock shared) and after (daemon planning)"
+    python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
+    mkdir -p "$W/node-before"
+    pair_run "before, taking turns" "$before" "$W/node-before"
+    planner_start
+    say "pair, build after, the daemon planning"
+    local ppids=()
+    for lim in 30 70; do
+        ctr_exec "pair$lim" LD_PRELOAD="$after" CUDA_DEVICE_SM_LIMIT=$lim GPU_CORE_UTILIZATION_POLICY=force \
+            CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/pair.XXXX")/$lim.cache" LIBCUDA_LOG_LEVEL=4 -- \
+            python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 20 --no-smi \
+            --baseline "$W/base.json" >"$W/pair-$lim.txt" 2>"$W/pair-$lim.log" &
+        ppids+=($!)
+    done
+    sleep 10
+    "$DIST/vgpu" turns --state-dir "$W/state" | sed 's/^/    /'
+    wait "${ppids[@]}"
+    for lim in 30 70; do
+        echo "limit $lim: $(grep 'of unlimited' "$W/pair-$lim.txt")"
+        grep 'taking turns\|bucket alone\|plans this GPU' "$W/pair-$lim.log" | head -n 3
+    done
+    planner_stop
+
+    say "service at priority 0 beside a trainer stating none (HAMi's default 1), limits as HAMi sets them"
+    svc_baseline "both unhooked"
+    local hb="LD_PRELOAD=$before GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+    local ha="LD_PRELOAD=$after GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+    for lim in 0 100; do
+        svc_run "before: priority 0 / none, CUDA_DEVICE_SM_LIMIT=$lim, /tmp/vgpulock" \
+            "$hb CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=$lim" "$hb CUDA_DEVICE_SM_LIMIT=$lim"
+    done
+    rm -rf /tmp/vgpulock
+    planner_start
+    for lim in 0 100; do
+        psvc_run "after: priority 0 / none, CUDA_DEVICE_SM_LIMIT=$lim, daemon planning" \
+            "$ha CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=$lim" "$ha CUDA_DEVICE_SM_LIMIT=$lim"
+    done
+    planner_stop
+    psvc_run "after, no daemon: priority 0 / none, CUDA_DEVICE_SM_LIMIT=0" \
+        "$ha CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=0" "$ha CUDA_DEVICE_SM_LIMIT=0"
+    find "$CG_ROOT" -depth -type d -exec rmdir {} + 2>/dev/null
 }
 
 for PHASE in $PHASES; do "phase_$PHASE"; done

@@ -69,9 +69,9 @@ fn forge_table(table: &Path, owner: u64, now: u64) {
 /// with plausible instants under a new owner each time (the red team's
 /// variant that held a default-priority neighbour at 0.8 % of its rate),
 /// junk, a FIFO and thousands of files. No hook reads that directory any
-/// more, so the neighbour (HAMi's default priority, SM limit 0 as HAMi
-/// sets it, pointed at the directory as the older hooks were) keeps its
-/// rate: ≥ 90 % of it.
+/// more, so the neighbour (HAMi's default priority, limited to 50 %,
+/// pointed at the directory as the older hooks were) keeps its rate: ≥ 90 %
+/// of it.
 #[test]
 fn the_node_directory_decides_nothing_for_a_neighbour() {
     let _s = serial();
@@ -80,7 +80,7 @@ fn the_node_directory_decides_nothing_for_a_neighbour() {
     std::fs::create_dir_all(&node).expect("node dir");
     let env =
         HookEnv::new("tenant-nodedir", "0").env("VGPU_SM_NODE_DIR", &node.display().to_string());
-    let p = sm_loop(&env, &gpu, 0, "busy_200us", "7");
+    let p = sm_loop(&env, &gpu, 50, "busy_200us", "7");
     let pid = [p.child.id()];
     std::thread::sleep(Duration::from_millis(600));
     let before = gpu.combined_share(Duration::from_secs(1), &pid);
@@ -108,7 +108,10 @@ fn the_node_directory_decides_nothing_for_a_neighbour() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     attacker.join().expect("attacker");
     eprintln!("neighbour: {before:.1} % before the attack, {after:.1} % during it");
-    assert!(before > 80.0, "the neighbour did not run: {before:.1} %");
+    assert!(
+        before > 40.0,
+        "the neighbour did not run at its limit: {before:.1} %"
+    );
     assert!(
         after >= 0.9 * before,
         "the node directory held the neighbour: {after:.1} % against {before:.1} %"

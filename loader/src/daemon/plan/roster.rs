@@ -47,7 +47,11 @@ pub struct Tenant {
 #[derive(Debug, Clone, Default)]
 pub struct Roster {
     pub tenants: Vec<Tenant>,
-    /// GPU UUID -> the host PIDs NVML saw use it since the scan before.
+    /// GPU UUID -> the host PIDs the kernel's view says used it since the
+    /// scan before: NVML attributed it SM time, or the process has a
+    /// context there (NVML's list) and used CPU meanwhile (`/proc`). NVML's
+    /// per-process split alone misses a process beside a busier one on a
+    /// time-sliced GPU; CPU time shows it launching.
     pub busy: HashMap<String, HashSet<u32>>,
     /// When NVML was sampled (`None`: no sample).
     pub sampled: Option<Instant>,
@@ -81,6 +85,8 @@ pub struct RosterBuilder {
     seen: HashMap<String, SpecView>,
     /// Sidecars already warned about.
     warned: HashSet<PathBuf>,
+    /// Each member's CPU ticks at the scan before.
+    cpu: HashMap<u32, u64>,
 }
 
 impl RosterBuilder {
@@ -90,6 +96,7 @@ impl RosterBuilder {
             procfs,
             seen: HashMap::new(),
             warned: HashSet::new(),
+            cpu: HashMap::new(),
         }
     }
 
@@ -137,17 +144,20 @@ impl RosterBuilder {
             .retain(|_, v| now.duration_since(v.read_at) < SPEC_TTL * 4);
         let mut tenants: Vec<Tenant> = by.into_values().collect();
         tenants.sort_by_key(|t| t.key);
+        let ran = self.ran(members);
         let busy = nv
             .map(|s| {
                 s.devices
                     .iter()
                     .map(|d| {
-                        let pids = d.process_util.as_ref().map_or_else(HashSet::new, |u| {
-                            u.iter()
-                                .filter(|(_, &p)| p > 0)
-                                .map(|(&pid, _)| pid)
-                                .collect()
-                        });
+                        let mut pids: HashSet<u32> =
+                            d.process_util.as_ref().map_or_else(HashSet::new, |u| {
+                                u.iter()
+                                    .filter(|(_, &p)| p > 0)
+                                    .map(|(&pid, _)| pid)
+                                    .collect()
+                            });
+                        pids.extend(d.process_memory.keys().filter(|p| ran.contains(p)));
                         (d.uuid.clone(), pids)
                     })
                     .collect()
@@ -158,6 +168,22 @@ impl RosterBuilder {
             busy,
             sampled: nv.map(|_| now),
         }
+    }
+
+    /// The members that used CPU since the scan before (the kernel's count).
+    fn ran(&mut self, members: &[Member<'_>]) -> HashSet<u32> {
+        let mut now = HashMap::with_capacity(members.len());
+        let mut ran = HashSet::new();
+        for m in members {
+            if let Some(t) = self.procfs.cpu_ticks(m.pid) {
+                if self.cpu.get(&m.pid).is_some_and(|&was| t > was) {
+                    ran.insert(m.pid);
+                }
+                now.insert(m.pid, t);
+            }
+        }
+        self.cpu = now;
+        ran
     }
 
     fn spec(&mut self, id: &str) -> Option<SpecView> {
