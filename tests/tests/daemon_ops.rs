@@ -1,11 +1,14 @@
 //! What a platform team runs into operating `vgpu daemon` (root, simulated
 //! GPU, the daemon probing each test's own libcuda copy): the `--listen`
-//! forms, the standard series and landing page every exporter has, and
-//! (not met yet) a prompt exit on SIGTERM with probes attached.
+//! forms, HTTPS with `--tls-cert`/`--tls-key`, the standard series and
+//! landing page every exporter has, and (not met yet) a prompt exit on
+//! SIGTERM with probes attached.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
+use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use vgpu_tests::daemon::{Running, Workdir};
@@ -242,5 +245,135 @@ fn metrics_carry_build_info_and_process_series_and_the_root_links_the_endpoints(
         assert!(page.contains(&format!("href=\"{path}\"")), "{path}: {page}");
     }
     assert_eq!(get(d.port, "/nothing").map(|r| r.0), Some(404));
+    d.stop();
+}
+
+/// A self-signed certificate for 127.0.0.1 and its key, as PEM files in
+/// `wd` (what a TLS Secret's `tls.crt`/`tls.key` hold), and the
+/// certificate as the HTTPS client's only trust anchor.
+fn self_signed(wd: &Workdir) -> (PathBuf, PathBuf, rustls::pki_types::CertificateDer<'static>) {
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let (cert, key) = (wd.path("tls.crt"), wd.path("tls.key"));
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    (cert, key, made.cert.der().clone())
+}
+
+/// A GET of `path` over TLS to 127.0.0.1:`port`, trusting only `anchor`:
+/// (status, body), or the error of the first step that failed.
+fn get_https(
+    port: u16,
+    path: &str,
+    anchor: &rustls::pki_types::CertificateDer<'static>,
+) -> Result<(u16, String), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(anchor.clone()).map_err(|e| e.to_string())?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let sock = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    sock.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    write!(
+        tls,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| format!("request: {e}"))?;
+    let mut raw = Vec::new();
+    match tls.read_to_end(&mut raw) {
+        Ok(_) => {}
+        // A server closing without close_notify after a complete answer.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+        Err(e) => return Err(format!("response: {e}")),
+    }
+    let raw = String::from_utf8_lossy(&raw);
+    let (head, body) = raw.split_once("\r\n\r\n").ok_or("no HTTP response")?;
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or("no status")?;
+    Ok((code, body.to_owned()))
+}
+
+/// With `--tls-cert` and `--tls-key` (a self-signed pair, as a TLS Secret
+/// holds), `/metrics` is served over HTTPS to a client that verifies the
+/// certificate, and a plain HTTP request on the same port gets no answer.
+/// One flag without the other is refused before anything starts, saying
+/// which is missing; `--help` explains both.
+#[test]
+fn tls_serves_metrics_over_https_and_nothing_over_plain_http() {
+    let help = Command::new(dist::vgpu_bin())
+        .args(["daemon", "--help"])
+        .output()
+        .expect("vgpu daemon --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--tls-cert <FILE>", "--tls-key <FILE>", "HTTPS", "PEM"] {
+        assert!(help.contains(flag), "--help does not name {flag}: {help}");
+    }
+
+    let gpu = SimGpu::new();
+    let wd = workdir();
+    let (cert, key, anchor) = self_signed(&wd);
+    for (given, missing) in [("--tls-cert", "--tls-key"), ("--tls-key", "--tls-cert")] {
+        let file = if given == "--tls-cert" { &cert } else { &key };
+        let out = wd
+            .daemon_command(
+                &gpu,
+                &wd.path("state"),
+                &wd.path("regions"),
+                &format!("127.0.0.1:{}", free_port()),
+                &["--no-nvml", given, file.to_str().unwrap()],
+            )
+            .output()
+            .expect("vgpu daemon");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{given} alone: {err}");
+        assert!(err.contains(missing), "{given} alone: {err}");
+    }
+
+    let port = free_port();
+    let cmd = wd.daemon_command(
+        &gpu,
+        &wd.path("state"),
+        &wd.path("regions"),
+        &format!("127.0.0.1:{port}"),
+        &[
+            "--no-nvml",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    let mut d = Running::spawn(cmd, port, wd.path("tls.log"));
+    let ready = poll_until(Duration::from_secs(30), || {
+        let r = get_https(port, "/readyz", &anchor);
+        if r.is_err() {
+            d.assert_alive();
+        }
+        r.ok().filter(|(code, _)| *code == 200)
+    });
+    assert!(ready.is_some(), "no HTTPS /readyz: {}", d.log_text());
+    let (code, m) = get_https(port, "/metrics", &anchor).unwrap();
+    assert_eq!(code, 200, "{m}");
+    assert!(m.contains("vgpu_build_info{"), "{m}");
+    assert!(
+        d.log_text().contains(&format!("https://127.0.0.1:{port}")),
+        "{}",
+        d.log_text()
+    );
+    // Plain HTTP on the TLS port: the handshake fails, nothing is served.
+    assert_eq!(get(port, "/metrics"), None, "plain HTTP answered");
+    d.assert_alive();
+    // Still serving HTTPS after the failed handshake.
+    assert_eq!(get_https(port, "/healthz", &anchor).map(|r| r.0), Ok(200));
     d.stop();
 }
