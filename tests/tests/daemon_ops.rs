@@ -101,15 +101,24 @@ fn listen_takes_a_bare_port_a_host_name_or_an_ipv6_address() {
 /// SIGTERM with probes attached: the daemon detaches them and exits 0
 /// within a second (a rollout or a node drain waits for it).
 ///
-/// Not met yet: each uprobe's perf event is released by the kernel under
-/// its global `event_mutex` with RCU grace periods in between
+/// Not met: each uprobe's perf event is released by the kernel under its
+/// global `event_mutex` with RCU grace periods in between
 /// (`perf_uprobe_destroy`, `tracepoint_synchronize_unregister`), about
-/// 0.1 s per probe, one after another even from parallel threads: the
-/// daemon's 36 take 4-5 s, at `close` or at exit alike. uprobe_multi links
-/// (one per program and file, kernel 6.6+) would need a loader aya 0.14
-/// lacks.
+/// 0.1 s per probe, one after another whoever closes them. Measured on
+/// Linux 6.18 with the 34 links this test's libcuda gets: exit 3.3-3.9 s
+/// after SIGTERM (5 runs); the links taken out and dropped from 34 threads
+/// at once 3.1-3.4 s, from one thread 3.3-4.5 s (3 runs each); 36 bare
+/// perf uprobes closed in turn 3.0 s, from 36 threads 3.2 s; a process
+/// exiting with them open is reaped only after they are released (3.0 s,
+/// 3.1 s with threads closing them). Handing them to a forked child that
+/// outlives the daemon lets `podman stop` return sooner only sometimes
+/// (0.5 s, 3.2 s), the runtime then failing to remove the container's
+/// cgroup while the child releases them. uprobe_multi links (one per
+/// program and file, kernel 6.6+, one grace period for all) would need a
+/// loader aya 0.14 lacks.
 #[test]
-#[ignore = "needs uprobe_multi links: the kernel releases perf-event uprobes one by one"]
+#[ignore = "the kernel releases perf-event uprobes one at a time, ~0.1 s each \
+            (3.1-3.9 s for 34, concurrent closes included): needs uprobe_multi links"]
 fn sigterm_with_probes_attached_exits_within_a_second() {
     let gpu = SimGpu::new();
     let wd = workdir();
