@@ -1025,3 +1025,152 @@ fn the_daemon_is_the_default_container_and_no_container_writes_its_root() {
         }
     }
 }
+
+/// kubernetes-validate (strict, offline) of the YAML text in `file`, for
+/// every supported Kubernetes version; `what` names it in the failure.
+fn assert_schema_valid(file: &Path, what: &str) {
+    for version in KUBERNETES_VERSIONS {
+        let out = Command::new("python3")
+            .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
+            .args(["-k", version])
+            .arg(file)
+            .output()
+            .expect("kubernetes-validate is needed: run `cargo xtask setup`");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "{what} against Kubernetes {version}:\n{said}"
+        );
+    }
+}
+
+/// The YAML block of docs/kubernetes.md that enables the port's
+/// restrictions ("Restricting the port"), as an operator copies it.
+fn documented_port_restriction() -> Mapping {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/kubernetes.md")).unwrap();
+    let block = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(code, _)| code))
+        .find(|code| code.contains("components/networkpolicy"))
+        .expect("docs/kubernetes.md shows the kustomization lines of components/networkpolicy");
+    serde_yaml::from_str(block).unwrap()
+}
+
+/// The NetworkPolicy and TLS components, enabled with exactly the lines
+/// docs/kubernetes.md shows (components and the selector patch), render
+/// on both overlays and validate against Kubernetes' schemas. The policy
+/// selects the daemon pods and admits only their metrics port, only from
+/// the namespace and pods the patch names; the daemon container (found by
+/// name: the components patch the base's daemon before an overlay adds its
+/// containers) gets --tls-cert/--tls-key from the mounted TLS Secret, and
+/// its probes speak HTTPS. The NetworkPolicy alone keeps its defaults.
+#[test]
+fn the_port_is_restricted_by_the_documented_tls_and_networkpolicy_lines() {
+    let extra = documented_port_restriction();
+    for o in OVERLAYS {
+        let copy = with_components(o, &[]);
+        let dir = copy.path().join("overlays").join(o);
+        let k = dir.join("kustomization.yaml");
+        let mut doc = read_docs(&k).remove(0);
+        let map = doc.as_mapping_mut().unwrap();
+        for (key, value) in &extra {
+            match (map.get_mut(key), value) {
+                (Some(Value::Sequence(have)), Value::Sequence(add)) => have.extend(add.clone()),
+                _ => {
+                    map.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        std::fs::write(&k, serde_yaml::to_string(&doc).unwrap()).unwrap();
+        let text = kubectl_kustomize(&dir);
+        let file = copy.path().join("rendered.yaml");
+        std::fs::write(&file, &text).unwrap();
+        assert_schema_valid(&file, &format!("{o} with tls and networkpolicy"));
+
+        let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| Value::deserialize(d).unwrap())
+            .collect();
+        let of = |kind: &str| {
+            docs.iter()
+                .find(|d| d["kind"].as_str() == Some(kind))
+                .unwrap_or_else(|| panic!("{o}: no {kind}"))
+        };
+        let np = &of("NetworkPolicy")["spec"];
+        assert_eq!(
+            np["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(),
+            Some("vgpu"),
+            "{o}: {np:?}"
+        );
+        assert_eq!(np["policyTypes"][0].as_str(), Some("Ingress"), "{o}");
+        assert_eq!(np["ingress"].as_sequence().map(Vec::len), Some(1), "{o}");
+        let rule = &np["ingress"][0];
+        assert_eq!(rule["ports"][0]["port"].as_str(), Some("metrics"), "{o}");
+        let from = &rule["from"][0];
+        assert_eq!(
+            from["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"].as_str(),
+            Some("observability"),
+            "{o}: {rule:?}"
+        );
+        assert_eq!(
+            from["podSelector"]["matchLabels"]["app"].as_str(),
+            Some("prometheus"),
+            "{o}: {rule:?}"
+        );
+
+        let ds: DaemonSet = serde_yaml::from_value(of("DaemonSet").clone()).unwrap();
+        let spec = ds.spec.template.spec.unwrap();
+        let daemon = container(&spec.containers, "daemon");
+        let args = daemon.args.clone().unwrap();
+        for flag in [
+            "--tls-cert=/etc/vgpu/tls/tls.crt",
+            "--tls-key=/etc/vgpu/tls/tls.key",
+        ] {
+            assert!(args.iter().any(|a| a == flag), "{o}: {args:?}");
+        }
+        for probe in [&daemon.readiness_probe, &daemon.liveness_probe] {
+            let get = probe.as_ref().and_then(|p| p.http_get.as_ref()).unwrap();
+            assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{o}");
+        }
+        for c in spec.containers.iter().filter(|c| c.name != "daemon") {
+            let args = c.args.clone().unwrap_or_default();
+            assert!(!args.iter().any(|a| a.starts_with("--tls")), "{o}: {c:?}");
+        }
+        let mount = daemon
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.mount_path == "/etc/vgpu/tls")
+            .expect("the TLS Secret mounted");
+        assert_eq!(mount.read_only, Some(true), "{o}");
+        let vol = spec
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|v| v.name == mount.name)
+            .unwrap();
+        assert_eq!(
+            vol.secret.as_ref().and_then(|s| s.secret_name.as_deref()),
+            Some("vgpu-metrics-tls"),
+            "{o}"
+        );
+
+        // The policy alone, unpatched: kube-prometheus-stack's defaults.
+        let copy = with_components(o, &["networkpolicy"]);
+        let text = kubectl_kustomize(&copy.path().join("overlays").join(o));
+        let file = copy.path().join("rendered.yaml");
+        std::fs::write(&file, &text).unwrap();
+        assert_schema_valid(&file, &format!("{o} with networkpolicy"));
+        assert!(
+            text.contains("kubernetes.io/metadata.name: monitoring")
+                && !text.contains("--tls-cert"),
+            "{o}: {text}"
+        );
+    }
+}

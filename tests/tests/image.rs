@@ -4,7 +4,10 @@
 //! pages, and `install-hook --hami` into a host directory
 //! mounted into it installs the hook there. The hami overlay's keeper,
 //! run as the DaemonSet runs it, puts HAMi's library back when it is
-//! stopped (`kubectl delete -k` is the whole uninstall).
+//! stopped (`kubectl delete -k` is the whole uninstall). The daemon, run
+//! as the DaemonSet's container runs it with the runtime's default seccomp
+//! profile named explicitly, attaches its probes to this test's own copy of
+//! the simulated libcuda.
 //!
 //! podman runs it with runc (crun refuses hybrid-cgroup hosts such as CI's)
 //! and with rlimits no higher than the caller's (raising them needs
@@ -398,5 +401,179 @@ fn manifest_lists_an_amd64_and_an_arm64_image_and_the_arm64_one_runs() {
     assert_eq!(
         std::fs::read(rootfs.join("opt/vgpu/libvgpu.so")).unwrap(),
         std::fs::read(vgpu_tests::aarch64::dist_dir().join("libvgpu.so")).unwrap()
+    );
+}
+
+/// The daemon container's `securityContext` in deploy/base/daemonset.yaml,
+/// as `podman run` flags: root, no privilege escalation, read-only root,
+/// every capability dropped but the listed ones (`without` left out too),
+/// and its seccomp profile, which must be `RuntimeDefault`: podman's own
+/// default profile (the one CRI-O uses), named explicitly.
+fn daemon_security_flags(without: &str) -> Vec<String> {
+    let path = workspace_root().join("deploy/base/daemonset.yaml");
+    let ds: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let daemon = ds["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str() == Some("daemon"))
+        .expect("the daemon container");
+    let sc = &daemon["securityContext"];
+    assert_eq!(
+        sc["seccompProfile"]["type"].as_str(),
+        Some("RuntimeDefault"),
+        "the daemon container's seccompProfile: {sc:?}"
+    );
+    assert_eq!(sc["runAsUser"].as_u64(), Some(0), "{sc:?}");
+    assert_eq!(
+        sc["allowPrivilegeEscalation"].as_bool(),
+        Some(false),
+        "{sc:?}"
+    );
+    assert_eq!(sc["readOnlyRootFilesystem"].as_bool(), Some(true), "{sc:?}");
+    let info = Command::new("podman")
+        .args(["info", "--format", "{{.Host.Security.SECCOMPProfilePath}}"])
+        .output()
+        .expect("podman info");
+    let profile = String::from_utf8_lossy(&info.stdout).trim().to_owned();
+    assert!(
+        Path::new(&profile).is_file(),
+        "podman's default seccomp profile: {profile:?}"
+    );
+    let caps: Vec<&str> = sc["capabilities"]["add"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c.as_str())
+        .filter(|c| *c != without)
+        .collect();
+    let mut flags: Vec<String> = ["--user", "0", "--read-only", "--cap-drop", "ALL"]
+        .map(String::from)
+        .into();
+    flags.push("--security-opt".into());
+    flags.push("no-new-privileges".into());
+    flags.push("--security-opt".into());
+    flags.push(format!("seccomp={profile}"));
+    flags.push("--cap-add".into());
+    flags.push(caps.join(","));
+    flags
+}
+
+/// The daemon in the image, as the DaemonSet's daemon container runs it
+/// (host PID namespace, its capabilities, read-only root, the runtime's
+/// default seccomp profile named explicitly), probing this test's own copy
+/// of the simulated libcuda: it loads and attaches its probes, and on
+/// `podman stop` detaches them and exits 0. Without CAP_SYS_ADMIN the same
+/// run fails to load with EPERM: the profile admits `bpf` and
+/// `perf_event_open` only with it, so the profile is really applied (the
+/// kernel itself refuses only the attach without it, with EACCES).
+#[test]
+fn the_daemon_attaches_its_probes_under_the_runtime_default_seccomp_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = build_image("seccomp", &dir.path().join("stage"));
+    let sim = dir.path().join("sim");
+    std::fs::create_dir_all(&sim).unwrap();
+    std::fs::copy(
+        dist_dir().join("sim/libcuda.so.1"),
+        sim.join("libcuda.so.1"),
+    )
+    .unwrap();
+    for d in ["state", "node", "regions"] {
+        std::fs::create_dir_all(dir.path().join(d)).unwrap();
+    }
+    let run = |name: &str, without: &str| {
+        let c = Container(format!("vgpu-test-{name}-{}", std::process::id()));
+        let out = Command::new("podman")
+            .args(["--runtime", "runc", "run", "-d", "--name", &c.0])
+            .args(["--network", "none", "--pid", "host"])
+            .args([
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args(daemon_security_flags(without))
+            .arg("-v")
+            .arg(format!("{}:/sim:ro", sim.display()))
+            .arg("-v")
+            .arg(format!("{}:/run/vgpu", dir.path().join("state").display()))
+            .arg("-v")
+            .arg(format!(
+                "{}:/tmp/vgpulock",
+                dir.path().join("node").display()
+            ))
+            .arg("-v")
+            .arg(format!(
+                "{}:/regions:ro",
+                dir.path().join("regions").display()
+            ))
+            .arg(&image.0)
+            .args(["daemon", "--libcuda", "/sim/libcuda.so.1", "--no-nvml"])
+            .args(["--listen", "127.0.0.1:9396", "--node-dir", "/tmp/vgpulock"])
+            .args(["--regions-root", "/regions", "--pods-log-dir", "/regions"])
+            .output()
+            .expect("run podman");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        c
+    };
+    let logs = |c: &Container| {
+        let out = Command::new("podman")
+            .args(["logs", &c.0])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let exit_code = |c: &Container| {
+        let out = Command::new("podman")
+            .args(["wait", &c.0])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+
+    let daemon = run("seccomp", "");
+    eventually(Duration::from_secs(30), "the probes attached", || {
+        logs(&daemon).contains("vgpu daemon: 1 libcuda file(s) probed")
+    });
+    let out = Command::new("podman")
+        .args([
+            "inspect",
+            "--format",
+            "{{.HostConfig.SecurityOpt}}",
+            &daemon.0,
+        ])
+        .output()
+        .unwrap();
+    let opts = String::from_utf8_lossy(&out.stdout);
+    assert!(opts.contains("seccomp=/"), "{opts}");
+    let out = Command::new("podman")
+        .args(["stop", "-t", "30", &daemon.0])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = logs(&daemon);
+    assert!(said.contains("probes detached"), "{said}");
+    assert_eq!(exit_code(&daemon), "0", "{said}");
+
+    let refused = run("seccomp-nosysadmin", "SYS_ADMIN");
+    let code = exit_code(&refused);
+    let said = logs(&refused);
+    assert_eq!(code, "1", "{said}");
+    assert!(
+        said.contains("loading eBPF programs failed with EPERM"),
+        "{said}"
     );
 }

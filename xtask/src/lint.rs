@@ -80,9 +80,12 @@ pub fn run() -> Result<()> {
     // The shipped crates for the other architecture too: code behind
     // `target_arch` cfgs (the hook's dlsym trampoline, the node
     // architecture `install-hook` checks against) compiles only there.
+    // Through cargo-zigbuild, as the build does: ring (the daemon's TLS)
+    // compiles C even to be checked, and zig is the cross C compiler here.
     for arch in Arch::ALL.into_iter().filter(|a| !a.is_host()) {
         util::run(
-            util::cargo()
+            Command::new("cargo-zigbuild")
+                .current_dir(util::root())
                 .args(["clippy", "--target", &arch.gnu_target()])
                 .args(["-p", "vgpu-hook", "-p", "vgpu-loader", "-p", "vgpu-common"])
                 .args(["--", "-D", "warnings"])

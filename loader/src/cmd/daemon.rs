@@ -18,6 +18,7 @@ use crate::daemon::collect::libs::LibWatch;
 use crate::daemon::collect::nvml::NvmlView;
 use crate::daemon::collect::procfs::Procfs;
 use crate::daemon::http::listen::{self, Listen};
+use crate::daemon::http::tls;
 use crate::daemon::http::{self, Published, Shared};
 use crate::daemon::judge::check::{Thresholds, MIB};
 use crate::daemon::judge::integrity::decide::Policy;
@@ -100,6 +101,19 @@ pub struct Args {
     /// (`localhost:9396`: every address the name resolves to at startup).
     #[arg(long, value_name = "ADDR", default_value_t = Listen::Addr(SocketAddr::from(([0, 0, 0, 0], METRICS_PORT))))]
     listen: Listen,
+
+    /// Serve HTTPS only on --listen, with this PEM certificate chain (leaf
+    /// first; a Kubernetes TLS Secret's `tls.crt`). Needs --tls-key. Both
+    /// files are read at startup: restart the daemon after a rotation. A
+    /// plain HTTP request is then closed unanswered, so the kubelet's
+    /// probes and Prometheus must use https (deploy/components/tls).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1; a TLS
+    /// Secret's `tls.key`). Needs --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 
     /// Directory of the state file (findings.json).
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
@@ -208,7 +222,13 @@ fn secs(s: f64, min: f64) -> Duration {
 
 async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
     let listeners = args.listen.bind().context("vgpu daemon")?;
-    let serving = listen::describe(&listeners);
+    // Read before any probe is attached, so a bad Secret fails at once.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key).context("vgpu daemon")?),
+        // clap's `requires` leaves only both or neither.
+        _ => None,
+    };
+    let serving = listen::describe(&listeners, tls.is_some());
     let host_pids = host_pidns::check(std::path::Path::new("/proc"));
     if let Err(e) = &host_pids {
         tracing::error!(
@@ -279,7 +299,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             .map(|e| format!("{e}; no slot is freed and no host PID filled\n").into()),
         ..Published::default()
     }));
-    http::spawn(listeners, shared.clone()).context("vgpu daemon")?;
+    http::spawn(listeners, shared.clone(), tls).context("vgpu daemon")?;
     logging::notice(&format!(
         "vgpu daemon: {} libcuda file(s) probed; {serving}; state {}",
         obs.attached_libs(),

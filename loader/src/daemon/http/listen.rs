@@ -189,13 +189,14 @@ fn no_such_address(e: &std::io::Error) -> bool {
 }
 
 /// The addresses `listeners` serve, for the log line.
-pub fn describe(listeners: &[TcpListener]) -> String {
+pub fn describe(listeners: &[TcpListener], https: bool) -> String {
+    let scheme = if https { "https" } else { "http" };
     let urls: Vec<String> = listeners
         .iter()
         .filter_map(|l| l.local_addr().ok())
         .map(|a| match a.ip() {
-            IpAddr::V6(ip) => format!("http://[{ip}]:{}", a.port()),
-            IpAddr::V4(ip) => format!("http://{ip}:{}", a.port()),
+            IpAddr::V6(ip) => format!("{scheme}://[{ip}]:{}", a.port()),
+            IpAddr::V4(ip) => format!("{scheme}://{ip}:{}", a.port()),
         })
         .collect();
     urls.join(", ")

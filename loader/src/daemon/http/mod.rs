@@ -11,9 +11,14 @@
 //! [`MAX_PER_PEER`] from one address; beyond that a new connection is
 //! closed at once. Responses share the published bytes, never copy them.
 //!
+//! With `--tls-cert`/`--tls-key` every connection is TLS ([`tls`]): the
+//! handshake must end within [`HEADER_TIMEOUT`], inside the same caps, and a
+//! plain HTTP request fails it and is closed unanswered.
+//!
 //! [`listen`] binds the sockets it serves on.
 
 pub mod listen;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -28,6 +33,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
 use vgpu_common::paths::{HEALTH_PATH, METRICS_PATH, READY_PATH};
 
 use crate::daemon::publish::exposition::{self, Chunks, Exposition};
@@ -100,8 +106,13 @@ pub enum ServeError {
 }
 
 /// Serves `listeners` (bound by [`crate::daemon::http::listen::Listen::bind`]) on a
-/// thread of its own, with its own runtime, until the process exits.
-pub fn spawn(listeners: Vec<std::net::TcpListener>, shared: Shared) -> Result<(), ServeError> {
+/// thread of its own, with its own runtime, until the process exits; with
+/// `tls`, HTTPS only.
+pub fn spawn(
+    listeners: Vec<std::net::TcpListener>,
+    shared: Shared,
+    tls: Option<TlsAcceptor>,
+) -> Result<(), ServeError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -110,7 +121,10 @@ pub fn spawn(listeners: Vec<std::net::TcpListener>, shared: Shared) -> Result<()
         .name("vgpu-http".into())
         .spawn(move || {
             rt.block_on(async move {
-                let limits = Limits::default();
+                let limits = Limits {
+                    tls,
+                    ..Limits::default()
+                };
                 let mut tasks = tokio::task::JoinSet::new();
                 for l in listeners {
                     match TcpListener::from_std(l) {
@@ -133,6 +147,8 @@ pub fn spawn(listeners: Vec<std::net::TcpListener>, shared: Shared) -> Result<()
 pub struct Limits {
     open: Arc<Semaphore>,
     peers: Arc<Peers>,
+    /// TLS on every connection (`--tls-cert`), inside the same caps.
+    tls: Option<TlsAcceptor>,
 }
 
 impl Default for Limits {
@@ -140,6 +156,7 @@ impl Default for Limits {
         Self {
             open: Arc::new(Semaphore::new(MAX_CONNS)),
             peers: Arc::new(Peers::default()),
+            tls: None,
         }
     }
 }
@@ -184,7 +201,7 @@ impl Drop for PeerSlot {
 
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, shared: Shared, limits: Limits) {
-    let Limits { open, peers } = limits;
+    let Limits { open, peers, tls } = limits;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -202,19 +219,23 @@ pub async fn serve(listener: TcpListener, shared: Shared, limits: Limits) {
             continue;
         };
         let shared = shared.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _held = (permit, slot);
-            let svc = service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &shared)) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(MAX_BUF)
-                .max_headers(MAX_HEADERS)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), svc);
+            // The handshake counts against the connection's time, and must
+            // end as soon as a request's headers must.
+            let conn = async {
+                match tls {
+                    None => connection(stream, shared).await,
+                    Some(tls) => match tokio::time::timeout(HEADER_TIMEOUT, tls.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(s)) => connection(s, shared).await,
+                        Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
+                        Err(_) => Err(format!("TLS handshake not done after {HEADER_TIMEOUT:?}")),
+                    },
+                }
+            };
             match tokio::time::timeout(CONN_TIMEOUT, conn).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::debug!("http connection from {peer}: {e}"),
@@ -224,6 +245,26 @@ pub async fn serve(listener: TcpListener, shared: Shared, limits: Limits) {
             }
         });
     }
+}
+
+/// One request on `io`, plain or TLS, within the server's bounds.
+async fn connection<I>(io: I, shared: Shared) -> Result<(), String>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| {
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(respond(&req, &shared)) }
+    });
+    http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_BUF)
+        .max_headers(MAX_HEADERS)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(io), svc)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 fn respond(req: &Request<Incoming>, shared: &Shared) -> Response<Chunks> {
