@@ -7,6 +7,11 @@
 pub const HOOK_DIR: &str = "/usr/local/vgpu";
 /// Per-container region directories (`<podUID>_<ctrName>/*.cache`).
 pub const CONTAINERS_DIR: &str = "/usr/local/vgpu/containers";
+/// Volcano's vGPU device plugin's: its `HOOK_PATH` is `/usr/local/vgpu`
+/// itself and it adds `vgpu/containers` (Project-HAMi/volcano-vgpu-device-plugin
+/// 4fb76ba, `pkg/plugin/server.go` `Allocate`), inside the same host
+/// directory the DaemonSet mounts.
+pub const VOLCANO_CONTAINERS_DIR: &str = "/usr/local/vgpu/vgpu/containers";
 /// Kernel BTF, for struct offsets of the namespace-PID probes. sysfs is
 /// not namespaced for it: a container's own /sys shows the host kernel's.
 pub const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";

@@ -11,7 +11,9 @@ use anyhow::Context as _;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 use vgpu_common::event::sizes;
-use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR, VGPULOCK_DIR};
+use vgpu_common::paths::{
+    CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR, VGPULOCK_DIR, VOLCANO_CONTAINERS_DIR,
+};
 
 use super::bounds::{number, seconds};
 use crate::daemon::collect::libs::LibWatch;
@@ -103,9 +105,11 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = VGPULOCK_DIR)]
     node_dir: PathBuf,
 
-    /// HAMi's per-container region directory, also exported when present.
-    #[arg(long, value_name = "DIR", default_value = CONTAINERS_DIR)]
-    regions_root: PathBuf,
+    /// A root of per-container region directories (`<podUID>_<ctr>/`),
+    /// exported when present; repeat for several. Default: HAMi's and
+    /// Volcano's vGPU device plugin's.
+    #[arg(long, value_name = "DIR", default_values = [CONTAINERS_DIR, VOLCANO_CONTAINERS_DIR])]
+    regions_root: Vec<PathBuf>,
 
     /// The kubelet's pod log directory: its `<namespace>_<pod>_<uid>`
     /// entries name the pods in metric labels (no API-server access).
@@ -246,7 +250,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             scans: args.scans.max(1),
         },
         slot_grace: secs(args.slot_grace, 0.0),
-        regions_root: Some(args.regions_root.clone()),
+        regions_roots: args.regions_root.clone(),
         pods_log_dir: args.pods_log_dir.clone(),
         node: args.node_name.clone(),
         legacy_metrics: args.legacy_metrics,

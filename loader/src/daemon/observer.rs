@@ -62,8 +62,9 @@ pub struct ObserverSettings {
     pub thresholds: Thresholds,
     /// How long a process may run without a slot before it is `no_region`.
     pub slot_grace: Duration,
-    /// HAMi's container directory to scan for regions (skipped if absent).
-    pub regions_root: Option<PathBuf>,
+    /// The roots of container directories to scan for regions (HAMi's,
+    /// Volcano's; each skipped while absent).
+    pub regions_roots: Vec<PathBuf>,
     /// The kubelet's pod log directory, which names pods by UID.
     pub pods_log_dir: PathBuf,
     /// This node's name, a label of the host GPU series (empty: none).
@@ -148,8 +149,9 @@ pub struct Observer {
     lost_seen: HashMap<&'static str, u64>,
     attached: Vec<(String, String)>,
     integrity: Option<Integrity>,
-    /// The regions found by listing the regions root.
-    root: RootRegions,
+    /// The regions found by listing each regions root, in the order of
+    /// `regions_roots`.
+    roots: Vec<RootRegions>,
     /// How long the last scan and its render took.
     last_timing: snapshot::ScanTiming,
     /// The last render: when, what it showed (a fingerprint of the regions
@@ -182,6 +184,11 @@ impl Observer {
             let specs = settings.integrity.as_ref().map(|c| c.specs.clone());
             NodeTables::new(d, specs.unwrap_or_default(), Procfs::default())
         });
+        let roots = settings
+            .regions_roots
+            .iter()
+            .map(|_| RootRegions::default())
+            .collect();
         Self {
             node_tables,
             pods: PodNames::new(settings.pods_log_dir.clone()),
@@ -199,7 +206,7 @@ impl Observer {
             lost_seen: HashMap::new(),
             attached: Vec::new(),
             integrity,
-            root: RootRegions::default(),
+            roots,
             last_timing: snapshot::ScanTiming::default(),
             rendered: None,
             utilization_json: String::new(),
@@ -363,8 +370,8 @@ impl Observer {
     /// it lists) and counts the probes' lost events.
     fn collect(&mut self) -> Option<Sample> {
         let started = Instant::now();
-        if let Some(root) = &self.settings.regions_root {
-            self.root.collect(root, &mut self.cache, started);
+        for (root, found) in self.settings.regions_roots.iter().zip(&mut self.roots) {
+            found.collect(root, &mut self.cache, started);
         }
         // What the cross-check and the integrity checks read now; every
         // other region waits for the region pass.
@@ -479,7 +486,7 @@ impl Observer {
             untracked,
             probes: self.attached.clone(),
             processes: self.procs.len(),
-            region_files_skipped: self.root.skipped(),
+            region_files_skipped: self.roots.iter().map(RootRegions::skipped).sum(),
             overruns: self.cache.overruns(),
             labels_shortened: views.labels_shortened,
             timing: self.last_timing,
