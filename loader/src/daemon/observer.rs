@@ -152,6 +152,10 @@ pub struct Observer {
     /// The regions found by listing each regions root, in the order of
     /// `regions_roots`.
     roots: Vec<RootRegions>,
+    /// This scan's processes of containers whose spec opts out of the hook:
+    /// identity, host PID, device memory (the larger of NVML's and the
+    /// probes' count).
+    uncontrolled: Vec<(ContainerIdentity, u32, u64)>,
     /// How long the last scan and its render took.
     last_timing: snapshot::ScanTiming,
     /// The last render: when, what it showed (a fingerprint of the regions
@@ -207,6 +211,7 @@ impl Observer {
             attached: Vec::new(),
             integrity,
             roots,
+            uncontrolled: Vec::new(),
             last_timing: snapshot::ScanTiming::default(),
             rendered: None,
             utilization_json: String::new(),
@@ -388,6 +393,7 @@ impl Observer {
     /// new and what cleared.
     fn judge_processes(&mut self, nv: Option<&Sample>, now_ms: u64) -> Vec<Finding> {
         let mut out = Vec::new();
+        self.uncontrolled.clear();
         for (&tgid, p) in &self.procs {
             if let Some(key) = p.region() {
                 self.cache.touch(&key);
@@ -406,6 +412,22 @@ impl Observer {
                     }
                 }
                 None if p.first_seen.elapsed() >= self.settings.slot_grace => {
+                    let id = p.identity.as_ref().and_then(|i| i.container_id.as_deref());
+                    let opted_out = match (self.integrity.as_mut(), id) {
+                        (Some(integ), Some(id)) => integ.uncontrolled(id),
+                        _ => false,
+                    };
+                    if opted_out {
+                        // Unhooked by design (HAMi's whole-GPU mode): shown
+                        // with its memory, never a finding.
+                        let bytes = obs
+                            .nvml_bytes
+                            .unwrap_or(0)
+                            .max(obs.probe_bytes.unwrap_or(0));
+                        let who = p.identity.clone().unwrap_or_default();
+                        self.uncontrolled.push((who, tgid, bytes));
+                        continue;
+                    }
                     let none = Thresholds {
                         min_bytes: 0,
                         ratio: 0.0,
@@ -484,6 +506,7 @@ impl Observer {
             host: nv.map(|s| s.devices).unwrap_or_default(),
             findings: &out,
             untracked,
+            uncontrolled: self.uncontrolled.clone(),
             probes: self.attached.clone(),
             processes: self.procs.len(),
             region_files_skipped: self.roots.iter().map(RootRegions::skipped).sum(),
