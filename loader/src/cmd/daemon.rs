@@ -12,7 +12,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 use vgpu_common::event::sizes;
 use vgpu_common::paths::{
-    CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR, VGPULOCK_DIR, VOLCANO_CONTAINERS_DIR,
+    HOOK_DIR, METRICS_PORT, PODS_LOG_DIR, REGION_ROOTS_IN_HOOK_DIR, VGPULOCK_DIR,
 };
 
 use super::bounds::{number, seconds};
@@ -105,11 +105,18 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = VGPULOCK_DIR)]
     node_dir: PathBuf,
 
-    /// A root of per-container region directories (`<podUID>_<ctr>/`),
-    /// exported when present; repeat for several. Default: HAMi's and
-    /// Volcano's vGPU device plugin's.
-    #[arg(long, value_name = "DIR", default_values = [CONTAINERS_DIR, VOLCANO_CONTAINERS_DIR])]
+    /// A root of region directories (`<podUID>_<ctr>/` or `<claimUID>/`),
+    /// exported when present; repeat for several. Default: under
+    /// --hook-dir, HAMi's `containers`, Volcano's vGPU device plugin's
+    /// `vgpu/containers` and HAMi's DRA driver's `claims`.
+    #[arg(long, value_name = "DIR")]
     regions_root: Vec<PathBuf>,
+
+    /// The host directory HAMi-core's hosts keep libvgpu.so and the region
+    /// directories in (HAMi's `<gpuHookPath>/vgpu`): the default roots of
+    /// --regions-root lie under it.
+    #[arg(long, value_name = "DIR", default_value = HOOK_DIR)]
+    hook_dir: PathBuf,
 
     /// The kubelet's pod log directory: its `<namespace>_<pod>_<uid>`
     /// entries name the pods in metric labels (no API-server access).
@@ -250,7 +257,14 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             scans: args.scans.max(1),
         },
         slot_grace: secs(args.slot_grace, 0.0),
-        regions_roots: args.regions_root.clone(),
+        regions_roots: if args.regions_root.is_empty() {
+            REGION_ROOTS_IN_HOOK_DIR
+                .iter()
+                .map(|r| args.hook_dir.join(r))
+                .collect()
+        } else {
+            args.regions_root.clone()
+        },
         pods_log_dir: args.pods_log_dir.clone(),
         node: args.node_name.clone(),
         legacy_metrics: args.legacy_metrics,
