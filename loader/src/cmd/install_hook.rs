@@ -27,9 +27,11 @@ use crate::install::{self, HamiSeen, Mounted, Outcome, Plan, Report};
 /// `--hami` every `libvgpu.so.<version>` is moved into the backup (never
 /// overwritten), so the device plugin mounts vgpu's `libvgpu.so`; with
 /// `--watch` it keeps doing so after a device-plugin restart copies HAMi's
-/// file back. HAMi 2.4 and earlier (no versioned file) are refused: their
-/// device plugin rewrites `libvgpu.so` in place on every start. Without
-/// `--hami` a node HAMi serves is refused. After `--uninstall` a running
+/// file back. HAMi 2.4 and earlier and Volcano's vGPU device plugin (no
+/// versioned file) are refused unless `--force` is given: their device
+/// plugin rewrites `libvgpu.so` in place on every start. A `libvgpu.so`
+/// vgpu did not install is never replaced without `--force`. Without
+/// `--hami` a node HAMi 2.5+ serves is refused. After `--uninstall` a running
 /// `--watch` stands down until the next install without `--watch`. A
 /// `--watch` that gets SIGTERM or SIGINT (its pod deleted or rolled)
 /// restores the directory as `--uninstall` does, then exits; it leaves no
@@ -69,8 +71,8 @@ pub struct Args {
     /// new containers now, and which HAMi release the directory shows.
     /// Exits 0 when it is vgpu's (the --from library) and stays so, 3 when
     /// it is another (or no hook at all), 4 when it is vgpu's but HAMi ≥ 2.5
-    /// is not proven (with --hami, or where HAMi has allocated containers):
-    /// HAMi ≤ 2.4 rewrites it in place on its next start.
+    /// is not proven (with --hami, or where HAMi ≤ 2.4's or Volcano's device
+    /// plugin left its files): those rewrite it in place on their next start.
     #[arg(long, conflicts_with_all = ["watch", "uninstall"])]
     check: bool,
     /// Replace a libvgpu.so that vgpu did not install (the first install
@@ -79,7 +81,9 @@ pub struct Args {
     /// (HAMi 2.4 and earlier, Volcano's vGPU device plugin): restart that
     /// device plugin only on a drained node, since its copy rewrites
     /// vgpu's library under the containers that have it mapped.
-    #[arg(long, conflicts_with_all = ["uninstall", "check", "hami"])]
+    /// With --hami it replaces a stray libvgpu.so, but never stands in for
+    /// the proof of HAMi 2.5 or later.
+    #[arg(long, conflicts_with_all = ["uninstall", "check"])]
     force: bool,
 }
 
