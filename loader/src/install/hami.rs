@@ -40,7 +40,7 @@ const CONTAINERS: &str = "containers";
 /// copies `libvgpu.so` into (Project-HAMi/volcano-vgpu-device-plugin
 /// 4fb76ba, `pkg/plugin/server.go` `Allocate`, and the chart's
 /// templates/daemonset.yaml).
-pub const VOLCANO_CONTAINERS: &str = "vgpu/containers";
+const VOLCANO_CONTAINERS: &str = "vgpu/containers";
 
 /// What the host directory says of the HAMi release that serves it.
 #[derive(Debug, PartialEq, Eq)]

@@ -24,8 +24,11 @@
 //!
 //! On HAMi ≥ 2.5 nodes the device plugin mounts a versioned file first;
 //! `hami` says how vgpu takes its place without writing over it, and why
-//! HAMi ≤ 2.4 nodes are refused. A plain install on a node HAMi serves is
-//! refused too: the file it writes would never be mounted.
+//! HAMi ≤ 2.4 and Volcano nodes are refused without `--force`. A plain
+//! install on a node HAMi 2.5+ serves is refused too: the file it writes
+//! would never be mounted. A `libvgpu.so` vgpu did not write (`backup`
+//! records the file each install writes) is never replaced without
+//! `--force`.
 //!
 //! `--uninstall` leaves a marker (`.vgpu-uninstalled`) that a keeper
 //! (`--watch`) honours: it stands down instead of installing again, until
