@@ -1,5 +1,6 @@
 //! An emulated HAMi node, written from what HAMi's device plugin does
-//! (docs/kubernetes.md cites the source), in three generations:
+//! (docs/kubernetes.md cites the source), in three generations, and a node
+//! of Volcano's vGPU device plugin, which injects HAMi-core too:
 //! - 2.10: its start (postStart `vgpu-init.sh <hookPath>/vgpu/`) copies each
 //!   file of its image's `/k8s-vgpu/lib/nvidia/` (`libvgpu.so.<version>`)
 //!   to the host directory when the host file is missing or its MD5 differs
