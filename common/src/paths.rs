@@ -7,6 +7,18 @@
 pub const HOOK_DIR: &str = "/usr/local/vgpu";
 /// Per-container region directories (`<podUID>_<ctrName>/*.cache`).
 pub const CONTAINERS_DIR: &str = "/usr/local/vgpu/containers";
+/// The roots of region directories under the hook directory ([`HOOK_DIR`]
+/// or the daemon's `--hook-dir`), one per host that injects HAMi-core:
+/// - HAMi's device plugin: `containers/<podUID>_<ctr>/` ([`CONTAINERS_DIR`]);
+/// - Volcano's vGPU device plugin, whose `HOOK_PATH` is the hook directory
+///   itself and which adds `vgpu/containers/<podUID>_<ctr>/`
+///   (Project-HAMi/volcano-vgpu-device-plugin 4fb76ba, `pkg/plugin/server.go`
+///   `Allocate`);
+/// - HAMi's DRA kubelet plugin: `claims/<claim UID>/<uuid>.cache`
+///   (Project-HAMi/k8s-dra-driver ebeaad9,
+///   `cmd/hami-kubelet-plugin/hami_core.go` `GetCDIContainerEdits`), the
+///   directory mounted at the same path in the container.
+pub const REGION_ROOTS_IN_HOOK_DIR: [&str; 3] = ["containers", "vgpu/containers", "claims"];
 /// Kernel BTF, for struct offsets of the namespace-PID probes. sysfs is
 /// not namespaced for it: a container's own /sys shows the host kernel's.
 pub const BTF_VMLINUX: &str = "/sys/kernel/btf/vmlinux";

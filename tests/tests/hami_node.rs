@@ -1,5 +1,6 @@
 //! An emulated HAMi node, written from what HAMi's device plugin does
-//! (docs/kubernetes.md cites the source), in three generations:
+//! (docs/kubernetes.md cites the source), in three generations, and a node
+//! of Volcano's vGPU device plugin, which injects HAMi-core too:
 //! - 2.10: its start (postStart `vgpu-init.sh <hookPath>/vgpu/`) copies each
 //!   file of its image's `/k8s-vgpu/lib/nvidia/` (`libvgpu.so.<version>`)
 //!   to the host directory when the host file is missing or its MD5 differs
@@ -18,6 +19,22 @@
 //!   host's `/tmp/vgpulock` at `/tmp/vgpulock` and `<hookPath>/vgpu/ld.so.preload`
 //!   read-only at `/etc/ld.so.preload`, with `CUDA_DEVICE_MEMORY_LIMIT_<i>`,
 //!   `CUDA_DEVICE_SM_LIMIT`, `CUDA_DEVICE_MEMORY_SHARED_CACHE=<hookPath>/vgpu/<uuid>.cache`.
+//!
+//! - Volcano's vGPU device plugin (Project-HAMi/volcano-vgpu-device-plugin
+//!   at 4fb76ba): its chart (`deployments/helm/volcano-vgpu-device-plugin/
+//!   templates/daemonset.yaml`) sets `HOOK_PATH=/usr/local/vgpu` and a
+//!   postStart `cp -f /k8s-vgpu/lib/nvidia/* /usr/local/vgpu/`, the image
+//!   (`docker/Dockerfile.ubuntu20.04`) holding HAMi-core's `libvgpu.so` and
+//!   `lib/nvidia/ld.so.preload` (`/usr/local/vgpu/libvgpu.so`, no newline);
+//!   `Allocate` (`pkg/plugin/server.go`) mounts `<HOOK_PATH>/libvgpu.so`
+//!   read-only at `/usr/local/vgpu/libvgpu.so`, the region directory
+//!   `<HOOK_PATH>/vgpu/containers/<podUID>_<ctr>` at `/tmp/vgpu`, the host's
+//!   `/tmp/vgpulock`, and `<HOOK_PATH>/ld.so.preload` read-only at
+//!   `/etc/ld.so.preload` unless the container's spec has
+//!   `CUDA_DISABLE_CONTROL` (any value), with `CUDA_DEVICE_MEMORY_LIMIT_<i>=
+//!   <memory × gpuMemoryFactor>m`, `CUDA_DEVICE_SM_LIMIT`,
+//!   `CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/<random uuid>.cache` and
+//!   `CUDA_OVERSUBSCRIBE=true` (where `deviceCoresScaling` > 1).
 //!
 //! The node's "host" directories live under the test's directory; inside a
 //! container (a mount and PID namespace, mounts made in the runtime's
@@ -39,6 +56,7 @@ enum Gen {
     V2_4,
     V2_5,
     V2_10,
+    Volcano,
 }
 
 impl Gen {
@@ -47,13 +65,14 @@ impl Gen {
             Gen::V2_4 => "v2.4.1",
             Gen::V2_5 => "v2.5.0",
             Gen::V2_10 => "v2.10.0",
+            Gen::Volcano => "volcano-4fb76ba",
         }
     }
 
     /// The library's name in the image and on the host.
     fn lib_name(self) -> String {
         match self {
-            Gen::V2_4 => "libvgpu.so".into(),
+            Gen::V2_4 | Gen::Volcano => "libvgpu.so".into(),
             _ => format!("libvgpu.so.{}", self.version()),
         }
     }
@@ -160,7 +179,7 @@ impl Node {
             // Equal bytes, equal MD5 (2.4's `cp -f` copies regardless);
             // `fs::copy` truncates and rewrites an existing file in place,
             // as `cp` does.
-            if self.gen == Gen::V2_4 || std::fs::read(&dst).ok().as_deref() != Some(&src[..]) {
+            if self.rewrites() || std::fs::read(&dst).ok().as_deref() != Some(&src[..]) {
                 std::fs::copy(e.path(), &dst).unwrap();
             }
         }
@@ -173,10 +192,15 @@ impl Node {
         }
     }
 
-    /// `GetLibPath()` (2.4: always `libvgpu.so`).
+    /// Does the device plugin's start `cp -f` every file (in place)?
+    fn rewrites(&self) -> bool {
+        matches!(self.gen, Gen::V2_4 | Gen::Volcano)
+    }
+
+    /// `GetLibPath()` (2.4 and Volcano: always `libvgpu.so`).
     fn lib_path(&self) -> PathBuf {
         let v = self.versioned();
-        if self.gen != Gen::V2_4 && v.exists() {
+        if !self.rewrites() && v.exists() {
             v
         } else {
             self.vgpu_dir.join("libvgpu.so")
@@ -185,6 +209,9 @@ impl Node {
 
     /// HAMi's Allocate for container `ctr` of a new pod, 256 MiB and 50 % SM.
     fn allocate(&mut self, ctr: &str) -> Allocation {
+        if self.gen == Gen::Volcano {
+            return self.allocate_volcano(ctr, None);
+        }
         self.seq += 1;
         let pod_uid = format!("0b6c2f3e-1111-2222-3333-{:012}", self.seq);
         let cache_dir = self
@@ -219,6 +246,60 @@ impl Node {
                 ),
                 ("LIBCUDA_LOG_LEVEL".into(), "3".into()),
             ],
+            region: cache_dir.join(region_name),
+        }
+    }
+
+    /// Volcano's Allocate for container `ctr` of a new pod: 128 MiB asked,
+    /// times a `gpuMemoryFactor` of 2, and 50 % SM; `disable_control` is
+    /// the value of the container spec's `CUDA_DISABLE_CONTROL`, if any.
+    fn allocate_volcano(&mut self, ctr: &str, disable_control: Option<&str>) -> Allocation {
+        const ASKED_MIB: u32 = 128;
+        const MEMORY_FACTOR: u32 = 2;
+        self.seq += 1;
+        let pod_uid = format!("5d1e7a90-4444-5555-6666-{:012}", self.seq);
+        let cache_dir = self
+            .vgpu_dir
+            .join("vgpu/containers")
+            .join(format!("{pod_uid}_{ctr}"));
+        let _ = std::fs::remove_dir_all(&cache_dir);
+        std::fs::create_dir_all(&cache_dir).unwrap();
+        std::fs::create_dir_all(&self.vgpulock).unwrap();
+        let region_name = format!("{:08x}-dddd-eeee-ffff-{:012x}.cache", self.seq, self.seq);
+        let mut mounts = vec![
+            (
+                self.vgpu_dir.join("libvgpu.so"),
+                "/usr/local/vgpu/libvgpu.so".to_owned(),
+                true,
+            ),
+            (cache_dir.clone(), "/tmp/vgpu".to_owned(), false),
+            (self.vgpulock.clone(), "/tmp/vgpulock".into(), false),
+        ];
+        let mut env = vec![
+            (
+                "CUDA_DEVICE_MEMORY_LIMIT_0".to_owned(),
+                format!("{}m", ASKED_MIB * MEMORY_FACTOR),
+            ),
+            ("CUDA_DEVICE_SM_LIMIT".into(), "50".into()),
+            (
+                "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+                format!("/tmp/vgpu/{region_name}"),
+            ),
+            ("CUDA_OVERSUBSCRIBE".into(), "true".into()),
+            ("LIBCUDA_LOG_LEVEL".into(), "3".into()),
+        ];
+        match disable_control {
+            // The container's own env holds it; the preload is not mounted.
+            Some(v) => env.push(("CUDA_DISABLE_CONTROL".into(), v.into())),
+            None => mounts.push((
+                self.vgpu_dir.join("ld.so.preload"),
+                "/etc/ld.so.preload".into(),
+                true,
+            )),
+        }
+        Allocation {
+            mounts,
+            env,
             region: cache_dir.join(region_name),
         }
     }
@@ -750,5 +831,208 @@ fn hami_2_4_node_is_refused_and_never_reported_served() {
         "HAMi 2.4's restart rewrote the mapped library: exit 4 was right"
     );
     drop(running);
+    let _ = std::fs::remove_dir_all(&node.root);
+}
+
+/// Issue #41: HAMi 2.4 (HAMi 678eaf0, tag v2.4.1: the chart's
+/// templates/device-plugin/daemonsetnvidia.yaml, postStart `cp -f
+/// /k8s-vgpu/lib/nvidia/* <gpuHookPath>/vgpu/`, the image's `lib/nvidia/`
+/// holding `ld.so.preload` and the `libvgpu.so` `docker/Dockerfile` adds)
+/// whose device plugin has started but allocated nothing: no `containers/`
+/// yet, only HAMi's unversioned library and `ld.so.preload`. A plain
+/// install-hook used to take this for a node without HAMi and overwrite
+/// HAMi's library; now it refuses, saying what it found and what to do,
+/// `--check` names the host, and only `--force` installs (and uninstall
+/// puts HAMi's library back).
+#[test]
+fn hami_2_4_node_before_its_first_pod_keeps_its_library_without_force() {
+    let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
+    let mut node = Node::new("v2.4-idle", Gen::V2_4);
+    let exe = dist::compile_c("demo_workload", &node.root, false);
+    node.device_plugin_start();
+    assert!(!node.vgpu_dir.join("containers").exists());
+    let hami_lib = std::fs::read(node.versioned()).unwrap();
+
+    let before = snapshot(&node.vgpu_dir);
+    let out = hook_cmd(&node, false, &[]).output().unwrap();
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        !out.status.success(),
+        "plain install-hook on an idle HAMi 2.4 node: {said}"
+    );
+    assert!(
+        said.contains("HAMi 2.4 or earlier")
+            && said.contains("in place")
+            && said.contains("--force"),
+        "the refusal names the host and the way on: {said}"
+    );
+    assert_eq!(snapshot(&node.vgpu_dir), before, "nothing changed");
+
+    let out = hook_cmd(&node, false, &["--check"]).output().unwrap();
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("HAMi 2.4 or earlier, or Volcano") && said.contains("--force"),
+        "--check names the host and what to do: {said}"
+    );
+
+    // The operator's word: installed, with the warning, and served until
+    // the next restart; uninstall puts HAMi's library back.
+    let out = sh(&mut hook_cmd(&node, false, &["--force"]));
+    assert!(
+        text(&out.stdout).contains("drained"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_runs_vgpu(&mut node, &gpu, &exe, "after install-hook --force");
+    uninstall(&node);
+    assert_eq!(std::fs::read(node.versioned()).unwrap(), hami_lib);
+    assert_runs_hami(&mut node, &gpu, &exe, "after uninstall");
+    let _ = std::fs::remove_dir_all(&node.root);
+}
+
+/// Issue #41: a Volcano vGPU node. install-hook tells it from HAMi 2.4 by
+/// the region directories only Volcano makes (`vgpu/containers/`), refuses
+/// without `--force` (its start `cp -f`s HAMi-core over the host file in
+/// place, as 2.4 does), and with it installs: a container runs under vgpu's
+/// hook with Volcano's environment (the factor-scaled limit, the region in
+/// `/tmp/vgpu`), a container whose spec has `CUDA_DISABLE_CONTROL` (any
+/// value) gets no control, the keeper puts vgpu's library back after a
+/// device-plugin restart (whose in-place copy is the hazard `--force`
+/// accepts), and uninstall gives Volcano its library back.
+#[test]
+fn volcano_node_installs_with_force_runs_vgpu_and_uninstalls() {
+    let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
+    let mut node = Node::new("volcano", Gen::Volcano);
+    let exe = dist::compile_c("demo_workload", &node.root, false);
+    node.device_plugin_start();
+    assert_runs_hami(&mut node, &gpu, &exe, "Volcano before vgpu");
+    let volcano_lib = std::fs::read(node.versioned()).unwrap();
+    let volcano_preload = std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap();
+
+    let before = snapshot(&node.vgpu_dir);
+    for hami in [false, true] {
+        let out = hook_cmd(&node, hami, &[]).output().unwrap();
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "--hami: {hami}: {said}");
+        assert!(
+            said.contains("Volcano's vGPU device plugin"),
+            "--hami: {hami}: the refusal names Volcano: {said}"
+        );
+        assert_eq!(snapshot(&node.vgpu_dir), before, "--hami: {hami}");
+    }
+    let out = hook_cmd(&node, false, &["--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("Volcano's vGPU device plugin"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = sh(&mut hook_cmd(&node, false, &["--force"]));
+    assert!(
+        text(&out.stdout).contains("Volcano") && text(&out.stdout).contains("drained"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = hook_cmd(&node, false, &["--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stdout));
+    assert_runs_vgpu(&mut node, &gpu, &exe, "after install-hook --force");
+
+    // CUDA_DISABLE_CONTROL, whatever its value: no preload, no hook.
+    for value in ["true", "false", ""] {
+        let a = node.allocate_volcano("free", Some(value));
+        let out = node.run(&a, &gpu, &exe);
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{value:?}: {stdout}{stderr}");
+        assert!(
+            !stderr.contains(VGPU_SAYS) && !stderr.contains(STANDIN_SAYS),
+            "CUDA_DISABLE_CONTROL={value:?}: no hook loaded: {stderr}"
+        );
+        assert!(!stdout.contains("total 256 MiB"), "{value:?}: {stdout}");
+    }
+
+    // A restart copies Volcano's library over vgpu's in place (what
+    // --force accepted); the keeper puts vgpu's back by rename.
+    let keeper = Watcher(
+        hook_cmd(&node, false, &["--force", "--watch", "60"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let running = Mapped::new(&node.lib_path());
+    node.device_plugin_start();
+    assert!(
+        !running.unchanged(),
+        "Volcano's restart rewrote the mapped library in place"
+    );
+    drop(running);
+    let ours = std::fs::read(dist::hook_lib()).unwrap();
+    eventually(
+        Duration::from_secs(2),
+        "the keeper puts vgpu's library back after the restart",
+        || std::fs::read(node.lib_path()).ok().as_ref() == Some(&ours),
+    );
+    assert_runs_vgpu(&mut node, &gpu, &exe, "after the restart");
+
+    uninstall(&node);
+    drop(keeper);
+    assert_eq!(std::fs::read(node.versioned()).unwrap(), volcano_lib);
+    assert_eq!(
+        std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap(),
+        volcano_preload
+    );
+    assert_runs_hami(&mut node, &gpu, &exe, "after uninstall");
+    let _ = std::fs::remove_dir_all(&node.root);
+}
+
+/// Issue #41: `vgpu daemon` finds and labels the regions of a Volcano node
+/// (`<HOOK_PATH>/vgpu/containers/<podUID>_<ctr>/`, with `HOOK_PATH` the
+/// host directory the DaemonSet mounts), beside HAMi's root, as its default
+/// `--regions-root` pair does on a node (here under the emulated node's
+/// host directory).
+#[test]
+fn the_daemon_labels_regions_under_volcanos_layout() {
+    let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
+    let mut node = Node::new("volcano-daemon", Gen::Volcano);
+    let exe = dist::compile_c("demo_workload", &node.root, false);
+    node.device_plugin_start();
+    sh(&mut hook_cmd(&node, false, &["--force"]));
+    let a = node.allocate("trainer");
+    let out = node.run(&a, &gpu, &exe);
+    assert!(
+        out.status.success() && text(&out.stderr).contains(VGPU_SAYS),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let dir = a.region.parent().unwrap().file_name().unwrap();
+    let (pod_uid, _) = dir.to_str().unwrap().split_once('_').unwrap();
+
+    let work = vgpu_tests::daemon::Workdir::new("vgpu-volcano-", &["state"]);
+    let volcano_root = node.vgpu_dir.join("vgpu/containers");
+    let daemon = work.start_daemon(
+        &gpu,
+        &work.path("state"),
+        &node.vgpu_dir.join("containers"),
+        &["--regions-root", volcano_root.to_str().unwrap()],
+    );
+    let want = format!("pod_uid=\"{pod_uid}\"");
+    eventually(
+        Duration::from_secs(10),
+        "the Volcano container's region in /metrics",
+        || daemon.metrics().contains(&want),
+    );
+    let metrics = daemon.metrics();
+    let limit = metrics
+        .lines()
+        .find(|l| l.starts_with("hami_vgpu_memory_limit_bytes{") && l.contains(&want))
+        .unwrap_or_else(|| panic!("no limit series for {pod_uid}: {metrics}"));
+    assert!(
+        limit.contains("container=\"trainer\"") && limit.ends_with(&(256u64 << 20).to_string()),
+        "the region's limit, labelled with its pod and container: {limit}"
+    );
+    drop(daemon);
     let _ = std::fs::remove_dir_all(&node.root);
 }

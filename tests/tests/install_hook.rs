@@ -132,7 +132,12 @@ fn install_is_idempotent_and_uninstall_restores_the_previous_state() {
     let before_lib = std::fs::read(host.join("libvgpu.so")).unwrap();
 
     let ours = lib(dir.path(), "ours", 8);
-    let first = install(&host, &ours, &[]);
+    // HAMi ≤ 2.4's (or Volcano's) files: only the operator's --force
+    // replaces them (hami_node.rs shows why).
+    let refused = install(&host, &ours, &[]);
+    assert!(!refused.status.success(), "{}", stdout(&refused));
+    assert_eq!(std::fs::read(host.join("libvgpu.so")).unwrap(), before_lib);
+    let first = install(&host, &ours, &["--force"]);
     assert!(
         first.status.success(),
         "{}",
@@ -143,7 +148,7 @@ fn install_is_idempotent_and_uninstall_restores_the_previous_state() {
         std::fs::read(host.join("libvgpu.so")).unwrap(),
         std::fs::read(&ours).unwrap()
     );
-    let second = install(&host, &ours, &[]);
+    let second = install(&host, &ours, &["--force"]);
     assert!(second.status.success());
     assert!(
         stdout(&second).contains("already up to date"),
@@ -320,4 +325,61 @@ fn a_library_that_is_not_the_hook_is_refused_and_nothing_changes() {
         assert!(!said.contains("get vgpu's hook"), "{said}");
         assert!(said.contains("not vgpu's hook"), "{said}");
     }
+}
+
+/// Issue #41: a `libvgpu.so` vgpu did not install is never replaced without
+/// `--force`, on a node with no device plugin's files too; vgpu's own
+/// (installed earlier, then upgraded) needs no flag, but once something
+/// rewrote it in place (a device plugin's `cp -f`), it is not vgpu's any
+/// more, whatever its bytes.
+#[test]
+fn a_library_vgpu_did_not_install_is_replaced_only_with_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = dir.path().join("vgpu");
+    std::fs::create_dir_all(&host).unwrap();
+    let theirs = lib(dir.path(), "theirs", 5);
+    let ours = lib(dir.path(), "ours", 6);
+    let newer = lib(dir.path(), "newer", 7);
+    std::fs::copy(&theirs, host.join("libvgpu.so")).unwrap();
+    let was = std::fs::read(host.join("libvgpu.so")).unwrap();
+
+    let o = install(&host, &ours, &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "replaced without --force: {}",
+        stdout(&o)
+    );
+    assert!(
+        err.contains("vgpu did not install it") && err.contains("--force"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(host.join("libvgpu.so")).unwrap(), was);
+    let c = install(&host, &ours, &["--check"]);
+    assert_eq!(c.status.code(), Some(3), "{}", stdout(&c));
+    assert!(stdout(&c).contains("--force"), "{}", stdout(&c));
+
+    let o = install(&host, &ours, &["--force"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // An upgrade of vgpu's own library needs no flag.
+    let o = install(&host, &newer, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        std::fs::read(host.join("libvgpu.so")).unwrap(),
+        std::fs::read(&newer).unwrap()
+    );
+    // Rewritten in place, as `cp -f` does (same inode, new bytes).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::copy(&theirs, host.join("libvgpu.so")).unwrap();
+    let o = install(&host, &ours, &[]);
+    assert!(
+        !o.status.success(),
+        "a library rewritten in place was replaced without --force: {}",
+        stdout(&o)
+    );
+    assert_eq!(std::fs::read(host.join("libvgpu.so")).unwrap(), was);
+    // Uninstall puts back what the first install found.
+    let o = install(&host, &ours, &["--uninstall"]);
+    assert!(o.status.success());
+    assert_eq!(std::fs::read(host.join("libvgpu.so")).unwrap(), was);
 }

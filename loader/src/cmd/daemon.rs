@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::MissedTickBehavior;
 use vgpu_common::event::sizes;
-use vgpu_common::paths::{CONTAINERS_DIR, METRICS_PORT, PODS_LOG_DIR};
+use vgpu_common::paths::{HOOK_DIR, METRICS_PORT, PODS_LOG_DIR, REGION_ROOTS_IN_HOOK_DIR};
 
 use super::bounds::{number, seconds};
 use crate::daemon::collect::libs::LibWatch;
@@ -119,9 +119,18 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = "/run/vgpu")]
     state_dir: PathBuf,
 
-    /// HAMi's per-container region directory, also exported when present.
-    #[arg(long, value_name = "DIR", default_value = CONTAINERS_DIR)]
-    regions_root: PathBuf,
+    /// A root of region directories (`<podUID>_<ctr>/` or `<claimUID>/`),
+    /// exported when present; repeat for several. Default: under
+    /// --hook-dir, HAMi's `containers`, Volcano's vGPU device plugin's
+    /// `vgpu/containers` and HAMi's DRA driver's `claims`.
+    #[arg(long, value_name = "DIR")]
+    regions_root: Vec<PathBuf>,
+
+    /// The host directory HAMi-core's hosts keep libvgpu.so and the region
+    /// directories in (HAMi's `<gpuHookPath>/vgpu`): the default roots of
+    /// --regions-root lie under it.
+    #[arg(long, value_name = "DIR", default_value = HOOK_DIR)]
+    hook_dir: PathBuf,
 
     /// The kubelet's pod log directory: its `<namespace>_<pod>_<uid>`
     /// entries name the pods in metric labels (no API-server access).
@@ -268,7 +277,14 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
             scans: args.scans.max(1),
         },
         slot_grace: secs(args.slot_grace, 0.0),
-        regions_root: Some(args.regions_root.clone()),
+        regions_roots: if args.regions_root.is_empty() {
+            REGION_ROOTS_IN_HOOK_DIR
+                .iter()
+                .map(|r| args.hook_dir.join(r))
+                .collect()
+        } else {
+            args.regions_root.clone()
+        },
         pods_log_dir: args.pods_log_dir.clone(),
         node: args.node_name.clone(),
         legacy_metrics: args.legacy_metrics,

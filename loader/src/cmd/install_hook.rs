@@ -27,9 +27,11 @@ use crate::install::{self, HamiSeen, Mounted, Outcome, Plan, Report};
 /// `--hami` every `libvgpu.so.<version>` is moved into the backup (never
 /// overwritten), so the device plugin mounts vgpu's `libvgpu.so`; with
 /// `--watch` it keeps doing so after a device-plugin restart copies HAMi's
-/// file back. HAMi 2.4 and earlier (no versioned file) are refused: their
-/// device plugin rewrites `libvgpu.so` in place on every start. Without
-/// `--hami` a node HAMi serves is refused. After `--uninstall` a running
+/// file back. HAMi 2.4 and earlier and Volcano's vGPU device plugin (no
+/// versioned file) are refused unless `--force` is given: their device
+/// plugin rewrites `libvgpu.so` in place on every start. A `libvgpu.so`
+/// vgpu did not install is never replaced without `--force`. Without
+/// `--hami` a node HAMi 2.5+ serves is refused. After `--uninstall` a running
 /// `--watch` stands down until the next install without `--watch`. A
 /// `--watch` that gets SIGTERM or SIGINT (its pod deleted or rolled)
 /// restores the directory as `--uninstall` does, then exits; it leaves no
@@ -69,10 +71,20 @@ pub struct Args {
     /// new containers now, and which HAMi release the directory shows.
     /// Exits 0 when it is vgpu's (the --from library) and stays so, 3 when
     /// it is another (or no hook at all), 4 when it is vgpu's but HAMi ≥ 2.5
-    /// is not proven (with --hami, or where HAMi has allocated containers):
-    /// HAMi ≤ 2.4 rewrites it in place on its next start.
+    /// is not proven (with --hami, or where HAMi ≤ 2.4's or Volcano's device
+    /// plugin left its files): those rewrite it in place on their next start.
     #[arg(long, conflicts_with_all = ["watch", "uninstall"])]
     check: bool,
+    /// Replace a libvgpu.so that vgpu did not install (the first install
+    /// keeps it for --uninstall), and install where the device plugin
+    /// copies its libvgpu.so over the host file in place on every start
+    /// (HAMi 2.4 and earlier, Volcano's vGPU device plugin): restart that
+    /// device plugin only on a drained node, since its copy rewrites
+    /// vgpu's library under the containers that have it mapped.
+    /// With --hami it replaces a stray libvgpu.so, but never stands in for
+    /// the proof of HAMi 2.5 or later.
+    #[arg(long, conflicts_with_all = ["uninstall", "check"])]
+    force: bool,
 }
 
 pub fn run(args: Args) -> Result<ExitCode> {
@@ -103,6 +115,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         libc,
         hami: args.hami,
         keeper: args.watch.is_some(),
+        force: args.force,
     };
     // Before the first install: a SIGTERM from then on waits to be read,
     // and is answered by a restore, even while an install runs.
@@ -112,6 +125,14 @@ pub fn run(args: Args) -> Result<ExitCode> {
     };
     let report = install::install(&plan)?;
     println!("{}", describe(&report, &dir));
+    let seen = install::hami_seen(&args.host_dir)?;
+    if seen.rewrites_in_place() {
+        println!(
+            "{dir}: {}; its device plugin's next start rewrites {dir}/libvgpu.so in place: \
+             restart it only on a drained node, then run install-hook --force again",
+            seen.describe()
+        );
+    }
     let (Some(secs), Some(stop)) = (args.watch, stop) else {
         return Ok(ExitCode::SUCCESS);
     };
@@ -179,18 +200,11 @@ fn stopped(host_dir: &std::path::Path, dir: &str, sig: &str) -> Result<ExitCode>
 fn check(host_dir: &std::path::Path, lib: &std::path::Path, hami: bool) -> Result<ExitCode> {
     let dir = host_dir.display();
     let seen = install::hami_seen(host_dir)?;
-    let release = match &seen {
-        HamiSeen::Versioned(v) => {
-            format!("HAMi {} (2.5 or later: versioned library)", v.join(", "))
-        }
-        HamiSeen::Unversioned => {
-            "HAMi 2.4 or earlier (its containers, no versioned library ever)".to_owned()
-        }
-        HamiSeen::Nothing => "no HAMi seen".to_owned(),
-    };
+    let release = seen.describe();
+    let seen_rewrites = seen.rewrites_in_place();
     let proven = match seen {
         HamiSeen::Versioned(_) => true,
-        HamiSeen::Unversioned => false,
+        HamiSeen::Unversioned | HamiSeen::Volcano | HamiSeen::Started => false,
         HamiSeen::Nothing => !hami,
     };
     let (line, code) = match install::mounted(host_dir, lib)? {
@@ -201,8 +215,8 @@ fn check(host_dir: &std::path::Path, lib: &std::path::Path, hami: bool) -> Resul
         Mounted::Vgpu => (
             format!(
                 "{dir}/libvgpu.so is vgpu's, but HAMi 2.5 or later is not proven: the next start \
-                 of a HAMi 2.4 device plugin rewrites it in place under running containers; \
-                 not served"
+                 of a HAMi 2.4 (or Volcano) device plugin rewrites it in place under running \
+                 containers; not served"
             ),
             4,
         ),
@@ -214,14 +228,35 @@ fn check(host_dir: &std::path::Path, lib: &std::path::Path, hami: bool) -> Resul
             3,
         ),
         Mounted::Other => (
-            format!("{dir}/libvgpu.so is not the library of {}", lib.display()),
+            format!(
+                "{dir}/libvgpu.so is not the library of {}; {}",
+                lib.display(),
+                advice(seen_rewrites)
+            ),
             3,
         ),
-        Mounted::NotHook(why) => (format!("{dir}/libvgpu.so is not vgpu's hook: {why}"), 3),
+        Mounted::NotHook(why) => (
+            format!(
+                "{dir}/libvgpu.so is not vgpu's hook: {why}; {}",
+                advice(seen_rewrites)
+            ),
+            3,
+        ),
         Mounted::Nothing => (format!("no hook library in {dir}"), 3),
     };
     println!("{line}\n{dir}: {release}");
     Ok(ExitCode::from(code))
+}
+
+/// What to do about a `libvgpu.so` that is not vgpu's.
+fn advice(rewrites_in_place: bool) -> &'static str {
+    if rewrites_in_place {
+        "it is the device plugin's, which rewrites it in place on every start: upgrade HAMi \
+         to 2.5 or later and run install-hook --hami, or run install-hook --force on a \
+         drained node"
+    } else {
+        "install-hook --force replaces it (--uninstall puts it back)"
+    }
 }
 
 fn describe(r: &Report, dir: &str) -> String {

@@ -63,8 +63,9 @@ pub struct ObserverSettings {
     pub thresholds: Thresholds,
     /// How long a process may run without a slot before it is `no_region`.
     pub slot_grace: Duration,
-    /// HAMi's container directory to scan for regions (skipped if absent).
-    pub regions_root: Option<PathBuf>,
+    /// The roots of container directories to scan for regions (HAMi's,
+    /// Volcano's; each skipped while absent).
+    pub regions_roots: Vec<PathBuf>,
     /// The kubelet's pod log directory, which names pods by UID.
     pub pods_log_dir: PathBuf,
     /// This node's name, a label of the host GPU series (empty: none).
@@ -149,8 +150,13 @@ pub struct Observer {
     lost_seen: HashMap<&'static str, u64>,
     attached: Vec<(String, String)>,
     integrity: Option<Integrity>,
-    /// The regions found by listing the regions root.
-    root: RootRegions,
+    /// The regions found by listing each regions root, in the order of
+    /// `regions_roots`.
+    roots: Vec<RootRegions>,
+    /// This scan's processes of containers whose spec opts out of the hook:
+    /// identity, host PID, device memory (the larger of NVML's and the
+    /// probes' count).
+    uncontrolled: Vec<(ContainerIdentity, u32, u64)>,
     /// How long the last scan and its render took.
     last_timing: snapshot::ScanTiming,
     /// The last render: when, what it showed (a fingerprint of the regions
@@ -187,6 +193,11 @@ impl Observer {
                 h,
             )
         });
+        let roots = settings
+            .regions_roots
+            .iter()
+            .map(|_| RootRegions::default())
+            .collect();
         Self {
             roster,
             pods: PodNames::new(settings.pods_log_dir.clone()),
@@ -204,7 +215,8 @@ impl Observer {
             lost_seen: HashMap::new(),
             attached: Vec::new(),
             integrity,
-            root: RootRegions::default(),
+            roots,
+            uncontrolled: Vec::new(),
             last_timing: snapshot::ScanTiming::default(),
             rendered: None,
             utilization_json: String::new(),
@@ -368,8 +380,8 @@ impl Observer {
     /// it lists) and counts the probes' lost events.
     fn collect(&mut self) -> Option<Sample> {
         let started = Instant::now();
-        if let Some(root) = &self.settings.regions_root {
-            self.root.collect(root, &mut self.cache, started);
+        for (root, found) in self.settings.regions_roots.iter().zip(&mut self.roots) {
+            found.collect(root, &mut self.cache, started);
         }
         // What the cross-check and the integrity checks read now; every
         // other region waits for the region pass.
@@ -386,6 +398,7 @@ impl Observer {
     /// new and what cleared.
     fn judge_processes(&mut self, nv: Option<&Sample>, now_ms: u64) -> Vec<Finding> {
         let mut out = Vec::new();
+        self.uncontrolled.clear();
         for (&tgid, p) in &self.procs {
             if let Some(key) = p.region() {
                 self.cache.touch(&key);
@@ -404,6 +417,22 @@ impl Observer {
                     }
                 }
                 None if p.first_seen.elapsed() >= self.settings.slot_grace => {
+                    let id = p.identity.as_ref().and_then(|i| i.container_id.as_deref());
+                    let opted_out = match (self.integrity.as_mut(), id) {
+                        (Some(integ), Some(id)) => integ.uncontrolled(id),
+                        _ => false,
+                    };
+                    if opted_out {
+                        // Unhooked by design (HAMi's whole-GPU mode): shown
+                        // with its memory, never a finding.
+                        let bytes = obs
+                            .nvml_bytes
+                            .unwrap_or(0)
+                            .max(obs.probe_bytes.unwrap_or(0));
+                        let who = p.identity.clone().unwrap_or_default();
+                        self.uncontrolled.push((who, tgid, bytes));
+                        continue;
+                    }
                     let none = Thresholds {
                         min_bytes: 0,
                         ratio: 0.0,
@@ -482,9 +511,10 @@ impl Observer {
             host: nv.map(|s| s.devices).unwrap_or_default(),
             findings: &out,
             untracked,
+            uncontrolled: self.uncontrolled.clone(),
             probes: self.attached.clone(),
             processes: self.procs.len(),
-            region_files_skipped: self.root.skipped(),
+            region_files_skipped: self.roots.iter().map(RootRegions::skipped).sum(),
             overruns: self.cache.overruns(),
             labels_shortened: views.labels_shortened,
             timing: self.last_timing,

@@ -14,6 +14,44 @@ use std::path::Path;
 use super::{io_err, read_in, write_atomic, HostFile, InstallError};
 
 const STATE: &str = "state";
+/// Which `libvgpu.so` vgpu wrote last: its inode, modification time and
+/// size. A rename over it changes the inode, an in-place `cp -f` (HAMi ≤
+/// 2.4's and Volcano's device-plugin start) the time: then it is not
+/// vgpu's any more, whatever its bytes.
+const INSTALLED: &str = "installed";
+
+/// `ino mtime_sec mtime_nsec size` of `path`, not followed.
+fn identity(path: &Path) -> Result<Option<String>, InstallError> {
+    use std::os::unix::fs::MetadataExt as _;
+    match fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some(format!(
+            "{} {} {} {}\n",
+            m.ino(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.size()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_err("stat", path)(e)),
+    }
+}
+
+/// Records that vgpu has just written `lib`.
+pub fn record_installed(dir: &Path, lib: &Path) -> Result<(), InstallError> {
+    let Some(id) = identity(lib)? else {
+        return Ok(());
+    };
+    write_atomic(&dir.join(INSTALLED), id.as_bytes(), 0o644)
+}
+
+/// Is `lib` the file vgpu wrote last? A backup without the record (an
+/// install by a vgpu before it) vouches for the file as well.
+pub fn installed_here(dir: &Path, lib: &Path) -> Result<bool, InstallError> {
+    match read_in(dir, INSTALLED)? {
+        Some(rec) => Ok(identity(lib)?.is_some_and(|id| id.as_bytes() == rec.bytes)),
+        None => Ok(exists(dir)),
+    }
+}
 
 /// Has a first install recorded the state?
 pub fn exists(dir: &Path) -> bool {

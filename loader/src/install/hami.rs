@@ -26,7 +26,7 @@
 use std::fs;
 use std::path::Path;
 
-use super::{check_backup_dir, io_err, InstallError, LIB_NAME};
+use super::{check_backup_dir, io_err, InstallError, LIB_NAME, PRELOAD_NAME};
 
 /// Where the versioned files wait, inside the backup directory.
 const SET_ASIDE: &str = "hami";
@@ -34,6 +34,13 @@ const SET_ASIDE: &str = "hami";
 /// The directory HAMi's device plugin (every version) makes for each
 /// container it allocates.
 const CONTAINERS: &str = "containers";
+
+/// Where Volcano's device plugin makes them: `<HOOK_PATH>/vgpu/containers/
+/// <pod-uid>_<ctr>` with `HOOK_PATH=/usr/local/vgpu`, the directory it also
+/// copies `libvgpu.so` into (Project-HAMi/volcano-vgpu-device-plugin
+/// 4fb76ba, `pkg/plugin/server.go` `Allocate`, and the chart's
+/// templates/daemonset.yaml).
+const VOLCANO_CONTAINERS: &str = "vgpu/containers";
 
 /// What the host directory says of the HAMi release that serves it.
 #[derive(Debug, PartialEq, Eq)]
@@ -44,8 +51,49 @@ pub enum HamiSeen {
     /// HAMi's per-container directories but no versioned file ever: HAMi
     /// 2.4 or earlier, whose device plugin rewrites `libvgpu.so` in place.
     Unversioned,
+    /// Volcano's vGPU device plugin: its per-container directories lie one
+    /// level deeper (`<HOOK_PATH>/vgpu/containers`, with its `HOOK_PATH`
+    /// the host directory itself), and its start `cp -f`s an unversioned
+    /// `libvgpu.so` in place as HAMi 2.4 does.
+    Volcano,
+    /// An unversioned `libvgpu.so` that vgpu did not put there, beside an
+    /// `ld.so.preload`, and no per-container directory yet: what the start
+    /// of HAMi ≤ 2.4's or Volcano's device plugin leaves (both `cp -f`
+    /// their image's two files) before it allocates its first container.
+    Started,
     /// Nothing of HAMi's.
     Nothing,
+}
+
+impl HamiSeen {
+    /// Whose device plugin this is and which release, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            HamiSeen::Versioned(v) => {
+                format!("HAMi {} (2.5 or later: versioned library)", v.join(", "))
+            }
+            HamiSeen::Unversioned => {
+                "HAMi 2.4 or earlier (its containers/, no versioned library ever)".to_owned()
+            }
+            HamiSeen::Volcano => {
+                "Volcano's vGPU device plugin, HAMi-core (its vgpu/containers/)".to_owned()
+            }
+            HamiSeen::Started => "HAMi 2.4 or earlier, or Volcano's vGPU device plugin \
+                 (an unversioned libvgpu.so vgpu did not install, with ld.so.preload; \
+                 no container allocated yet, so which of the two is not known)"
+                .to_owned(),
+            HamiSeen::Nothing => "no HAMi seen".to_owned(),
+        }
+    }
+
+    /// Does this host's device plugin `cp -f` its `libvgpu.so` over the
+    /// host file, in place, on every start?
+    pub fn rewrites_in_place(&self) -> bool {
+        matches!(
+            self,
+            HamiSeen::Unversioned | HamiSeen::Volcano | HamiSeen::Started
+        )
+    }
 }
 
 /// Reads what `host_dir` (and the set-aside directory in `backup`) prove of
@@ -70,9 +118,23 @@ pub fn seen(host_dir: &Path, backup: &Path) -> Result<HamiSeen, InstallError> {
     if !versions.is_empty() {
         return Ok(HamiSeen::Versioned(versions));
     }
-    let containers = fs::symlink_metadata(host_dir.join(CONTAINERS));
-    Ok(if containers.is_ok_and(|m| m.is_dir()) {
+    let is_dir = |rel: &str| fs::symlink_metadata(host_dir.join(rel)).is_ok_and(|m| m.is_dir());
+    let exists = |p: &Path| fs::symlink_metadata(p).is_ok();
+    Ok(if is_dir(CONTAINERS) {
         HamiSeen::Unversioned
+    } else if is_dir(VOLCANO_CONTAINERS) {
+        HamiSeen::Volcano
+    } else if [LIB_NAME, PRELOAD_NAME].iter().all(|n| {
+        // The first install keeps what it found: the device plugin's pair
+        // was there before vgpu's install, and still comes back at its
+        // next start.
+        if exists(backup) {
+            exists(&backup.join(n))
+        } else {
+            exists(&host_dir.join(n))
+        }
+    }) {
+        HamiSeen::Started
     } else {
         HamiSeen::Nothing
     })
@@ -167,6 +229,13 @@ mod tests {
         let host = d.path().join("vgpu");
         let backup = host.join(".vgpu-backup");
         assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Nothing);
+        fs::create_dir_all(&host).unwrap();
+        fs::write(host.join("libvgpu.so"), b"hami 2.4").unwrap();
+        assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Nothing);
+        fs::write(host.join("ld.so.preload"), b"/usr/local/vgpu/libvgpu.so").unwrap();
+        assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Started);
+        fs::create_dir_all(host.join(VOLCANO_CONTAINERS)).unwrap();
+        assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Volcano);
         fs::create_dir_all(host.join(CONTAINERS)).unwrap();
         fs::write(host.join("libvgpu.so"), b"hami 2.4").unwrap();
         assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Unversioned);

@@ -24,8 +24,11 @@
 //!
 //! On HAMi ≥ 2.5 nodes the device plugin mounts a versioned file first;
 //! `hami` says how vgpu takes its place without writing over it, and why
-//! HAMi ≤ 2.4 nodes are refused. A plain install on a node HAMi serves is
-//! refused too: the file it writes would never be mounted.
+//! HAMi ≤ 2.4 and Volcano nodes are refused without `--force`. A plain
+//! install on a node HAMi 2.5+ serves is refused too: the file it writes
+//! would never be mounted. A `libvgpu.so` vgpu did not write (`backup`
+//! records the file each install writes) is never replaced without
+//! `--force`.
 //!
 //! `--uninstall` leaves a marker (`.vgpu-uninstalled`) that a keeper
 //! (`--watch`) honours: it stands down instead of installing again, until
@@ -77,14 +80,29 @@ pub enum InstallError {
     #[error("the backup in {0} is damaged: {1}")]
     Backup(PathBuf, String),
     #[error(
-        "refusing to install in {0}: it holds no HAMi libvgpu.so.<version> and vgpu set none \
-         aside, so this is HAMi 2.4 or earlier (or its device plugin has not started yet). \
-         HAMi 2.4's device plugin copies its libvgpu.so over the host file in place on every \
-         start, which would rewrite vgpu's library under the containers that have it mapped. \
-         vgpu installs on HAMi 2.5 or later: upgrade HAMi, then run install-hook --hami \
+        "refusing to install in {dir}: it holds no HAMi libvgpu.so.<version> and vgpu set none \
+         aside, so HAMi 2.5 or later is not proven; found: {found}. HAMi 2.4 and earlier (and \
+         Volcano's vGPU device plugin) copy their libvgpu.so over the host file in place on \
+         every start, and with --hami there is no versioned file to move aside: upgrade HAMi \
+         to 2.5 or later, or wait for its device plugin to start, then run install-hook --hami \
          (docs/kubernetes.md, \"HAMi versions\"). Nothing was changed."
     )]
-    HamiUnversioned(PathBuf),
+    HamiUnversioned { dir: PathBuf, found: String },
+    #[error(
+        "refusing to install in {dir}: found {found}, whose device plugin copies its \
+         libvgpu.so over the host file in place (cp -f) on every start, which would rewrite \
+         vgpu's library under the containers that have it mapped. On HAMi, upgrade to 2.5 or \
+         later and run install-hook --hami; to install here anyway, pass --force and restart \
+         that device plugin only on a drained node (docs/kubernetes.md, \"Hosts\"). Nothing \
+         was changed."
+    )]
+    RewrittenInPlace { dir: PathBuf, found: String },
+    #[error(
+        "refusing to replace {path}: vgpu did not install it ({found}); pass --force to \
+         replace it (the first install keeps it, and --uninstall puts it back). Nothing was \
+         changed."
+    )]
+    Foreign { path: PathBuf, found: String },
     #[error(
         "refusing to install in {0}: HAMi's device plugin serves it and mounts its {1} before \
          libvgpu.so, so a plain install would write a file no container gets; run \
@@ -142,6 +160,10 @@ pub struct Plan {
     /// A keeper's install (`--watch`): honours the uninstall marker instead
     /// of clearing it.
     pub keeper: bool,
+    /// The operator's word (`--force`) to replace a `libvgpu.so` vgpu did
+    /// not install, and to install where a device plugin rewrites it in
+    /// place (HAMi ≤ 2.4, Volcano).
+    pub force: bool,
 }
 
 /// A regular file's bytes and permission bits.
@@ -203,12 +225,18 @@ pub fn install(plan: &Plan) -> Result<Report, InstallError> {
             versioned: Vec::new(),
         });
     }
+    // What is given first: a wrong file is refused whatever the node.
+    let new = read_library(&plan.lib)?;
     let backup_dir = plan.host_dir.join(BACKUP_DIR);
     check_backup_dir(&backup_dir)?;
-    match (plan.hami, hami::seen(&plan.host_dir, &backup_dir)?) {
+    let seen = hami::seen(&plan.host_dir, &backup_dir)?;
+    match (plan.hami, &seen) {
         (true, HamiSeen::Versioned(_)) | (false, HamiSeen::Nothing) => {}
-        (true, _) | (false, HamiSeen::Unversioned) => {
-            return Err(InstallError::HamiUnversioned(plan.host_dir.clone()))
+        (true, _) => {
+            return Err(InstallError::HamiUnversioned {
+                dir: plan.host_dir.clone(),
+                found: seen.describe(),
+            })
         }
         (false, HamiSeen::Versioned(versions)) => {
             let names: Vec<String> = versions.iter().map(|v| format!("{LIB_NAME}.{v}")).collect();
@@ -217,14 +245,34 @@ pub fn install(plan: &Plan) -> Result<Report, InstallError> {
                 names.join(", "),
             ));
         }
+        (false, _) if plan.force => {}
+        (false, _) => {
+            return Err(InstallError::RewrittenInPlace {
+                dir: plan.host_dir.clone(),
+                found: seen.describe(),
+            })
+        }
     }
-    let new = read_library(&plan.lib)?;
     let lib_dst = plan.host_dir.join(LIB_NAME);
     let preload_dst = plan.host_dir.join(PRELOAD_NAME);
     let preload = format!("{}\n", plan.container_path.display());
     let old_lib = read_in(&plan.host_dir, LIB_NAME)?;
     let old_preload = read_in(&plan.host_dir, PRELOAD_NAME)?;
     let same_lib = old_lib.as_ref().is_some_and(|old| old.bytes == new);
+    if !same_lib
+        && !plan.force
+        && old_lib.is_some()
+        && !backup::installed_here(&backup_dir, &lib_dst)?
+    {
+        let found = match old_lib.as_ref().and_then(|f| elf::why_not_hook(&f.bytes)) {
+            Some(why) => format!("not a hook at all: {why}"),
+            None => format!("another hook; {}", seen.describe()),
+        };
+        return Err(InstallError::Foreign {
+            path: lib_dst,
+            found,
+        });
+    }
     // HAMi's own file names the same library (2.5 to 2.9 ship it without
     // the newline): rewriting it would only fight each device-plugin start.
     let same_preload = old_preload
@@ -247,6 +295,7 @@ pub fn install(plan: &Plan) -> Result<Report, InstallError> {
         )?;
         if !same_lib {
             write_atomic(&lib_dst, &new, 0o755)?;
+            backup::record_installed(&backup_dir, &lib_dst)?;
         }
         if !same_preload {
             write_atomic(&preload_dst, preload.as_bytes(), 0o644)?;

@@ -263,6 +263,19 @@ pub fn render(s: &Snapshot<'_>, c: &Counters) -> String {
         "Device memory the hook did not account, per container (persistent findings)",
         untracked,
     );
+    let uncontrolled = Family::<Labels, GaugeU>::default();
+    for (id, pid, b) in &s.uncontrolled {
+        let mut l = pod_of(id.pod_uid.as_deref()).to_vec();
+        l.extend(identity_labels(id));
+        l.push(("pid".into(), pid.to_string()));
+        uncontrolled.get_or_create(&l).set(*b);
+    }
+    noded.register(
+        "vgpu_uncontrolled_process_memory_bytes",
+        "Device memory of each process in a container that opts out of the hook \
+         (CUDA_DISABLE_CONTROL=true: HAMi's whole-GPU mode), by host PID",
+        uncontrolled,
+    );
     let findings = Family::<Labels, Gauge>::default();
     for k in Kind::ALL {
         let n = s.findings.iter().filter(|f| f.kind == k).count();

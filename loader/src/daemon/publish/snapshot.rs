@@ -66,6 +66,9 @@ pub struct Snapshot<'a> {
     pub findings: &'a [Finding],
     /// Untracked bytes per container (cgroup identity).
     pub untracked: Vec<(ContainerIdentity, u64)>,
+    /// Processes of containers that opt out of the hook (HAMi's whole-GPU
+    /// mode): identity, host PID, device memory bytes.
+    pub uncontrolled: Vec<(ContainerIdentity, u32, u64)>,
     /// Probed libcuda entry points: (symbol, libcuda path).
     pub probes: Vec<(String, String)>,
     /// Processes the probes know.

@@ -14,6 +14,21 @@ use vgpu_common::region::MAX_DEVICES;
 pub const ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
 pub use vgpu_common::env::{CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES};
 
+/// HAMi's whole-GPU opt-out: its device plugin mounts no
+/// `/etc/ld.so.preload` into a container whose spec sets it to a true value
+/// (HAMi v2.10.0, `pkg/device-plugin/nvidiadevice/nvinternal/plugin/
+/// server.go` `Allocate`), so the container runs without a hook by design.
+pub const DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
+
+/// Does the spec environment `env` opt the container out of the hook?
+/// True as HAMi's device plugin decides it: Go's `strconv.ParseBool`. A
+/// value HAMi does not take as true (Volcano's plugin skips the preload for
+/// any value) is not an opt-out here: such a container is still judged.
+pub fn disables_control(env: &[String]) -> bool {
+    lookup(env.iter().map(String::as_str), DISABLE_CONTROL)
+        .is_some_and(|v| matches!(v.as_str(), "1" | "t" | "T" | "TRUE" | "true" | "True"))
+}
+
 /// Per-device limits as the hook stores them in a region: bytes (0 = none)
 /// and percent (100 = none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -176,6 +191,18 @@ mod tests {
     use super::*;
 
     const G: u64 = 1 << 30;
+
+    #[test]
+    fn the_whole_gpu_opt_out_is_hamis_parse_bool() {
+        let env = |v: &str| vec![format!("{DISABLE_CONTROL}={v}")];
+        for v in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert!(disables_control(&env(v)), "{v}");
+        }
+        for v in ["0", "false", "", "yes", "tRUE"] {
+            assert!(!disables_control(&env(v)), "{v}");
+        }
+        assert!(!disables_control(&[]));
+    }
 
     fn env(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_owned()).collect()

@@ -98,6 +98,9 @@ pub trait RegionAccess {
 #[derive(Debug)]
 struct SpecEntry {
     expected: Option<Expected>,
+    /// The spec opts the container out of the hook (HAMi's whole-GPU
+    /// mode, [`expected::disables_control`]): nothing is expected of it.
+    uncontrolled: bool,
     source: Option<PathBuf>,
     read_at: Instant,
     used_at: Instant,
@@ -232,8 +235,22 @@ impl Integrity {
     }
 
     /// The container's expected limits and where they came from; `None`
-    /// when it has none (no spec, or a spec without limits).
+    /// when it has none (no spec, a spec without limits, or one that opts
+    /// out of the hook).
     fn expected(&mut self, id: &str) -> Option<(Expected, PathBuf)> {
+        let e = self.entry(id);
+        Some((e.expected.clone()?, e.source.clone()?))
+    }
+
+    /// Whether container `id`'s spec opts it out of the hook (HAMi's
+    /// whole-GPU mode): its processes run unhooked by design, and are
+    /// neither `no_region` nor judged against limits.
+    pub fn uncontrolled(&mut self, id: &str) -> bool {
+        self.entry(id).uncontrolled
+    }
+
+    /// Container `id`'s spec, read (again, while none was found) as due.
+    fn entry(&mut self, id: &str) -> &mut SpecEntry {
         let now = Instant::now();
         let stale = self.specs.get(id).is_none_or(|e| {
             e.expected.is_none()
@@ -243,7 +260,17 @@ impl Integrity {
         if stale {
             // Say what is wrong with a spec once, not at every retry.
             let first = !self.specs.contains_key(id);
-            let (expected, source) = match spec::find(&self.cfg.specs, id) {
+            let (expected, source, uncontrolled) = match spec::find(&self.cfg.specs, id) {
+                Ok(Some((path, env))) if expected::disables_control(&env) => {
+                    tracing::info!(
+                        "container {}: {}=true in {}: no hook by the device plugin's design; \
+                         its processes are shown, not judged",
+                        short(id),
+                        expected::DISABLE_CONTROL,
+                        path.display()
+                    );
+                    (None, Some(path), true)
+                }
                 Ok(Some((path, env))) => {
                     let e = Expected::from_env(&env);
                     if let Some(e) = &e {
@@ -258,29 +285,39 @@ impl Integrity {
                             e.limits.sm[0]
                         );
                     }
-                    (e, Some(path))
+                    (e, Some(path), false)
                 }
-                Ok(None) => (None, None),
+                Ok(None) => (None, None, false),
                 Err(err) => {
                     if first {
                         tracing::warn!("container {}: {err}", short(id));
                     }
-                    (None, None)
+                    (None, None, false)
                 }
             };
             self.specs.insert(
                 id.to_owned(),
                 SpecEntry {
                     expected,
+                    uncontrolled,
                     source,
                     read_at: now,
                     used_at: now,
                 },
             );
         }
-        let e = self.specs.get_mut(id)?;
+        let e = self
+            .specs
+            .entry(id.to_owned())
+            .or_insert_with(|| SpecEntry {
+                expected: None,
+                uncontrolled: false,
+                source: None,
+                read_at: now,
+                used_at: now,
+            });
         e.used_at = now;
-        Some((e.expected.clone()?, e.source.clone()?))
+        e
     }
 
     /// The limits of region `key` for a container expecting `exp`, with
