@@ -924,7 +924,7 @@ PY
 # ctr_exec NAME VAR=VALUE... -- CMD...: CMD in a new emulated container: a
 # cgroup laid out as the kubelet lays it out (kubepods/burstable/pod<uid>/
 # <64-hex id>) and its runtime spec where containerd keeps it (here under
-# $W/runtime), whose environment, and CMD's, are the VAR=VALUEs. A stand-in
+# $W/runtime), whose environment, and CMD's, are the VAR=VALUE pairs. A stand-in
 # for the kubelet and containerd; the daemon reads both as on a node.
 CG_ROOT=/sys/fs/cgroup/vgpu-gpu-check
 ctr_exec() {
