@@ -38,16 +38,14 @@ const KUBERNETES_VERSIONS: [&str; 2] = ["1.29.0", "1.37.0"];
 /// directory, the cgroup mount, the kubelet's pod logs, vgpu's state, and
 /// the container runtime's state (containerd's or CRI-O's: a node has one,
 /// and the other is created empty), where each container's OCI spec says
-/// the limits its device plugin gave it, and the node's SM tables (HAMi's
-/// `/tmp/vgpulock`, created when missing).
-const HOST_PATH_ALLOWLIST: [&str; 7] = [
+/// the limits its device plugin gave it.
+const HOST_PATH_ALLOWLIST: [&str; 6] = [
     "/usr/local/vgpu",
     "/sys/fs/cgroup",
     "/var/log/pods",
     "/run/vgpu",
     "/run/containerd/io.containerd.runtime.v2.task",
     "/run/containers/storage/overlay-containers",
-    "/tmp/vgpulock",
 ];
 
 fn read_docs(path: &Path) -> Vec<Value> {

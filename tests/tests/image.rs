@@ -479,7 +479,7 @@ fn the_daemon_attaches_its_probes_under_the_runtime_default_seccomp_profile() {
         sim.join("libcuda.so.1"),
     )
     .unwrap();
-    for d in ["state", "node", "regions"] {
+    for d in ["state", "regions"] {
         std::fs::create_dir_all(dir.path().join(d)).unwrap();
     }
     let run = |name: &str, without: &str| {
@@ -500,17 +500,12 @@ fn the_daemon_attaches_its_probes_under_the_runtime_default_seccomp_profile() {
             .arg(format!("{}:/run/vgpu", dir.path().join("state").display()))
             .arg("-v")
             .arg(format!(
-                "{}:/tmp/vgpulock",
-                dir.path().join("node").display()
-            ))
-            .arg("-v")
-            .arg(format!(
                 "{}:/regions:ro",
                 dir.path().join("regions").display()
             ))
             .arg(&image.0)
             .args(["daemon", "--libcuda", "/sim/libcuda.so.1", "--no-nvml"])
-            .args(["--listen", "127.0.0.1:9396", "--node-dir", "/tmp/vgpulock"])
+            .args(["--listen", "127.0.0.1:9396"])
             .args(["--regions-root", "/regions", "--pods-log-dir", "/regions"])
             .output()
             .expect("run podman");
