@@ -31,14 +31,5 @@ pub const NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 /// The CUDA driver's own device selection, per process (`vgpu trace`
 /// reads it to name a context's device).
 pub const CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
-/// A directory shared by every container of the node, where limited
-/// containers on one GPU agree on their turns (vgpu's own; unset or empty:
-/// the container does not take turns). HAMi's device plugin bind-mounts
-/// `/tmp/vgpulock` (mode 0777) into every container it sets up, so that is
-/// the value to use in a HAMi cluster.
-pub const SM_NODE_DIR: &str = "VGPU_SM_NODE_DIR";
-/// The node directory HAMi's device plugin mounts into every container it
-/// sets up; used for priorities when only `CUDA_TASK_PRIORITY` is set.
-pub const SM_NODE_DIR_HAMI: &str = "/tmp/vgpulock";
 /// Directory HAMi's device plugin bind-mounts per container (host side).
 pub const HAMI_CONTAINERS_DIR: &str = "/usr/local/vgpu/containers";

@@ -32,8 +32,6 @@ pub const PODS_LOG_DIR: &str = "/var/log/pods";
 pub const CONTAINERD_TASKS_DIR: &str = "/run/containerd/io.containerd.runtime.v2.task";
 /// CRI-O's per-container state (`<container id>/userdata/config.json`).
 pub const CRIO_CONTAINERS_DIR: &str = "/run/containers/storage/overlay-containers";
-/// HAMi's node-wide lock directory (mounted into every GPU container).
-pub const VGPULOCK_DIR: &str = "/tmp/vgpulock";
 /// Default port of the daemon's HTTP endpoint (HAMi's monitor uses 9394).
 pub const METRICS_PORT: u16 = 9396;
 /// Prometheus text.

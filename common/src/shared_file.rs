@@ -1,20 +1,18 @@
 //! The one way vgpu maps or reads a file shared between processes: the
-//! region (`view`), the container's sidecar (`sidecar`) and the node's
-//! tables (`node`).
+//! region (`view`) and the container's sidecar (`sidecar`).
 //!
 //! - [`create_and_map`]: create (mode 0666 whatever the umask: other
 //!   containers' users share these files) and size, or open what another
 //!   process created (never a symlink, FIFO or device, never chmod-ed;
 //!   resized only where [`Sizing`] allows), and map shared read-write. The
-//!   hook's sidecar and node tables.
+//!   hook's sidecar.
 //! - [`map`]: map an already opened file, read-only or read-write. The
 //!   region, which is validated before it is mapped.
 //! - [`read_copy`]: copy a layout out of a file with `pread`, never mapping
-//!   it. Readers of a file a tenant can truncate (`vgpu turns`), which
-//!   would otherwise SIGBUS.
-//! - [`Header`]: the magic, version and size words the sidecar and the
-//!   node table start with, stamped by the first process and checked by
-//!   the others.
+//!   it. Readers of a file a tenant can truncate, which would otherwise
+//!   SIGBUS.
+//! - [`Header`]: the magic, version and size words the sidecar starts
+//!   with, stamped by the first process and checked by the others.
 //!
 //! Every layout mapped or copied through here must be valid for any bit
 //! pattern (all fields atomics, no padding): the bytes are whatever another

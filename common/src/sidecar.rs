@@ -214,8 +214,8 @@ pub struct SmShared {
     pub version: AtomicU32,
     /// `size_of::<SmShared>()` as written by the creator.
     pub size: AtomicU32,
-    /// The container's id in the node's tables (`node`), drawn by its
-    /// first process; 0 = not yet (v4).
+    /// The container's own id, drawn by its first process; 0 = not yet
+    /// (v4).
     pub container: AtomicU64,
     pub reserved: [AtomicU64; 5],
     pub devs: [DevBucket; MAX_DEVICES],

@@ -740,7 +740,6 @@ fn every_host_path_the_code_uses_is_mounted_at_the_same_path() {
             paths::PODS_LOG_DIR,
             paths::CONTAINERD_TASKS_DIR,
             paths::CRIO_CONTAINERS_DIR,
-            paths::VGPULOCK_DIR,
         ] {
             let host = host_path_of(&ds, daemon, p).unwrap_or_else(|| panic!("{p} not mounted"));
             assert_eq!(host, p, "{p} must be the same path on the host");
@@ -1018,7 +1017,7 @@ fn the_daemon_is_the_default_container_and_no_container_writes_its_root() {
             .iter()
             .position(|a| a == "--state-dir")
             .map_or("/run/vgpu", |i| args[i + 1].as_str());
-        for p in [state, paths::VGPULOCK_DIR, paths::CONTAINERS_DIR] {
+        for p in [state, paths::CONTAINERS_DIR] {
             assert!(writable(p), "{}: the daemon cannot write {p}", r.overlay);
         }
     }

@@ -388,8 +388,8 @@ fn symlinked_regions_never_open_the_target() {
     );
 }
 
-/// Items 2 and 6: a FIFO named as a region hangs neither the admin
-/// commands nor `vgpu turns`.
+/// Items 2 and 6: a FIFO named as a region hangs no admin command, nor one
+/// in place of the daemon's `turns.json` `vgpu turns`.
 #[test]
 fn a_fifo_hangs_no_command() {
     let dir = tempfile::Builder::new()
@@ -397,7 +397,7 @@ fn a_fifo_hangs_no_command() {
         .tempdir()
         .unwrap();
     let fifo = dir.path().join("r.cache");
-    let table = dir.path().join("vgpu-sm-GPU-fifo");
+    let table = dir.path().join("turns.json");
     for p in [&fifo, &table] {
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
@@ -417,8 +417,11 @@ fn a_fifo_hangs_no_command() {
     );
     let cmds: Vec<Vec<&OsStr>> = vec![
         vec!["inspect".as_ref(), f],
-        vec!["turns".as_ref(), table.as_os_str()],
-        vec!["turns".as_ref(), dir.path().as_os_str()],
+        vec![
+            "turns".as_ref(),
+            "--state-dir".as_ref(),
+            dir.path().as_os_str(),
+        ],
         vec!["set-mem-limit".as_ref(), f, "--all".as_ref(), "1g".as_ref()],
         vec!["set-sm-limit".as_ref(), f, "--all".as_ref(), "50".as_ref()],
         vec!["cleanup".as_ref(), f],

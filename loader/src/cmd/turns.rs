@@ -8,9 +8,12 @@ use anyhow::Context as _;
 
 use crate::daemon::plan::TURNS_FILE;
 use crate::daemon::state::findings::now_ms;
+use crate::regions::open::{open_file, Access, OpenError};
 
 /// A plan older than this is not the work of a running daemon.
 const STALE_MS: u64 = 5_000;
+/// A view larger than this is not the daemon's.
+const MAX_VIEW_BYTES: u64 = 4 << 20;
 
 /// Show how the daemon has SM-limited containers take turns on each GPU,
 /// and which containers it holds for higher-priority ones.
@@ -69,7 +72,7 @@ enum View {
 }
 
 fn view(path: &Path, now: u64) -> anyhow::Result<View> {
-    let body = match std::fs::read(path) {
+    let body = match read_bounded(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Ok(View::Absent(format!(
@@ -93,6 +96,20 @@ fn view(path: &Path, now: u64) -> anyhow::Result<View> {
         )));
     }
     Ok(View::Planned(r, text))
+}
+
+/// The view's bytes: opened without following a link, refused unless a
+/// regular file (a FIFO there would block a plain read), at most 4 MiB.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let file = match open_file(path, Access::ReadOnly) {
+        Ok(f) => f,
+        Err(OpenError::Missing { .. }) => return Err(std::io::ErrorKind::NotFound.into()),
+        Err(e) => return Err(std::io::Error::other(e.to_string())),
+    };
+    let mut body = Vec::new();
+    file.take(MAX_VIEW_BYTES).read_to_end(&mut body)?;
+    Ok(body)
 }
 
 /// Runs `vgpu turns`.
