@@ -34,8 +34,6 @@ pub fn action_label(action: Option<&str>) -> &'static str {
     match action {
         None => "none",
         Some("restored") => "restored",
-        Some("removed") => "removed",
-        Some("demoted") => "demoted",
         Some(a) if a.starts_with("killed") => "killed",
         Some(_) => "kill_failed",
     }
@@ -329,8 +327,6 @@ mod tests {
         assert_eq!(action_label(Some("restored")), "restored");
         assert_eq!(action_label(Some("killed host pid 5")), "killed");
         assert_eq!(action_label(Some("not killed: gone")), "kill_failed");
-        assert_eq!(action_label(Some("removed")), "removed");
-        assert_eq!(action_label(Some("demoted")), "demoted");
-        assert_eq!(known_labels().len(), 15);
+        assert_eq!(known_labels().len(), 13);
     }
 }
