@@ -65,8 +65,6 @@ fn the_daemon_finds_and_labels_a_dra_claims_region_under_its_hook_dir() {
         .arg(format!("127.0.0.1:{port}"))
         .arg("--state-dir")
         .arg(wd.path("state"))
-        .arg("--node-dir")
-        .arg(wd.path("node"))
         .arg("--hook-dir")
         .arg(&hook_dir)
         .arg("--runtime-spec")

@@ -240,8 +240,6 @@ fn a_daemon_outside_the_host_pid_namespace_frees_no_slot() {
         .arg(state_dir(&fx))
         .arg("--regions-root")
         .arg(fx.path("regions"))
-        .arg("--node-dir")
-        .arg(fx.path("node"))
         .args(["--interval", "0.1"])
         .envs(fx.envs(&gpu));
     let mut d = Running::spawn(cmd, port, fx.path("daemon.log"));

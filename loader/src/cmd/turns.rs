@@ -15,8 +15,10 @@ const STALE_MS: u64 = 5_000;
 /// A view larger than this is not the daemon's.
 const MAX_VIEW_BYTES: u64 = 4 << 20;
 
-/// Show how the daemon has SM-limited containers take turns on each GPU,
-/// and which containers it holds for higher-priority ones.
+/// Show the daemon's plan: which containers take turns, which are held.
+///
+/// Per GPU: which SM-limited containers take turns, and which containers
+/// are held for higher-priority ones.
 ///
 /// `vgpu daemon` alone plans this, from each container's runtime spec
 /// (its SM limit, CUDA_TASK_PRIORITY) and NVML's view of who uses each GPU,
