@@ -519,7 +519,7 @@ fn feedback_at_40() -> Result<(), String> {
     };
     let measured_at = word(64 + 48);
     eprintln!("feedback at 40: {s:.1}%, gain {gain:.3}, sidecar v{version}");
-    assert_eq!(version, 4);
+    assert_eq!(version, vgpu_common::sidecar::VERSION);
     assert!(measured_at != 0, "the loop never measured");
     if !(0.85..=1.15).contains(&gain) {
         return Err(format!("gain {gain:.3}"));
