@@ -957,6 +957,7 @@ planner_start() {
 planner_stop() {
     kill "$PLANNER" 2>/dev/null
     wait "$PLANNER" 2>/dev/null
+    PLANNER=""
     grep -i 'error\|panic' "$W/planner.log" | head -n 5
 }
 
@@ -966,6 +967,9 @@ psvc_run() {
     local label=$1 secs=${PRIO_SECONDS:-12} s t share
     local sdir tdir
     sdir=$(mktemp -d "$W/psvc.XXXX") tdir=$(mktemp -d "$W/psvc.XXXX")
+    local c0="" t0
+    t0=$(date +%s.%N)
+    [ -n "${PLANNER:-}" ] && [ -d "/proc/$PLANNER" ] && c0=$(awk '{print $14 + $15}' "/proc/$PLANNER/stat")
     ctr_exec svc $2 CUDA_DEVICE_MEMORY_SHARED_CACHE="$sdir/s.cache" -- \
         python3 "$ROOT/scripts/gpu/svc_bench.py" service --seconds "$secs" >"$W/svc-s.txt" 2>"$W/svc-s.log" &
     local a=$!
@@ -975,6 +979,10 @@ psvc_run() {
     sleep $((secs / 2))
     "$DIST/vgpu" turns --state-dir "$W/state" | sed 's/^/    /'
     wait $a $b
+    if [ -n "$c0" ]; then
+        awk -v c0="$c0" -v c1="$(awk '{print $14 + $15}' "/proc/$PLANNER/stat")" -v t0="$t0" -v t1="$(date +%s.%N)" \
+            'BEGIN {printf "    daemon CPU over the run: %.1f %% of a core\n", (c1 - c0) / (t1 - t0)}'
+    fi
     s=$(cat "$W/svc-s.txt") t=$(awk '{print $2}' "$W/svc-t.txt")
     share=$(awk -v a="$t" -v b="$SOLO" 'BEGIN {printf "%.1f %%", 100 * a / b}')
     printf '| %s | %s | %s matmuls/s %s |\n' "$label" "${s:--}" "${t:--}" "$share"

@@ -22,7 +22,7 @@ use crate::daemon::apply;
 const TICK: Duration = Duration::from_millis(2);
 /// How often while a hold is on: a higher container's work in flight
 /// reaches the lower ones within this (their queue is `LOW_QUEUE` long).
-const RELAY_TICK: Duration = Duration::from_micros(200);
+const RELAY_TICK: Duration = Duration::from_micros(100);
 /// NVML's view supports a container's statement for this long after a
 /// sample saw it use the GPU (samples come every scan, NVML's own every
 /// ~170 ms).
