@@ -1,9 +1,17 @@
 //! The hook calls the real driver in two places only: the safe wrappers of
 //! `hook/src/real/` and the generated pass-through exports of
 //! `hook/src/exports/`. Everything else asks `crate::driver` (or a wrapper),
-//! so that its driver calls can be faked in unit tests. This scan rejects
-//! the raw-call macros `real_cuda!` and `real_nvml!` in the code text
-//! (comments and string literals skipped) of every other file of the hook.
+//! so that its driver calls can be faked in unit tests. This scan rejects,
+//! in the code text (comments and string literals skipped) of every other
+//! file of the hook:
+//!
+//! - the raw-call macros `real_cuda!` and `real_nvml!`;
+//! - any path into `crate::real` (an import or a call), except in the real
+//!   implementation of the driver seam (`hook/src/driver/native.rs`) and
+//!   in the few files of [`NOT_YET`], which still call `crate::real`
+//!   directly while they move behind `crate::driver`. That list only
+//!   shrinks: a file on it that no longer names `crate::real` is reported
+//!   too.
 
 use std::path::Path;
 
@@ -18,12 +26,44 @@ const ALLOWED: &[&str] = &["real", "exports"];
 /// The raw-call macros.
 const RAW: &[&str] = &["real_cuda!", "real_nvml!"];
 
+/// Files of `hook/src/` besides `real/` and `exports/` that may name
+/// `crate::real`: the real implementation of the driver seam.
+const REAL_IMPL: &[&str] = &["driver/native.rs"];
+
+/// Policy files that still name `crate::real` (issue #40): each leaves the
+/// list when it asks `crate::driver` instead. Never add one.
+const NOT_YET: &[&str] = &[
+    "devices.rs",
+    "launch.rs",
+    "memory/alloc.rs",
+    "memory/array.rs",
+    "memory/async_pool.rs",
+    "memory/context.rs",
+    "memory/graph.rs",
+    "memory/info.rs",
+    "memory/ipc.rs",
+    "memory/oversubscribe.rs",
+    "memory/track.rs",
+    "memory/vmm.rs",
+    "nvml.rs",
+    "procaddr.rs",
+];
+
 pub fn run() -> Result<()> {
-    let findings = scan(&util::root().join("hook/src"))?;
+    let src = util::root().join("hook/src");
+    let findings = scan(&src)?;
     if !findings.is_empty() {
         bail!(
             "only hook/src/real/ and the generated exports call the real driver raw; call a \
              wrapper in hook/src/real/ or go through crate::driver:\n  {}",
+            findings.join("\n  ")
+        );
+    }
+    let findings = scan_imports(&src, NOT_YET)?;
+    if !findings.is_empty() {
+        bail!(
+            "policy code asks the driver through crate::driver, not crate::real (only \
+             hook/src/real/, the exports and driver/native.rs name it):\n  {}",
             findings.join("\n  ")
         );
     }
@@ -59,6 +99,100 @@ fn raw_calls(code: &str) -> Vec<(usize, &'static str)> {
                     out.push((i + 1, *token));
                 }
                 from = at + token.len();
+            }
+        }
+    }
+    out
+}
+
+/// `path:line: crate::real` for every path into `crate::real` in a file of
+/// the source tree `src` outside `real/`, `exports/` and [`REAL_IMPL`],
+/// unless `not_yet` lists the file; and `path: …` for a file `not_yet`
+/// lists that no longer names it (or is gone).
+fn scan_imports(src: &Path, not_yet: &[&str]) -> Result<Vec<String>> {
+    let mut findings = Vec::new();
+    let mut still = Vec::new();
+    for f in rust_files(src)? {
+        let rel = f.strip_prefix(src).unwrap_or(&f);
+        let top = rel.components().next().and_then(|c| c.as_os_str().to_str());
+        if rel.components().count() > 1 && top.is_some_and(|t| ALLOWED.contains(&t)) {
+            continue;
+        }
+        let name = rel.to_string_lossy().replace('\\', "/");
+        if REAL_IMPL.contains(&name.as_str()) {
+            continue;
+        }
+        let lines = real_paths(&strip(&read(&f)?));
+        if not_yet.contains(&name.as_str()) {
+            if !lines.is_empty() {
+                still.push(name);
+            }
+            continue;
+        }
+        for line in lines {
+            findings.push(format!("{}:{line}: `crate::real`", f.display()));
+        }
+    }
+    for name in not_yet {
+        if !still.iter().any(|s| s == name) {
+            findings.push(format!(
+                "{}: no longer names crate::real; take it off driver_seam::NOT_YET",
+                src.join(name).display()
+            ));
+        }
+    }
+    Ok(findings)
+}
+
+/// The lines of `code` with a path into `crate::real`: `crate::real` itself
+/// (`use crate::real::cuda::mem;`, `crate::real::cuda::ctx::current()`) or
+/// an item of a `crate::{…}` group that starts with `real`.
+fn real_paths(code: &str) -> Vec<usize> {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let starts_real = |s: &str| {
+        s.trim_start()
+            .strip_prefix("real")
+            .is_some_and(|r| !r.starts_with(ident))
+    };
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("crate").map(|a| a + from) {
+        from = at + "crate".len();
+        if code[..at].ends_with(ident) {
+            continue;
+        }
+        let Some(rest) = code[from..].trim_start().strip_prefix("::") else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let hit = match rest.strip_prefix('{') {
+            // The group's items at its top level.
+            Some(group) => {
+                let mut depth = 0usize;
+                let mut item_start = 0;
+                let mut hit = false;
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth > 0 => depth -= 1,
+                        ',' | '}' if depth == 0 => {
+                            hit |= starts_real(&group[item_start..i]);
+                            item_start = i + 1;
+                            if c == '}' {
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                hit
+            }
+            None => starts_real(rest),
+        };
+        if hit {
+            let line = code[..at].matches('\n').count() + 1;
+            if out.last() != Some(&line) {
+                out.push(line);
             }
         }
     }
@@ -104,6 +238,61 @@ mod tests {
         assert_eq!(
             names,
             vec!["real.rs:1: `real_nvml!`", "sm/live.rs:3: `real_cuda!`"]
+        );
+    }
+
+    /// A policy file that imports `crate::real` is rejected, whatever the
+    /// form of the path; the real implementation and the exports may.
+    #[test]
+    fn a_policy_file_importing_crate_real_is_rejected() {
+        let dir =
+            std::env::temp_dir().join(format!("vgpu-driver-seam-imports-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let src = dir.as_path();
+        for d in ["real/cuda", "exports", "driver", "memory", "sm"] {
+            std::fs::create_dir_all(src.join(d)).unwrap();
+        }
+        let write = |p: &str, s: &str| std::fs::write(src.join(p), s).unwrap();
+        write("real/cuda/mem.rs", "use crate::real::cuda::sym;\n");
+        write("exports/dlsym.rs", "use crate::real;\n");
+        write(
+            "driver/native.rs",
+            "use crate::real::cuda::{self, events};\n",
+        );
+        write(
+            "memory/alloc.rs",
+            "//! Allocation.\n\nuse crate::real::cuda::{mem, status};\n",
+        );
+        write(
+            "memory/track.rs",
+            "fn f() -> u64 {\n    crate::real::cuda::ctx::current()\n}\n",
+        );
+        write("devices.rs", "use crate::{ffi::*, real::{cuda, nvml}};\n");
+        write("nvml.rs", "use crate::{\n    real as r,\n};\n");
+        write(
+            "sm/live.rs",
+            "// crate::real in a comment\nfn g() { let _ = \"crate::real\"; crate::realm::x(); my_crate::real::y(); }\nuse crate::{driver, realistic};\n",
+        );
+        write("launch.rs", "use crate::real::cuda::launch;\n");
+        let found = scan_imports(src, &["launch.rs", "procaddr.rs"]).unwrap();
+        let names: Vec<String> = found
+            .iter()
+            .map(|f| {
+                f.strip_prefix(&format!("{}/", src.display()))
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            names,
+            vec![
+                "devices.rs:1: `crate::real`",
+                "memory/alloc.rs:3: `crate::real`",
+                "memory/track.rs:2: `crate::real`",
+                "nvml.rs:1: `crate::real`",
+                "procaddr.rs: no longer names crate::real; take it off driver_seam::NOT_YET",
+            ]
         );
     }
 
