@@ -8,8 +8,9 @@
 //! - [`Context`]: the calling thread's current context and its device, the
 //!   one place the hook computes "the current device".
 //! - [`Events`]: timing events and stream capture (the SM limiter).
-//! - [`Memory`]: the allocation calls the entry points forward, memory
-//!   info, and the size of an allocation.
+//! - [`Memory`]: the frees the hook makes on its own behalf, memory info,
+//!   and the size of an allocation (the calls the entry points forward
+//!   come from the exports, one closure each).
 //! - [`Nvml`]: what NVML measures (used memory, processes, utilization).
 //!
 //! Each user asks for the few it needs: the SM limiter for `Context`,
@@ -84,16 +85,18 @@ pub(crate) trait Events: Context {
     }
 }
 
-/// Device memory: the calls the allocation entry points forward (with the
-/// application's pointers, the driver's code returned unchanged) and the
-/// queries the accounting makes.
+/// Device memory the hook frees or measures on its own behalf (taking back
+/// what it could not count, the room left on the device). The calls the
+/// entry points forward are not here: each export passes its policy
+/// function the call that forwards it (`crate::exports`).
 pub(crate) trait Memory: Sync {
-    /// `cuMemAlloc_v2`.
-    fn mem_alloc(&self, dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
     /// `cuMemFree_v2`.
     fn mem_free(&self, ptr: CUdeviceptr) -> CUresult;
-    /// `cuMemGetInfo_v2`.
-    fn mem_get_info(&self, free: *mut usize, total: *mut usize) -> CUresult;
+    /// `cuIpcCloseMemHandle`.
+    fn ipc_close(&self, ptr: CUdeviceptr) -> CUresult;
+    /// `(free, total)` bytes of the current context's device
+    /// (`cuMemGetInfo_v2`); `None` when the driver cannot say.
+    fn mem_info(&self) -> Option<(usize, usize)>;
     /// The size of the allocation that contains `ptr`.
     fn allocation_size(&self, ptr: CUdeviceptr) -> Option<u64>;
 }

@@ -120,16 +120,16 @@ impl Events for Native {
 }
 
 impl Memory for Native {
-    fn mem_alloc(&self, dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
-        cuda::mem::alloc(dptr, bytes)
-    }
-
     fn mem_free(&self, ptr: CUdeviceptr) -> CUresult {
         cuda::status(cuda::mem::free(ptr))
     }
 
-    fn mem_get_info(&self, free: *mut usize, total: *mut usize) -> CUresult {
-        cuda::mem::get_info(free, total)
+    fn ipc_close(&self, ptr: CUdeviceptr) -> CUresult {
+        cuda::status(cuda::mem::ipc_close(ptr))
+    }
+
+    fn mem_info(&self) -> Option<(usize, usize)> {
+        cuda::mem::info().ok()
     }
 
     fn allocation_size(&self, ptr: CUdeviceptr) -> Option<u64> {

@@ -53,10 +53,9 @@ pub fn on_device(d: &impl Memory, bytes: u64, alloc: impl FnOnce() -> CUresult) 
     if !c.oversubscribe {
         return alloc();
     }
-    let (mut free, mut total) = (0usize, 0usize);
-    if d.mem_get_info(&mut free, &mut total) != CUDA_SUCCESS {
+    let Some((free, _)) = d.mem_info() else {
         return alloc();
-    }
+    };
     let room = (free as u64).saturating_sub(c.oversubscribe_reserve);
     if bytes <= room {
         return alloc();

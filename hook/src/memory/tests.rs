@@ -13,6 +13,7 @@ use super::track::Tracker;
 use super::{counted, uncounted};
 use crate::config::Config;
 use crate::driver::fake::FakeDriver as Fake;
+use crate::driver::Memory;
 use crate::ffi::*;
 use crate::region::{slots, usage, Kind};
 use crate::state::Process;
@@ -134,7 +135,14 @@ fn nvml_lists(fake: &Fake, procs: &[(u32, u64)]) {
 /// the pointer it wrote (0 when it wrote none).
 fn hooked_alloc(d: &Fake, p: Option<&Process>, bytes: u64) -> (CUresult, CUdeviceptr) {
     let mut ptr: CUdeviceptr = 0;
-    let rc = mem_alloc_in(d, p, &mut ptr, bytes as usize);
+    let dptr: *mut CUdeviceptr = &mut ptr;
+    let rc = mem_alloc_in(
+        d,
+        p,
+        || d.mem_alloc(dptr, bytes as usize),
+        dptr,
+        bytes as usize,
+    );
     (rc, ptr)
 }
 
@@ -142,7 +150,8 @@ fn hooked_alloc(d: &Fake, p: Option<&Process>, bytes: u64) -> (CUresult, CUdevic
 /// total.
 fn hooked_mem_info(d: &Fake, p: Option<&Process>) -> (CUresult, u64, u64) {
     let (mut free, mut total) = (0usize, 0usize);
-    let rc = mem_get_info_in(d, || p, &mut free, &mut total);
+    let (f, t): (*mut usize, *mut usize) = (&mut free, &mut total);
+    let rc = mem_get_info_in(d, || p, || d.mem_get_info(f, t), f, t);
     (rc, free as u64, total as u64)
 }
 
@@ -703,12 +712,15 @@ fn a_free_releases_the_count_and_an_unknown_free_is_forwarded() {
         70 * M,
         "counted on the current context's device"
     );
-    assert_eq!(mem_free_in(&d, Some(p), ptr), CUDA_SUCCESS);
+    assert_eq!(mem_free_in(Some(p), || d.mem_free(ptr), ptr), CUDA_SUCCESS);
     assert_eq!((d.frees(), used(p, 1)), (1, 0));
     // The room is back: the same size fits again.
     assert_eq!(hooked_alloc(&d, Some(p), 70 * M).0, CUDA_SUCCESS);
     // A pointer the hook never counted reaches the driver, counts nothing.
-    assert_eq!(mem_free_in(&d, Some(p), 0xdead_0000), CUDA_SUCCESS);
+    assert_eq!(
+        mem_free_in(Some(p), || d.mem_free(0xdead_0000), 0xdead_0000),
+        CUDA_SUCCESS
+    );
     assert_eq!((d.frees(), used(p, 1)), (2, 70 * M));
 }
 
@@ -720,7 +732,7 @@ fn without_a_region_or_a_context_calls_are_forwarded_uncounted() {
     let d = Fake::on(0);
     let (rc, ptr) = hooked_alloc(&d, None, 500 * M);
     assert_eq!(rc, CUDA_SUCCESS);
-    assert_eq!(mem_free_in(&d, None, ptr), CUDA_SUCCESS);
+    assert_eq!(mem_free_in(None, || d.mem_free(ptr), ptr), CUDA_SUCCESS);
     // No current context: forwarded, not counted.
     let no_ctx = Fake::default();
     assert_eq!(hooked_alloc(&no_ctx, Some(p), 500 * M).0, CUDA_SUCCESS);

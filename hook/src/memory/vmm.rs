@@ -7,17 +7,16 @@
 
 use super::{counted, vmm_lifetime};
 use crate::ffi::*;
-use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
 pub fn mem_create(
+    forward: impl Fn() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
     size: usize,
     prop: *const CUmemAllocationProp,
-    flags: u64,
+    _flags: u64,
 ) -> CUresult {
-    let forward = || mem::create(handle, size, prop, flags);
     let Some(loc) = alloc_prop_location(prop).filter(|_| !handle.is_null()) else {
         return forward();
     };
@@ -50,8 +49,10 @@ pub fn mem_create(
     rc
 }
 
-pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
-    let forward = || status(mem::release(handle));
+pub fn mem_release(
+    forward: impl Fn() -> CUresult,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
     let Some(p) = process() else {
         return forward();
     };
@@ -61,10 +62,10 @@ pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
 }
 
 pub fn mem_retain(
+    forward: impl Fn() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
     addr: *mut std::ffi::c_void,
 ) -> CUresult {
-    let forward = || mem::retain_handle(handle, addr);
     let Some(p) = process() else {
         return forward();
     };
@@ -81,13 +82,13 @@ pub fn mem_retain(
 }
 
 pub fn mem_map(
+    forward: impl Fn() -> CUresult,
     ptr: CUdeviceptr,
     size: usize,
     offset: usize,
     handle: CUmemGenericAllocationHandle,
-    flags: u64,
+    _flags: u64,
 ) -> CUresult {
-    let forward = || status(mem::map(ptr, size, offset, handle, flags));
     let Some(p) = process() else {
         return forward();
     };
@@ -99,8 +100,7 @@ pub fn mem_map(
     rc
 }
 
-pub fn mem_unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
-    let forward = || status(mem::unmap(ptr, size));
+pub fn mem_unmap(forward: impl Fn() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
     let Some(p) = process() else {
         return forward();
     };
