@@ -36,7 +36,6 @@ const NOT_YET: &[&str] = &[
     "devices.rs",
     "memory/context.rs",
     "memory/oversubscribe.rs",
-    "memory/track.rs",
     "nvml.rs",
 ];
 

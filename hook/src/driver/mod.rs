@@ -44,6 +44,11 @@ pub(crate) trait Context: Sync {
     /// index; the device may be remembered per thread while the context
     /// stays the same (the launch path's query: no syscall).
     fn current(&self) -> Option<(usize, usize)>;
+    /// The current context alone, as the same opaque key (`None`: no
+    /// context): what an object made now dies with (`cuCtxDestroy`).
+    fn context(&self) -> Option<usize> {
+        self.current().map(|(ctx, _)| ctx)
+    }
     /// The process's only device, when it sees one (no driver query).
     fn only_device(&self) -> Option<usize> {
         None

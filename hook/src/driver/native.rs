@@ -70,6 +70,12 @@ impl Context for Native {
         Some((key, dev))
     }
 
+    /// One driver query, no device lookup.
+    fn context(&self) -> Option<usize> {
+        let ctx = cuda::ctx::current().ok()?;
+        (!ctx.is_null()).then_some(ctx as usize)
+    }
+
     #[inline]
     fn only_device(&self) -> Option<usize> {
         SINGLE.load(Relaxed).checked_sub(1)

@@ -30,9 +30,9 @@ pub(crate) fn mem_alloc_in(
     let Some((p, dev)) = target_in(d, p).filter(|_| !dptr.is_null()) else {
         return forward();
     };
-    counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
+    counted(d, p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
         let rc = oversubscribe::on_device(d, bytesize as u64, &forward);
-        let rc = oversubscribe::or_host(p, rc, dev, bytesize as u64, dptr);
+        let rc = oversubscribe::or_host(d, p, rc, dev, bytesize as u64, dptr);
         (rc, read(dptr).unwrap_or(0))
     })
 }
@@ -46,10 +46,18 @@ pub fn mem_alloc_managed(
     let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
         return forward();
     };
-    counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
-        let rc = forward();
-        (rc, read(dptr).unwrap_or(0))
-    })
+    counted(
+        &Native,
+        p,
+        &p.ptrs,
+        dev,
+        bytesize as u64,
+        Kind::Data,
+        || {
+            let rc = forward();
+            (rc, read(dptr).unwrap_or(0))
+        },
+    )
 }
 
 /// The driver's pitch alignment is at most this on current GPUs; the
@@ -77,10 +85,10 @@ pub fn mem_alloc_pitch(
     let Some(bound) = pitch_upper_bound(width, height) else {
         return forward();
     };
-    let rc = counted(p, &p.ptrs, dev, bound, Kind::Data, || {
+    let rc = counted(&Native, p, &p.ptrs, dev, bound, Kind::Data, || {
         let rc = oversubscribe::on_device(&Native, bound, forward);
         let shape = (width, height, PITCH_BOUND);
-        let rc = oversubscribe::or_host_pitched(p, rc, dev, shape, dptr, pitch);
+        let rc = oversubscribe::or_host_pitched(&Native, p, rc, dev, shape, dptr, pitch);
         (rc, read(dptr).unwrap_or(0))
     });
     if rc != CUDA_SUCCESS {
@@ -98,8 +106,10 @@ pub fn mem_alloc_pitch(
         };
         more.commit();
     }
-    p.ptrs
-        .insert(ptr, super::track::Entry::here(dev, actual, Kind::Data));
+    p.ptrs.insert(
+        ptr,
+        super::track::Entry::here(&Native, dev, actual, Kind::Data),
+    );
     rc
 }
 

@@ -91,7 +91,7 @@ fn create(
         unknown(format);
         return call();
     };
-    counted(p, &p.arrays, dev, bytes, Kind::Data, || {
+    counted(&Native, p, &p.arrays, dev, bytes, Kind::Data, || {
         (call(), handle_out())
     })
 }

@@ -36,7 +36,10 @@ pub fn open(
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     r.commit();
-    if let Some(old) = p.ptrs.insert(ptr, Entry::here(dev, bytes, Kind::Data)) {
+    if let Some(old) = p
+        .ptrs
+        .insert(ptr, Entry::here(&Native, dev, bytes, Kind::Data))
+    {
         limit::release_counted(&p.att, old.dev, old.bytes, old.kind);
     }
     rc

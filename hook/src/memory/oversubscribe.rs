@@ -28,7 +28,7 @@ use std::sync::{LazyLock, Mutex};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::track::{Entry, Tracker};
-use crate::driver::Memory;
+use crate::driver::{Context, Memory};
 use crate::ffi::*;
 use crate::real::cuda::mem;
 use crate::region::Kind;
@@ -75,6 +75,7 @@ pub fn on_device(d: &impl Memory, bytes: u64, alloc: impl FnOnce() -> CUresult) 
 /// its address to `dptr` and returns `CUDA_SUCCESS`; otherwise returns
 /// `rc` unchanged.
 pub fn or_host(
+    driver: &impl Context,
     p: &Process,
     rc: CUresult,
     dev: usize,
@@ -84,7 +85,7 @@ pub fn or_host(
     if rc != CUDA_ERROR_OUT_OF_MEMORY || !crate::state::config().oversubscribe {
         return rc;
     }
-    match host_backed(p, dev, bytes) {
+    match host_backed(driver, p, dev, bytes) {
         Some(d) if write(dptr, d) => CUDA_SUCCESS,
         Some(d) => {
             let _ = free(p, d);
@@ -97,6 +98,7 @@ pub fn or_host(
 /// [`or_host`] for `cuMemAllocPitch_v2`: the pitch is the width rounded up
 /// to `align` (the bound the caller reserved for).
 pub fn or_host_pitched(
+    driver: &impl Context,
     p: &Process,
     rc: CUresult,
     dev: usize,
@@ -116,7 +118,7 @@ pub fn or_host_pitched(
     let Ok(row) = usize::try_from(row) else {
         return rc;
     };
-    match host_backed(p, dev, bytes) {
+    match host_backed(driver, p, dev, bytes) {
         Some(d) if write(pitch, row) && write(dptr, d) => CUDA_SUCCESS,
         Some(d) => {
             let _ = free(p, d);
@@ -129,7 +131,7 @@ pub fn or_host_pitched(
 /// Mapped pinned host memory of `bytes` whose device address is its host
 /// address (unified addressing), tracked and published; `None` when the
 /// driver refuses it or maps it elsewhere.
-fn host_backed(p: &Process, dev: usize, bytes: u64) -> Option<CUdeviceptr> {
+fn host_backed(driver: &impl Context, p: &Process, dev: usize, bytes: u64) -> Option<CUdeviceptr> {
     let size = usize::try_from(bytes).ok()?;
     let host = match mem::host_alloc_mapped(size) {
         Ok(h) => h,
@@ -155,7 +157,7 @@ fn host_backed(p: &Process, dev: usize, bytes: u64) -> Option<CUdeviceptr> {
             return None;
         }
     };
-    TABLE.insert(d, Entry::here(dev, bytes, Kind::Data));
+    TABLE.insert(d, Entry::here(driver, dev, bytes, Kind::Data));
     LIVE.fetch_add(1, Relaxed);
     change(p, dev, |v| v.saturating_add(bytes));
     vlog_once!(

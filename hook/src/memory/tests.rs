@@ -101,7 +101,9 @@ fn used(p: &Process, dev: usize) -> u64 {
 /// An allocation of `bytes` on `dev` through the accounting, which the
 /// driver grants at `key`.
 fn alloc_granted(p: &Process, t: &Tracker, dev: usize, bytes: u64, key: u64) -> CUresult {
-    counted(p, t, dev, bytes, Kind::Data, || (CUDA_SUCCESS, key))
+    counted(&Fake::default(), p, t, dev, bytes, Kind::Data, || {
+        (CUDA_SUCCESS, key)
+    })
 }
 
 /// A context on device 0 of `p` whose creation runs `create`; nothing
@@ -179,7 +181,7 @@ fn alloc_until_the_limit_then_oom_and_free_releases() {
     assert_eq!(alloc(60 * M), CUDA_SUCCESS);
     assert_eq!(alloc(40 * M), CUDA_SUCCESS, "exactly the limit fits");
     let called = Cell::new(false);
-    let rc = counted(&p, &p.ptrs, 0, 1, Kind::Data, || {
+    let rc = counted(&Fake::default(), &p, &p.ptrs, 0, 1, Kind::Data, || {
         called.set(true);
         (CUDA_SUCCESS, 1)
     });
@@ -202,7 +204,7 @@ fn alloc_until_the_limit_then_oom_and_free_releases() {
 fn driver_failure_releases_the_reservation() {
     let dir = RegionDir::new();
     let p = dir.process("1g", 4243);
-    let rc = counted(&p, &p.ptrs, 0, 10 * M, Kind::Data, || {
+    let rc = counted(&Fake::default(), &p, &p.ptrs, 0, 10 * M, Kind::Data, || {
         (CUDA_ERROR_OUT_OF_MEMORY, 0)
     });
     assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
@@ -263,7 +265,9 @@ fn two_processes_share_the_limit_and_never_pass_it_together() {
                             peak.fetch_max(now, SeqCst);
                             (CUDA_SUCCESS, key)
                         };
-                        if counted(&p, &p.ptrs, 0, 3 * M, Kind::Data, driver) != CUDA_SUCCESS {
+                        if counted(&Fake::default(), &p, &p.ptrs, 0, 3 * M, Kind::Data, driver)
+                            != CUDA_SUCCESS
+                        {
                             refused.fetch_add(1, SeqCst);
                             break;
                         }
@@ -754,4 +758,24 @@ fn memory_info_shows_the_limit_on_the_current_device() {
     );
     // Without process state the driver's figures pass unchanged.
     assert_eq!(hooked_mem_info(&d, None), (CUDA_SUCCESS, 70 * G, 80 * G));
+}
+
+/// The context an allocation dies with is the one the driver seam names
+/// (the fake's here; the real driver is never asked): destroying that
+/// context releases the allocation, destroying another does not.
+#[test]
+fn an_allocation_dies_with_the_context_the_driver_names() {
+    use crate::driver::Context;
+    let t = LoneProcess::new("100m");
+    let p = &t.p;
+    let d = Fake::on(1);
+    let (rc, ptr) = hooked_alloc(&d, Some(p), 10 * M);
+    assert_eq!((rc, used(p, 1)), (CUDA_SUCCESS, 10 * M));
+    let ctx = d.context().unwrap() as u64;
+    assert!(p.ptrs.any(|e| e.ctx == ctx), "bound to {ctx:#x}");
+    released_by_destroy(p, ctx + 1);
+    assert_eq!(used(p, 1), 10 * M, "another context's destroy keeps it");
+    released_by_destroy(p, ctx);
+    assert_eq!(used(p, 1), 0);
+    assert!(p.ptrs.is_empty(), "{ptr:#x} is gone with its context");
 }

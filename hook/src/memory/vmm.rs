@@ -6,6 +6,7 @@
 //! handle's releases and unmaps.
 
 use super::{counted, vmm_lifetime};
+use crate::driver::native::Native;
 use crate::ffi::*;
 use crate::region::Kind;
 use crate::state::process;
@@ -34,7 +35,7 @@ pub fn mem_create(
     let (Some(p), Some(dev)) = (process(), crate::devices::index_of(loc.id)) else {
         return forward();
     };
-    let rc = counted(p, &p.handles, dev, size as u64, Kind::Data, || {
+    let rc = counted(&Native, p, &p.handles, dev, size as u64, Kind::Data, || {
         let rc = forward();
         (rc, read(handle).unwrap_or(0))
     });
