@@ -10,9 +10,10 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
+use crate::driver::native::Native;
+use crate::driver::DeviceIds;
 use crate::ffi::*;
 use crate::memory::info::virtual_info;
-use crate::real::nvml as real;
 use crate::region::usage;
 use crate::state::process;
 
@@ -55,7 +56,7 @@ fn fill_from_nvml(r: &SharedRegion) {
 /// position in the region, else its NVML index (NVML lists the container's
 /// devices in the container's order).
 fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
-    if let Ok(u) = crate::real::nvml::device::uuid(dev) {
+    if let Some(u) = Native.nvml_uuid(dev) {
         let n = (r.device_num.load(SeqCst) as usize).min(MAX_DEVICES);
         for i in 0..n {
             let (bytes, len) = r.uuid(i);
@@ -64,7 +65,7 @@ fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
             }
         }
     }
-    let index = real::device::index(dev).ok()?;
+    let index = Native.nvml_index(dev)?;
     Some(index as usize).filter(|i| *i < MAX_DEVICES)
 }
 

@@ -7,11 +7,9 @@
 //!
 //! - the raw-call macros `real_cuda!` and `real_nvml!`;
 //! - any path into `crate::real` (an import or a call), except in the real
-//!   implementation of the driver seam (`hook/src/driver/native.rs`) and
-//!   in the few files of [`NOT_YET`], which still call `crate::real`
-//!   directly while they move behind `crate::driver`. That list only
-//!   shrinks: a file on it that no longer names `crate::real` is reported
-//!   too.
+//!   implementation of the driver seam (`hook/src/driver/native.rs`):
+//!   policy code asks `crate::driver`, and the calls it forwards come from
+//!   the exports.
 
 use std::path::Path;
 
@@ -30,15 +28,6 @@ const RAW: &[&str] = &["real_cuda!", "real_nvml!"];
 /// `crate::real`: the real implementation of the driver seam.
 const REAL_IMPL: &[&str] = &["driver/native.rs"];
 
-/// Policy files that still name `crate::real` (issue #40): each leaves the
-/// list when it asks `crate::driver` instead. Never add one.
-const NOT_YET: &[&str] = &[
-    "devices.rs",
-    "memory/context.rs",
-    "memory/oversubscribe.rs",
-    "nvml.rs",
-];
-
 pub fn run() -> Result<()> {
     let src = util::root().join("hook/src");
     let findings = scan(&src)?;
@@ -49,7 +38,7 @@ pub fn run() -> Result<()> {
             findings.join("\n  ")
         );
     }
-    let findings = scan_imports(&src, NOT_YET)?;
+    let findings = scan_imports(&src)?;
     if !findings.is_empty() {
         bail!(
             "policy code asks the driver through crate::driver, not crate::real (only \
@@ -96,39 +85,20 @@ fn raw_calls(code: &str) -> Vec<(usize, &'static str)> {
 }
 
 /// `path:line: crate::real` for every path into `crate::real` in a file of
-/// the source tree `src` outside `real/`, `exports/` and [`REAL_IMPL`],
-/// unless `not_yet` lists the file; and `path: …` for a file `not_yet`
-/// lists that no longer names it (or is gone).
-fn scan_imports(src: &Path, not_yet: &[&str]) -> Result<Vec<String>> {
+/// the source tree `src` outside `real/`, `exports/` and [`REAL_IMPL`].
+fn scan_imports(src: &Path) -> Result<Vec<String>> {
     let mut findings = Vec::new();
-    let mut still = Vec::new();
     for f in rust_files(src)? {
         let rel = f.strip_prefix(src).unwrap_or(&f);
         let top = rel.components().next().and_then(|c| c.as_os_str().to_str());
         if rel.components().count() > 1 && top.is_some_and(|t| ALLOWED.contains(&t)) {
             continue;
         }
-        let name = rel.to_string_lossy().replace('\\', "/");
-        if REAL_IMPL.contains(&name.as_str()) {
+        if REAL_IMPL.contains(&rel.to_string_lossy().replace('\\', "/").as_str()) {
             continue;
         }
-        let lines = real_paths(&strip(&read(&f)?));
-        if not_yet.contains(&name.as_str()) {
-            if !lines.is_empty() {
-                still.push(name);
-            }
-            continue;
-        }
-        for line in lines {
+        for line in real_paths(&strip(&read(&f)?)) {
             findings.push(format!("{}:{line}: `crate::real`", f.display()));
-        }
-    }
-    for name in not_yet {
-        if !still.iter().any(|s| s == name) {
-            findings.push(format!(
-                "{}: no longer names crate::real; take it off driver_seam::NOT_YET",
-                src.join(name).display()
-            ));
         }
     }
     Ok(findings)
@@ -246,8 +216,7 @@ mod tests {
 
     /// A policy file that imports `crate::real` (or calls through it) is
     /// rejected, whatever the form of the path; `real/`, the exports and
-    /// the real implementation may; a file still on the not-yet list may,
-    /// and one on it that no longer does is reported.
+    /// the real implementation may.
     #[test]
     fn a_policy_file_importing_crate_real_is_rejected() {
         let names = findings_in(
@@ -272,16 +241,16 @@ mod tests {
                 ),
                 ("launch.rs", "use crate::real::cuda::launch;\n"),
             ],
-            |src| scan_imports(src, &["launch.rs", "procaddr.rs"]),
+            scan_imports,
         );
         assert_eq!(
             names,
             vec![
                 "devices.rs:1: `crate::real`",
+                "launch.rs:1: `crate::real`",
                 "memory/alloc.rs:3: `crate::real`",
                 "memory/track.rs:2: `crate::real`",
                 "nvml.rs:1: `crate::real`",
-                "procaddr.rs: no longer names crate::real; take it off driver_seam::NOT_YET",
             ]
         );
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize};
 use std::sync::Mutex;
 
-use super::{Context, Events, Memory, Nvml, Poll};
+use super::{Context, CuError, Events, Memory, Nvml, Poll};
 use crate::ffi::*;
 use crate::memory::context_host::ContextHost;
 use crate::nodelock::NodeLock;
@@ -163,6 +163,19 @@ impl Memory for FakeDriver {
 
     fn allocation_size(&self, _ptr: CUdeviceptr) -> Option<u64> {
         None
+    }
+
+    /// No host memory: as a process without the driver's symbol.
+    fn host_alloc_mapped(&self, _bytes: usize) -> Result<usize, CuError> {
+        Err(CuError(CUDA_ERROR_NOT_FOUND))
+    }
+
+    fn host_device_pointer(&self, _host: usize) -> Result<CUdeviceptr, CuError> {
+        Err(CuError(CUDA_ERROR_NOT_FOUND))
+    }
+
+    fn free_host(&self, _host: usize) -> Result<(), CuError> {
+        Err(CuError(CUDA_ERROR_NOT_FOUND))
     }
 }
 

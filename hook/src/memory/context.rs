@@ -24,8 +24,8 @@ use super::track::Entry;
 use super::uncounted;
 use crate::driver::native::Native;
 use crate::driver::Nvml;
+use crate::driver::{Contexts, DeviceIds};
 use crate::ffi::*;
-use crate::real::cuda::{ctx as cu_ctx, device};
 use crate::region::Kind;
 use crate::state::{process, Process, UNKNOWN};
 
@@ -215,7 +215,7 @@ pub fn init(forward: impl FnOnce() -> CUresult, _flags: std::ffi::c_uint) -> CUr
 /// Writes `device_num` and `uuids[]` (the container's devices, in its
 /// index order: `crate::devices`) into the region.
 pub fn fill_device_info(p: &Process) {
-    let Some(count) = device::count().ok().filter(|n| *n > 0) else {
+    let Some(count) = Native.cuda_count().filter(|n| *n > 0) else {
         return;
     };
     let single = if count == 1 {
@@ -259,7 +259,7 @@ pub fn primary_retain(
         return rc;
     }
     let (rc, _) = counted_context(p, &Native, &RealHost, d, forward, || {
-        let _ = cu_ctx::primary_release(dev);
+        let _ = Native.release_primary(dev);
     });
     if rc == CUDA_SUCCESS {
         counts[d] = 1;
@@ -372,7 +372,7 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
     }
     let (rc, bytes) = counted_context(p, &Native, &RealHost, d, call, || {
         if let Some(c) = read(ctx) {
-            let _ = cu_ctx::destroy(c);
+            let _ = Native.destroy_context(c);
         }
     });
     if rc == CUDA_SUCCESS {
