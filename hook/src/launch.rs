@@ -123,45 +123,41 @@ grid_launch!(launch_kernel_ptsz, LaunchKind::Kernel, true, _extra);
 grid_launch!(launch_cooperative, LaunchKind::Cooperative, false);
 grid_launch!(launch_cooperative_ptsz, LaunchKind::Cooperative, true);
 
-pub fn launch_kernel_ex(
-    forward: impl FnOnce() -> CUresult,
-    config: *const c_void,
-    f: CUfunction,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
-) -> CUresult {
-    limited(ex(config, f, false), forward)
+/// `cuLaunchKernelEx` and its `_ptsz` twin differ only in the
+/// per-thread-stream flag.
+macro_rules! ex_launch {
+    ($name:ident, $per_thread:expr) => {
+        pub fn $name(
+            forward: impl FnOnce() -> CUresult,
+            config: *const c_void,
+            f: CUfunction,
+            _params: *mut *mut c_void,
+            _extra: *mut *mut c_void,
+        ) -> CUresult {
+            limited(ex(config, f, $per_thread), forward)
+        }
+    };
 }
 
-pub fn launch_kernel_ex_ptsz(
-    forward: impl FnOnce() -> CUresult,
-    config: *const c_void,
-    f: CUfunction,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
-) -> CUresult {
-    limited(ex(config, f, true), forward)
+ex_launch!(launch_kernel_ex, false);
+ex_launch!(launch_kernel_ex_ptsz, true);
+
+/// `cuGraphLaunch` and its `_ptsz` twin, likewise.
+macro_rules! graph_launch {
+    ($name:ident, $per_thread:expr) => {
+        pub fn $name(
+            forward: impl FnOnce() -> CUresult,
+            exec: CUgraphExec,
+            stream: CUstream,
+        ) -> CUresult {
+            let l = kernel(LaunchKind::Graph, exec, [0; 3], [0; 3], stream, $per_thread);
+            limited(l, forward)
+        }
+    };
 }
 
-fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
-    kernel(LaunchKind::Graph, exec, [0; 3], [0; 3], stream, per_thread)
-}
-
-pub fn graph_launch(
-    forward: impl FnOnce() -> CUresult,
-    exec: CUgraphExec,
-    stream: CUstream,
-) -> CUresult {
-    limited(graph(exec, stream, false), forward)
-}
-
-pub fn graph_launch_ptsz(
-    forward: impl FnOnce() -> CUresult,
-    exec: CUgraphExec,
-    stream: CUstream,
-) -> CUresult {
-    limited(graph(exec, stream, true), forward)
-}
+graph_launch!(graph_launch, false);
+graph_launch!(graph_launch_ptsz, true);
 
 #[cfg(test)]
 mod tests {

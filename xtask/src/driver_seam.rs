@@ -11,7 +11,7 @@
 //!   policy code asks `crate::driver`, and the calls it forwards come from
 //!   the exports.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
@@ -49,16 +49,27 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-/// `path:line: macro` for every raw call outside the allowed folders of
-/// the source tree `src`.
-fn scan(src: &Path) -> Result<Vec<String>> {
-    let mut findings = Vec::new();
+/// The Rust files of the source tree `src` outside the allowed folders,
+/// each with its path below `src` (`/`-separated).
+fn outside_allowed(src: &Path) -> Result<Vec<(PathBuf, String)>> {
+    let mut out = Vec::new();
     for f in rust_files(src)? {
         let rel = f.strip_prefix(src).unwrap_or(&f);
         let top = rel.components().next().and_then(|c| c.as_os_str().to_str());
         if rel.components().count() > 1 && top.is_some_and(|t| ALLOWED.contains(&t)) {
             continue;
         }
+        let name = rel.to_string_lossy().replace('\\', "/");
+        out.push((f, name));
+    }
+    Ok(out)
+}
+
+/// `path:line: macro` for every raw call outside the allowed folders of
+/// the source tree `src`.
+fn scan(src: &Path) -> Result<Vec<String>> {
+    let mut findings = Vec::new();
+    for (f, _) in outside_allowed(src)? {
         for (line, token) in raw_calls(&strip(&read(&f)?)) {
             findings.push(format!("{}:{line}: `{token}`", f.display()));
         }
@@ -88,13 +99,8 @@ fn raw_calls(code: &str) -> Vec<(usize, &'static str)> {
 /// the source tree `src` outside `real/`, `exports/` and [`REAL_IMPL`].
 fn scan_imports(src: &Path) -> Result<Vec<String>> {
     let mut findings = Vec::new();
-    for f in rust_files(src)? {
-        let rel = f.strip_prefix(src).unwrap_or(&f);
-        let top = rel.components().next().and_then(|c| c.as_os_str().to_str());
-        if rel.components().count() > 1 && top.is_some_and(|t| ALLOWED.contains(&t)) {
-            continue;
-        }
-        if REAL_IMPL.contains(&rel.to_string_lossy().replace('\\', "/").as_str()) {
+    for (f, name) in outside_allowed(src)? {
+        if REAL_IMPL.contains(&name.as_str()) {
             continue;
         }
         for line in real_paths(&strip(&read(&f)?)) {
