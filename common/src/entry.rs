@@ -19,7 +19,11 @@
 /// - `cuda_hooks`: `fn <symbol>(<args>) -> CUresult => <policy path in the
 ///   hook>, cuda(<base> @ <first CUDA version>[, ptsz])[, trace(<Func
 ///   variant> = <id>, <FuncClass>)];` — exported by the hook, which routes
-///   it to the policy function (same arguments and return type). `cuda(…)`
+///   it to the policy function: first the call that forwards it to the real
+///   driver (`forward: impl FnOnce() -> CUresult`, built by the export),
+///   then the same arguments; same return type. Symbols of one signature
+///   whose policy is the same (a `_ptsz` twin) may route to one function.
+///   `cuda(…)`
 ///   names the `cudaTypedefs.h` typedef `PFN_<base>_v<version>[_ptsz]` that
 ///   binds to the symbol. `trace(…)` makes it an eBPF-probed [`Func`]; ids
 ///   are the kernel/user wire contract: never change or reuse one
@@ -33,6 +37,7 @@
 /// - `cuda_real`, `nvml_real`: `fn <symbol>(<args>) -> <ret>;` loaded from
 ///   the real library for the hook's own use, never exported.
 /// - `nvml_hooks`: `fn <symbol>(<args>) -> nvmlReturn_t => <policy path>;`
+///   routed as for CUDA, the forwarding call first.
 ///
 /// Types are the hook's C types (`hook/src/ffi.rs`); they are only resolved
 /// where a generator uses them.
@@ -53,11 +58,11 @@ macro_rules! entry_points {
                 fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => memory::alloc::mem_free, cuda(cuMemFree @ 3020), trace(MemFree = 4, Free);
 
                 fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult => memory::async_pool::alloc_async, cuda(cuMemAllocAsync @ 11020), trace(MemAllocAsync = 5, Alloc);
-                fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult => memory::async_pool::alloc_async_ptsz, cuda(cuMemAllocAsync @ 11020, ptsz), trace(MemAllocAsyncPtsz = 6, Alloc);
+                fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult => memory::async_pool::alloc_async, cuda(cuMemAllocAsync @ 11020, ptsz), trace(MemAllocAsyncPtsz = 6, Alloc);
                 fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => memory::async_pool::alloc_from_pool, cuda(cuMemAllocFromPoolAsync @ 11020), trace(MemAllocFromPoolAsync = 7, Alloc);
-                fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => memory::async_pool::alloc_from_pool_ptsz, cuda(cuMemAllocFromPoolAsync @ 11020, ptsz), trace(MemAllocFromPoolAsyncPtsz = 8, Alloc);
+                fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => memory::async_pool::alloc_from_pool, cuda(cuMemAllocFromPoolAsync @ 11020, ptsz), trace(MemAllocFromPoolAsyncPtsz = 8, Alloc);
                 fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::async_pool::free_async, cuda(cuMemFreeAsync @ 11020), trace(MemFreeAsync = 9, Free);
-                fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::async_pool::free_async_ptsz, cuda(cuMemFreeAsync @ 11020, ptsz), trace(MemFreeAsyncPtsz = 10, Free);
+                fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::async_pool::free_async, cuda(cuMemFreeAsync @ 11020, ptsz), trace(MemFreeAsyncPtsz = 10, Free);
 
                 fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult => memory::vmm::mem_create, cuda(cuMemCreate @ 10020), trace(MemCreate = 11, Alloc);
                 fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => memory::vmm::mem_release, cuda(cuMemRelease @ 10020), trace(MemRelease = 12, Free);
@@ -78,14 +83,14 @@ macro_rules! entry_points {
                 fn cuIpcCloseMemHandle(dptr: CUdeviceptr) -> CUresult => memory::ipc::close, cuda(cuIpcCloseMemHandle @ 4010);
 
                 fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult => memory::context::primary_retain, cuda(cuDevicePrimaryCtxRetain @ 7000), trace(DevicePrimaryCtxRetain = 68, Context);
-                fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => memory::context::primary_release_v1, cuda(cuDevicePrimaryCtxRelease @ 7000);
-                fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => memory::context::primary_release_v2, cuda(cuDevicePrimaryCtxRelease @ 11000);
+                fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult => memory::context::primary_release, cuda(cuDevicePrimaryCtxRelease @ 7000);
+                fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => memory::context::primary_release, cuda(cuDevicePrimaryCtxRelease @ 11000);
                 fn cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult => memory::context::ctx_create_v2, cuda(cuCtxCreate @ 3020), trace(CtxCreate = 65, Context);
                 fn cuCtxCreate_v3(ctx: *mut CUcontext, params: *mut c_void, nparams: c_int, flags: c_uint, dev: CUdevice) -> CUresult => memory::context::ctx_create_v3, cuda(cuCtxCreate @ 11040), trace(CtxCreateV3 = 66, Context);
                 fn cuCtxCreate_v4(ctx: *mut CUcontext, params: *mut c_void, flags: c_uint, dev: CUdevice) -> CUresult => memory::context::ctx_create_v4, cuda(cuCtxCreate @ 12050), trace(CtxCreateV4 = 67, Context);
                 fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult => memory::context::ctx_destroy, cuda(cuCtxDestroy @ 4000);
-                fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => memory::context::primary_reset_v1, cuda(cuDevicePrimaryCtxReset @ 7000);
-                fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => memory::context::primary_reset_v2, cuda(cuDevicePrimaryCtxReset @ 11000);
+                fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => memory::context::primary_reset, cuda(cuDevicePrimaryCtxReset @ 7000);
+                fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => memory::context::primary_reset, cuda(cuDevicePrimaryCtxReset @ 11000);
 
                 fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult => memory::info::mem_get_info, cuda(cuMemGetInfo @ 3020);
                 fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => memory::info::device_total_mem, cuda(cuDeviceTotalMem @ 3020);

@@ -23,8 +23,9 @@ use std::sync::OnceLock;
 use vgpu_common::devices::{container_devices, NvmlView};
 use vgpu_common::region::MAX_DEVICES;
 
+use crate::driver::native::Native;
+use crate::driver::DeviceIds;
 use crate::ffi::*;
-use crate::real::{cuda, nvml};
 
 /// The container index of each CUDA ordinal (`None`: a device the container
 /// order does not list, or whose UUID is unknown).
@@ -54,7 +55,7 @@ static DEVICES: OnceLock<Devices> = OnceLock::new();
 impl Devices {
     /// Reads the devices from the driver and NVML; `None` before `cuInit`.
     fn load() -> Option<Self> {
-        let count = cuda::device::count().ok()?;
+        let count = Native.cuda_count()?;
         let cuda: Vec<Option<String>> = (0..count.max(0) as usize).map(cuda_uuid).collect();
         let mut container = nvml_container_order();
         if container.is_empty() {
@@ -130,30 +131,17 @@ pub fn format_uuid(b: &[u8; 16]) -> String {
 
 /// The UUID of CUDA ordinal `ordinal`.
 fn cuda_uuid(ordinal: usize) -> Option<String> {
-    let d = cuda::device::get(std::ffi::c_int::try_from(ordinal).ok()?).ok()?;
-    cuda::device::uuid(d).ok().map(|u| format_uuid(&u))
+    Native.cuda_uuid(ordinal).map(|u| format_uuid(&u))
 }
 
 /// The UUIDs NVML lists, in its index order (empty without NVML).
 fn nvml_uuids() -> Vec<String> {
-    if !nvml::ready() {
-        return Vec::new();
-    }
-    let Ok(count) = nvml::device::count() else {
-        return Vec::new();
-    };
-    (0..count)
-        .filter_map(|i| nvml::device::uuid(nvml::device::by_index(i).ok()?).ok())
-        .collect()
+    Native.nvml_uuids()
 }
 
 /// The NVML handle of the container's device `index`, by UUID.
 pub fn nvml_handle(index: usize) -> Option<nvmlDevice_t> {
-    if !nvml::ready() {
-        return None;
-    }
-    let uuid = std::ffi::CString::new(uuid(index)?).ok()?;
-    nvml::device::by_uuid(&uuid).ok()
+    Native.nvml_by_uuid(&uuid(index)?)
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ use vgpu_common::region::ProcSlot;
 use crate::driver::native::Native;
 use crate::driver::Context;
 use crate::ffi::*;
-use crate::real::cuda::{launch as real, status};
 use crate::sm::{after_launch, before_launch, Launch, LaunchKind};
 use crate::state::Process;
 
@@ -97,9 +96,10 @@ fn ex(config: *const c_void, f: CUfunction, per_thread: bool) -> Launch {
 /// their `_ptsz` twins) differ only in the driver symbol, the kind, the
 /// per-thread-stream flag and `cuLaunchKernel`'s trailing `extra`.
 macro_rules! grid_launch {
-    ($name:ident => $real:ident, $kind:expr, $per_thread:expr $(, $extra:ident)?) => {
+    ($name:ident, $kind:expr, $per_thread:expr $(, $extra:ident)?) => {
         #[expect(clippy::too_many_arguments, reason = "the C signature of a grid launch")]
         pub fn $name(
+            forward: impl FnOnce() -> CUresult,
             f: CUfunction,
             gx: c_uint,
             gy: c_uint,
@@ -107,65 +107,57 @@ macro_rules! grid_launch {
             bx: c_uint,
             by: c_uint,
             bz: c_uint,
-            shmem: c_uint,
+            _shmem: c_uint,
             stream: CUstream,
-            params: *mut *mut c_void,
+            _params: *mut *mut c_void,
             $($extra: *mut *mut c_void,)?
         ) -> CUresult {
             let l = kernel($kind, f, [gx, gy, gz], [bx, by, bz], stream, $per_thread);
-            limited(l, || {
-                real::$real(f, [gx, gy, gz], [bx, by, bz], shmem, stream, params $(, $extra)?)
-            })
+            limited(l, forward)
         }
     };
 }
 
-grid_launch!(launch_kernel => kernel, LaunchKind::Kernel, false, extra);
-grid_launch!(launch_kernel_ptsz => kernel_ptsz, LaunchKind::Kernel, true, extra);
-grid_launch!(launch_cooperative => cooperative, LaunchKind::Cooperative, false);
-grid_launch!(
-    launch_cooperative_ptsz => cooperative_ptsz,
-    LaunchKind::Cooperative,
-    true
-);
+grid_launch!(launch_kernel, LaunchKind::Kernel, false, _extra);
+grid_launch!(launch_kernel_ptsz, LaunchKind::Kernel, true, _extra);
+grid_launch!(launch_cooperative, LaunchKind::Cooperative, false);
+grid_launch!(launch_cooperative_ptsz, LaunchKind::Cooperative, true);
 
-pub fn launch_kernel_ex(
-    config: *const c_void,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    limited(ex(config, f, false), || {
-        real::kernel_ex(config, f, params, extra)
-    })
+/// `cuLaunchKernelEx` and its `_ptsz` twin differ only in the
+/// per-thread-stream flag.
+macro_rules! ex_launch {
+    ($name:ident, $per_thread:expr) => {
+        pub fn $name(
+            forward: impl FnOnce() -> CUresult,
+            config: *const c_void,
+            f: CUfunction,
+            _params: *mut *mut c_void,
+            _extra: *mut *mut c_void,
+        ) -> CUresult {
+            limited(ex(config, f, $per_thread), forward)
+        }
+    };
 }
 
-pub fn launch_kernel_ex_ptsz(
-    config: *const c_void,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    limited(ex(config, f, true), || {
-        real::kernel_ex_ptsz(config, f, params, extra)
-    })
+ex_launch!(launch_kernel_ex, false);
+ex_launch!(launch_kernel_ex_ptsz, true);
+
+/// `cuGraphLaunch` and its `_ptsz` twin, likewise.
+macro_rules! graph_launch {
+    ($name:ident, $per_thread:expr) => {
+        pub fn $name(
+            forward: impl FnOnce() -> CUresult,
+            exec: CUgraphExec,
+            stream: CUstream,
+        ) -> CUresult {
+            let l = kernel(LaunchKind::Graph, exec, [0; 3], [0; 3], stream, $per_thread);
+            limited(l, forward)
+        }
+    };
 }
 
-fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Launch {
-    kernel(LaunchKind::Graph, exec, [0; 3], [0; 3], stream, per_thread)
-}
-
-pub fn graph_launch(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    limited(graph(exec, stream, false), || {
-        status(real::graph(exec, stream))
-    })
-}
-
-pub fn graph_launch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult {
-    limited(graph(exec, stream, true), || {
-        status(real::graph_ptsz(exec, stream))
-    })
-}
+graph_launch!(graph_launch, false);
+graph_launch!(graph_launch_ptsz, true);
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,9 @@
 //! `launch`, `devices`, `sm`) over `region` and `state`. Every policy module
 //! is `#![forbid(unsafe_code)]` (`cargo xtask lint` checks the list); in `sm`
 //! only `live` (the clocks and the process's world behind the limiter's
-//! traits) is not policy. Only `real` and `exports` call the driver raw.
+//! traits) is not policy. Only `real` and `exports` call the driver raw,
+//! and only they and `driver::native` name `real` (`cargo xtask lint`): each
+//! export hands its policy function the call that forwards it.
 //! `sidecar` is the container's second shared file (measured context sizes,
 //! the limiter's buckets), mapped like the node tables through
 //! `sigbus_guard::shared`.

@@ -10,9 +10,10 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
+use crate::driver::native::Native;
+use crate::driver::DeviceIds;
 use crate::ffi::*;
 use crate::memory::info::virtual_info;
-use crate::real::nvml::{self as real, status};
 use crate::region::usage;
 use crate::state::process;
 
@@ -28,16 +29,16 @@ fn after_init(rc: nvmlReturn_t) -> nvmlReturn_t {
     rc
 }
 
-pub fn init_v1() -> nvmlReturn_t {
-    after_init(status(real::init_v1()))
+pub fn init_v1(forward: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
+    after_init(forward())
 }
 
-pub fn init_v2() -> nvmlReturn_t {
-    after_init(status(real::init()))
+pub fn init_v2(forward: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
+    after_init(forward())
 }
 
-pub fn init_with_flags(flags: c_uint) -> nvmlReturn_t {
-    after_init(status(real::init_with_flags(flags)))
+pub fn init_with_flags(forward: impl FnOnce() -> nvmlReturn_t, _flags: c_uint) -> nvmlReturn_t {
+    after_init(forward())
 }
 
 fn fill_from_nvml(r: &SharedRegion) {
@@ -55,7 +56,7 @@ fn fill_from_nvml(r: &SharedRegion) {
 /// position in the region, else its NVML index (NVML lists the container's
 /// devices in the container's order).
 fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
-    if let Ok(u) = crate::real::nvml::device::uuid(dev) {
+    if let Some(u) = Native.nvml_uuid(dev) {
         let n = (r.device_num.load(SeqCst) as usize).min(MAX_DEVICES);
         for i in 0..n {
             let (bytes, len) = r.uuid(i);
@@ -64,7 +65,7 @@ fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
             }
         }
     }
-    let index = real::device::index(dev).ok()?;
+    let index = Native.nvml_index(dev)?;
     Some(index as usize).filter(|i| *i < MAX_DEVICES)
 }
 
@@ -82,8 +83,12 @@ fn virtualise(dev: nvmlDevice_t, phys_total: u64, phys_free: u64) -> Option<(u64
     Some((total, free, used))
 }
 
-pub fn memory_info(dev: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
-    let rc = real::device::memory_info(dev, memory);
+pub fn memory_info(
+    forward: impl FnOnce() -> nvmlReturn_t,
+    dev: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    let rc = forward();
     let Some(m) = read(memory).filter(|_| rc == NVML_SUCCESS) else {
         return rc;
     };
@@ -93,8 +98,12 @@ pub fn memory_info(dev: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t
     rc
 }
 
-pub fn memory_info_v2(dev: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
-    let rc = real::device::memory_info_v2(dev, memory);
+pub fn memory_info_v2(
+    forward: impl FnOnce() -> nvmlReturn_t,
+    dev: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    let rc = forward();
     let Some(m) = read(memory).filter(|_| rc == NVML_SUCCESS) else {
         return rc;
     };

@@ -70,23 +70,25 @@ fn finish(
 }
 
 pub fn get_proc_address_v1(
+    forward: impl FnOnce() -> CUresult,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: u64,
 ) -> CUresult {
-    let rc = crate::real::cuda::procaddr::get_v1(symbol, pfn, cuda_version, flags);
+    let rc = forward();
     finish(rc, symbol, pfn, cuda_version, flags)
 }
 
 pub fn get_proc_address_v2(
+    forward: impl FnOnce() -> CUresult,
     symbol: *const c_char,
     pfn: *mut *mut c_void,
     cuda_version: c_int,
     flags: u64,
-    status: *mut CUdriverProcAddressQueryResult,
+    _status: *mut CUdriverProcAddressQueryResult,
 ) -> CUresult {
-    let rc = crate::real::cuda::procaddr::get_v2(symbol, pfn, cuda_version, flags, status);
+    let rc = forward();
     finish(rc, symbol, pfn, cuda_version, flags)
 }
 

@@ -10,7 +10,9 @@
 //! - the ABI snapshots of every cross-process layout (`cargo xtask abi`);
 //! - no `unsafe` in the hook's policy code (`unsafe_free`);
 //! - no raw driver call (`real_cuda!`, `real_nvml!`) in the hook outside
-//!   `real/` and the generated exports (`driver_seam`).
+//!   `real/` and the generated exports, and no path into `crate::real`
+//!   outside those and the driver seam's real implementation
+//!   (`driver_seam`).
 //! - docs/README.md's map of the folders matches them (`docs_map`).
 //! - every file path the docs and doc comments name in backticks exists
 //!   (`doc_paths`).

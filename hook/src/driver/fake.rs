@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize};
 use std::sync::Mutex;
 
-use super::{Context, Events, Memory, Nvml, Poll};
+use super::{Context, CuError, Events, Memory, Nvml, Poll};
 use crate::ffi::*;
 use crate::memory::context_host::ContextHost;
 use crate::nodelock::NodeLock;
@@ -123,8 +123,11 @@ impl Events for FakeDriver {
     }
 }
 
-impl Memory for FakeDriver {
-    fn mem_alloc(&self, dptr: *mut CUdeviceptr, _bytes: usize) -> CUresult {
+/// The calls the exports forward, as the tests pass them to the entry
+/// points' logic (`|| fake.mem_alloc(ptr, n)`).
+impl FakeDriver {
+    /// `cuMemAlloc_v2` reaching the driver.
+    pub(crate) fn mem_alloc(&self, dptr: *mut CUdeviceptr, _bytes: usize) -> CUresult {
         self.allocs.fetch_add(1, SeqCst);
         let rc = self.alloc_rc.load(SeqCst);
         if rc == CUDA_SUCCESS {
@@ -134,20 +137,45 @@ impl Memory for FakeDriver {
         rc
     }
 
-    fn mem_free(&self, _ptr: CUdeviceptr) -> CUresult {
-        self.frees.fetch_add(1, SeqCst);
-        CUDA_SUCCESS
-    }
-
-    fn mem_get_info(&self, free: *mut usize, total: *mut usize) -> CUresult {
+    /// `cuMemGetInfo_v2` reaching the driver.
+    pub(crate) fn mem_get_info(&self, free: *mut usize, total: *mut usize) -> CUresult {
         let (f, t) = *self.info.lock().unwrap();
         write(free, f as usize);
         write(total, t as usize);
         CUDA_SUCCESS
     }
+}
+
+impl Memory for FakeDriver {
+    fn mem_free(&self, _ptr: CUdeviceptr) -> CUresult {
+        self.frees.fetch_add(1, SeqCst);
+        CUDA_SUCCESS
+    }
+
+    fn ipc_close(&self, _ptr: CUdeviceptr) -> CUresult {
+        CUDA_SUCCESS
+    }
+
+    fn mem_info(&self) -> Option<(usize, usize)> {
+        let (f, t) = *self.info.lock().unwrap();
+        Some((f as usize, t as usize))
+    }
 
     fn allocation_size(&self, _ptr: CUdeviceptr) -> Option<u64> {
         None
+    }
+
+    /// No host memory: as a process without the driver's symbol.
+    fn host_alloc_mapped(&self, _bytes: usize) -> Result<usize, CuError> {
+        Err(CuError(CUDA_ERROR_NOT_FOUND))
+    }
+
+    fn host_device_pointer(&self, _host: usize) -> Result<CUdeviceptr, CuError> {
+        Err(CuError(CUDA_ERROR_NOT_FOUND))
+    }
+
+    fn free_host(&self, _host: usize) -> Result<(), CuError> {
+        Err(CuError(CUDA_ERROR_NOT_FOUND))
     }
 }
 

@@ -8,9 +8,13 @@
 //! - [`Context`]: the calling thread's current context and its device, the
 //!   one place the hook computes "the current device".
 //! - [`Events`]: timing events and stream capture (the SM limiter).
-//! - [`Memory`]: the allocation calls the entry points forward, memory
-//!   info, and the size of an allocation.
+//! - [`Memory`]: the frees the hook makes on its own behalf, memory info,
+//!   and the size of an allocation (the calls the entry points forward
+//!   come from the exports, one closure each).
 //! - [`Nvml`]: what NVML measures (used memory, processes, utilization).
+//! - [`DeviceIds`]: the devices CUDA and NVML list, by UUID (what the
+//!   container's device table, `crate::devices`, is built from).
+//! - [`Contexts`]: taking back a context the hook could not count.
 //!
 //! Each user asks for the few it needs: the SM limiter for `Context`,
 //! `Events` and `Nvml` (with its own clock, region and node table,
@@ -23,7 +27,11 @@
 pub(crate) mod fake;
 pub(crate) mod native;
 
-use crate::ffi::{CUdeviceptr, CUresult};
+use std::ffi::c_int;
+
+use crate::ffi::{nvmlDevice_t, CUcontext, CUdevice, CUdeviceptr, CUresult};
+/// The driver's error, as the real layer names it (one exhaustive map).
+pub(crate) use native::CuError;
 
 /// An event's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +51,11 @@ pub(crate) trait Context: Sync {
     /// index; the device may be remembered per thread while the context
     /// stays the same (the launch path's query: no syscall).
     fn current(&self) -> Option<(usize, usize)>;
+    /// The current context alone, as the same opaque key (`None`: no
+    /// context): what an object made now dies with (`cuCtxDestroy`).
+    fn context(&self) -> Option<usize> {
+        self.current().map(|(ctx, _)| ctx)
+    }
     /// The process's only device, when it sees one (no driver query).
     fn only_device(&self) -> Option<usize> {
         None
@@ -84,18 +97,52 @@ pub(crate) trait Events: Context {
     }
 }
 
-/// Device memory: the calls the allocation entry points forward (with the
-/// application's pointers, the driver's code returned unchanged) and the
-/// queries the accounting makes.
+/// Device memory the hook frees or measures on its own behalf (taking back
+/// what it could not count, the room left on the device). The calls the
+/// entry points forward are not here: each export passes its policy
+/// function the call that forwards it (`crate::exports`).
 pub(crate) trait Memory: Sync {
-    /// `cuMemAlloc_v2`.
-    fn mem_alloc(&self, dptr: *mut CUdeviceptr, bytes: usize) -> CUresult;
     /// `cuMemFree_v2`.
     fn mem_free(&self, ptr: CUdeviceptr) -> CUresult;
-    /// `cuMemGetInfo_v2`.
-    fn mem_get_info(&self, free: *mut usize, total: *mut usize) -> CUresult;
+    /// `cuIpcCloseMemHandle`.
+    fn ipc_close(&self, ptr: CUdeviceptr) -> CUresult;
+    /// `(free, total)` bytes of the current context's device
+    /// (`cuMemGetInfo_v2`); `None` when the driver cannot say.
+    fn mem_info(&self) -> Option<(usize, usize)>;
     /// The size of the allocation that contains `ptr`.
     fn allocation_size(&self, ptr: CUdeviceptr) -> Option<u64>;
+    /// Pinned host memory of `bytes` mapped into the device's address
+    /// space (portable), as an address.
+    fn host_alloc_mapped(&self, bytes: usize) -> Result<usize, CuError>;
+    /// The device address of mapped host memory at `host`.
+    fn host_device_pointer(&self, host: usize) -> Result<CUdeviceptr, CuError>;
+    /// Frees host memory from [`Memory::host_alloc_mapped`].
+    fn free_host(&self, host: usize) -> Result<(), CuError>;
+}
+
+/// The devices CUDA and NVML list, by UUID.
+pub(crate) trait DeviceIds: Sync {
+    /// How many devices CUDA shows this process.
+    fn cuda_count(&self) -> Option<c_int>;
+    /// The UUID of CUDA ordinal `ordinal`.
+    fn cuda_uuid(&self, ordinal: usize) -> Option<[u8; 16]>;
+    /// The UUIDs NVML lists, in its index order (empty without NVML).
+    fn nvml_uuids(&self) -> Vec<String>;
+    /// NVML's handle of the device whose UUID is `uuid`.
+    fn nvml_by_uuid(&self, uuid: &str) -> Option<nvmlDevice_t>;
+    /// The UUID of NVML's device `dev`.
+    fn nvml_uuid(&self, dev: nvmlDevice_t) -> Option<String>;
+    /// NVML's index of its device `dev`.
+    fn nvml_index(&self, dev: nvmlDevice_t) -> Option<u32>;
+}
+
+/// Taking back a context the hook could not count (the driver made it, the
+/// limit refused it).
+pub(crate) trait Contexts: Sync {
+    /// `cuCtxDestroy_v2` of `ctx`.
+    fn destroy_context(&self, ctx: CUcontext) -> CUresult;
+    /// `cuDevicePrimaryCtxRelease_v2` of `dev`'s primary context.
+    fn release_primary(&self, dev: CUdevice) -> CUresult;
 }
 
 /// What NVML measures.

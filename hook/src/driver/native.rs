@@ -11,8 +11,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::{Context, Events, Memory, Nvml, Poll};
+use super::{Context, Contexts, DeviceIds, Events, Memory, Nvml, Poll};
 use crate::ffi::*;
+pub(crate) use crate::real::cuda::CuError;
 use crate::real::cuda::{self, events};
 use crate::real::nvml;
 
@@ -70,6 +71,12 @@ impl Context for Native {
         Some((key, dev))
     }
 
+    /// One driver query, no device lookup.
+    fn context(&self) -> Option<usize> {
+        let ctx = cuda::ctx::current().ok()?;
+        (!ctx.is_null()).then_some(ctx as usize)
+    }
+
     #[inline]
     fn only_device(&self) -> Option<usize> {
         SINGLE.load(Relaxed).checked_sub(1)
@@ -120,20 +127,81 @@ impl Events for Native {
 }
 
 impl Memory for Native {
-    fn mem_alloc(&self, dptr: *mut CUdeviceptr, bytes: usize) -> CUresult {
-        cuda::mem::alloc(dptr, bytes)
-    }
-
     fn mem_free(&self, ptr: CUdeviceptr) -> CUresult {
         cuda::status(cuda::mem::free(ptr))
     }
 
-    fn mem_get_info(&self, free: *mut usize, total: *mut usize) -> CUresult {
-        cuda::mem::get_info(free, total)
+    fn ipc_close(&self, ptr: CUdeviceptr) -> CUresult {
+        cuda::status(cuda::mem::ipc_close(ptr))
+    }
+
+    fn mem_info(&self) -> Option<(usize, usize)> {
+        cuda::mem::info().ok()
     }
 
     fn allocation_size(&self, ptr: CUdeviceptr) -> Option<u64> {
         cuda::mem::allocation_size(ptr).ok().map(|s| s as u64)
+    }
+
+    fn host_alloc_mapped(&self, bytes: usize) -> Result<usize, CuError> {
+        cuda::mem::host_alloc_mapped(bytes)
+    }
+
+    fn host_device_pointer(&self, host: usize) -> Result<CUdeviceptr, CuError> {
+        cuda::mem::host_device_pointer(host)
+    }
+
+    fn free_host(&self, host: usize) -> Result<(), CuError> {
+        cuda::mem::free_host(host)
+    }
+}
+
+impl DeviceIds for Native {
+    fn cuda_count(&self) -> Option<std::ffi::c_int> {
+        cuda::device::count().ok()
+    }
+
+    fn cuda_uuid(&self, ordinal: usize) -> Option<[u8; 16]> {
+        let d = cuda::device::get(std::ffi::c_int::try_from(ordinal).ok()?).ok()?;
+        cuda::device::uuid(d).ok()
+    }
+
+    fn nvml_uuids(&self) -> Vec<String> {
+        if !nvml::ready() {
+            return Vec::new();
+        }
+        let Ok(count) = nvml::device::count() else {
+            return Vec::new();
+        };
+        (0..count)
+            .filter_map(|i| nvml::device::uuid(nvml::device::by_index(i).ok()?).ok())
+            .collect()
+    }
+
+    fn nvml_by_uuid(&self, uuid: &str) -> Option<nvmlDevice_t> {
+        if !nvml::ready() {
+            return None;
+        }
+        let uuid = std::ffi::CString::new(uuid).ok()?;
+        nvml::device::by_uuid(&uuid).ok()
+    }
+
+    fn nvml_uuid(&self, dev: nvmlDevice_t) -> Option<String> {
+        nvml::device::uuid(dev).ok()
+    }
+
+    fn nvml_index(&self, dev: nvmlDevice_t) -> Option<u32> {
+        nvml::device::index(dev).ok()
+    }
+}
+
+impl Contexts for Native {
+    fn destroy_context(&self, ctx: CUcontext) -> CUresult {
+        cuda::status(cuda::ctx::destroy(ctx))
+    }
+
+    fn release_primary(&self, dev: CUdevice) -> CUresult {
+        cuda::status(cuda::ctx::primary_release(dev))
     }
 }
 

@@ -1,6 +1,12 @@
 //! The exported `extern "C"` symbols, all generated from the entry-point
 //! list (`vgpu_common::entry_points!`, `common/src/entry.rs`), and the
 //! name → wrapper lookup shared by `dlsym` and `cuGetProcAddress`.
+//!
+//! Each wrapper builds the one call that forwards it to the real driver
+//! (`real_cuda!` / `real_nvml!` with the application's own arguments) and
+//! passes it to its policy function as the first argument, `forward: impl
+//! Fn() -> CUresult` (or `nvmlReturn_t`): the policy decides whether and
+//! when the call goes through, and never writes a forwarder of its own.
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -28,10 +34,14 @@ macro_rules! gen_exports {
                 ///    same name.
                 #[cfg_attr(not(test), no_mangle)]
                 pub unsafe extern "C" fn $ch($($cha: $cht),*) -> $chr {
+                    // The call as the application made it, to the real
+                    // driver: what the guard forwards on reentry, and what
+                    // the policy makes when (and if) it lets the call through.
+                    let forward = move || real_cuda!($ch($($cha),*));
                     guard::cuda(
                         stringify!($ch),
-                        || real_cuda!($ch($($cha),*)),
-                        || crate::$($chp)::+($($cha),*),
+                        forward,
+                        move || crate::$($chp)::+(forward, $($cha),*),
                     )
                 }
             )*
@@ -48,10 +58,12 @@ macro_rules! gen_exports {
                 ///    same name.
                 #[cfg_attr(not(test), no_mangle)]
                 pub unsafe extern "C" fn $nh($($nha: $nht),*) -> $nhr {
+                    // As for CUDA: the forwarding call, given to the policy.
+                    let forward = move || real_nvml!($nh($($nha),*));
                     guard::nvml(
                         stringify!($nh),
-                        || real_nvml!($nh($($nha),*)),
-                        || crate::$($nhp)::+($($nha),*),
+                        forward,
+                        move || crate::$($nhp)::+(forward, $($nha),*),
                     )
                 }
             )*

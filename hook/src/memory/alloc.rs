@@ -6,44 +6,58 @@ use super::{counted, target, target_in, uncounted};
 use crate::driver::native::Native;
 use crate::driver::{Context, Memory, Nvml};
 use crate::ffi::*;
-use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::{process, Process};
 
-pub fn mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    mem_alloc_in(&Native, process(), dptr, bytesize)
+pub fn mem_alloc(
+    forward: impl Fn() -> CUresult,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+) -> CUresult {
+    mem_alloc_in(&Native, process(), forward, dptr, bytesize)
 }
 
-/// `cuMemAlloc_v2` over the driver `d` for the process state `p`.
+/// `cuMemAlloc_v2` over the driver `d` for the process state `p`;
+/// `forward` makes the application's call.
 #[inline]
 pub(crate) fn mem_alloc_in(
     d: &(impl Context + Memory + Nvml),
     p: Option<&Process>,
+    forward: impl Fn() -> CUresult,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
 ) -> CUresult {
     let Some((p, dev)) = target_in(d, p).filter(|_| !dptr.is_null()) else {
-        return d.mem_alloc(dptr, bytesize);
+        return forward();
     };
-    counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
-        let rc = oversubscribe::on_device(d, bytesize as u64, || d.mem_alloc(dptr, bytesize));
-        let rc = oversubscribe::or_host(p, rc, dev, bytesize as u64, dptr);
+    counted(d, p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
+        let rc = oversubscribe::on_device(d, bytesize as u64, &forward);
+        let rc = oversubscribe::or_host(d, p, rc, dev, bytesize as u64, dptr);
         (rc, read(dptr).unwrap_or(0))
     })
 }
 
 pub fn mem_alloc_managed(
+    forward: impl Fn() -> CUresult,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    flags: std::ffi::c_uint,
+    _flags: std::ffi::c_uint,
 ) -> CUresult {
     let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
-        return mem::alloc_managed(dptr, bytesize, flags);
+        return forward();
     };
-    counted(p, &p.ptrs, dev, bytesize as u64, Kind::Data, || {
-        let rc = mem::alloc_managed(dptr, bytesize, flags);
-        (rc, read(dptr).unwrap_or(0))
-    })
+    counted(
+        &Native,
+        p,
+        &p.ptrs,
+        dev,
+        bytesize as u64,
+        Kind::Data,
+        || {
+            let rc = forward();
+            (rc, read(dptr).unwrap_or(0))
+        },
+    )
 }
 
 /// The driver's pitch alignment is at most this on current GPUs; the
@@ -58,23 +72,23 @@ pub fn pitch_upper_bound(width: usize, height: usize) -> Option<u64> {
 }
 
 pub fn mem_alloc_pitch(
+    forward: impl Fn() -> CUresult,
     dptr: *mut CUdeviceptr,
     pitch: *mut usize,
     width: usize,
     height: usize,
-    elem: std::ffi::c_uint,
+    _elem: std::ffi::c_uint,
 ) -> CUresult {
-    let forward = || mem::alloc_pitch(dptr, pitch, width, height, elem);
     let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null() && !pitch.is_null()) else {
         return forward();
     };
     let Some(bound) = pitch_upper_bound(width, height) else {
         return forward();
     };
-    let rc = counted(p, &p.ptrs, dev, bound, Kind::Data, || {
+    let rc = counted(&Native, p, &p.ptrs, dev, bound, Kind::Data, || {
         let rc = oversubscribe::on_device(&Native, bound, forward);
         let shape = (width, height, PITCH_BOUND);
-        let rc = oversubscribe::or_host_pitched(p, rc, dev, shape, dptr, pitch);
+        let rc = oversubscribe::or_host_pitched(&Native, p, rc, dev, shape, dptr, pitch);
         (rc, read(dptr).unwrap_or(0))
     });
     if rc != CUDA_SUCCESS {
@@ -92,27 +106,34 @@ pub fn mem_alloc_pitch(
         };
         more.commit();
     }
-    p.ptrs
-        .insert(ptr, super::track::Entry::here(dev, actual, Kind::Data));
+    p.ptrs.insert(
+        ptr,
+        super::track::Entry::here(&Native, dev, actual, Kind::Data),
+    );
     rc
 }
 
-pub fn mem_free(dptr: CUdeviceptr) -> CUresult {
-    mem_free_in(&Native, process(), dptr)
+pub fn mem_free(forward: impl FnOnce() -> CUresult, dptr: CUdeviceptr) -> CUresult {
+    mem_free_in(process(), forward, dptr)
 }
 
-/// `cuMemFree_v2` over the driver `d` for the process state `p`.
+/// `cuMemFree_v2` for the process state `p`; `forward` makes the
+/// application's call.
 #[inline]
-pub(crate) fn mem_free_in(d: &impl Memory, p: Option<&Process>, dptr: CUdeviceptr) -> CUresult {
+pub(crate) fn mem_free_in(
+    p: Option<&Process>,
+    forward: impl FnOnce() -> CUresult,
+    dptr: CUdeviceptr,
+) -> CUresult {
     let Some(p) = p.filter(|_| dptr != 0) else {
-        return d.mem_free(dptr);
+        return forward();
     };
     uncounted(p, &p.ptrs, dptr, || {
-        oversubscribe::free(p, dptr).unwrap_or_else(|| d.mem_free(dptr))
+        oversubscribe::free(p, dptr).unwrap_or_else(forward)
     })
 }
 
 /// Frees device memory, or host memory that served a device allocation.
 fn free_any(p: &Process, dptr: CUdeviceptr) -> CUresult {
-    oversubscribe::free(p, dptr).unwrap_or_else(|| status(mem::free(dptr)))
+    oversubscribe::free(p, dptr).unwrap_or_else(|| Native.mem_free(dptr))
 }

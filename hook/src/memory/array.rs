@@ -9,7 +9,6 @@
 use super::{counted, target, uncounted};
 use crate::driver::native::Native;
 use crate::ffi::*;
-use crate::real::cuda::{array, status};
 use crate::region::Kind;
 use crate::state::process;
 
@@ -92,15 +91,18 @@ fn create(
         unknown(format);
         return call();
     };
-    counted(p, &p.arrays, dev, bytes, Kind::Data, || {
+    counted(&Native, p, &p.arrays, dev, bytes, Kind::Data, || {
         (call(), handle_out())
     })
 }
 
-pub fn array_create(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
-    let call = || array::create(handle, desc);
+pub fn array_create(
+    forward: impl Fn() -> CUresult,
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
     let Some(d) = read(desc).filter(|_| !handle.is_null()) else {
-        return call();
+        return forward();
     };
     let bytes = element_size(d.format, d.num_channels)
         .and_then(|e| level_bytes(d.width as u64, d.height as u64, 1, e));
@@ -108,53 +110,54 @@ pub fn array_create(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) ->
         || read(handle).map_or(0, |h| h as u64),
         bytes,
         d.format,
-        call,
+        forward,
     )
 }
 
-pub fn array3d_create(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
-    let call = || array::create_3d(handle, desc);
+pub fn array3d_create(
+    forward: impl Fn() -> CUresult,
+    handle: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
     let Some(d) = read(desc).filter(|_| !handle.is_null()) else {
-        return call();
+        return forward();
     };
     create(
         || read(handle).map_or(0, |h| h as u64),
         array3d_bytes(&d, 1),
         d.format,
-        call,
+        forward,
     )
 }
 
 pub fn mipmapped_create(
+    forward: impl Fn() -> CUresult,
     handle: *mut CUmipmappedArray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
     levels: std::ffi::c_uint,
 ) -> CUresult {
-    let call = || array::create_mipmapped(handle, desc, levels);
     let Some(d) = read(desc).filter(|_| !handle.is_null()) else {
-        return call();
+        return forward();
     };
     create(
         || read(handle).map_or(0, |h| h as u64),
         array3d_bytes(&d, levels),
         d.format,
-        call,
+        forward,
     )
 }
 
-pub fn array_destroy(a: CUarray) -> CUresult {
+pub fn array_destroy(forward: impl FnOnce() -> CUresult, a: CUarray) -> CUresult {
     match process() {
-        Some(p) => uncounted(p, &p.arrays, a as u64, || status(array::destroy(a))),
-        None => status(array::destroy(a)),
+        Some(p) => uncounted(p, &p.arrays, a as u64, forward),
+        None => forward(),
     }
 }
 
-pub fn mipmapped_destroy(a: CUmipmappedArray) -> CUresult {
+pub fn mipmapped_destroy(forward: impl FnOnce() -> CUresult, a: CUmipmappedArray) -> CUresult {
     match process() {
-        Some(p) => uncounted(p, &p.arrays, a as u64, || {
-            status(array::destroy_mipmapped(a))
-        }),
-        None => status(array::destroy_mipmapped(a)),
+        Some(p) => uncounted(p, &p.arrays, a as u64, forward),
+        None => forward(),
     }
 }
 

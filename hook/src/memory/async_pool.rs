@@ -8,7 +8,6 @@ use super::track::Entry;
 use super::{counted_as, target, uncounted};
 use crate::driver::native::Native;
 use crate::ffi::*;
-use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
@@ -31,38 +30,28 @@ fn free(dptr: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
     }
 }
 
-pub fn alloc_async(dptr: *mut CUdeviceptr, bytes: usize, s: CUstream) -> CUresult {
-    alloc(dptr, bytes, || mem::alloc_async(dptr, bytes, s))
+/// `cuMemAllocAsync` and its `_ptsz` twin.
+pub fn alloc_async(
+    forward: impl Fn() -> CUresult,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    _s: CUstream,
+) -> CUresult {
+    alloc(dptr, bytes, forward)
 }
 
-pub fn alloc_async_ptsz(dptr: *mut CUdeviceptr, bytes: usize, s: CUstream) -> CUresult {
-    alloc(dptr, bytes, || mem::alloc_async_ptsz(dptr, bytes, s))
-}
-
+/// `cuMemAllocFromPoolAsync` and its `_ptsz` twin.
 pub fn alloc_from_pool(
+    forward: impl Fn() -> CUresult,
     dptr: *mut CUdeviceptr,
     bytes: usize,
-    pool: CUmemoryPool,
-    s: CUstream,
+    _pool: CUmemoryPool,
+    _s: CUstream,
 ) -> CUresult {
-    alloc(dptr, bytes, || mem::alloc_from_pool(dptr, bytes, pool, s))
+    alloc(dptr, bytes, forward)
 }
 
-pub fn alloc_from_pool_ptsz(
-    dptr: *mut CUdeviceptr,
-    bytes: usize,
-    pool: CUmemoryPool,
-    s: CUstream,
-) -> CUresult {
-    alloc(dptr, bytes, || {
-        mem::alloc_from_pool_ptsz(dptr, bytes, pool, s)
-    })
-}
-
-pub fn free_async(dptr: CUdeviceptr, s: CUstream) -> CUresult {
-    free(dptr, || status(mem::free_async(dptr, s)))
-}
-
-pub fn free_async_ptsz(dptr: CUdeviceptr, s: CUstream) -> CUresult {
-    free(dptr, || status(mem::free_async_ptsz(dptr, s)))
+/// `cuMemFreeAsync` and its `_ptsz` twin.
+pub fn free_async(forward: impl FnOnce() -> CUresult, dptr: CUdeviceptr, _s: CUstream) -> CUresult {
+    free(dptr, forward)
 }

@@ -24,8 +24,8 @@ use super::track::Entry;
 use super::uncounted;
 use crate::driver::native::Native;
 use crate::driver::Nvml;
+use crate::driver::{Contexts, DeviceIds};
 use crate::ffi::*;
-use crate::real::cuda::{ctx as cu_ctx, device, status};
 use crate::region::Kind;
 use crate::state::{process, Process, UNKNOWN};
 
@@ -202,8 +202,8 @@ pub fn counted_context(
     (rc, size)
 }
 
-pub fn init(flags: std::ffi::c_uint) -> CUresult {
-    let rc = status(cu_ctx::init(flags));
+pub fn init(forward: impl FnOnce() -> CUresult, _flags: std::ffi::c_uint) -> CUresult {
+    let rc = forward();
     if rc == CUDA_SUCCESS {
         if let Some(p) = process() {
             fill_device_info(p);
@@ -215,7 +215,7 @@ pub fn init(flags: std::ffi::c_uint) -> CUresult {
 /// Writes `device_num` and `uuids[]` (the container's devices, in its
 /// index order: `crate::devices`) into the region.
 pub fn fill_device_info(p: &Process) {
-    let Some(count) = device::count().ok().filter(|n| *n > 0) else {
+    let Some(count) = Native.cuda_count().filter(|n| *n > 0) else {
         return;
     };
     let single = if count == 1 {
@@ -242,21 +242,24 @@ fn dev_index(dev: CUdevice) -> Option<usize> {
     crate::devices::index_of(dev)
 }
 
-pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    let call = || cu_ctx::primary_retain(ctx, dev);
+pub fn primary_retain(
+    forward: impl Fn() -> CUresult,
+    _ctx: *mut CUcontext,
+    dev: CUdevice,
+) -> CUresult {
     let (Some(p), Some(d)) = (process(), dev_index(dev)) else {
-        return call();
+        return forward();
     };
     let mut counts = p.primary.lock().unwrap_or_else(|e| e.into_inner());
     if counts[d] > 0 {
-        let rc = call();
+        let rc = forward();
         if rc == CUDA_SUCCESS {
             counts[d] += 1;
         }
         return rc;
     }
-    let (rc, _) = counted_context(p, &Native, &RealHost, d, call, || {
-        let _ = cu_ctx::primary_release(dev);
+    let (rc, _) = counted_context(p, &Native, &RealHost, d, forward, || {
+        let _ = Native.release_primary(dev);
     });
     if rc == CUDA_SUCCESS {
         counts[d] = 1;
@@ -265,12 +268,14 @@ pub fn primary_retain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     rc
 }
 
-fn primary_release(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+/// `cuDevicePrimaryCtxRelease(_v2)`: the last release of the primary context
+/// of `dev` gives back its count.
+pub fn primary_release(forward: impl FnOnce() -> CUresult, dev: CUdevice) -> CUresult {
     let (Some(p), Some(d)) = (process(), dev_index(dev)) else {
-        return call();
+        return forward();
     };
     let mut counts = p.primary.lock().unwrap_or_else(|e| e.into_inner());
-    let rc = call();
+    let rc = forward();
     if rc == CUDA_SUCCESS && counts[d] > 0 {
         counts[d] -= 1;
         if counts[d] == 0 {
@@ -291,12 +296,12 @@ fn primary_release(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
 /// it. Allocations on that device could also belong to a context this
 /// process made with `cuCtxCreate` (the tables do not record the context):
 /// when such a context is alive, they are left counted (warned once).
-fn primary_reset(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+pub fn primary_reset(forward: impl FnOnce() -> CUresult, dev: CUdevice) -> CUresult {
     let (Some(p), Some(d)) = (process(), dev_index(dev)) else {
-        return call();
+        return forward();
     };
     let mut counts = p.primary.lock().unwrap_or_else(|e| e.into_inner());
-    let rc = call();
+    let rc = forward();
     if rc != CUDA_SUCCESS {
         return rc;
     }
@@ -358,22 +363,6 @@ fn release_all(p: &Process, freed: &[Entry]) -> u64 {
     freed.iter().map(|e| e.bytes).sum()
 }
 
-pub fn primary_reset_v1(dev: CUdevice) -> CUresult {
-    primary_reset(dev, || status(cu_ctx::primary_reset_v1(dev)))
-}
-
-pub fn primary_reset_v2(dev: CUdevice) -> CUresult {
-    primary_reset(dev, || status(cu_ctx::primary_reset(dev)))
-}
-
-pub fn primary_release_v1(dev: CUdevice) -> CUresult {
-    primary_release(dev, || status(cu_ctx::primary_release_v1(dev)))
-}
-
-pub fn primary_release_v2(dev: CUdevice) -> CUresult {
-    primary_release(dev, || status(cu_ctx::primary_release(dev)))
-}
-
 fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     let (Some(p), Some(d)) = (process(), dev_index(dev)) else {
         return call();
@@ -383,7 +372,7 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
     }
     let (rc, bytes) = counted_context(p, &Native, &RealHost, d, call, || {
         if let Some(c) = read(ctx) {
-            let _ = cu_ctx::destroy(c);
+            let _ = Native.destroy_context(c);
         }
     });
     if rc == CUDA_SUCCESS {
@@ -396,38 +385,43 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
     rc
 }
 
-pub fn ctx_create_v2(ctx: *mut CUcontext, flags: std::ffi::c_uint, dev: CUdevice) -> CUresult {
-    ctx_create(ctx, dev, || cu_ctx::create_v2(ctx, flags, dev))
+pub fn ctx_create_v2(
+    forward: impl FnOnce() -> CUresult,
+    ctx: *mut CUcontext,
+    _flags: std::ffi::c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    ctx_create(ctx, dev, forward)
 }
 
 pub fn ctx_create_v3(
+    forward: impl FnOnce() -> CUresult,
     ctx: *mut CUcontext,
-    params: *mut std::ffi::c_void,
-    nparams: std::ffi::c_int,
-    flags: std::ffi::c_uint,
+    _params: *mut std::ffi::c_void,
+    _nparams: std::ffi::c_int,
+    _flags: std::ffi::c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    ctx_create(ctx, dev, || {
-        cu_ctx::create_v3(ctx, params, nparams, flags, dev)
-    })
+    ctx_create(ctx, dev, forward)
 }
 
 pub fn ctx_create_v4(
+    forward: impl FnOnce() -> CUresult,
     ctx: *mut CUcontext,
-    params: *mut std::ffi::c_void,
-    flags: std::ffi::c_uint,
+    _params: *mut std::ffi::c_void,
+    _flags: std::ffi::c_uint,
     dev: CUdevice,
 ) -> CUresult {
-    ctx_create(ctx, dev, || cu_ctx::create_v4(ctx, params, flags, dev))
+    ctx_create(ctx, dev, forward)
 }
 
 /// `cuCtxDestroy(_v2)` frees every allocation made in the context: on
 /// success their accounting goes with the context's own size.
-pub fn ctx_destroy(ctx: CUcontext) -> CUresult {
+pub fn ctx_destroy(forward: impl FnOnce() -> CUresult, ctx: CUcontext) -> CUresult {
     let Some(p) = process() else {
-        return status(cu_ctx::destroy(ctx));
+        return forward();
     };
-    let rc = uncounted(p, &p.contexts, ctx as u64, || status(cu_ctx::destroy(ctx)));
+    let rc = uncounted(p, &p.contexts, ctx as u64, forward);
     if rc == CUDA_SUCCESS {
         released_by_destroy(p, ctx as u64);
     }

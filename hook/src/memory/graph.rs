@@ -9,23 +9,22 @@ use super::track::Entry;
 use crate::driver::native::Native;
 use crate::driver::Context;
 use crate::ffi::*;
-use crate::real::cuda::{graph, status};
 use crate::region::Kind;
 use crate::state::process;
 
 pub fn add_mem_alloc_node(
-    node: *mut CUgraphNode,
+    forward: impl Fn() -> CUresult,
+    _node: *mut CUgraphNode,
     g: CUgraph,
-    deps: *const CUgraphNode,
-    ndeps: usize,
+    _deps: *const CUgraphNode,
+    _ndeps: usize,
     params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
 ) -> CUresult {
-    let call = || graph::add_mem_alloc_node(node, g, deps, ndeps, params);
     let (Some(p), Some((bytes, loc))) = (process(), alloc_node_request(params)) else {
-        return call();
+        return forward();
     };
     if g.is_null() {
-        return call();
+        return forward();
     }
     let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
         crate::devices::index_of(loc.id)
@@ -33,13 +32,13 @@ pub fn add_mem_alloc_node(
         Native.current_device()
     };
     let Some(dev) = dev.filter(|d| *d < vgpu_common::region::MAX_DEVICES) else {
-        return call();
+        return forward();
     };
     let bytes = bytes as u64;
     let Some(r) = limit::reserve(&p.att, dev, bytes, Kind::Data) else {
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
-    let rc = call();
+    let rc = forward();
     if rc != CUDA_SUCCESS {
         return rc;
     }
@@ -53,8 +52,8 @@ pub fn add_mem_alloc_node(
     rc
 }
 
-pub fn graph_destroy(g: CUgraph) -> CUresult {
-    let rc = status(graph::destroy(g));
+pub fn graph_destroy(forward: impl FnOnce() -> CUresult, g: CUgraph) -> CUresult {
+    let rc = forward();
     if rc != CUDA_SUCCESS {
         return rc;
     }

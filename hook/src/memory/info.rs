@@ -6,7 +6,6 @@
 use crate::driver::native::Native;
 use crate::driver::{Context, Memory, Nvml};
 use crate::ffi::*;
-use crate::real::cuda::device;
 use crate::region::usage;
 use crate::state::{process, Process};
 
@@ -20,19 +19,25 @@ pub fn virtual_info(limit: Option<u64>, used: u64, phys_free: u64, phys_total: u
     (total.saturating_sub(used).min(phys_free), total)
 }
 
-pub fn mem_get_info(free: *mut usize, total: *mut usize) -> CUresult {
-    mem_get_info_in(&Native, process, free, total)
-}
-
-/// `cuMemGetInfo_v2` over the driver `d` for the process state `process`
-/// gives, asked only once the driver has answered.
-pub(crate) fn mem_get_info_in<'a>(
-    d: &(impl Context + Memory + Nvml),
-    process: impl FnOnce() -> Option<&'a Process>,
+pub fn mem_get_info(
+    forward: impl FnOnce() -> CUresult,
     free: *mut usize,
     total: *mut usize,
 ) -> CUresult {
-    let rc = d.mem_get_info(free, total);
+    mem_get_info_in(&Native, process, forward, free, total)
+}
+
+/// `cuMemGetInfo_v2` over the driver `d` for the process state `process`
+/// gives, asked only once the driver has answered the application's call
+/// (`forward`).
+pub(crate) fn mem_get_info_in<'a>(
+    d: &(impl Context + Memory + Nvml),
+    process: impl FnOnce() -> Option<&'a Process>,
+    forward: impl FnOnce() -> CUresult,
+    free: *mut usize,
+    total: *mut usize,
+) -> CUresult {
+    let rc = forward();
     if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
         return rc;
     }
@@ -59,8 +64,12 @@ pub(crate) fn mem_get_info_in<'a>(
     rc
 }
 
-pub fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let rc = device::total_mem(bytes, dev);
+pub fn device_total_mem(
+    forward: impl FnOnce() -> CUresult,
+    bytes: *mut usize,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = forward();
     if rc != CUDA_SUCCESS || bytes.is_null() {
         return rc;
     }

@@ -9,16 +9,19 @@ use super::uncounted;
 use crate::driver::native::Native;
 use crate::driver::Memory;
 use crate::ffi::*;
-use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
-pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_uint) -> CUresult {
-    let call = || mem::ipc_open(dptr, handle, flags);
+pub fn open(
+    forward: impl Fn() -> CUresult,
+    dptr: *mut CUdeviceptr,
+    _handle: CUipcMemHandle,
+    _flags: std::ffi::c_uint,
+) -> CUresult {
     let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
-        return call();
+        return forward();
     };
-    let rc = call();
+    let rc = forward();
     if rc != CUDA_SUCCESS {
         return rc;
     }
@@ -28,20 +31,23 @@ pub fn open(dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: std::ffi::c_u
         return rc;
     };
     let Some(r) = limit::reserve(&p.att, dev, bytes, Kind::Data) else {
-        let _ = mem::ipc_close(ptr);
+        let _ = Native.ipc_close(ptr);
         write(dptr, 0);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     r.commit();
-    if let Some(old) = p.ptrs.insert(ptr, Entry::here(dev, bytes, Kind::Data)) {
+    if let Some(old) = p
+        .ptrs
+        .insert(ptr, Entry::here(&Native, dev, bytes, Kind::Data))
+    {
         limit::release_counted(&p.att, old.dev, old.bytes, old.kind);
     }
     rc
 }
 
-pub fn close(dptr: CUdeviceptr) -> CUresult {
+pub fn close(forward: impl FnOnce() -> CUresult, dptr: CUdeviceptr) -> CUresult {
     match process() {
-        Some(p) => uncounted(p, &p.ptrs, dptr, || status(mem::ipc_close(dptr))),
-        None => status(mem::ipc_close(dptr)),
+        Some(p) => uncounted(p, &p.ptrs, dptr, forward),
+        None => forward(),
     }
 }

@@ -59,10 +59,12 @@ pub fn target_in<'a>(
 }
 
 /// Reserves `bytes` on `dev`, runs `call` (which returns the driver's result
-/// and the new object's key), and tracks the object; on a refused
+/// and the new object's key), and tracks the object as one of the current
+/// context the driver `d` names; on a refused
 /// reservation returns `CUDA_ERROR_OUT_OF_MEMORY` without calling the
 /// driver, on a driver failure releases the reservation.
 pub fn counted(
+    d: &impl Context,
     p: &Process,
     tracker: &Tracker,
     dev: usize,
@@ -70,7 +72,7 @@ pub fn counted(
     kind: Kind,
     call: impl FnOnce() -> (CUresult, u64),
 ) -> CUresult {
-    counted_as(p, tracker, Entry::here(dev, bytes, kind), call)
+    counted_as(p, tracker, Entry::here(d, dev, bytes, kind), call)
 }
 
 /// [`counted`] for an object described by `e` (one not bound to the current

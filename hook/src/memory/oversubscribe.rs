@@ -28,9 +28,9 @@ use std::sync::{LazyLock, Mutex};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::track::{Entry, Tracker};
-use crate::driver::Memory;
+use crate::driver::native::Native;
+use crate::driver::{Context, Memory};
 use crate::ffi::*;
-use crate::real::cuda::mem;
 use crate::region::Kind;
 use crate::state::Process;
 
@@ -53,10 +53,9 @@ pub fn on_device(d: &impl Memory, bytes: u64, alloc: impl FnOnce() -> CUresult) 
     if !c.oversubscribe {
         return alloc();
     }
-    let (mut free, mut total) = (0usize, 0usize);
-    if d.mem_get_info(&mut free, &mut total) != CUDA_SUCCESS {
+    let Some((free, _)) = d.mem_info() else {
         return alloc();
-    }
+    };
     let room = (free as u64).saturating_sub(c.oversubscribe_reserve);
     if bytes <= room {
         return alloc();
@@ -76,6 +75,7 @@ pub fn on_device(d: &impl Memory, bytes: u64, alloc: impl FnOnce() -> CUresult) 
 /// its address to `dptr` and returns `CUDA_SUCCESS`; otherwise returns
 /// `rc` unchanged.
 pub fn or_host(
+    driver: &(impl Context + Memory),
     p: &Process,
     rc: CUresult,
     dev: usize,
@@ -85,7 +85,7 @@ pub fn or_host(
     if rc != CUDA_ERROR_OUT_OF_MEMORY || !crate::state::config().oversubscribe {
         return rc;
     }
-    match host_backed(p, dev, bytes) {
+    match host_backed(driver, p, dev, bytes) {
         Some(d) if write(dptr, d) => CUDA_SUCCESS,
         Some(d) => {
             let _ = free(p, d);
@@ -98,6 +98,7 @@ pub fn or_host(
 /// [`or_host`] for `cuMemAllocPitch_v2`: the pitch is the width rounded up
 /// to `align` (the bound the caller reserved for).
 pub fn or_host_pitched(
+    driver: &(impl Context + Memory),
     p: &Process,
     rc: CUresult,
     dev: usize,
@@ -117,7 +118,7 @@ pub fn or_host_pitched(
     let Ok(row) = usize::try_from(row) else {
         return rc;
     };
-    match host_backed(p, dev, bytes) {
+    match host_backed(driver, p, dev, bytes) {
         Some(d) if write(pitch, row) && write(dptr, d) => CUDA_SUCCESS,
         Some(d) => {
             let _ = free(p, d);
@@ -130,9 +131,14 @@ pub fn or_host_pitched(
 /// Mapped pinned host memory of `bytes` whose device address is its host
 /// address (unified addressing), tracked and published; `None` when the
 /// driver refuses it or maps it elsewhere.
-fn host_backed(p: &Process, dev: usize, bytes: u64) -> Option<CUdeviceptr> {
+fn host_backed(
+    driver: &(impl Context + Memory),
+    p: &Process,
+    dev: usize,
+    bytes: u64,
+) -> Option<CUdeviceptr> {
     let size = usize::try_from(bytes).ok()?;
-    let host = match mem::host_alloc_mapped(size) {
+    let host = match driver.host_alloc_mapped(size) {
         Ok(h) => h,
         Err(e) => {
             vlog_once!(
@@ -143,7 +149,7 @@ fn host_backed(p: &Process, dev: usize, bytes: u64) -> Option<CUdeviceptr> {
             return None;
         }
     };
-    let d = match mem::host_device_pointer(host) {
+    let d = match driver.host_device_pointer(host) {
         Ok(d) if d == host as u64 => d,
         other => {
             // Without unified addressing the two addresses differ and a
@@ -152,11 +158,11 @@ fn host_backed(p: &Process, dev: usize, bytes: u64) -> Option<CUdeviceptr> {
                 crate::log::WARN,
                 "mapped host memory at {host:#x} has device address {other:?}: no host overflow"
             );
-            let _ = mem::free_host(host);
+            let _ = driver.free_host(host);
             return None;
         }
     };
-    TABLE.insert(d, Entry::here(dev, bytes, Kind::Data));
+    TABLE.insert(d, Entry::here(driver, dev, bytes, Kind::Data));
     LIVE.fetch_add(1, Relaxed);
     change(p, dev, |v| v.saturating_add(bytes));
     vlog_once!(
@@ -173,7 +179,7 @@ pub fn free(p: &Process, dptr: CUdeviceptr) -> Option<CUresult> {
         return None;
     }
     let e = TABLE.remove(dptr)?;
-    match mem::free_host(dptr as usize) {
+    match Native.free_host(dptr as usize) {
         Ok(()) => {
             forget(p, e);
             Some(CUDA_SUCCESS)

@@ -13,6 +13,7 @@ use super::track::Tracker;
 use super::{counted, uncounted};
 use crate::config::Config;
 use crate::driver::fake::FakeDriver as Fake;
+use crate::driver::Memory;
 use crate::ffi::*;
 use crate::region::{slots, usage, Kind};
 use crate::state::Process;
@@ -100,7 +101,9 @@ fn used(p: &Process, dev: usize) -> u64 {
 /// An allocation of `bytes` on `dev` through the accounting, which the
 /// driver grants at `key`.
 fn alloc_granted(p: &Process, t: &Tracker, dev: usize, bytes: u64, key: u64) -> CUresult {
-    counted(p, t, dev, bytes, Kind::Data, || (CUDA_SUCCESS, key))
+    counted(&Fake::default(), p, t, dev, bytes, Kind::Data, || {
+        (CUDA_SUCCESS, key)
+    })
 }
 
 /// A context on device 0 of `p` whose creation runs `create`; nothing
@@ -134,7 +137,14 @@ fn nvml_lists(fake: &Fake, procs: &[(u32, u64)]) {
 /// the pointer it wrote (0 when it wrote none).
 fn hooked_alloc(d: &Fake, p: Option<&Process>, bytes: u64) -> (CUresult, CUdeviceptr) {
     let mut ptr: CUdeviceptr = 0;
-    let rc = mem_alloc_in(d, p, &mut ptr, bytes as usize);
+    let dptr: *mut CUdeviceptr = &mut ptr;
+    let rc = mem_alloc_in(
+        d,
+        p,
+        || d.mem_alloc(dptr, bytes as usize),
+        dptr,
+        bytes as usize,
+    );
     (rc, ptr)
 }
 
@@ -142,7 +152,8 @@ fn hooked_alloc(d: &Fake, p: Option<&Process>, bytes: u64) -> (CUresult, CUdevic
 /// total.
 fn hooked_mem_info(d: &Fake, p: Option<&Process>) -> (CUresult, u64, u64) {
     let (mut free, mut total) = (0usize, 0usize);
-    let rc = mem_get_info_in(d, || p, &mut free, &mut total);
+    let (f, t): (*mut usize, *mut usize) = (&mut free, &mut total);
+    let rc = mem_get_info_in(d, || p, || d.mem_get_info(f, t), f, t);
     (rc, free as u64, total as u64)
 }
 
@@ -170,7 +181,7 @@ fn alloc_until_the_limit_then_oom_and_free_releases() {
     assert_eq!(alloc(60 * M), CUDA_SUCCESS);
     assert_eq!(alloc(40 * M), CUDA_SUCCESS, "exactly the limit fits");
     let called = Cell::new(false);
-    let rc = counted(&p, &p.ptrs, 0, 1, Kind::Data, || {
+    let rc = counted(&Fake::default(), &p, &p.ptrs, 0, 1, Kind::Data, || {
         called.set(true);
         (CUDA_SUCCESS, 1)
     });
@@ -193,7 +204,7 @@ fn alloc_until_the_limit_then_oom_and_free_releases() {
 fn driver_failure_releases_the_reservation() {
     let dir = RegionDir::new();
     let p = dir.process("1g", 4243);
-    let rc = counted(&p, &p.ptrs, 0, 10 * M, Kind::Data, || {
+    let rc = counted(&Fake::default(), &p, &p.ptrs, 0, 10 * M, Kind::Data, || {
         (CUDA_ERROR_OUT_OF_MEMORY, 0)
     });
     assert_eq!(rc, CUDA_ERROR_OUT_OF_MEMORY);
@@ -254,7 +265,9 @@ fn two_processes_share_the_limit_and_never_pass_it_together() {
                             peak.fetch_max(now, SeqCst);
                             (CUDA_SUCCESS, key)
                         };
-                        if counted(&p, &p.ptrs, 0, 3 * M, Kind::Data, driver) != CUDA_SUCCESS {
+                        if counted(&Fake::default(), &p, &p.ptrs, 0, 3 * M, Kind::Data, driver)
+                            != CUDA_SUCCESS
+                        {
                             refused.fetch_add(1, SeqCst);
                             break;
                         }
@@ -703,12 +716,15 @@ fn a_free_releases_the_count_and_an_unknown_free_is_forwarded() {
         70 * M,
         "counted on the current context's device"
     );
-    assert_eq!(mem_free_in(&d, Some(p), ptr), CUDA_SUCCESS);
+    assert_eq!(mem_free_in(Some(p), || d.mem_free(ptr), ptr), CUDA_SUCCESS);
     assert_eq!((d.frees(), used(p, 1)), (1, 0));
     // The room is back: the same size fits again.
     assert_eq!(hooked_alloc(&d, Some(p), 70 * M).0, CUDA_SUCCESS);
     // A pointer the hook never counted reaches the driver, counts nothing.
-    assert_eq!(mem_free_in(&d, Some(p), 0xdead_0000), CUDA_SUCCESS);
+    assert_eq!(
+        mem_free_in(Some(p), || d.mem_free(0xdead_0000), 0xdead_0000),
+        CUDA_SUCCESS
+    );
     assert_eq!((d.frees(), used(p, 1)), (2, 70 * M));
 }
 
@@ -720,7 +736,7 @@ fn without_a_region_or_a_context_calls_are_forwarded_uncounted() {
     let d = Fake::on(0);
     let (rc, ptr) = hooked_alloc(&d, None, 500 * M);
     assert_eq!(rc, CUDA_SUCCESS);
-    assert_eq!(mem_free_in(&d, None, ptr), CUDA_SUCCESS);
+    assert_eq!(mem_free_in(None, || d.mem_free(ptr), ptr), CUDA_SUCCESS);
     // No current context: forwarded, not counted.
     let no_ctx = Fake::default();
     assert_eq!(hooked_alloc(&no_ctx, Some(p), 500 * M).0, CUDA_SUCCESS);
@@ -742,4 +758,24 @@ fn memory_info_shows_the_limit_on_the_current_device() {
     );
     // Without process state the driver's figures pass unchanged.
     assert_eq!(hooked_mem_info(&d, None), (CUDA_SUCCESS, 70 * G, 80 * G));
+}
+
+/// The context an allocation dies with is the one the driver seam names
+/// (the fake's here; the real driver is never asked): destroying that
+/// context releases the allocation, destroying another does not.
+#[test]
+fn an_allocation_dies_with_the_context_the_driver_names() {
+    use crate::driver::Context;
+    let t = LoneProcess::new("100m");
+    let p = &t.p;
+    let d = Fake::on(1);
+    let (rc, ptr) = hooked_alloc(&d, Some(p), 10 * M);
+    assert_eq!((rc, used(p, 1)), (CUDA_SUCCESS, 10 * M));
+    let ctx = d.context().unwrap() as u64;
+    assert!(p.ptrs.any(|e| e.ctx == ctx), "bound to {ctx:#x}");
+    released_by_destroy(p, ctx + 1);
+    assert_eq!(used(p, 1), 10 * M, "another context's destroy keeps it");
+    released_by_destroy(p, ctx);
+    assert_eq!(used(p, 1), 0);
+    assert!(p.ptrs.is_empty(), "{ptr:#x} is gone with its context");
 }

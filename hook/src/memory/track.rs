@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::driver::Context;
 use crate::region::Kind;
 
 const SHARDS: usize = 64;
@@ -24,13 +25,14 @@ pub struct Entry {
 }
 
 impl Entry {
-    /// An object of the calling thread's current context.
-    pub fn here(dev: usize, bytes: u64, kind: Kind) -> Self {
+    /// An object of the calling thread's current context, as the driver
+    /// `d` names it.
+    pub fn here(d: &impl Context, dev: usize, bytes: u64, kind: Kind) -> Self {
         Self {
             dev,
             bytes,
             kind,
-            ctx: crate::real::cuda::ctx::current().map_or(0, |c| c as u64),
+            ctx: d.context().map_or(0, |c| c as u64),
         }
     }
 

@@ -6,18 +6,18 @@
 //! handle's releases and unmaps.
 
 use super::{counted, vmm_lifetime};
+use crate::driver::native::Native;
 use crate::ffi::*;
-use crate::real::cuda::{mem, status};
 use crate::region::Kind;
 use crate::state::process;
 
 pub fn mem_create(
+    forward: impl Fn() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
     size: usize,
     prop: *const CUmemAllocationProp,
-    flags: u64,
+    _flags: u64,
 ) -> CUresult {
-    let forward = || mem::create(handle, size, prop, flags);
     let Some(loc) = alloc_prop_location(prop).filter(|_| !handle.is_null()) else {
         return forward();
     };
@@ -35,7 +35,7 @@ pub fn mem_create(
     let (Some(p), Some(dev)) = (process(), crate::devices::index_of(loc.id)) else {
         return forward();
     };
-    let rc = counted(p, &p.handles, dev, size as u64, Kind::Data, || {
+    let rc = counted(&Native, p, &p.handles, dev, size as u64, Kind::Data, || {
         let rc = forward();
         (rc, read(handle).unwrap_or(0))
     });
@@ -50,8 +50,10 @@ pub fn mem_create(
     rc
 }
 
-pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
-    let forward = || status(mem::release(handle));
+pub fn mem_release(
+    forward: impl Fn() -> CUresult,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
     let Some(p) = process() else {
         return forward();
     };
@@ -61,10 +63,10 @@ pub fn mem_release(handle: CUmemGenericAllocationHandle) -> CUresult {
 }
 
 pub fn mem_retain(
+    forward: impl Fn() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
     addr: *mut std::ffi::c_void,
 ) -> CUresult {
-    let forward = || mem::retain_handle(handle, addr);
     let Some(p) = process() else {
         return forward();
     };
@@ -81,13 +83,13 @@ pub fn mem_retain(
 }
 
 pub fn mem_map(
+    forward: impl Fn() -> CUresult,
     ptr: CUdeviceptr,
     size: usize,
     offset: usize,
     handle: CUmemGenericAllocationHandle,
-    flags: u64,
+    _flags: u64,
 ) -> CUresult {
-    let forward = || status(mem::map(ptr, size, offset, handle, flags));
     let Some(p) = process() else {
         return forward();
     };
@@ -99,8 +101,7 @@ pub fn mem_map(
     rc
 }
 
-pub fn mem_unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
-    let forward = || status(mem::unmap(ptr, size));
+pub fn mem_unmap(forward: impl Fn() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
     let Some(p) = process() else {
         return forward();
     };

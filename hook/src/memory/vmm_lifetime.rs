@@ -128,7 +128,10 @@ mod tests {
     /// `cuMemCreate` of `SEG` bytes returning `h`, as `vmm::mem_create`
     /// counts it.
     fn create(p: &Process, h: u64) -> CUresult {
-        let rc = counted(p, &p.handles, 0, SEG, Kind::Data, || (CUDA_SUCCESS, h));
+        let no_driver = crate::driver::fake::FakeDriver::default();
+        let rc = counted(&no_driver, p, &p.handles, 0, SEG, Kind::Data, || {
+            (CUDA_SUCCESS, h)
+        });
         if rc == CUDA_SUCCESS {
             p.vmm.created(h);
         }

@@ -43,14 +43,3 @@ pub fn uuid(dev: CUdevice) -> Result<[u8; 16], CuError> {
     CuError::result(unsafe { f(&mut u, dev) })?;
     Ok(u.bytes)
 }
-
-/// `cuDeviceTotalMem_v2`, forwarded with the application's out-pointer.
-#[doc(alias = "cuDeviceTotalMem_v2")]
-pub fn total_mem(bytes: *mut usize, dev: CUdevice) -> CUresult {
-    let Ok(f) = sym(|t| t.cuDeviceTotalMem_v2) else {
-        return CUDA_ERROR_NOT_FOUND;
-    };
-    // SAFETY: `bytes` is the application's out-pointer of this very call,
-    // passed unchanged.
-    unsafe { f(bytes, dev) }
-}

@@ -2,24 +2,20 @@
 //!
 //! Each wrapper holds the one `unsafe` call with the contract it relies on.
 //! What the hook asks on its own behalf returns `Result<_, CuError>`. A call
-//! the hook forwards with the application's own pointers (out-parameters,
-//! descriptors) takes them raw and returns the driver's `CUresult`: the hook
-//! never dereferences them there, the driver checks them as for any caller.
+//! forwarded with the application's own arguments has no wrapper here: its
+//! export makes it (`real_cuda!`, the arguments passed unchanged, the
+//! driver's `CUresult` returned) and hands it to the policy function.
 
 use std::sync::OnceLock;
 
 use super::{open_library, CudaFns};
 use crate::ffi::CUDA_ERROR_NOT_FOUND;
 
-pub mod array;
 pub mod ctx;
 pub mod device;
 pub mod error;
 pub mod events;
-pub mod graph;
-pub mod launch;
 pub mod mem;
-pub mod procaddr;
 
 pub use error::{status, CuError};
 
@@ -50,9 +46,10 @@ fn sym<F>(pick: impl FnOnce(&CudaFns) -> Option<F>) -> Result<F, CuError> {
 
 /// Calls the real CUDA function `name` with the given arguments, or returns
 /// `CUDA_ERROR_NOT_FOUND` when the driver lacks it. For the generated
-/// pass-through exports only (`cargo xtask lint` rejects it elsewhere
-/// outside `real/`): the hook's own code calls the wrappers of this module,
-/// through `crate::driver`.
+/// exports only, each of which builds the call that forwards it with this
+/// and hands it to its policy function (`cargo xtask lint` rejects it
+/// elsewhere outside `real/`): the hook's own code calls the wrappers of
+/// this module, through `crate::driver`.
 macro_rules! real_cuda {
     ($name:ident($($a:expr),* $(,)?)) => {
         match $crate::real::cuda::fns().and_then(|t| t.$name) {

@@ -85,33 +85,11 @@ pub fn index(dev: nvmlDevice_t) -> Result<c_uint, NvmlError> {
 /// NVML's code.
 #[doc(alias = "nvmlDeviceGetMemoryInfo")]
 pub fn memory(dev: nvmlDevice_t) -> Result<nvmlMemory_t, NvmlError> {
+    let f = sym(|t| t.nvmlDeviceGetMemoryInfo)?;
     let mut m = nvmlMemory_t::default();
-    NvmlError::result(memory_info(dev, &mut m))?;
+    // SAFETY: `m` is a live local of nvmlMemory_t's layout NVML writes to.
+    NvmlError::result(unsafe { f(dev, &mut m) })?;
     Ok(m)
-}
-
-/// `nvmlDeviceGetMemoryInfo`, forwarded with the application's out-pointer
-/// (or [`memory`]'s local).
-#[doc(alias = "nvmlDeviceGetMemoryInfo")]
-pub fn memory_info(dev: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
-    let Ok(f) = sym(|t| t.nvmlDeviceGetMemoryInfo) else {
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    };
-    // SAFETY: `memory` is the application's out-pointer of this very call
-    // (or a live local of `memory`), passed unchanged; NVML checks NULL.
-    unsafe { f(dev, memory) }
-}
-
-/// `nvmlDeviceGetMemoryInfo_v2`, forwarded with the application's
-/// out-pointer.
-#[doc(alias = "nvmlDeviceGetMemoryInfo_v2")]
-pub fn memory_info_v2(dev: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
-    let Ok(f) = sym(|t| t.nvmlDeviceGetMemoryInfo_v2) else {
-        return NVML_ERROR_FUNCTION_NOT_FOUND;
-    };
-    // SAFETY: `memory` is the application's out-pointer of this very call,
-    // passed unchanged (its `version` field set by the application).
-    unsafe { f(dev, memory) }
 }
 
 /// The device's utilization samples (percent of the time a kernel ran)

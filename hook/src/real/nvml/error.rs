@@ -32,11 +32,6 @@ impl NvmlError {
     }
 }
 
-/// The `nvmlReturn_t` a forwarded call returns to the application.
-pub fn status(r: Result<(), NvmlError>) -> nvmlReturn_t {
-    r.map_or_else(NvmlError::code, |()| NVML_SUCCESS)
-}
-
 /// nvml.h's name of `rc`.
 fn name(rc: nvmlReturn_t) -> Option<&'static str> {
     Some(match rc {
@@ -86,7 +81,7 @@ mod tests {
         let e = NvmlError::result(7).unwrap_err();
         assert_eq!(e.to_string(), "NVML_ERROR_INSUFFICIENT_SIZE (7)");
         assert_eq!(NvmlError(4242).to_string(), "unknown nvmlReturn_t (4242)");
-        assert_eq!(status(Err(NvmlError(4242))), 4242);
-        assert_eq!(status(Ok(())), NVML_SUCCESS);
+        assert_eq!(NvmlError(4242).code(), 4242);
+        assert_eq!(NvmlError::result(NVML_SUCCESS), Ok(()));
     }
 }

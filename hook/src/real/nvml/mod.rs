@@ -1,9 +1,9 @@
 //! The real libnvidia-ml.so.1, loaded on first use, and the safe layer over
 //! it: what the hook asks NVML on its own behalf returns
-//! `Result<_, NvmlError>`; a call forwarded with the application's
-//! out-pointer takes it raw and returns NVML's code.
+//! `Result<_, NvmlError>`. A call forwarded with the application's own
+//! arguments has no wrapper here: its export makes it (`real_nvml!`) and
+//! hands it to the policy function.
 
-use std::ffi::c_uint;
 use std::sync::OnceLock;
 
 use super::{open_library, NvmlFns};
@@ -14,7 +14,7 @@ pub mod error;
 mod list;
 pub mod process;
 
-pub use error::{status, NvmlError};
+pub use error::NvmlError;
 
 /// The real NVML functions; `None` when libnvidia-ml.so.1 cannot be loaded.
 pub fn fns() -> Option<&'static NvmlFns> {
@@ -42,9 +42,10 @@ fn sym<F>(pick: impl FnOnce(&NvmlFns) -> Option<F>) -> Result<F, NvmlError> {
 }
 
 /// Calls the real NVML function `name`, or `NVML_ERROR_FUNCTION_NOT_FOUND`.
-/// For the generated pass-through exports only (`cargo xtask lint` rejects
-/// it elsewhere outside `real/`): the hook's own code calls the wrappers of
-/// this module, through `crate::driver`.
+/// For the generated exports only, each of which builds the call that
+/// forwards it with this and hands it to its policy function (`cargo xtask
+/// lint` rejects it elsewhere outside `real/`): the hook's own code calls
+/// the wrappers of this module, through `crate::driver`.
 macro_rules! real_nvml {
     ($name:ident($($a:expr),* $(,)?)) => {
         match $crate::real::nvml::fns().and_then(|t| t.$name) {
@@ -57,17 +58,6 @@ macro_rules! real_nvml {
     };
 }
 
-/// `nvmlInit` (v1).
-///
-/// # Errors
-/// NVML's code.
-#[doc(alias = "nvmlInit")]
-pub fn init_v1() -> Result<(), NvmlError> {
-    let f = sym(|t| t.nvmlInit)?;
-    // SAFETY: no arguments.
-    NvmlError::result(unsafe { f() })
-}
-
 /// `nvmlInit_v2`.
 ///
 /// # Errors
@@ -77,17 +67,6 @@ pub fn init() -> Result<(), NvmlError> {
     let f = sym(|t| t.nvmlInit_v2)?;
     // SAFETY: no arguments.
     NvmlError::result(unsafe { f() })
-}
-
-/// `nvmlInitWithFlags`.
-///
-/// # Errors
-/// NVML's code.
-#[doc(alias = "nvmlInitWithFlags")]
-pub fn init_with_flags(flags: c_uint) -> Result<(), NvmlError> {
-    let f = sym(|t| t.nvmlInitWithFlags)?;
-    // SAFETY: plain value argument.
-    NvmlError::result(unsafe { f(flags) })
 }
 
 /// Initialises the real NVML once for the hook's own use (never shut down,
