@@ -29,11 +29,12 @@ fn start(
     node: &PlannedNode,
     gpu: &SimGpu,
     salt: u64,
-    limit: Option<&str>,
-    priority: Option<&str>,
+    (limit, priority): (Option<&str>, Option<&str>),
+    extra: &[(&str, &str)],
 ) -> Tenant {
     let exe = vgpu_tests::dist::compile_c("sm_loop", &node.wd.path("out"), false);
     let mut vars = vec![("GPU_CORE_UTILIZATION_POLICY", "force")];
+    vars.extend_from_slice(extra);
     if let Some(l) = limit {
         vars.push(("CUDA_DEVICE_SM_LIMIT", l));
     }
@@ -58,6 +59,11 @@ fn start(
 /// three must hold, so one run a loaded host delays decides nothing either
 /// way.
 fn priority_holds_at(limit: Option<&str>, trainer: Option<&str>) {
+    priority_holds_with(limit, trainer, &[]);
+}
+
+/// [`priority_holds_at`], the trainer's environment and spec with `extra`.
+fn priority_holds_with(limit: Option<&str>, trainer: Option<&str>, extra: &[(&str, &str)]) {
     let what =
         format!("priority 0 beside CUDA_TASK_PRIORITY={trainer:?}, CUDA_DEVICE_SM_LIMIT={limit:?}");
     let mut runs = Vec::new();
@@ -65,8 +71,8 @@ fn priority_holds_at(limit: Option<&str>, trainer: Option<&str>) {
     while held < 2 && not < 2 {
         let gpu = SimGpu::new();
         let node = PlannedNode::start("prio", &gpu);
-        let hi = start(&node, &gpu, 1, limit, Some("0"));
-        let lo = start(&node, &gpu, 2, limit, trainer);
+        let hi = start(&node, &gpu, 1, (limit, Some("0")), &[]);
+        let lo = start(&node, &gpu, 2, (limit, trainer), extra);
         std::thread::sleep(Duration::from_millis(1500));
         let s = gpu.process_shares(Duration::from_secs(2), &[hi.pid(), lo.pid()]);
         eprintln!("{what}: high {:.1}%, low {:.1}%", s[0], s[1]);
@@ -120,4 +126,13 @@ fn sm_priority_holds_a_trainer_that_states_none_at_limit_0() {
 fn sm_priority_holds_a_trainer_that_states_none_at_limit_100() {
     let _s = serial();
     priority_holds_at(Some("100"), None);
+}
+
+/// A trainer whose `VGPU_SM_NODE_DIR` is empty (which once turned
+/// priority off for its GPU, as did a junk file in the node directory):
+/// the daemon's plan does not depend on any node directory, and it holds.
+#[test]
+fn sm_priority_holds_a_trainer_whose_node_dir_is_empty() {
+    let _s = serial();
+    priority_holds_with(Some("0"), None, &[("VGPU_SM_NODE_DIR", "")]);
 }
