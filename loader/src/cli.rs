@@ -44,7 +44,7 @@ impl Cli {
     /// a command's own output is its result, so `warn` there.
     pub fn log_level(&self) -> &'static str {
         match self.verbose {
-            0 if matches!(self.command, Command::Daemon(_)) => "info",
+            0 if matches!(self.command, Command::Daemon(_) | Command::DraPlugin(_)) => "info",
             0 => "warn",
             1 => "info",
             2 => "debug",
@@ -69,6 +69,7 @@ pub enum Command {
     Unlock(cmd::unlock::Args),
     Suspend(cmd::suspend::SuspendArgs),
     Resume(cmd::suspend::ResumeArgs),
+    DraPlugin(cmd::dra_plugin::Args),
 }
 
 impl Command {
@@ -88,6 +89,7 @@ impl Command {
             Command::Unlock(a) => cmd::unlock::run(a),
             Command::Suspend(a) => cmd::suspend::run_suspend(a),
             Command::Resume(a) => cmd::suspend::run_resume(a),
+            Command::DraPlugin(a) => cmd::dra_plugin::run(a),
         }
     }
 }
