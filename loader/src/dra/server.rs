@@ -233,6 +233,9 @@ impl Registration for Registrar {
     }
 }
 
+/// How long a stop waits for calls in flight.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Why the sockets could not be served.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -295,11 +298,19 @@ pub async fn serve(
     let reg_server = tonic::transport::Server::builder()
         .add_service(RegistrationServer::new(registrar))
         .serve_with_incoming_shutdown(UnixListenerStream::new(reg), stopped(stop_rx));
-    tokio::spawn(async move {
+    let servers = async { tokio::join!(dra_server, reg_server) };
+    // A graceful stop waits for clients to hang up, and kubelet keeps its
+    // connections: calls in flight get SHUTDOWN_GRACE, then the rest are
+    // dropped.
+    let stop = async {
         shutdown.await;
         let _ = stop_tx.send(true);
-    });
-    let (a, b) = tokio::join!(dra_server, reg_server);
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    let (a, b) = tokio::select! {
+        r = servers => r,
+        () = stop => (Ok(()), Ok(())),
+    };
     let _ = std::fs::remove_file(&registration);
     let _ = std::fs::remove_file(&dra_path);
     a.map_err(|source| ServeError::Serve {

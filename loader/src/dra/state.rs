@@ -169,11 +169,14 @@ impl State {
             path: spec_path.clone(),
             source,
         })?;
+        // The spec first: where the CDI directory cannot be written,
+        // nothing else is made (not even `claims/`). No container uses the
+        // spec before kubelet has the answer, so the directory may follow.
+        write_atomic(&spec_path, &json)?;
         let claim_dir = self.layout.claim_dir(&plan.uid);
-        std::fs::create_dir_all(&claim_dir).map_err(io("creating claim directory", &claim_dir))?;
-        if let Err(e) = write_atomic(&spec_path, &json) {
-            let _ = std::fs::remove_dir_all(&claim_dir);
-            return Err(e);
+        if let Err(e) = std::fs::create_dir_all(&claim_dir) {
+            let _ = std::fs::remove_file(&spec_path);
+            return Err(io("creating claim directory", &claim_dir)(e));
         }
         let id = self.layout.device_id(&plan.uid);
         let prepared = Prepared {

@@ -1,0 +1,649 @@
+//! Issue #38, `vgpu dra-plugin` end to end: a **stand-in for kubelet**
+//! (`vgpu_tests::kubelet`, a gRPC client of the plugin's Unix sockets) and
+//! a **stand-in for the API server** (`vgpu_tests::apiserver`, serving one
+//! ResourceClaim fixture per case from `tests/fixtures/dra/`, shaped as the
+//! scheduler leaves a claim and validated against Kubernetes' schemas
+//! here), with the plugin on a simulated node of two 8 GiB GPUs.
+//!
+//! Checked: registration (`GetInfo`, `NotifyRegistrationStatus`), prepare
+//! and the CDI spec it writes (validated against the CDI spec's types and
+//! checked line by line), a repeated prepare, a plugin restart between
+//! prepare and unprepare, unprepare; the cleaning at start; and bad input
+//! getting its error and changing nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vgpu_tests::apiserver::{claim_path, StandInApiServer};
+use vgpu_tests::dist;
+use vgpu_tests::kubelet::StandInKubelet;
+use vgpu_tests::sim::SimGpu;
+
+const DRIVER: &str = "vgpu.dev";
+const NODE: &str = "node-a";
+const NS: &str = "team-a";
+
+/// A fixture: the claim's (name, UID) and its JSON.
+fn fixture(name: &str) -> (String, String, String) {
+    let path = dist::workspace_root()
+        .join("tests/fixtures/dra")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let meta = &v["metadata"];
+    (
+        meta["name"].as_str().unwrap().to_owned(),
+        meta["uid"].as_str().unwrap().to_owned(),
+        text,
+    )
+}
+
+/// One plugin's node: directories, the stand-in API server, the simulated
+/// GPUs.
+struct Node {
+    dir: tempfile::TempDir,
+    gpu: SimGpu,
+    api: StandInApiServer,
+}
+
+impl Node {
+    fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-dra-plugin-")
+            .tempdir()
+            .unwrap();
+        for d in ["cdi", "state", "hook", "registry", "plugin", "dev"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        // As `vgpu install-hook` leaves the hook directory.
+        std::fs::copy(dist::hook_lib(), dir.path().join("hook/libvgpu.so")).unwrap();
+        std::fs::write(
+            dir.path().join("hook/ld.so.preload"),
+            "/usr/local/vgpu/libvgpu.so\n",
+        )
+        .unwrap();
+        // A device node of GPU 1 only: the spec must list what exists.
+        std::fs::write(dir.path().join("dev/nvidia1"), "").unwrap();
+        std::fs::write(dir.path().join("dev/nvidiactl"), "").unwrap();
+        Node {
+            dir,
+            gpu: SimGpu::builder().devices(2).memory("8g").build(),
+            api: StandInApiServer::start(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn registration_socket(&self) -> PathBuf {
+        self.path(&format!("registry/{DRIVER}-reg.sock"))
+    }
+
+    fn dra_socket(&self) -> PathBuf {
+        self.path("plugin/dra.sock")
+    }
+
+    fn spec_path(&self, uid: &str) -> PathBuf {
+        self.path(&format!("cdi/{DRIVER}-claim-{uid}.json"))
+    }
+
+    fn claim_dir(&self, uid: &str) -> PathBuf {
+        self.path(&format!("hook/claims/{uid}"))
+    }
+
+    /// Serves fixture `name` as the API server would; (name, UID).
+    fn serve(&self, name: &str) -> (String, String) {
+        let (claim, uid, text) = fixture(name);
+        self.api.put(&claim_path(NS, &claim), &text);
+        (claim, uid)
+    }
+
+    /// Starts the plugin and waits for its registration socket.
+    fn start(&self, log: &str) -> Plugin {
+        let mut cmd = Command::new(dist::vgpu_bin());
+        cmd.arg("dra-plugin")
+            .args(["--driver", DRIVER, "--node-name", NODE])
+            .arg("--api-server")
+            .arg(self.api.url())
+            .arg("--cdi-dir")
+            .arg(self.path("cdi"))
+            .arg("--hook-dir")
+            .arg(self.path("hook"))
+            .arg("--state-dir")
+            .arg(self.path("state"))
+            .arg("--registry-dir")
+            .arg(self.path("registry"))
+            .arg("--plugin-dir")
+            .arg(self.path("plugin"))
+            .arg("--dev-dir")
+            .arg(self.path("dev"))
+            .envs(self.gpu.envs())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.path(log)).unwrap());
+        let child = cmd.spawn().unwrap();
+        let mut p = Plugin {
+            child,
+            log: self.path(log),
+        };
+        let t = Instant::now();
+        while !self.registration_socket().exists() {
+            if let Ok(Some(st)) = p.child.try_wait() {
+                panic!("dra-plugin exited {st}: {}", p.log_text());
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no registration socket: {}",
+                p.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        p
+    }
+
+    /// The checkpoint's claims (none without a checkpoint).
+    fn checkpointed(&self) -> Vec<String> {
+        std::fs::read(self.path("state/dra-checkpoint.json"))
+            .map(|b| {
+                let v: Value = serde_json::from_slice(&b).unwrap();
+                v["claims"].as_object().unwrap().keys().cloned().collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every file and directory under the node's CDI and hook directories
+    /// and the checkpoint's claims: what bad input must leave as it was.
+    fn snapshot(&self) -> (Vec<String>, Vec<String>) {
+        let mut files = Vec::new();
+        for d in ["cdi", "hook"] {
+            walk(&self.path(d), &mut files);
+        }
+        files.sort();
+        (files, self.checkpointed())
+    }
+}
+
+fn walk(dir: &Path, out: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        out.push(e.path().display().to_string());
+        if e.path().is_dir() {
+            walk(&e.path(), out);
+        }
+    }
+}
+
+struct Plugin {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Plugin {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, as kubelet's pod deletion sends it; waits for the exit.
+    fn stop(mut self) -> String {
+        // SAFETY: kill(2) on the child's PID, which has not been reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "dra-plugin exited {st}: {}", self.log_text());
+        self.log_text()
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Checks a CDI spec against the CDI spec's types (the Go `specs` package:
+/// required fields, no field it does not have, versions): panics with
+/// what is wrong.
+fn validate_cdi(spec: &Value) {
+    fn keys(v: &Value, allowed: &[&str], required: &[&str], what: &str) {
+        let o = v
+            .as_object()
+            .unwrap_or_else(|| panic!("{what} is not an object"));
+        for k in o.keys() {
+            assert!(
+                allowed.contains(&k.as_str()),
+                "{what} has unknown field {k}"
+            );
+        }
+        for r in required {
+            assert!(o.contains_key(*r), "{what} lacks required field {r}");
+        }
+    }
+    let name_ok = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c))
+    };
+    keys(
+        spec,
+        &[
+            "cdiVersion",
+            "kind",
+            "annotations",
+            "devices",
+            "containerEdits",
+        ],
+        &["cdiVersion", "kind", "devices"],
+        "spec",
+    );
+    let version = spec["cdiVersion"].as_str().unwrap();
+    assert!(
+        ["0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"].contains(&version),
+        "cdiVersion {version}"
+    );
+    // annotations came in 0.6.0: a 0.5.0 spec with them is refused by the
+    // CDI library.
+    let (vendor, class) = spec["kind"].as_str().unwrap().split_once('/').unwrap();
+    assert!(
+        vendor.contains('.') && name_ok(vendor) && name_ok(class),
+        "kind"
+    );
+    let edits = |e: &Value, what: &str| {
+        keys(
+            e,
+            &[
+                "env",
+                "deviceNodes",
+                "netDevices",
+                "hooks",
+                "mounts",
+                "intelRdt",
+                "additionalGids",
+            ],
+            &[],
+            what,
+        );
+        for env in e["env"].as_array().into_iter().flatten() {
+            let env = env.as_str().unwrap();
+            assert!(
+                env.split_once('=').is_some_and(|(k, _)| !k.is_empty()),
+                "env {env}"
+            );
+        }
+        for m in e["mounts"].as_array().into_iter().flatten() {
+            keys(
+                m,
+                &["hostPath", "containerPath", "options", "type"],
+                &["hostPath", "containerPath"],
+                "mount",
+            );
+            assert!(m["hostPath"].as_str().unwrap().starts_with('/'));
+            assert!(m["containerPath"].as_str().unwrap().starts_with('/'));
+        }
+        for d in e["deviceNodes"].as_array().into_iter().flatten() {
+            keys(
+                d,
+                &[
+                    "path",
+                    "hostPath",
+                    "type",
+                    "major",
+                    "minor",
+                    "fileMode",
+                    "permissions",
+                    "uid",
+                    "gid",
+                ],
+                &["path"],
+                "deviceNode",
+            );
+        }
+    };
+    let devices = spec["devices"].as_array().unwrap();
+    assert!(!devices.is_empty(), "a spec needs a device");
+    for d in devices {
+        keys(
+            d,
+            &["name", "annotations", "containerEdits"],
+            &["name", "containerEdits"],
+            "device",
+        );
+        assert!(name_ok(d["name"].as_str().unwrap()), "device name");
+        edits(&d["containerEdits"], "device containerEdits");
+    }
+    if spec.get("containerEdits").is_some() {
+        edits(&spec["containerEdits"], "spec containerEdits");
+    }
+}
+
+#[test]
+fn fixtures_are_resource_claims_as_the_api_server_serves_them() {
+    let dir = dist::workspace_root().join("tests/fixtures/dra");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 5, "{files:?}");
+    for v in ["1.34.0", "1.37.0"] {
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "-k", v])
+            .args(&files)
+            .output()
+            .expect("kubernetes-validate (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{v}: {text}");
+        assert_eq!(text.matches(" passed ").count(), files.len(), "{v}: {text}");
+    }
+    for f in &files {
+        // And the typed API of k8s-openapi reads each.
+        let c: k8s_openapi::api::resource::v1::ResourceClaim =
+            serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
+        let results = c
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap_or_default();
+        assert!(!results.is_empty(), "{} is allocated", f.display());
+        assert!(results.iter().all(|r| r.pool == NODE));
+    }
+}
+
+#[test]
+fn a_stand_in_kubelet_registers_prepares_across_a_restart_and_unprepares() {
+    let node = Node::new();
+    let (claim, uid) = node.serve("shared");
+    let kubelet = StandInKubelet::new();
+    let plugin = node.start("plugin-1.log");
+
+    let info = kubelet.register(&node.registration_socket(), true, "");
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(Path::new(&info.endpoint), node.dra_socket());
+    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+
+    let first = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    let answer = &first[&uid];
+    assert_eq!(answer.error, "");
+    let cdi_id = format!("{DRIVER}/claim={uid}");
+    // In the host's device order, each with the request it serves.
+    let devices: Vec<(Vec<String>, &str, &str, Vec<String>)> = answer
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.request_names.clone(),
+                d.pool_name.as_str(),
+                d.device_name.as_str(),
+                d.cdi_device_ids.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        devices,
+        [
+            (
+                vec!["small".to_owned()],
+                NODE,
+                "gpu-0",
+                vec![cdi_id.clone()]
+            ),
+            (vec!["big".to_owned()], NODE, "gpu-1", vec![cdi_id.clone()]),
+        ]
+    );
+
+    let spec_text = std::fs::read_to_string(node.spec_path(&uid)).unwrap();
+    let spec: Value = serde_json::from_str(&spec_text).unwrap();
+    validate_cdi(&spec);
+    assert_eq!(spec["cdiVersion"], "0.6.0");
+    assert_eq!(spec["kind"], "vgpu.dev/claim");
+    assert_eq!(
+        spec["annotations"]["vgpu.dev/claim"],
+        format!("{NS}/{claim}")
+    );
+    let dev = &spec["devices"][0];
+    assert_eq!(dev["name"], uid.as_str());
+    let env: Vec<&str> = dev["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    let uuids = format!(
+        "{},{}",
+        simgpu::model::device_uuid_string(0),
+        simgpu::model::device_uuid_string(1)
+    );
+    // _0 is gpu-0 (the "small" request: 1 GiB, 30 %), _1 is gpu-1 (3 GiB,
+    // 50 %), though the allocation lists gpu-1 first; priority 0 from the
+    // claim's config overrides the class's 1; oversubscription off from
+    // the class; NVIDIA's config ignored.
+    assert_eq!(
+        env,
+        [
+            format!("NVIDIA_VISIBLE_DEVICES={uuids}").as_str(),
+            "CUDA_DEVICE_MEMORY_LIMIT_0=1073741824",
+            "CUDA_DEVICE_SM_LIMIT_0=30",
+            "CUDA_DEVICE_MEMORY_LIMIT_1=3221225472",
+            "CUDA_DEVICE_SM_LIMIT_1=50",
+            format!("CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/claims/{uid}/vgpu.cache")
+                .as_str(),
+            "CUDA_TASK_PRIORITY=0",
+            "CUDA_OVERSUBSCRIBE=false",
+        ]
+    );
+    let mounts: Vec<(String, String, String)> = dev["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["hostPath"].as_str().unwrap().to_owned(),
+                m["containerPath"].as_str().unwrap().to_owned(),
+                m["options"][0].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            (
+                node.claim_dir(&uid).display().to_string(),
+                format!("/usr/local/vgpu/claims/{uid}"),
+                "rw".to_owned()
+            ),
+            (
+                node.path("hook/libvgpu.so").display().to_string(),
+                "/usr/local/vgpu/libvgpu.so".to_owned(),
+                "ro".to_owned()
+            ),
+            (
+                node.path("hook/ld.so.preload").display().to_string(),
+                "/etc/ld.so.preload".to_owned(),
+                "ro".to_owned()
+            ),
+        ]
+    );
+    // Only the device nodes the host has (here: gpu-1's and nvidiactl).
+    let nodes: Vec<&str> = dev["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["/dev/nvidia1", "/dev/nvidiactl"]);
+    assert!(node.claim_dir(&uid).is_dir());
+    assert_eq!(node.checkpointed(), std::slice::from_ref(&uid));
+
+    // kubelet retries: the same answer, the spec untouched, no API read.
+    let reads = node.api.requests();
+    let mtime = std::fs::metadata(node.spec_path(&uid))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let again = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(again, first);
+    assert_eq!(node.api.requests(), reads);
+    assert_eq!(
+        std::fs::metadata(node.spec_path(&uid))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        mtime
+    );
+
+    // The plugin restarts (a rollout) between prepare and unprepare.
+    let log = plugin.stop();
+    assert!(
+        log.contains("kubelet registered the plugin vgpu.dev"),
+        "{log}"
+    );
+    assert!(!node.registration_socket().exists() && !node.dra_socket().exists());
+    let plugin = node.start("plugin-2.log");
+    assert_eq!(
+        kubelet.register(&node.registration_socket(), true, "").name,
+        DRIVER
+    );
+    let after_restart = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(after_restart, first);
+    assert_eq!(
+        std::fs::read_to_string(node.spec_path(&uid)).unwrap(),
+        spec_text
+    );
+
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    assert!(!node.spec_path(&uid).exists());
+    assert!(!node.claim_dir(&uid).exists());
+    assert!(node.checkpointed().is_empty());
+    // Unprepare again (kubelet retries that too): nothing to do, no error.
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    let log = plugin.stop();
+    assert!(
+        log.contains(&format!("unprepared claim {NS}/{claim} ({uid})")),
+        "{log}"
+    );
+}
+
+#[test]
+fn bad_input_gets_its_error_and_changes_nothing() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    let plugin = node.start("plugin.log");
+    let cases = [
+        (
+            "other-driver",
+            "has no device of driver vgpu.dev (its devices are of gpu.nvidia.com)",
+        ),
+        ("malformed-config", "unknown field `priorityClass`"),
+        (
+            "too-much-memory",
+            "is given 9663676416 bytes of memory, more than its 8589934592 bytes",
+        ),
+    ];
+    let before = node.snapshot();
+    for (fixture, expected) in cases {
+        let (claim, uid) = node.serve(fixture);
+        let answer = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+        let a = &answer[&uid];
+        assert!(a.error.contains(expected), "{fixture}: {:?}", a.error);
+        assert!(a.devices.is_empty(), "{fixture}");
+        assert_eq!(node.snapshot(), before, "{fixture} changed the node");
+    }
+
+    // A claim the API server does not have.
+    let answer = kubelet.prepare(&node.dra_socket(), &[(NS, "gone", "0000-gone")]);
+    assert!(
+        answer["0000-gone"].error.contains("does not exist"),
+        "{answer:?}"
+    );
+    assert_eq!(node.snapshot(), before);
+
+    // A CDI directory that cannot be written: here, a file in its place.
+    let (claim, uid) = node.serve("whole-gpu");
+    std::fs::remove_dir(node.path("cdi")).unwrap();
+    std::fs::write(node.path("cdi"), "not a directory").unwrap();
+    let before_cdi = node.snapshot();
+    let answer = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    let a = &answer[&uid];
+    assert!(
+        a.error.contains("writing") && a.error.contains(&format!("{DRIVER}-claim-{uid}.json")),
+        "{:?}",
+        a.error
+    );
+    assert_eq!(node.snapshot(), before_cdi, "a failed write left something");
+    assert!(!node.claim_dir(&uid).exists());
+
+    // The directory back: the same claim prepares, the whole GPU.
+    std::fs::remove_file(node.path("cdi")).unwrap();
+    std::fs::create_dir(node.path("cdi")).unwrap();
+    let answer = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(answer[&uid].error, "");
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(node.spec_path(&uid)).unwrap()).unwrap();
+    validate_cdi(&spec);
+    let env = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap();
+    assert!(
+        env.contains(&Value::from("CUDA_DEVICE_MEMORY_LIMIT_0=8589934592")),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&Value::from("CUDA_DEVICE_SM_LIMIT_0=100")),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&Value::from("CUDA_TASK_PRIORITY=1")),
+        "{env:?}"
+    );
+    drop(plugin);
+}
+
+#[test]
+fn leftovers_and_claims_deleted_while_the_plugin_was_down_are_cleaned_at_start() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    let (claim, uid) = node.serve("shared");
+    let plugin = node.start("plugin-1.log");
+    assert_eq!(
+        kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)])[&uid].error,
+        ""
+    );
+    plugin.stop();
+
+    // While it is down: the claim is deleted; a spec of this plugin's kind
+    // that no checkpoint names appears (a crash between writing the spec
+    // and the checkpoint), with its claim directory; and another vendor's
+    // spec, which must stay.
+    node.api.remove(&claim_path(NS, &claim));
+    let orphan = "4e5f6071-8293-4a4b-9cde-3f4a5b6c7d8e";
+    std::fs::write(node.spec_path(orphan), "{}").unwrap();
+    std::fs::create_dir_all(node.claim_dir(orphan)).unwrap();
+    std::fs::write(node.path("cdi/nvidia.com-gpu.json"), "{}").unwrap();
+
+    let plugin = node.start("plugin-2.log");
+    // The deletion is found once the plugin serves (it asks the API server
+    // before it binds the sockets).
+    assert!(!node.spec_path(orphan).exists());
+    assert!(!node.claim_dir(orphan).exists());
+    assert!(!node.spec_path(&uid).exists());
+    assert!(!node.claim_dir(&uid).exists());
+    assert!(node.checkpointed().is_empty());
+    assert!(node.path("cdi/nvidia.com-gpu.json").exists());
+    let log = plugin.stop();
+    assert!(
+        log.contains(&format!("removed the CDI spec of claim {orphan}")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("claim {NS}/{claim} ({uid}) is gone: unprepared")),
+        "{log}"
+    );
+}
