@@ -37,8 +37,8 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The tracing filter directive for `-v` count. The daemon logs at
-    /// `info` without one: what an operator follows (a finding raised at
+    /// The tracing filter directive for `-v` count. The daemon (and the
+    /// DRA plugin) logs at `info` without one: what an operator follows (a finding raised at
     /// `warn`, cleared, a slot freed, a libcuda probed) must show in
     /// `kubectl logs` with the DaemonSet's arguments, which set no level;
     /// a command's own output is its result, so `warn` there.

@@ -5,14 +5,21 @@
 //! scheduler leaves a claim and validated against Kubernetes' schemas
 //! here), with the plugin on a simulated node of two 8 GiB GPUs.
 //!
+//! The API server is reached over plain HTTP, and once over HTTPS through a
+//! TLS front (trusting only the CA given, sending the token).
+//!
 //! Checked: registration (`GetInfo`, `NotifyRegistrationStatus`), prepare
 //! and the CDI spec it writes (validated against the CDI spec's types and
 //! checked line by line), a repeated prepare, a plugin restart between
 //! prepare and unprepare, unprepare; the cleaning at start; and bad input
 //! getting its error and changing nothing.
 
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -101,13 +108,18 @@ impl Node {
         (claim, uid)
     }
 
-    /// Starts the plugin and waits for its registration socket.
+    /// Starts the plugin on the stand-in API server's plain HTTP and waits
+    /// for its registration socket.
     fn start(&self, log: &str) -> Plugin {
+        self.start_with(log, &["--api-server".into(), self.api.url().into()])
+    }
+
+    /// The same with `api_args` to reach the API server.
+    fn start_with(&self, log: &str, api_args: &[std::ffi::OsString]) -> Plugin {
         let mut cmd = Command::new(dist::vgpu_bin());
         cmd.arg("dra-plugin")
             .args(["--driver", DRIVER, "--node-name", NODE])
-            .arg("--api-server")
-            .arg(self.api.url())
+            .args(api_args)
             .arg("--cdi-dir")
             .arg(self.path("cdi"))
             .arg("--hook-dir")
@@ -646,4 +658,147 @@ fn leftovers_and_claims_deleted_while_the_plugin_was_down_are_cleaned_at_start()
         log.contains(&format!("claim {NS}/{claim} ({uid}) is gone: unprepared")),
         "{log}"
     );
+}
+
+/// A TLS front for the stand-in API server (the API server speaks only
+/// HTTPS): it terminates TLS with `cert`, keeps each request's head, and
+/// forwards the request to the stand-in's plain port.
+struct TlsFront {
+    port: u16,
+    heads: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TlsFront {
+    fn start(backend: u16, cert: &rcgen::CertifiedKey) -> Self {
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(
+            rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()),
+        );
+        let config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .unwrap(),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (heads, stop) = (heads.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((sock, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    };
+                    let _ = sock.set_nonblocking(false);
+                    let _ = sock.set_read_timeout(Some(Duration::from_secs(5)));
+                    let conn = rustls::ServerConnection::new(config.clone()).unwrap();
+                    let mut tls = rustls::StreamOwned::new(conn, sock);
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    // A client that does not trust the certificate fails
+                    // the handshake here: nothing is forwarded.
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match tls.read(&mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => break,
+                        }
+                    }
+                    if !head.ends_with(b"\r\n\r\n") {
+                        continue;
+                    }
+                    heads
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&head).into_owned());
+                    let mut back = TcpStream::connect(("127.0.0.1", backend)).unwrap();
+                    back.write_all(&head).unwrap();
+                    let mut answer = Vec::new();
+                    back.read_to_end(&mut answer).unwrap();
+                    let _ = tls.write_all(&answer);
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                }
+            })
+        };
+        Self {
+            port,
+            heads,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn the_api_server_is_read_over_https_trusting_only_its_ca_with_the_token() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    let (claim, uid) = node.serve("shared");
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let front = TlsFront::start(node.api.port, &made);
+    std::fs::write(node.path("ca.crt"), made.cert.pem()).unwrap();
+    std::fs::write(node.path("token"), "s3cret-token\n").unwrap();
+    let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    std::fs::write(node.path("other-ca.crt"), other.cert.pem()).unwrap();
+    let url = format!("https://127.0.0.1:{}", front.port);
+    let args = |ca: &str| -> Vec<std::ffi::OsString> {
+        vec![
+            "--api-server".into(),
+            url.clone().into(),
+            "--ca-file".into(),
+            node.path(ca).into(),
+            "--token-file".into(),
+            node.path("token").into(),
+        ]
+    };
+
+    // A CA that did not sign the server's certificate: refused, nothing
+    // written, nothing sent.
+    let plugin = node.start_with("plugin-1.log", &args("other-ca.crt"));
+    let before = node.snapshot();
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert!(
+        a[&uid].error.contains("TLS with the API server"),
+        "{:?}",
+        a[&uid].error
+    );
+    assert_eq!(node.snapshot(), before);
+    assert!(front.heads.lock().unwrap().is_empty());
+    plugin.stop();
+
+    let plugin = node.start_with("plugin-2.log", &args("ca.crt"));
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(a[&uid].error, "");
+    assert!(node.spec_path(&uid).exists());
+    let heads = front.heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(
+        heads[0].starts_with(&format!("GET {} HTTP/1.1\r\n", claim_path(NS, &claim))),
+        "{heads:?}"
+    );
+    assert!(
+        heads[0]
+            .to_ascii_lowercase()
+            .contains("authorization: bearer s3cret-token\r\n"),
+        "{heads:?}"
+    );
+    plugin.stop();
 }

@@ -41,13 +41,20 @@ pub struct Args {
     /// This node's name: the pool of its devices.
     #[arg(long, env = "NODE_NAME")]
     node_name: String,
-    /// The API server, `http://host:port` (for now: a `kubectl proxy`
-    /// beside the plugin).
-    #[arg(long, env = "VGPU_API_SERVER", default_value = "http://127.0.0.1:8001")]
-    api_server: String,
-    /// A bearer token to send the API server, read before each request.
+    /// The API server, `https://host:port` or `http://host:port` (a
+    /// `kubectl proxy`) [default: in a pod, the cluster's
+    /// (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`) with the
+    /// service account's token and CA].
+    #[arg(long, env = "VGPU_API_SERVER")]
+    api_server: Option<String>,
+    /// A bearer token to send the API server, read before each request
+    /// [default: in a pod, the service account's].
     #[arg(long)]
     token_file: Option<PathBuf>,
+    /// The CA the API server's certificate must chain to (PEM), for HTTPS
+    /// [default: in a pod, the service account's `ca.crt`].
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
     /// Where CDI specs are written; the container runtime reads them there.
     #[arg(long, default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
@@ -84,7 +91,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         );
     }
     let gpus = devices::from_nvml().context("listing this node's GPUs")?;
-    let api = ApiServer::new(&args.api_server, args.token_file.clone())?;
+    let api = api_server(&args)?;
     let layout = Layout {
         kind: format!("{}/{}", args.driver, cdi::CLASS),
         hook_dir: args.hook_dir,
@@ -126,6 +133,44 @@ pub fn run(args: Args) -> Result<ExitCode> {
     })
     .map_err(|e| anyhow::anyhow!(chain(&e)))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The service account's files in a pod.
+const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The API server of `--api-server`, or the pod's cluster's.
+fn api_server(args: &Args) -> Result<ApiServer> {
+    let sa = std::path::Path::new(SERVICE_ACCOUNT);
+    let in_pod = |name: &str| Some(sa.join(name)).filter(|p| p.exists());
+    let url = match &args.api_server {
+        Some(u) => u.clone(),
+        None => {
+            let (Ok(host), Ok(port)) = (
+                std::env::var("KUBERNETES_SERVICE_HOST"),
+                std::env::var("KUBERNETES_SERVICE_PORT"),
+            ) else {
+                anyhow::bail!(
+                    "no --api-server, and not in a pod (KUBERNETES_SERVICE_HOST and \
+                     KUBERNETES_SERVICE_PORT unset)"
+                );
+            };
+            if host.contains(':') {
+                format!("https://[{host}]:{port}")
+            } else {
+                format!("https://{host}:{port}")
+            }
+        }
+    };
+    let https = url.starts_with("https://");
+    let token = args.token_file.clone().or_else(|| {
+        // The pod's token goes only where the pod's CA is trusted, or
+        // where --api-server was not given at all.
+        (https || args.api_server.is_none())
+            .then(|| in_pod("token"))
+            .flatten()
+    });
+    let ca = args.ca_file.clone().or_else(|| in_pod("ca.crt"));
+    ApiServer::new(&url, token, ca).map_err(|e| anyhow::anyhow!(chain(&e)))
 }
 
 /// Resolves on SIGTERM or SIGINT.

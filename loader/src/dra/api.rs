@@ -2,15 +2,22 @@
 //! `GET /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>`,
 //! with the pod's service-account token when there is one.
 //!
-//! This first version speaks plain HTTP (a `kubectl proxy` on the node, or
-//! a test's stand-in API server); HTTPS to the API server directly is to
-//! come.
+//! HTTPS to the API server, trusting only the CA given (in a pod, the
+//! service account's `ca.crt`), or plain HTTP to a `kubectl proxy` (or a
+//! test's stand-in API server). One connection per request: a claim is
+//! read once per prepare.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use http_body_util::{BodyExt as _, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::rustls;
+use tokio_rustls::rustls::pki_types::pem::{self, PemObject as _};
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::TlsConnector;
 
 use super::claim::ResourceClaim;
 
@@ -18,10 +25,13 @@ use super::claim::ResourceClaim;
 const MAX_BODY: usize = 4 << 20;
 
 /// Where the API server is.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ApiServer {
     /// `host:port`.
     authority: String,
+    /// HTTPS: the connector trusting the CA, and the name the server's
+    /// certificate must carry.
+    tls: Option<(TlsConnector, ServerName<'static>)>,
     /// Read before each request, so a rotated token is picked up.
     token_file: Option<PathBuf>,
 }
@@ -29,8 +39,26 @@ pub struct ApiServer {
 /// Why a claim could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("API server URL {url:?}: only http://host:port is supported so far")]
+    #[error("API server URL {url:?}: not http://host:port or https://host:port")]
     Url { url: String },
+    #[error("API server URL {url:?} is HTTPS: give the CA that signed its certificate")]
+    NoCa { url: String },
+    #[error("reading the API server's CA {path}")]
+    Ca {
+        path: PathBuf,
+        #[source]
+        source: pem::Error,
+    },
+    #[error("the API server's CA {path}: no usable CERTIFICATE in it")]
+    NoCaCert { path: PathBuf },
+    #[error("the TLS client for the API server")]
+    TlsConfig(#[source] rustls::Error),
+    #[error("TLS with the API server at {authority}")]
+    Tls {
+        authority: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("reading the service-account token {path}")]
     Token {
         path: PathBuf,
@@ -74,17 +102,40 @@ pub enum ApiError {
 }
 
 impl ApiServer {
-    /// `url` is `http://host:port`.
-    pub fn new(url: &str, token_file: Option<PathBuf>) -> Result<Self, ApiError> {
-        let authority = url
-            .strip_prefix("http://")
-            .map(|a| a.trim_end_matches('/'))
-            .filter(|a| !a.is_empty() && !a.contains('/'))
-            .ok_or_else(|| ApiError::Url {
+    /// `url` is `http://host:port` or `https://host:port` (then `ca_file`
+    /// is the CA its certificate must chain to).
+    pub fn new(
+        url: &str,
+        token_file: Option<PathBuf>,
+        ca_file: Option<PathBuf>,
+    ) -> Result<Self, ApiError> {
+        let bad = || ApiError::Url {
+            url: url.to_owned(),
+        };
+        let (https, rest) = if let Some(r) = url.strip_prefix("https://") {
+            (true, r)
+        } else if let Some(r) = url.strip_prefix("http://") {
+            (false, r)
+        } else {
+            return Err(bad());
+        };
+        let authority = rest.trim_end_matches('/');
+        if authority.is_empty() || authority.contains('/') {
+            return Err(bad());
+        }
+        let tls = if https {
+            let ca = ca_file.ok_or_else(|| ApiError::NoCa {
                 url: url.to_owned(),
             })?;
+            let host = host_of(authority).ok_or_else(bad)?;
+            let name = ServerName::try_from(host.to_owned()).map_err(|_| bad())?;
+            Some((connector(&ca)?, name))
+        } else {
+            None
+        };
         Ok(Self {
             authority: authority.to_owned(),
+            tls,
             token_file,
         })
     }
@@ -126,17 +177,42 @@ impl ApiServer {
             ),
             None => None,
         };
-        let stream = tokio::net::TcpStream::connect(&self.authority)
+        let tcp = tokio::net::TcpStream::connect(&self.authority)
             .await
             .map_err(|source| ApiError::Connect {
                 authority: self.authority.clone(),
                 source,
             })?;
+        match &self.tls {
+            None => self.request(tcp, path, token).await,
+            Some((connector, name)) => {
+                let tls = connector
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|source| ApiError::Tls {
+                        authority: self.authority.clone(),
+                        source,
+                    })?;
+                self.request(tls, path, token).await
+            }
+        }
+    }
+
+    /// One GET over `io`.
+    async fn request<S>(
+        &self,
+        io: S,
+        path: &str,
+        token: Option<String>,
+    ) -> Result<(u16, Bytes), ApiError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
         let http = |source| ApiError::Http {
             path: path.to_owned(),
             source,
         };
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(http)?;
         tokio::spawn(async move {
@@ -166,5 +242,63 @@ impl ApiServer {
             })?
             .to_bytes();
         Ok((status, body))
+    }
+}
+
+/// The host of `host:port` or `[v6]:port`.
+fn host_of(authority: &str) -> Option<&str> {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split_once(']').map(|(h, _)| h);
+    }
+    authority
+        .rsplit_once(':')
+        .map_or(Some(authority), |(h, _)| Some(h))
+}
+
+/// A TLS client trusting only the certificates in `ca` (PEM).
+fn connector(ca: &std::path::Path) -> Result<TlsConnector, ApiError> {
+    let certs = CertificateDer::pem_file_iter(ca)
+        .and_then(|c| c.collect::<Result<Vec<_>, _>>())
+        .map_err(|source| ApiError::Ca {
+            path: ca.to_owned(),
+            source,
+        })?;
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    if added == 0 {
+        return Err(ApiError::NoCaCert {
+            path: ca.to_owned(),
+        });
+    }
+    // The provider is named, as the daemon's: only ring is linked.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(ApiError::TlsConfig)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_read_or_refused() {
+        assert_eq!(host_of("10.96.0.1:443"), Some("10.96.0.1"));
+        assert_eq!(host_of("[fd00::1]:443"), Some("fd00::1"));
+        assert_eq!(host_of("api.example"), Some("api.example"));
+        assert!(ApiServer::new("http://127.0.0.1:8001", None, None).is_ok());
+        assert!(matches!(
+            ApiServer::new("https://127.0.0.1:6443", None, None),
+            Err(ApiError::NoCa { .. })
+        ));
+        for bad in ["ftp://x:1", "http://", "http://h:1/api", "127.0.0.1:8001"] {
+            assert!(
+                matches!(ApiServer::new(bad, None, None), Err(ApiError::Url { .. })),
+                "{bad}"
+            );
+        }
     }
 }
