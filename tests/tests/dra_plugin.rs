@@ -53,10 +53,33 @@ struct Node {
     dir: tempfile::TempDir,
     gpu: SimGpu,
     api: StandInApiServer,
+    /// The plugin's `--driver`.
+    driver: String,
+    /// Its `--cdi-dir`.
+    cdi_dir: PathBuf,
 }
 
 impl Node {
     fn new() -> Self {
+        let mut node = Node::bare();
+        node.cdi_dir = node.path("cdi");
+        node
+    }
+
+    /// A node whose plugin is `driver` and writes its specs into `cdi_dir`,
+    /// with no device nodes (a runtime applying the spec looks for them on
+    /// the host, and the simulated GPUs have none).
+    fn with(driver: &str, cdi_dir: &Path) -> Self {
+        let mut node = Node::bare();
+        for n in ["dev/nvidia1", "dev/nvidiactl"] {
+            std::fs::remove_file(node.path(n)).unwrap();
+        }
+        node.driver = driver.to_owned();
+        node.cdi_dir = cdi_dir.to_owned();
+        node
+    }
+
+    fn bare() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("vgpu-dra-plugin-")
             .tempdir()
@@ -78,6 +101,8 @@ impl Node {
             dir,
             gpu: SimGpu::builder().devices(2).memory("8g").build(),
             api: StandInApiServer::start(),
+            driver: DRIVER.to_owned(),
+            cdi_dir: PathBuf::new(),
         }
     }
 
@@ -86,7 +111,7 @@ impl Node {
     }
 
     fn registration_socket(&self) -> PathBuf {
-        self.path(&format!("registry/{DRIVER}-reg.sock"))
+        self.path(&format!("registry/{}-reg.sock", self.driver))
     }
 
     fn dra_socket(&self) -> PathBuf {
@@ -94,16 +119,19 @@ impl Node {
     }
 
     fn spec_path(&self, uid: &str) -> PathBuf {
-        self.path(&format!("cdi/{DRIVER}-claim-{uid}.json"))
+        self.cdi_dir
+            .join(format!("{}-claim-{uid}.json", self.driver))
     }
 
     fn claim_dir(&self, uid: &str) -> PathBuf {
         self.path(&format!("hook/claims/{uid}"))
     }
 
-    /// Serves fixture `name` as the API server would; (name, UID).
+    /// Serves fixture `name` as the API server would, for this node's
+    /// driver; (name, UID).
     fn serve(&self, name: &str) -> (String, String) {
         let (claim, uid, text) = fixture(name);
+        let text = text.replace("\"vgpu.dev\"", &format!("\"{}\"", self.driver));
         self.api.put(&claim_path(NS, &claim), &text);
         (claim, uid)
     }
@@ -118,10 +146,12 @@ impl Node {
     fn start_with(&self, log: &str, api_args: &[std::ffi::OsString]) -> Plugin {
         let mut cmd = Command::new(dist::vgpu_bin());
         cmd.arg("dra-plugin")
-            .args(["--driver", DRIVER, "--node-name", NODE])
+            .arg("--driver")
+            .arg(&self.driver)
+            .args(["--node-name", NODE])
             .args(api_args)
             .arg("--cdi-dir")
-            .arg(self.path("cdi"))
+            .arg(&self.cdi_dir)
             .arg("--hook-dir")
             .arg(self.path("hook"))
             .arg("--state-dir")
@@ -252,18 +282,37 @@ fn validate_cdi(spec: &Value) {
         "spec",
     );
     let version = spec["cdiVersion"].as_str().unwrap();
-    assert!(
-        ["0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"].contains(&version),
-        "cdiVersion {version}"
-    );
-    // annotations came in 0.6.0: a 0.5.0 spec with them is refused by the
-    // CDI library.
+    let known = [
+        "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
+    ];
+    assert!(known.contains(&version), "cdiVersion {version}");
+    // A field needs the version that brought it: the CDI library refuses a
+    // spec that uses a field newer than its cdiVersion.
+    let at_least = |since: &str, what: &str| {
+        let rank = |v: &str| known.iter().position(|k| *k == v).unwrap();
+        assert!(
+            rank(version) >= rank(since),
+            "{what} needs cdiVersion {since}, the spec says {version}"
+        );
+    };
+    if spec.get("annotations").is_some() {
+        at_least("0.6.0", "annotations");
+    }
     let (vendor, class) = spec["kind"].as_str().unwrap().split_once('/').unwrap();
     assert!(
         vendor.contains('.') && name_ok(vendor) && name_ok(class),
         "kind"
     );
     let edits = |e: &Value, what: &str| {
+        for (field, since) in [
+            ("intelRdt", "0.7.0"),
+            ("additionalGids", "0.7.0"),
+            ("netDevices", "1.1.0"),
+        ] {
+            if e.get(field).is_some() {
+                at_least(since, field);
+            }
+        }
         keys(
             e,
             &[
@@ -294,6 +343,9 @@ fn validate_cdi(spec: &Value) {
             );
             assert!(m["hostPath"].as_str().unwrap().starts_with('/'));
             assert!(m["containerPath"].as_str().unwrap().starts_with('/'));
+            if m.get("type").is_some() {
+                at_least("0.4.0", "a mount's type");
+            }
         }
         for d in e["deviceNodes"].as_array().into_iter().flatten() {
             keys(
@@ -312,6 +364,9 @@ fn validate_cdi(spec: &Value) {
                 &["path"],
                 "deviceNode",
             );
+            if d.get("hostPath").is_some() {
+                at_least("0.5.0", "a device node's hostPath");
+            }
         }
     };
     let devices = spec["devices"].as_array().unwrap();
@@ -323,6 +378,9 @@ fn validate_cdi(spec: &Value) {
             &["name", "containerEdits"],
             "device",
         );
+        if d.get("annotations").is_some() {
+            at_least("0.6.0", "annotations");
+        }
         assert!(name_ok(d["name"].as_str().unwrap()), "device name");
         edits(&d["containerEdits"], "device containerEdits");
     }
@@ -412,12 +470,10 @@ fn a_stand_in_kubelet_registers_prepares_across_a_restart_and_unprepares() {
     let spec_text = std::fs::read_to_string(node.spec_path(&uid)).unwrap();
     let spec: Value = serde_json::from_str(&spec_text).unwrap();
     validate_cdi(&spec);
-    assert_eq!(spec["cdiVersion"], "0.6.0");
+    // The oldest version with every field used (Debian 12's podman takes
+    // up to 0.5.0).
+    assert_eq!(spec["cdiVersion"], "0.5.0");
     assert_eq!(spec["kind"], "vgpu.dev/claim");
-    assert_eq!(
-        spec["annotations"]["vgpu.dev/claim"],
-        format!("{NS}/{claim}")
-    );
     let dev = &spec["devices"][0];
     assert_eq!(dev["name"], uid.as_str());
     let env: Vec<&str> = dev["containerEdits"]["env"]
@@ -800,5 +856,118 @@ fn the_api_server_is_read_over_https_trusting_only_its_ca_with_the_token() {
             .contains("authorization: bearer s3cret-token\r\n"),
         "{heads:?}"
     );
+    plugin.stop();
+}
+
+/// Removes a file when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn podman_applies_a_prepared_claim_and_the_hook_enforces_its_limits() {
+    // podman 4.3 (Debian 12's) reads CDI specs only from /etc/cdi and
+    // /var/run/cdi: the plugin writes there, under a driver name of this
+    // test's own, so its specs and its cleaning at start touch no one
+    // else's.
+    let driver = format!("vgpu-e2e-{}.dev", std::process::id());
+    let cdi_dir = PathBuf::from("/var/run/cdi");
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let node = Node::with(&driver, &cdi_dir);
+    let kubelet = StandInKubelet::new();
+    let (claim, uid) = node.serve("shared");
+    let _spec = RemoveOnDrop(node.spec_path(&uid));
+    let plugin = node.start("plugin.log");
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(a[&uid].error, "");
+    let device = &a[&uid].devices[0].cdi_device_ids[0];
+    assert_eq!(device, &format!("{driver}/claim={uid}"));
+
+    // The container: the host's root as a throw-away overlay (so the test
+    // program and its C library are there), the simulated GPU's directory
+    // and libraries bound in, and the claim's device: everything of vgpu
+    // in it (the hook, /etc/ld.so.preload, the limits, the region
+    // directory) comes from the CDI spec. No LD_PRELOAD is set.
+    let prog_dir = tempfile::Builder::new()
+        .prefix("vgpu-dra-prog-")
+        .tempdir()
+        .unwrap();
+    let prog = dist::compile_c("hook_mem", prog_dir.path(), false);
+    let sim_env = node.gpu.envs();
+    let run = |args: &[&str]| -> String {
+        let mut c = Command::new("podman");
+        c.args(["--runtime", "runc", "run", "--rm", "--network", "none"])
+            .args([
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args(["--pid", "host", "--device", device]);
+        for d in [node.gpu.dir(), node.gpu.lib_dir(), prog_dir.path()] {
+            c.arg("-v").arg(format!("{0}:{0}", d.display()));
+        }
+        for (k, v) in &sim_env {
+            c.arg("-e").arg(format!("{k}={v}"));
+        }
+        let out = c
+            .args(["--rootfs", "/:O"])
+            .arg(&prog)
+            .args(args)
+            .output()
+            .expect("podman (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "podman run {args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    const G: u64 = 1 << 30;
+    let total = |text: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("devtotal "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no devtotal in {text:?}"))
+    };
+    // CUDA's device 0 is gpu-0 (the claim's 1 GiB), device 1 is gpu-1
+    // (3 GiB), not the simulated GPUs' 8 GiB.
+    assert_eq!(total(&run(&["-d", "0", "info"])), G);
+    assert_eq!(total(&run(&["-d", "1", "info"])), 3 * G);
+    // And allocations stop at the limit: 2 GiB is refused on device 0
+    // (CUDA_ERROR_OUT_OF_MEMORY, 2) and granted on device 1.
+    let two_g = (2 * G).to_string();
+    let d0 = run(&["-d", "0", "module", &two_g]);
+    assert!(d0.contains("\nalloc rc 2\n"), "{d0}");
+    let d1 = run(&["-d", "1", "module", &two_g]);
+    assert!(d1.contains("\nalloc rc 0\n"), "{d1}");
+
+    // The hook's region is in the claim's directory on the host, with the
+    // claim's limits, SM shares included.
+    let region = node.claim_dir(&uid).join("vgpu.cache");
+    assert!(region.exists(), "no region at {}", region.display());
+    let out = Command::new(dist::vgpu_bin())
+        .arg("inspect")
+        .arg(&region)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = &doc["regions"][0]["devices"];
+    assert_eq!(devices[0]["limit_bytes"], G, "{doc:#}");
+    assert_eq!(devices[0]["sm_limit_percent"], 30, "{doc:#}");
+    assert_eq!(devices[1]["limit_bytes"], 3 * G, "{doc:#}");
+    assert_eq!(devices[1]["sm_limit_percent"], 50, "{doc:#}");
+    assert_eq!(doc["regions"][0]["priority"], 0, "{doc:#}");
+
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    assert!(!node.spec_path(&uid).exists());
     plugin.stop();
 }

@@ -3,8 +3,7 @@
 //! claim's GPUs, vgpu's hook and the claim's limits.
 //!
 //! Field names and which are required follow the CDI spec (`cdiVersion`,
-//! `kind`, `devices[].name`, `devices[].containerEdits`; `annotations` need
-//! version 0.6.0).
+//! `kind`, `devices[].name`, `devices[].containerEdits`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,9 +13,12 @@ use vgpu_common::env as names;
 
 use super::claim::Plan;
 
-/// The spec version written: the oldest that has every field used
-/// (annotations came in 0.6.0).
-pub const CDI_VERSION: &str = "0.6.0";
+/// The spec version written: the oldest that has every field used (env,
+/// mounts, device nodes by path), as the CDI library itself picks it, so
+/// that older runtimes take the spec too. Debian 12's podman 4.3 resolves a
+/// 0.5.0 spec and refuses a 0.6.0 one ("unresolvable CDI devices"); 0.6.0
+/// would only add annotations, which the plugin does not write.
+pub const CDI_VERSION: &str = "0.5.0";
 /// `vendor/class` of every spec this plugin writes.
 pub const CLASS: &str = "claim";
 /// The region file's name in the claim's directory.
@@ -181,15 +183,10 @@ impl Layout {
         for n in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"] {
             node(n.to_owned());
         }
-        let mut annotations = BTreeMap::new();
-        annotations.insert(
-            format!("{}/claim", self.kind.split('/').next().unwrap_or("vgpu")),
-            format!("{}/{}", plan.namespace, plan.name),
-        );
         Spec {
             cdi_version: CDI_VERSION.to_owned(),
             kind: self.kind.clone(),
-            annotations,
+            annotations: BTreeMap::new(),
             devices: vec![Device {
                 name: plan.uid.clone(),
                 container_edits: ContainerEdits {
