@@ -229,6 +229,19 @@ impl Plugin {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Waits up to 20 s for `text` in the log.
+    fn wait_log(&self, text: &str) {
+        let t = Instant::now();
+        while !self.log_text().contains(text) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no {text:?} in the log: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM, as kubelet's pod deletion sends it; waits for the exit.
     fn stop(mut self) -> String {
         // SAFETY: kill(2) on the child's PID, which has not been reaped.
@@ -549,14 +562,15 @@ fn a_stand_in_kubelet_registers_prepares_across_a_restart_and_unprepares() {
     assert_eq!(node.checkpointed(), std::slice::from_ref(&uid));
 
     // kubelet retries: the same answer, the spec untouched, no API read.
-    let reads = node.api.requests();
+    let claim_reads = || node.api.requests_to("GET", &claim_path(NS, &claim));
+    let reads = claim_reads();
     let mtime = std::fs::metadata(node.spec_path(&uid))
         .unwrap()
         .modified()
         .unwrap();
     let again = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
     assert_eq!(again, first);
-    assert_eq!(node.api.requests(), reads);
+    assert_eq!(claim_reads(), reads);
     assert_eq!(
         std::fs::metadata(node.spec_path(&uid))
             .unwrap()
@@ -775,8 +789,19 @@ impl TlsFront {
                         .lock()
                         .unwrap()
                         .push(String::from_utf8_lossy(&head).into_owned());
+                    let head_text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                    let length: usize = head_text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; length];
+                    if tls.read_exact(&mut body).is_err() {
+                        continue;
+                    }
                     let mut back = TcpStream::connect(("127.0.0.1", backend)).unwrap();
                     back.write_all(&head).unwrap();
+                    back.write_all(&body).unwrap();
                     let mut answer = Vec::new();
                     back.read_to_end(&mut answer).unwrap();
                     let _ = tls.write_all(&answer);
@@ -844,18 +869,22 @@ fn the_api_server_is_read_over_https_trusting_only_its_ca_with_the_token() {
     let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
     assert_eq!(a[&uid].error, "");
     assert!(node.spec_path(&uid).exists());
+    // The claim was read through the front (besides the ResourceSlice's
+    // requests), every request with the token.
     let heads = front.heads.lock().unwrap().clone();
-    assert_eq!(heads.len(), 1, "{heads:?}");
-    assert!(
-        heads[0].starts_with(&format!("GET {} HTTP/1.1\r\n", claim_path(NS, &claim))),
+    let claim_get = format!("GET {} HTTP/1.1\r\n", claim_path(NS, &claim));
+    assert_eq!(
+        heads.iter().filter(|h| h.starts_with(&claim_get)).count(),
+        1,
         "{heads:?}"
     );
-    assert!(
-        heads[0]
-            .to_ascii_lowercase()
-            .contains("authorization: bearer s3cret-token\r\n"),
-        "{heads:?}"
-    );
+    for h in &heads {
+        assert!(
+            h.to_ascii_lowercase()
+                .contains("authorization: bearer s3cret-token\r\n"),
+            "{h:?}"
+        );
+    }
     plugin.stop();
 }
 
@@ -969,5 +998,100 @@ fn podman_applies_a_prepared_claim_and_the_hook_enforces_its_limits() {
     let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
     assert_eq!(un[&uid].error, "");
     assert!(!node.spec_path(&uid).exists());
+    plugin.stop();
+}
+
+/// Validates `object` with kubernetes-validate in strict mode (unknown
+/// fields refused) at Kubernetes 1.34, where `resource.k8s.io/v1` came,
+/// and 1.37, the newest it knows.
+fn kubernetes_validate(object: &Value, dir: &Path) {
+    let file = dir.join("object.json");
+    std::fs::write(&file, object.to_string()).unwrap();
+    for v in ["1.34.0", "1.37.0"] {
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "-k", v])
+            .arg(&file)
+            .output()
+            .expect("kubernetes-validate (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains(" passed "),
+            "{v}: {text}"
+        );
+    }
+}
+
+#[test]
+fn the_plugin_publishes_the_nodes_resource_slice_and_replaces_it_only_when_it_differs() {
+    let node = Node::new();
+    let node_uid = "6b1d2c3e-4f50-4617-8829-3a4b5c6d7e8f";
+    node.api.put(
+        &format!("/api/v1/nodes/{NODE}"),
+        &serde_json::json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "uid": node_uid, "resourceVersion": "7"}})
+        .to_string(),
+    );
+    let slices = "/apis/resource.k8s.io/v1/resourceslices";
+    let path = format!("{slices}/{NODE}-vgpu-dev");
+    let plugin = node.start("plugin-1.log");
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Created");
+    let slice = node.api.object(&path).expect("the slice");
+    kubernetes_validate(&slice, node.dir.path());
+    let owner = &slice["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["kind"].as_str(), owner["uid"].as_str()),
+        (Some("Node"), Some(node_uid))
+    );
+    let spec = &slice["spec"];
+    assert_eq!(spec["driver"], DRIVER);
+    assert_eq!(spec["nodeName"], NODE);
+    assert_eq!(
+        spec["pool"],
+        serde_json::json!({"name": NODE, "generation": 1, "resourceSliceCount": 1})
+    );
+    let devices = spec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d["name"], format!("gpu-{i}"));
+        assert_eq!(d["allowMultipleAllocations"], true);
+        assert_eq!(
+            d["attributes"]["uuid"]["string"],
+            simgpu::model::device_uuid_string(i as u32)
+        );
+        assert_eq!(d["attributes"]["index"]["int"], i);
+        // The whole GPU by default; shares of 256 MiB and of 1 %.
+        assert_eq!(
+            d["capacity"]["memory"],
+            serde_json::json!({"value": "8Gi", "requestPolicy": {"default": "8Gi",
+                "validRange": {"min": "256Mi", "max": "8Gi", "step": "256Mi"}}})
+        );
+        assert_eq!(
+            d["capacity"]["cores"],
+            serde_json::json!({"value": "100", "requestPolicy": {"default": "100",
+                "validRange": {"min": "1", "max": "100", "step": "1"}}})
+        );
+    }
+    plugin.stop();
+
+    // A restart on the same GPUs changes nothing.
+    let plugin = node.start("plugin-2.log");
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Unchanged");
+    assert_eq!(node.api.requests_to("POST", slices), 1);
+    assert_eq!(node.api.requests_to("PUT", &path), 0);
+    plugin.stop();
+
+    // A slice that no longer says what the node has (here: one GPU lost
+    // from it) is replaced, the pool's generation one up.
+    let mut stale = node.api.object(&path).unwrap();
+    stale["spec"]["devices"].as_array_mut().unwrap().pop();
+    node.api.put(&path, &stale.to_string());
+    let plugin = node.start("plugin-3.log");
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Replaced { generation: 2 }");
+    assert_eq!(node.api.requests_to("PUT", &path), 1);
+    let slice = node.api.object(&path).unwrap();
+    assert_eq!(slice["spec"]["pool"]["generation"], 2);
+    assert_eq!(slice["spec"]["devices"].as_array().unwrap().len(), 2);
+    kubernetes_validate(&slice, node.dir.path());
     plugin.stop();
 }

@@ -9,13 +9,14 @@ use anyhow::{Context as _, Result};
 use crate::dra::api::ApiServer;
 use crate::dra::cdi::{self, Layout};
 use crate::dra::server::{self, chain, Plugin};
-use crate::dra::{devices, state::State};
+use crate::dra::{devices, slice, state::State};
 
 /// Serve GPU shares to Kubernetes DRA claims, enforced by vgpu's hook.
 ///
-/// A kubelet plugin: it registers with kubelet through a socket in
-/// kubelet's plugin registry, and serves kubelet's DRA v1 service on its
-/// own socket. For each claim kubelet prepares, it reads the claim's
+/// A kubelet plugin: it publishes the node's GPUs as a ResourceSlice (one
+/// device per GPU, `gpu-<index>`, with consumable capacity `memory` and
+/// `cores`), registers with kubelet through a socket in kubelet's plugin
+/// registry, and serves kubelet's DRA v1 service on its own socket. For each claim kubelet prepares, it reads the claim's
 /// allocation from the API server (its devices, the consumed capacity
 /// `memory` and `cores`, and the opaque `VgpuConfig` parameters: priority,
 /// oversubscription, core policy), writes one CDI spec per claim into
@@ -90,7 +91,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
             args.driver
         );
     }
-    let gpus = devices::from_nvml().context("listing this node's GPUs")?;
+    let (gpus, driver) = devices::from_nvml().context("listing this node's GPUs")?;
     let api = api_server(&args)?;
     let layout = Layout {
         kind: format!("{}/{}", args.driver, cdi::CLASS),
@@ -129,10 +130,45 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         plugin.clean_deleted().await;
+        tokio::spawn(publish_slice(plugin.clone(), driver));
         server::serve(plugin, registration, shutdown()).await
     })
     .map_err(|e| anyhow::anyhow!(chain(&e)))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long to wait before publishing the ResourceSlice again after a
+/// failure.
+const PUBLISH_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Publishes the node's ResourceSlice, retrying until the API server takes
+/// it; claims already allocated are prepared meanwhile.
+async fn publish_slice(plugin: Arc<Plugin>, driver: devices::Driver) {
+    loop {
+        match slice::publish(
+            &plugin.api,
+            &plugin.driver,
+            &plugin.pool,
+            &plugin.gpus,
+            &driver,
+        )
+        .await
+        {
+            Ok(p) => {
+                tracing::info!(
+                    "ResourceSlice {}: {p:?}",
+                    slice::name(&plugin.pool, &plugin.driver)
+                );
+                return;
+            }
+            Err(e) => tracing::warn!(
+                "publishing the ResourceSlice (again in {} s): {}",
+                PUBLISH_RETRY.as_secs(),
+                chain(&e)
+            ),
+        }
+        tokio::time::sleep(PUBLISH_RETRY).await;
+    }
 }
 
 /// The service account's files in a pod.

@@ -1,6 +1,7 @@
-//! Reading a ResourceClaim from the API server:
-//! `GET /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>`,
-//! with the pod's service-account token when there is one.
+//! The API server, as far as the plugin uses it: reading a ResourceClaim
+//! (`GET /apis/resource.k8s.io/v1/namespaces/<ns>/resourceclaims/<name>`),
+//! the node, and creating or replacing the node's ResourceSlice; with the
+//! pod's service-account token when there is one.
 //!
 //! HTTPS to the API server, trusting only the CA given (in a pod, the
 //! service account's `ca.crt`), or plain HTTP to a `kubectl proxy` (or a
@@ -10,7 +11,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use http_body_util::{BodyExt as _, Empty};
+use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -71,13 +72,13 @@ pub enum ApiError {
         #[source]
         source: std::io::Error,
     },
-    #[error("GET {path} from the API server")]
+    #[error("{path} on the API server")]
     Http {
         path: String,
         #[source]
         source: hyper::Error,
     },
-    #[error("GET {path}: building the request")]
+    #[error("{path}: building the request")]
     Request {
         path: String,
         #[source]
@@ -85,15 +86,15 @@ pub enum ApiError {
     },
     #[error("ResourceClaim {namespace}/{name} does not exist")]
     NotFound { namespace: String, name: String },
-    #[error("GET {path}: the API server answered {status}: {body}")]
+    #[error("{path}: the API server answered {status}: {body}")]
     Status {
         path: String,
         status: u16,
         body: String,
     },
-    #[error("GET {path}: the answer is larger than {MAX_BODY} bytes")]
+    #[error("{path}: the answer is larger than {MAX_BODY} bytes")]
     TooLarge { path: String },
-    #[error("GET {path}: the answer is not a ResourceClaim")]
+    #[error("{path}: not the JSON expected")]
     Decode {
         path: String,
         #[source]
@@ -147,7 +148,7 @@ impl ApiServer {
         name: &str,
     ) -> Result<ResourceClaim, ApiError> {
         let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
-        let (status, body) = self.get(&path).await?;
+        let (status, body) = self.call(hyper::Method::GET, &path, None).await?;
         match status {
             200 => {
                 serde_json::from_slice(&body).map_err(|source| ApiError::Decode { path, source })
@@ -156,15 +157,50 @@ impl ApiServer {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
             }),
-            status => Err(ApiError::Status {
-                path,
-                status,
-                body: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
-            }),
+            status => Err(status_error(&path, status, &body)),
         }
     }
 
-    async fn get(&self, path: &str) -> Result<(u16, Bytes), ApiError> {
+    /// A JSON object at `path`: `None` when the API server has none (404).
+    pub async fn get_json(&self, path: &str) -> Result<Option<serde_json::Value>, ApiError> {
+        let (status, body) = self.call(hyper::Method::GET, path, None).await?;
+        match status {
+            200 => serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|source| ApiError::Decode {
+                    path: path.to_owned(),
+                    source,
+                }),
+            404 => Ok(None),
+            status => Err(status_error(path, status, &body)),
+        }
+    }
+
+    /// Sends `object` to `path` with `method` (POST to create, PUT to
+    /// replace); the API server's 200 or 201 is success.
+    pub async fn send_json(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        object: &serde_json::Value,
+    ) -> Result<(), ApiError> {
+        let body = serde_json::to_vec(object).map_err(|source| ApiError::Decode {
+            path: path.to_owned(),
+            source,
+        })?;
+        let (status, answer) = self.call(method, path, Some(body)).await?;
+        match status {
+            200 | 201 => Ok(()),
+            status => Err(status_error(path, status, &answer)),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), ApiError> {
         let token = match &self.token_file {
             Some(p) => Some(
                 std::fs::read_to_string(p)
@@ -184,7 +220,7 @@ impl ApiServer {
                 source,
             })?;
         match &self.tls {
-            None => self.request(tcp, path, token).await,
+            None => self.request(tcp, method, path, body, token).await,
             Some((connector, name)) => {
                 let tls = connector
                     .connect(name.clone(), tcp)
@@ -193,16 +229,18 @@ impl ApiServer {
                         authority: self.authority.clone(),
                         source,
                     })?;
-                self.request(tls, path, token).await
+                self.request(tls, method, path, body, token).await
             }
         }
     }
 
-    /// One GET over `io`.
+    /// One request over `io`.
     async fn request<S>(
         &self,
         io: S,
+        method: hyper::Method,
         path: &str,
+        body: Option<Vec<u8>>,
         token: Option<String>,
     ) -> Result<(u16, Bytes), ApiError>
     where
@@ -220,14 +258,19 @@ impl ApiServer {
                 tracing::debug!("API server connection: {e}");
             }
         });
-        let mut req = hyper::Request::get(path)
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
             .header(hyper::header::HOST, &self.authority)
             .header(hyper::header::ACCEPT, "application/json");
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
         if let Some(t) = token {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
         }
         let req = req
-            .body(Empty::<Bytes>::new())
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|source| ApiError::Request {
                 path: path.to_owned(),
                 source,
@@ -242,6 +285,14 @@ impl ApiServer {
             })?
             .to_bytes();
         Ok((status, body))
+    }
+}
+
+fn status_error(path: &str, status: u16, body: &[u8]) -> ApiError {
+    ApiError::Status {
+        path: path.to_owned(),
+        status,
+        body: String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned(),
     }
 }
 

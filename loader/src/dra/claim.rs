@@ -437,6 +437,8 @@ mod tests {
                 uuid: format!("GPU-{i}"),
                 memory: 8 << 30,
                 minor: Some(i),
+                product: None,
+                compute_capability: None,
             })
             .collect()
     }

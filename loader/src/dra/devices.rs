@@ -11,6 +11,20 @@ pub struct Gpu {
     pub memory: u64,
     /// N of `/dev/nvidiaN`; `None` where NVML does not say.
     pub minor: Option<u32>,
+    /// NVML's name (`NVIDIA H100 80GB HBM3`).
+    pub product: Option<String>,
+    /// CUDA compute capability, major and minor.
+    pub compute_capability: Option<(i32, i32)>,
+}
+
+/// The node's driver, as the ResourceSlice describes it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Driver {
+    /// The kernel driver's version (`550.54.15`).
+    pub version: Option<String>,
+    /// The CUDA version the driver supports, as CUDA encodes it
+    /// (1000 × major + 10 × minor: 12040 for 12.4).
+    pub cuda: Option<i32>,
 }
 
 impl Gpu {
@@ -36,9 +50,13 @@ pub enum InventoryError {
     Count(#[source] nvml_wrapper::error::NvmlError),
 }
 
-/// Every GPU NVML sees, in index order.
-pub fn from_nvml() -> Result<Vec<Gpu>, InventoryError> {
+/// Every GPU NVML sees, in index order, and the driver.
+pub fn from_nvml() -> Result<(Vec<Gpu>, Driver), InventoryError> {
     let nvml = nvml_wrapper::Nvml::init().map_err(InventoryError::Init)?;
+    let driver = Driver {
+        version: nvml.sys_driver_version().ok(),
+        cuda: nvml.sys_cuda_driver_version().ok(),
+    };
     let count = nvml.device_count().map_err(InventoryError::Count)?;
     let dev_err = |call, index| {
         move |source| InventoryError::Device {
@@ -47,7 +65,7 @@ pub fn from_nvml() -> Result<Vec<Gpu>, InventoryError> {
             source,
         }
     };
-    (0..count)
+    let gpus = (0..count)
         .map(|index| {
             let d = nvml
                 .device_by_index(index)
@@ -60,7 +78,10 @@ pub fn from_nvml() -> Result<Vec<Gpu>, InventoryError> {
                     .map_err(dev_err("nvmlDeviceGetMemoryInfo", index))?
                     .total,
                 minor: d.minor_number().ok(),
+                product: d.name().ok(),
+                compute_capability: d.cuda_compute_capability().ok().map(|c| (c.major, c.minor)),
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((gpus, driver))
 }

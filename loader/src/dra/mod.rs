@@ -6,7 +6,8 @@
 //! ([`api`]), plans it against the node's GPUs ([`claim`], [`devices`]),
 //! writes one CDI spec per claim ([`cdi`]) with a claim-scoped region
 //! directory and a checkpoint ([`state`]), and answers the CDI device
-//! name. [`server`] serves the gRPC services on kubelet's sockets.
+//! name. [`server`] serves the gRPC services on kubelet's sockets;
+//! [`slice`] publishes the node's GPUs as a ResourceSlice.
 
 pub mod api;
 pub mod cdi;
@@ -14,6 +15,7 @@ pub mod claim;
 pub mod devices;
 mod quantity;
 pub mod server;
+pub mod slice;
 pub mod state;
 
 /// The gRPC code generated from `loader/proto/` by build.rs.
