@@ -13,11 +13,16 @@
 //! neither, the version alone. `VGPU_COMMIT_ID` (the commit or empty) and
 //! `VGPU_RUSTC` (the compiler's version) label the daemon's
 //! `vgpu_build_info`.
+//!
+//! And it compiles `proto/*.proto` (kubelet's DRA and plugin-registration
+//! services, served by `vgpu dra-plugin`) with protox, a protobuf compiler
+//! in Rust, so no `protoc` is needed: `OUT_DIR/<package>.rs`.
 
 use anyhow::Context as _;
 
 fn main() -> anyhow::Result<()> {
     version();
+    protos()?;
     println!("cargo:rerun-if-env-changed=VGPU_EBPF_TOOLCHAIN");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     let out_dir = std::env::var("OUT_DIR").context("OUT_DIR not set")?;
@@ -46,6 +51,20 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::Custom(&toolchain),
     )
+}
+
+/// Generates the servers of `proto/` into `OUT_DIR`.
+fn protos() -> anyhow::Result<()> {
+    let files = ["proto/dra_v1.proto", "proto/pluginregistration_v1.proto"];
+    for f in files {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    let fds = protox::compile(files, ["proto"]).context("compiling proto/")?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .compile_fds(fds)
+        .context("generating the gRPC servers of proto/")
 }
 
 /// Sets `VGPU_VERSION` for the crate.

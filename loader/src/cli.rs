@@ -37,14 +37,14 @@ pub struct Cli {
 }
 
 impl Cli {
-    /// The tracing filter directive for `-v` count. The daemon logs at
-    /// `info` without one: what an operator follows (a finding raised at
+    /// The tracing filter directive for `-v` count. The daemon (and the
+    /// DRA plugin) logs at `info` without one: what an operator follows (a finding raised at
     /// `warn`, cleared, a slot freed, a libcuda probed) must show in
     /// `kubectl logs` with the DaemonSet's arguments, which set no level;
     /// a command's own output is its result, so `warn` there.
     pub fn log_level(&self) -> &'static str {
         match self.verbose {
-            0 if matches!(self.command, Command::Daemon(_)) => "info",
+            0 if matches!(self.command, Command::Daemon(_) | Command::DraPlugin(_)) => "info",
             0 => "warn",
             1 => "info",
             2 => "debug",
@@ -69,6 +69,7 @@ pub enum Command {
     Unlock(cmd::unlock::Args),
     Suspend(cmd::suspend::SuspendArgs),
     Resume(cmd::suspend::ResumeArgs),
+    DraPlugin(cmd::dra_plugin::Args),
 }
 
 impl Command {
@@ -88,6 +89,7 @@ impl Command {
             Command::Unlock(a) => cmd::unlock::run(a),
             Command::Suspend(a) => cmd::suspend::run_suspend(a),
             Command::Resume(a) => cmd::suspend::run_resume(a),
+            Command::DraPlugin(a) => cmd::dra_plugin::run(a),
         }
     }
 }

@@ -4,6 +4,7 @@ mod cgroup;
 mod cli;
 mod cmd;
 mod daemon;
+mod dra;
 mod host_pidns;
 mod install;
 mod logging;

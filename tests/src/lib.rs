@@ -6,12 +6,14 @@
 
 pub mod aarch64;
 pub mod admin_prog;
+pub mod apiserver;
 pub mod container;
 pub mod daemon;
 pub mod dist;
 pub mod hook;
 pub mod host;
 pub mod http;
+pub mod kubelet;
 pub mod kubepod;
 pub mod manifests;
 pub mod planned;

@@ -3,6 +3,7 @@
 mod bounds;
 pub mod cleanup;
 pub mod daemon;
+pub mod dra_plugin;
 pub mod generate_assets;
 pub mod inspect;
 pub mod install_hook;

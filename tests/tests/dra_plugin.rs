@@ -1,0 +1,1097 @@
+//! Issue #38, `vgpu dra-plugin` end to end: a **stand-in for kubelet**
+//! (`vgpu_tests::kubelet`, a gRPC client of the plugin's Unix sockets) and
+//! a **stand-in for the API server** (`vgpu_tests::apiserver`, serving one
+//! ResourceClaim fixture per case from `tests/fixtures/dra/`, shaped as the
+//! scheduler leaves a claim and validated against Kubernetes' schemas
+//! here), with the plugin on a simulated node of two 8 GiB GPUs.
+//!
+//! The API server is reached over plain HTTP, and once over HTTPS through a
+//! TLS front (trusting only the CA given, sending the token).
+//!
+//! Checked: registration (`GetInfo`, `NotifyRegistrationStatus`), prepare
+//! and the CDI spec it writes (validated against the CDI spec's types and
+//! checked line by line), a repeated prepare, a plugin restart between
+//! prepare and unprepare, unprepare; the cleaning at start; and bad input
+//! getting its error and changing nothing.
+
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use vgpu_tests::apiserver::{claim_path, StandInApiServer};
+use vgpu_tests::dist;
+use vgpu_tests::kubelet::StandInKubelet;
+use vgpu_tests::sim::SimGpu;
+
+const DRIVER: &str = "vgpu.dev";
+const NODE: &str = "node-a";
+const NS: &str = "team-a";
+
+/// A fixture: the claim's (name, UID) and its JSON.
+fn fixture(name: &str) -> (String, String, String) {
+    let path = dist::workspace_root()
+        .join("tests/fixtures/dra")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let meta = &v["metadata"];
+    (
+        meta["name"].as_str().unwrap().to_owned(),
+        meta["uid"].as_str().unwrap().to_owned(),
+        text,
+    )
+}
+
+/// One plugin's node: directories, the stand-in API server, the simulated
+/// GPUs.
+struct Node {
+    dir: tempfile::TempDir,
+    gpu: SimGpu,
+    api: StandInApiServer,
+    /// The plugin's `--driver`.
+    driver: String,
+    /// Its `--cdi-dir`.
+    cdi_dir: PathBuf,
+}
+
+impl Node {
+    fn new() -> Self {
+        let mut node = Node::bare();
+        node.cdi_dir = node.path("cdi");
+        node
+    }
+
+    /// A node whose plugin is `driver` and writes its specs into `cdi_dir`,
+    /// with no device nodes (a runtime applying the spec looks for them on
+    /// the host, and the simulated GPUs have none).
+    fn with(driver: &str, cdi_dir: &Path) -> Self {
+        let mut node = Node::bare();
+        for n in ["dev/nvidia1", "dev/nvidiactl"] {
+            std::fs::remove_file(node.path(n)).unwrap();
+        }
+        node.driver = driver.to_owned();
+        node.cdi_dir = cdi_dir.to_owned();
+        node
+    }
+
+    fn bare() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("vgpu-dra-plugin-")
+            .tempdir()
+            .unwrap();
+        for d in ["cdi", "state", "hook", "registry", "plugin", "dev"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        // As `vgpu install-hook` leaves the hook directory.
+        std::fs::copy(dist::hook_lib(), dir.path().join("hook/libvgpu.so")).unwrap();
+        std::fs::write(
+            dir.path().join("hook/ld.so.preload"),
+            "/usr/local/vgpu/libvgpu.so\n",
+        )
+        .unwrap();
+        // A device node of GPU 1 only: the spec must list what exists.
+        std::fs::write(dir.path().join("dev/nvidia1"), "").unwrap();
+        std::fs::write(dir.path().join("dev/nvidiactl"), "").unwrap();
+        Node {
+            dir,
+            gpu: SimGpu::builder().devices(2).memory("8g").build(),
+            api: StandInApiServer::start(),
+            driver: DRIVER.to_owned(),
+            cdi_dir: PathBuf::new(),
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn registration_socket(&self) -> PathBuf {
+        self.path(&format!("registry/{}-reg.sock", self.driver))
+    }
+
+    fn dra_socket(&self) -> PathBuf {
+        self.path("plugin/dra.sock")
+    }
+
+    fn spec_path(&self, uid: &str) -> PathBuf {
+        self.cdi_dir
+            .join(format!("{}-claim-{uid}.json", self.driver))
+    }
+
+    fn claim_dir(&self, uid: &str) -> PathBuf {
+        self.path(&format!("hook/claims/{uid}"))
+    }
+
+    /// Serves fixture `name` as the API server would, for this node's
+    /// driver; (name, UID).
+    fn serve(&self, name: &str) -> (String, String) {
+        let (claim, uid, text) = fixture(name);
+        let text = text.replace("\"vgpu.dev\"", &format!("\"{}\"", self.driver));
+        self.api.put(&claim_path(NS, &claim), &text);
+        (claim, uid)
+    }
+
+    /// Starts the plugin on the stand-in API server's plain HTTP and waits
+    /// for its registration socket.
+    fn start(&self, log: &str) -> Plugin {
+        self.start_with(log, &["--api-server".into(), self.api.url().into()])
+    }
+
+    /// The same with `api_args` to reach the API server.
+    fn start_with(&self, log: &str, api_args: &[std::ffi::OsString]) -> Plugin {
+        let mut cmd = Command::new(dist::vgpu_bin());
+        cmd.arg("dra-plugin")
+            .arg("--driver")
+            .arg(&self.driver)
+            .args(["--node-name", NODE])
+            .args(api_args)
+            .arg("--cdi-dir")
+            .arg(&self.cdi_dir)
+            .arg("--hook-dir")
+            .arg(self.path("hook"))
+            .arg("--state-dir")
+            .arg(self.path("state"))
+            .arg("--registry-dir")
+            .arg(self.path("registry"))
+            .arg("--plugin-dir")
+            .arg(self.path("plugin"))
+            .arg("--dev-dir")
+            .arg(self.path("dev"))
+            .envs(self.gpu.envs())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.path(log)).unwrap());
+        let child = cmd.spawn().unwrap();
+        let mut p = Plugin {
+            child,
+            log: self.path(log),
+        };
+        let t = Instant::now();
+        while !self.registration_socket().exists() {
+            if let Ok(Some(st)) = p.child.try_wait() {
+                panic!("dra-plugin exited {st}: {}", p.log_text());
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no registration socket: {}",
+                p.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        p
+    }
+
+    /// The checkpoint's claims (none without a checkpoint).
+    fn checkpointed(&self) -> Vec<String> {
+        std::fs::read(self.path("state/dra-checkpoint.json"))
+            .map(|b| {
+                let v: Value = serde_json::from_slice(&b).unwrap();
+                v["claims"].as_object().unwrap().keys().cloned().collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every file and directory under the node's CDI and hook directories
+    /// and the checkpoint's claims: what bad input must leave as it was.
+    fn snapshot(&self) -> (Vec<String>, Vec<String>) {
+        let mut files = Vec::new();
+        for d in ["cdi", "hook"] {
+            walk(&self.path(d), &mut files);
+        }
+        files.sort();
+        (files, self.checkpointed())
+    }
+}
+
+fn walk(dir: &Path, out: &mut Vec<String>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        out.push(e.path().display().to_string());
+        if e.path().is_dir() {
+            walk(&e.path(), out);
+        }
+    }
+}
+
+struct Plugin {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Plugin {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits up to 20 s for `text` in the log.
+    fn wait_log(&self, text: &str) {
+        let t = Instant::now();
+        while !self.log_text().contains(text) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no {text:?} in the log: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, as kubelet's pod deletion sends it; waits for the exit.
+    fn stop(mut self) -> String {
+        // SAFETY: kill(2) on the child's PID, which has not been reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let st = self.child.wait().unwrap();
+        assert!(st.success(), "dra-plugin exited {st}: {}", self.log_text());
+        self.log_text()
+    }
+}
+
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Checks a CDI spec against the CDI spec's types (the Go `specs` package:
+/// required fields, no field it does not have, versions): panics with
+/// what is wrong.
+fn validate_cdi(spec: &Value) {
+    fn keys(v: &Value, allowed: &[&str], required: &[&str], what: &str) {
+        let o = v
+            .as_object()
+            .unwrap_or_else(|| panic!("{what} is not an object"));
+        for k in o.keys() {
+            assert!(
+                allowed.contains(&k.as_str()),
+                "{what} has unknown field {k}"
+            );
+        }
+        for r in required {
+            assert!(o.contains_key(*r), "{what} lacks required field {r}");
+        }
+    }
+    let name_ok = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.:-".contains(c))
+    };
+    keys(
+        spec,
+        &[
+            "cdiVersion",
+            "kind",
+            "annotations",
+            "devices",
+            "containerEdits",
+        ],
+        &["cdiVersion", "kind", "devices"],
+        "spec",
+    );
+    let version = spec["cdiVersion"].as_str().unwrap();
+    let known = [
+        "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
+    ];
+    assert!(known.contains(&version), "cdiVersion {version}");
+    // A field needs the version that brought it: the CDI library refuses a
+    // spec that uses a field newer than its cdiVersion.
+    let at_least = |since: &str, what: &str| {
+        let rank = |v: &str| known.iter().position(|k| *k == v).unwrap();
+        assert!(
+            rank(version) >= rank(since),
+            "{what} needs cdiVersion {since}, the spec says {version}"
+        );
+    };
+    if spec.get("annotations").is_some() {
+        at_least("0.6.0", "annotations");
+    }
+    let (vendor, class) = spec["kind"].as_str().unwrap().split_once('/').unwrap();
+    assert!(
+        vendor.contains('.') && name_ok(vendor) && name_ok(class),
+        "kind"
+    );
+    let edits = |e: &Value, what: &str| {
+        for (field, since) in [
+            ("intelRdt", "0.7.0"),
+            ("additionalGids", "0.7.0"),
+            ("netDevices", "1.1.0"),
+        ] {
+            if e.get(field).is_some() {
+                at_least(since, field);
+            }
+        }
+        keys(
+            e,
+            &[
+                "env",
+                "deviceNodes",
+                "netDevices",
+                "hooks",
+                "mounts",
+                "intelRdt",
+                "additionalGids",
+            ],
+            &[],
+            what,
+        );
+        for env in e["env"].as_array().into_iter().flatten() {
+            let env = env.as_str().unwrap();
+            assert!(
+                env.split_once('=').is_some_and(|(k, _)| !k.is_empty()),
+                "env {env}"
+            );
+        }
+        for m in e["mounts"].as_array().into_iter().flatten() {
+            keys(
+                m,
+                &["hostPath", "containerPath", "options", "type"],
+                &["hostPath", "containerPath"],
+                "mount",
+            );
+            assert!(m["hostPath"].as_str().unwrap().starts_with('/'));
+            assert!(m["containerPath"].as_str().unwrap().starts_with('/'));
+            if m.get("type").is_some() {
+                at_least("0.4.0", "a mount's type");
+            }
+        }
+        for d in e["deviceNodes"].as_array().into_iter().flatten() {
+            keys(
+                d,
+                &[
+                    "path",
+                    "hostPath",
+                    "type",
+                    "major",
+                    "minor",
+                    "fileMode",
+                    "permissions",
+                    "uid",
+                    "gid",
+                ],
+                &["path"],
+                "deviceNode",
+            );
+            if d.get("hostPath").is_some() {
+                at_least("0.5.0", "a device node's hostPath");
+            }
+        }
+    };
+    let devices = spec["devices"].as_array().unwrap();
+    assert!(!devices.is_empty(), "a spec needs a device");
+    for d in devices {
+        keys(
+            d,
+            &["name", "annotations", "containerEdits"],
+            &["name", "containerEdits"],
+            "device",
+        );
+        if d.get("annotations").is_some() {
+            at_least("0.6.0", "annotations");
+        }
+        assert!(name_ok(d["name"].as_str().unwrap()), "device name");
+        edits(&d["containerEdits"], "device containerEdits");
+    }
+    if spec.get("containerEdits").is_some() {
+        edits(&spec["containerEdits"], "spec containerEdits");
+    }
+}
+
+#[test]
+fn fixtures_are_resource_claims_as_the_api_server_serves_them() {
+    let dir = dist::workspace_root().join("tests/fixtures/dra");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 5, "{files:?}");
+    for v in ["1.34.0", "1.37.0"] {
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "-k", v])
+            .args(&files)
+            .output()
+            .expect("kubernetes-validate (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{v}: {text}");
+        assert_eq!(text.matches(" passed ").count(), files.len(), "{v}: {text}");
+    }
+    for f in &files {
+        // And the typed API of k8s-openapi reads each.
+        let c: k8s_openapi::api::resource::v1::ResourceClaim =
+            serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
+        let results = c
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap_or_default();
+        assert!(!results.is_empty(), "{} is allocated", f.display());
+        assert!(results.iter().all(|r| r.pool == NODE));
+    }
+}
+
+#[test]
+fn a_stand_in_kubelet_registers_prepares_across_a_restart_and_unprepares() {
+    let node = Node::new();
+    let (claim, uid) = node.serve("shared");
+    let kubelet = StandInKubelet::new();
+    let plugin = node.start("plugin-1.log");
+
+    let info = kubelet.register(&node.registration_socket(), true, "");
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(Path::new(&info.endpoint), node.dra_socket());
+    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+
+    let first = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    let answer = &first[&uid];
+    assert_eq!(answer.error, "");
+    let cdi_id = format!("{DRIVER}/claim={uid}");
+    // In the host's device order, each with the request it serves.
+    let devices: Vec<(Vec<String>, &str, &str, Vec<String>)> = answer
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.request_names.clone(),
+                d.pool_name.as_str(),
+                d.device_name.as_str(),
+                d.cdi_device_ids.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        devices,
+        [
+            (
+                vec!["small".to_owned()],
+                NODE,
+                "gpu-0",
+                vec![cdi_id.clone()]
+            ),
+            (vec!["big".to_owned()], NODE, "gpu-1", vec![cdi_id.clone()]),
+        ]
+    );
+
+    let spec_text = std::fs::read_to_string(node.spec_path(&uid)).unwrap();
+    let spec: Value = serde_json::from_str(&spec_text).unwrap();
+    validate_cdi(&spec);
+    // The oldest version with every field used (Debian 12's podman takes
+    // up to 0.5.0).
+    assert_eq!(spec["cdiVersion"], "0.5.0");
+    assert_eq!(spec["kind"], "vgpu.dev/claim");
+    let dev = &spec["devices"][0];
+    assert_eq!(dev["name"], uid.as_str());
+    let env: Vec<&str> = dev["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    let uuids = format!(
+        "{},{}",
+        simgpu::model::device_uuid_string(0),
+        simgpu::model::device_uuid_string(1)
+    );
+    // _0 is gpu-0 (the "small" request: 1 GiB, 30 %), _1 is gpu-1 (3 GiB,
+    // 50 %), though the allocation lists gpu-1 first; priority 0 from the
+    // claim's config overrides the class's 1; oversubscription off from
+    // the class; NVIDIA's config ignored.
+    assert_eq!(
+        env,
+        [
+            format!("NVIDIA_VISIBLE_DEVICES={uuids}").as_str(),
+            "CUDA_DEVICE_MEMORY_LIMIT_0=1073741824",
+            "CUDA_DEVICE_SM_LIMIT_0=30",
+            "CUDA_DEVICE_MEMORY_LIMIT_1=3221225472",
+            "CUDA_DEVICE_SM_LIMIT_1=50",
+            format!("CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/claims/{uid}/vgpu.cache")
+                .as_str(),
+            "CUDA_TASK_PRIORITY=0",
+            "CUDA_OVERSUBSCRIBE=false",
+        ]
+    );
+    let mounts: Vec<(String, String, String)> = dev["containerEdits"]["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["hostPath"].as_str().unwrap().to_owned(),
+                m["containerPath"].as_str().unwrap().to_owned(),
+                m["options"][0].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            (
+                node.claim_dir(&uid).display().to_string(),
+                format!("/usr/local/vgpu/claims/{uid}"),
+                "rw".to_owned()
+            ),
+            (
+                node.path("hook/libvgpu.so").display().to_string(),
+                "/usr/local/vgpu/libvgpu.so".to_owned(),
+                "ro".to_owned()
+            ),
+            (
+                node.path("hook/ld.so.preload").display().to_string(),
+                "/etc/ld.so.preload".to_owned(),
+                "ro".to_owned()
+            ),
+        ]
+    );
+    // Only the device nodes the host has (here: gpu-1's and nvidiactl).
+    let nodes: Vec<&str> = dev["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["/dev/nvidia1", "/dev/nvidiactl"]);
+    assert!(node.claim_dir(&uid).is_dir());
+    assert_eq!(node.checkpointed(), std::slice::from_ref(&uid));
+
+    // kubelet retries: the same answer, the spec untouched, no API read.
+    let claim_reads = || node.api.requests_to("GET", &claim_path(NS, &claim));
+    let reads = claim_reads();
+    let mtime = std::fs::metadata(node.spec_path(&uid))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let again = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(again, first);
+    assert_eq!(claim_reads(), reads);
+    assert_eq!(
+        std::fs::metadata(node.spec_path(&uid))
+            .unwrap()
+            .modified()
+            .unwrap(),
+        mtime
+    );
+
+    // The plugin restarts (a rollout) between prepare and unprepare.
+    let log = plugin.stop();
+    assert!(
+        log.contains("kubelet registered the plugin vgpu.dev"),
+        "{log}"
+    );
+    assert!(!node.registration_socket().exists() && !node.dra_socket().exists());
+    let plugin = node.start("plugin-2.log");
+    assert_eq!(
+        kubelet.register(&node.registration_socket(), true, "").name,
+        DRIVER
+    );
+    let after_restart = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(after_restart, first);
+    assert_eq!(
+        std::fs::read_to_string(node.spec_path(&uid)).unwrap(),
+        spec_text
+    );
+
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    assert!(!node.spec_path(&uid).exists());
+    assert!(!node.claim_dir(&uid).exists());
+    assert!(node.checkpointed().is_empty());
+    // Unprepare again (kubelet retries that too): nothing to do, no error.
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    let log = plugin.stop();
+    assert!(
+        log.contains(&format!("unprepared claim {NS}/{claim} ({uid})")),
+        "{log}"
+    );
+}
+
+#[test]
+fn bad_input_gets_its_error_and_changes_nothing() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    let plugin = node.start("plugin.log");
+    let cases = [
+        (
+            "other-driver",
+            "has no device of driver vgpu.dev (its devices are of gpu.nvidia.com)",
+        ),
+        ("malformed-config", "unknown field `priorityClass`"),
+        (
+            "too-much-memory",
+            "is given 9663676416 bytes of memory, more than its 8589934592 bytes",
+        ),
+    ];
+    let before = node.snapshot();
+    for (fixture, expected) in cases {
+        let (claim, uid) = node.serve(fixture);
+        let answer = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+        let a = &answer[&uid];
+        assert!(a.error.contains(expected), "{fixture}: {:?}", a.error);
+        assert!(a.devices.is_empty(), "{fixture}");
+        assert_eq!(node.snapshot(), before, "{fixture} changed the node");
+    }
+
+    // A claim the API server does not have.
+    let answer = kubelet.prepare(&node.dra_socket(), &[(NS, "gone", "0000-gone")]);
+    assert!(
+        answer["0000-gone"].error.contains("does not exist"),
+        "{answer:?}"
+    );
+    assert_eq!(node.snapshot(), before);
+
+    // A CDI directory that cannot be written: here, a file in its place.
+    let (claim, uid) = node.serve("whole-gpu");
+    std::fs::remove_dir(node.path("cdi")).unwrap();
+    std::fs::write(node.path("cdi"), "not a directory").unwrap();
+    let before_cdi = node.snapshot();
+    let answer = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    let a = &answer[&uid];
+    assert!(
+        a.error.contains("writing") && a.error.contains(&format!("{DRIVER}-claim-{uid}.json")),
+        "{:?}",
+        a.error
+    );
+    assert_eq!(node.snapshot(), before_cdi, "a failed write left something");
+    assert!(!node.claim_dir(&uid).exists());
+
+    // The directory back: the same claim prepares, the whole GPU.
+    std::fs::remove_file(node.path("cdi")).unwrap();
+    std::fs::create_dir(node.path("cdi")).unwrap();
+    let answer = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(answer[&uid].error, "");
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(node.spec_path(&uid)).unwrap()).unwrap();
+    validate_cdi(&spec);
+    let env = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap();
+    assert!(
+        env.contains(&Value::from("CUDA_DEVICE_MEMORY_LIMIT_0=8589934592")),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&Value::from("CUDA_DEVICE_SM_LIMIT_0=100")),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&Value::from("CUDA_TASK_PRIORITY=1")),
+        "{env:?}"
+    );
+    drop(plugin);
+}
+
+#[test]
+fn leftovers_and_claims_deleted_while_the_plugin_was_down_are_cleaned_at_start() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    let (claim, uid) = node.serve("shared");
+    let plugin = node.start("plugin-1.log");
+    assert_eq!(
+        kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)])[&uid].error,
+        ""
+    );
+    plugin.stop();
+
+    // While it is down: the claim is deleted; a spec of this plugin's kind
+    // that no checkpoint names appears (a crash between writing the spec
+    // and the checkpoint), with its claim directory; and another vendor's
+    // spec, which must stay.
+    node.api.remove(&claim_path(NS, &claim));
+    let orphan = "4e5f6071-8293-4a4b-9cde-3f4a5b6c7d8e";
+    std::fs::write(node.spec_path(orphan), "{}").unwrap();
+    std::fs::create_dir_all(node.claim_dir(orphan)).unwrap();
+    std::fs::write(node.path("cdi/nvidia.com-gpu.json"), "{}").unwrap();
+
+    let plugin = node.start("plugin-2.log");
+    // The deletion is found once the plugin serves (it asks the API server
+    // before it binds the sockets).
+    assert!(!node.spec_path(orphan).exists());
+    assert!(!node.claim_dir(orphan).exists());
+    assert!(!node.spec_path(&uid).exists());
+    assert!(!node.claim_dir(&uid).exists());
+    assert!(node.checkpointed().is_empty());
+    assert!(node.path("cdi/nvidia.com-gpu.json").exists());
+    let log = plugin.stop();
+    assert!(
+        log.contains(&format!("removed the CDI spec of claim {orphan}")),
+        "{log}"
+    );
+    assert!(
+        log.contains(&format!("claim {NS}/{claim} ({uid}) is gone: unprepared")),
+        "{log}"
+    );
+}
+
+/// A TLS front for the stand-in API server (the API server speaks only
+/// HTTPS): it terminates TLS with `cert`, keeps each request's head, and
+/// forwards the request to the stand-in's plain port.
+struct TlsFront {
+    port: u16,
+    heads: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TlsFront {
+    fn start(backend: u16, cert: &rcgen::CertifiedKey) -> Self {
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(
+            rustls::pki_types::PrivatePkcs8KeyDer::from(cert.key_pair.serialize_der()),
+        );
+        let config = Arc::new(
+            rustls::ServerConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![cert.cert.der().clone()], key)
+            .unwrap(),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (heads, stop) = (heads.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok((sock, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    };
+                    let _ = sock.set_nonblocking(false);
+                    let _ = sock.set_read_timeout(Some(Duration::from_secs(5)));
+                    let conn = rustls::ServerConnection::new(config.clone()).unwrap();
+                    let mut tls = rustls::StreamOwned::new(conn, sock);
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    // A client that does not trust the certificate fails
+                    // the handshake here: nothing is forwarded.
+                    while !head.ends_with(b"\r\n\r\n") {
+                        match tls.read(&mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => break,
+                        }
+                    }
+                    if !head.ends_with(b"\r\n\r\n") {
+                        continue;
+                    }
+                    heads
+                        .lock()
+                        .unwrap()
+                        .push(String::from_utf8_lossy(&head).into_owned());
+                    let head_text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                    let length: usize = head_text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    let mut body = vec![0u8; length];
+                    if tls.read_exact(&mut body).is_err() {
+                        continue;
+                    }
+                    let mut back = TcpStream::connect(("127.0.0.1", backend)).unwrap();
+                    back.write_all(&head).unwrap();
+                    back.write_all(&body).unwrap();
+                    let mut answer = Vec::new();
+                    back.read_to_end(&mut answer).unwrap();
+                    let _ = tls.write_all(&answer);
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                }
+            })
+        };
+        Self {
+            port,
+            heads,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn the_api_server_is_read_over_https_trusting_only_its_ca_with_the_token() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    let (claim, uid) = node.serve("shared");
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let front = TlsFront::start(node.api.port, &made);
+    std::fs::write(node.path("ca.crt"), made.cert.pem()).unwrap();
+    std::fs::write(node.path("token"), "s3cret-token\n").unwrap();
+    let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    std::fs::write(node.path("other-ca.crt"), other.cert.pem()).unwrap();
+    let url = format!("https://127.0.0.1:{}", front.port);
+    let args = |ca: &str| -> Vec<std::ffi::OsString> {
+        vec![
+            "--api-server".into(),
+            url.clone().into(),
+            "--ca-file".into(),
+            node.path(ca).into(),
+            "--token-file".into(),
+            node.path("token").into(),
+        ]
+    };
+
+    // A CA that did not sign the server's certificate: refused, nothing
+    // written, nothing sent.
+    let plugin = node.start_with("plugin-1.log", &args("other-ca.crt"));
+    let before = node.snapshot();
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert!(
+        a[&uid].error.contains("TLS with the API server"),
+        "{:?}",
+        a[&uid].error
+    );
+    assert_eq!(node.snapshot(), before);
+    assert!(front.heads.lock().unwrap().is_empty());
+    plugin.stop();
+
+    let plugin = node.start_with("plugin-2.log", &args("ca.crt"));
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(a[&uid].error, "");
+    assert!(node.spec_path(&uid).exists());
+    // The claim was read through the front (besides the ResourceSlice's
+    // requests), every request with the token.
+    let heads = front.heads.lock().unwrap().clone();
+    let claim_get = format!("GET {} HTTP/1.1\r\n", claim_path(NS, &claim));
+    assert_eq!(
+        heads.iter().filter(|h| h.starts_with(&claim_get)).count(),
+        1,
+        "{heads:?}"
+    );
+    for h in &heads {
+        assert!(
+            h.to_ascii_lowercase()
+                .contains("authorization: bearer s3cret-token\r\n"),
+            "{h:?}"
+        );
+    }
+    plugin.stop();
+}
+
+/// Removes a file when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn podman_applies_a_prepared_claim_and_the_hook_enforces_its_limits() {
+    // podman 4.3 (Debian 12's) reads CDI specs only from /etc/cdi and
+    // /var/run/cdi: the plugin writes there, under a driver name of this
+    // test's own, so its specs and its cleaning at start touch no one
+    // else's.
+    let driver = format!("vgpu-e2e-{}.dev", std::process::id());
+    let cdi_dir = PathBuf::from("/var/run/cdi");
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let node = Node::with(&driver, &cdi_dir);
+    let kubelet = StandInKubelet::new();
+    let (claim, uid) = node.serve("shared");
+    let _spec = RemoveOnDrop(node.spec_path(&uid));
+    let plugin = node.start("plugin.log");
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(a[&uid].error, "");
+    let device = &a[&uid].devices[0].cdi_device_ids[0];
+    assert_eq!(device, &format!("{driver}/claim={uid}"));
+
+    // The container: the host's root as a throw-away overlay (so the test
+    // program and its C library are there), the simulated GPU's directory
+    // and libraries bound in, and the claim's device: everything of vgpu
+    // in it (the hook, /etc/ld.so.preload, the limits, the region
+    // directory) comes from the CDI spec. No LD_PRELOAD is set.
+    let prog_dir = tempfile::Builder::new()
+        .prefix("vgpu-dra-prog-")
+        .tempdir()
+        .unwrap();
+    let prog = dist::compile_c("hook_mem", prog_dir.path(), false);
+    let sim_env = node.gpu.envs();
+    let run = |args: &[&str]| -> String {
+        let mut c = Command::new("podman");
+        c.args(["--runtime", "runc", "run", "--rm", "--network", "none"])
+            .args([
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+            ])
+            .args(["--pid", "host", "--device", device]);
+        for d in [node.gpu.dir(), node.gpu.lib_dir(), prog_dir.path()] {
+            c.arg("-v").arg(format!("{0}:{0}", d.display()));
+        }
+        for (k, v) in &sim_env {
+            c.arg("-e").arg(format!("{k}={v}"));
+        }
+        let out = c
+            .args(["--rootfs", "/:O"])
+            .arg(&prog)
+            .args(args)
+            .output()
+            .expect("podman (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "podman run {args:?}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    const G: u64 = 1 << 30;
+    let total = |text: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("devtotal "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no devtotal in {text:?}"))
+    };
+    // CUDA's device 0 is gpu-0 (the claim's 1 GiB), device 1 is gpu-1
+    // (3 GiB), not the simulated GPUs' 8 GiB.
+    assert_eq!(total(&run(&["-d", "0", "info"])), G);
+    assert_eq!(total(&run(&["-d", "1", "info"])), 3 * G);
+    // And allocations stop at the limit: 2 GiB is refused on device 0
+    // (CUDA_ERROR_OUT_OF_MEMORY, 2) and granted on device 1.
+    let two_g = (2 * G).to_string();
+    let d0 = run(&["-d", "0", "module", &two_g]);
+    assert!(d0.contains("\nalloc rc 2\n"), "{d0}");
+    let d1 = run(&["-d", "1", "module", &two_g]);
+    assert!(d1.contains("\nalloc rc 0\n"), "{d1}");
+
+    // The hook's region is in the claim's directory on the host, with the
+    // claim's limits, SM shares included.
+    let region = node.claim_dir(&uid).join("vgpu.cache");
+    assert!(region.exists(), "no region at {}", region.display());
+    let out = Command::new(dist::vgpu_bin())
+        .arg("inspect")
+        .arg(&region)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = &doc["regions"][0]["devices"];
+    assert_eq!(devices[0]["limit_bytes"], G, "{doc:#}");
+    assert_eq!(devices[0]["sm_limit_percent"], 30, "{doc:#}");
+    assert_eq!(devices[1]["limit_bytes"], 3 * G, "{doc:#}");
+    assert_eq!(devices[1]["sm_limit_percent"], 50, "{doc:#}");
+    assert_eq!(doc["regions"][0]["priority"], 0, "{doc:#}");
+
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    assert!(!node.spec_path(&uid).exists());
+    plugin.stop();
+}
+
+/// Validates `object` with kubernetes-validate in strict mode (unknown
+/// fields refused) at Kubernetes 1.34, where `resource.k8s.io/v1` came,
+/// and 1.37, the newest it knows.
+fn kubernetes_validate(object: &Value, dir: &Path) {
+    let file = dir.join("object.json");
+    std::fs::write(&file, object.to_string()).unwrap();
+    for v in ["1.34.0", "1.37.0"] {
+        let out = Command::new("kubernetes-validate")
+            .args(["--strict", "-k", v])
+            .arg(&file)
+            .output()
+            .expect("kubernetes-validate (cargo xtask setup installs it)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains(" passed "),
+            "{v}: {text}"
+        );
+    }
+}
+
+#[test]
+fn the_plugin_publishes_the_nodes_resource_slice_and_replaces_it_only_when_it_differs() {
+    let node = Node::new();
+    let node_uid = "6b1d2c3e-4f50-4617-8829-3a4b5c6d7e8f";
+    node.api.put(
+        &format!("/api/v1/nodes/{NODE}"),
+        &serde_json::json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "uid": node_uid, "resourceVersion": "7"}})
+        .to_string(),
+    );
+    let slices = "/apis/resource.k8s.io/v1/resourceslices";
+    let path = format!("{slices}/{NODE}-vgpu-dev");
+    let plugin = node.start("plugin-1.log");
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Created");
+    let slice = node.api.object(&path).expect("the slice");
+    kubernetes_validate(&slice, node.dir.path());
+    let owner = &slice["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["kind"].as_str(), owner["uid"].as_str()),
+        (Some("Node"), Some(node_uid))
+    );
+    let spec = &slice["spec"];
+    assert_eq!(spec["driver"], DRIVER);
+    assert_eq!(spec["nodeName"], NODE);
+    assert_eq!(
+        spec["pool"],
+        serde_json::json!({"name": NODE, "generation": 1, "resourceSliceCount": 1})
+    );
+    let devices = spec["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2);
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(d["name"], format!("gpu-{i}"));
+        assert_eq!(d["allowMultipleAllocations"], true);
+        assert_eq!(
+            d["attributes"]["uuid"]["string"],
+            simgpu::model::device_uuid_string(i as u32)
+        );
+        assert_eq!(d["attributes"]["index"]["int"], i);
+        // The whole GPU by default; shares of 256 MiB and of 1 %.
+        assert_eq!(
+            d["capacity"]["memory"],
+            serde_json::json!({"value": "8Gi", "requestPolicy": {"default": "8Gi",
+                "validRange": {"min": "256Mi", "max": "8Gi", "step": "256Mi"}}})
+        );
+        assert_eq!(
+            d["capacity"]["cores"],
+            serde_json::json!({"value": "100", "requestPolicy": {"default": "100",
+                "validRange": {"min": "1", "max": "100", "step": "1"}}})
+        );
+    }
+    plugin.stop();
+
+    // A restart on the same GPUs changes nothing.
+    let plugin = node.start("plugin-2.log");
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Unchanged");
+    assert_eq!(node.api.requests_to("POST", slices), 1);
+    assert_eq!(node.api.requests_to("PUT", &path), 0);
+    plugin.stop();
+
+    // A slice that no longer says what the node has (here: one GPU lost
+    // from it) is replaced, the pool's generation one up.
+    let mut stale = node.api.object(&path).unwrap();
+    stale["spec"]["devices"].as_array_mut().unwrap().pop();
+    node.api.put(&path, &stale.to_string());
+    let plugin = node.start("plugin-3.log");
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Replaced { generation: 2 }");
+    assert_eq!(node.api.requests_to("PUT", &path), 1);
+    let slice = node.api.object(&path).unwrap();
+    assert_eq!(slice["spec"]["pool"]["generation"], 2);
+    assert_eq!(slice["spec"]["devices"].as_array().unwrap().len(), 2);
+    kubernetes_validate(&slice, node.dir.path());
+    plugin.stop();
+}
