@@ -89,3 +89,32 @@ impl PlannedNode {
         serde_json::from_str(&out).map_err(|e| format!("vgpu turns --json: {e}: {out}"))
     }
 }
+
+/// Writes, in place, the node directory's table of SM turns as hooks before
+/// the daemon's plan read it (`vgpu-sm-<GPU UUID>` in `VGPU_SM_NODE_DIR`,
+/// HAMi's `/tmp/vgpulock`, which any container can write): a 64-byte header
+/// (magic `vgpusn01`, version 2, size) and 32 members of 64 bytes, the first
+/// a priority-0 container `owner` launching at `now` with 50 ms in flight.
+/// Never truncated (that would only cut off the readers' mappings).
+pub fn forge_old_table(table: &Path, owner: u64, now: u64) {
+    use std::os::unix::fs::FileExt as _;
+    let mut b = vec![0u8; 64 + 64 * 32];
+    b[0..8].copy_from_slice(b"vgpusn01");
+    b[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let size = b.len() as u32;
+    b[12..16].copy_from_slice(&size.to_le_bytes());
+    let m = &mut b[64..128];
+    m[0..8].copy_from_slice(&owner.to_le_bytes());
+    m[8..16].copy_from_slice(&now.to_le_bytes()); // seen
+    m[20..24].copy_from_slice(&1u32.to_le_bytes()); // rank 1: priority 0
+    m[24..32].copy_from_slice(&now.to_le_bytes()); // wants
+    m[32..40].copy_from_slice(&(now + 50_000_000).to_le_bytes()); // in flight
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(table)
+    {
+        let _ = f.write_all_at(&b, 0);
+    }
+}

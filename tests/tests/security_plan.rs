@@ -16,30 +16,6 @@ use vgpu_common::sidecar::{plan_at, OWN_WORDS_AT};
 use vgpu_tests::planned::PlannedNode;
 use vgpu_tests::sim::SimGpu;
 
-/// The old node table's member (`vgpu-sm-<UUID>` in `VGPU_SM_NODE_DIR`)
-/// the same container would have kept "active" before the daemon planned:
-/// owner, seen, limit, rank 1 (priority 0), wants, inflight_until.
-fn old_member(table: &std::path::Path, now: u64) {
-    let mut b = vec![0u8; 64 + 64 * 32];
-    b[0..8].copy_from_slice(b"vgpusn01");
-    b[8..12].copy_from_slice(&2u32.to_le_bytes());
-    let size = b.len() as u32;
-    b[12..16].copy_from_slice(&size.to_le_bytes());
-    let m = &mut b[64..128];
-    m[0..8].copy_from_slice(&0x5eed_0000_0000_0001_u64.to_le_bytes());
-    m[8..16].copy_from_slice(&now.to_le_bytes());
-    m[20..24].copy_from_slice(&1u32.to_le_bytes());
-    m[32..40].copy_from_slice(&(now + 50_000_000).to_le_bytes());
-    if let Ok(f) = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(table)
-    {
-        let _ = f.write_all_at(&b, 0);
-    }
-}
-
 #[test]
 fn an_idle_priority_0_container_claiming_activity_holds_no_neighbour_past_the_grace() {
     let gpu = SimGpu::new();
@@ -97,7 +73,7 @@ fn an_idle_priority_0_container_claiming_activity_holds_no_neighbour_past_the_gr
                 w[0..8].copy_from_slice(&now.to_le_bytes());
                 w[16..24].copy_from_slice(&(now + 50_000_000).to_le_bytes());
                 let _ = f.write_all_at(&w, plan_at(0) + OWN_WORDS_AT as u64);
-                old_member(&table, now);
+                vgpu_tests::planned::forge_old_table(&table, 0x5eed_0000_0000_0001, now);
                 std::thread::sleep(Duration::from_millis(10));
             }
         })

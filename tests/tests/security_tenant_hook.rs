@@ -5,7 +5,6 @@
 //! (`cargo xtask test`). Timing-sensitive, so the tests run one at a time.
 
 use std::io::Write;
-use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -32,36 +31,6 @@ fn sm_loop(env: &HookEnv, gpu: &SimGpu, limit: u32, kernel: &str, seconds: &str)
     let mut r = Running::start(c);
     assert_eq!(r.wait_for("ready"), "ready", "sm_loop did not start");
     r
-}
-
-/// The node directory's table of SM turns as hooks before the daemon's
-/// plan read it (`vgpu-sm-<GPU UUID>` in `VGPU_SM_NODE_DIR`, HAMi's
-/// `/tmp/vgpulock`): a 64-byte header (magic `vgpusn01`, version 2, size)
-/// and 32 members of 64 bytes (owner, seen, limit, rank, wants,
-/// inflight_until). Any container can write it.
-fn forge_table(table: &Path, owner: u64, now: u64) {
-    let mut b = vec![0u8; 64 + 64 * 32];
-    b[0..8].copy_from_slice(b"vgpusn01");
-    b[8..12].copy_from_slice(&2u32.to_le_bytes());
-    let size = b.len() as u32;
-    b[12..16].copy_from_slice(&size.to_le_bytes());
-    let m = &mut b[64..128];
-    m[0..8].copy_from_slice(&owner.to_le_bytes());
-    m[8..16].copy_from_slice(&now.to_le_bytes()); // seen: launching now
-    m[16..20].copy_from_slice(&0u32.to_le_bytes()); // no limit
-    m[20..24].copy_from_slice(&1u32.to_le_bytes()); // rank 1: priority 0
-    m[24..32].copy_from_slice(&now.to_le_bytes()); // wants
-    m[32..40].copy_from_slice(&(now + 50_000_000).to_le_bytes()); // in flight
-                                                                  // In place, never truncated (a truncation would only cut off the
-                                                                  // readers' mappings).
-    if let Ok(f) = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(table)
-    {
-        let _ = std::os::unix::fs::FileExt::write_all_at(&f, &b, 0);
-    }
 }
 
 /// Another container writes what it likes into the node directory every
@@ -97,7 +66,7 @@ fn the_node_directory_decides_nothing_for_a_neighbour() {
             let table = node.join("vgpu-sm-GPU-516d6770-7500-4000-8000-000000000000");
             let mut owner = 0x5eed_0000_0000_0001_u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                forge_table(&table, owner, simgpu::clock::mono_ns());
+                vgpu_tests::planned::forge_old_table(&table, owner, simgpu::clock::mono_ns());
                 owner += 2;
                 std::thread::sleep(Duration::from_millis(100));
             }

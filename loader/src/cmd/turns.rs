@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
-use crate::daemon::plan::TURNS_FILE;
+use crate::daemon::plan::{Report, TURNS_FILE};
 use crate::daemon::state::findings::now_ms;
 use crate::regions::open::{open_file, Access, OpenError};
 
@@ -40,31 +40,6 @@ pub struct Args {
     /// Print the daemon's JSON as it is.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(serde::Deserialize, Debug)]
-struct Report {
-    at_unix_ms: u64,
-    frame_ms: u64,
-    gpus: Vec<Gpu>,
-}
-
-#[derive(serde::Deserialize, Debug)]
-struct Gpu {
-    uuid: String,
-    seats: Vec<Seat>,
-}
-
-#[derive(serde::Deserialize, Debug)]
-struct Seat {
-    container: String,
-    ordinal: usize,
-    sm_limit: Option<u32>,
-    priority: u32,
-    confirmed: bool,
-    launching: bool,
-    turn_ms: Option<[f64; 2]>,
-    held: bool,
 }
 
 /// What `vgpu turns` concludes from the file at `path` at `now_ms`.

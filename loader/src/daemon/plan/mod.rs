@@ -18,3 +18,38 @@ pub mod roster;
 
 /// `vgpu turns` reads the planner's last view here, in the state directory.
 pub const TURNS_FILE: &str = "turns.json";
+
+/// The planner's last view, as `turns.json` holds it (`vgpu turns`).
+#[derive(serde::Serialize, serde::Deserialize, Debug)]
+pub struct Report {
+    /// Unix ms when written.
+    pub at_unix_ms: u64,
+    pub frame_ms: u64,
+    pub gpus: Vec<GpuReport>,
+}
+
+/// One GPU's seats.
+#[derive(serde::Serialize, serde::Deserialize, Debug)]
+pub struct GpuReport {
+    pub uuid: String,
+    pub seats: Vec<SeatReport>,
+}
+
+/// One container on the GPU.
+#[derive(serde::Serialize, serde::Deserialize, Debug)]
+pub struct SeatReport {
+    /// The first 12 characters of its container id.
+    pub container: String,
+    /// Its CUDA ordinal for this GPU.
+    pub ordinal: usize,
+    pub sm_limit: Option<u32>,
+    pub priority: u32,
+    /// The kernel's view supports its statement.
+    pub confirmed: bool,
+    /// It launched within the hold's span.
+    pub launching: bool,
+    /// Its turn, ms into the frame.
+    pub turn_ms: Option<[f64; 2]>,
+    /// Held for a container of higher priority.
+    pub held: bool,
+}

@@ -14,7 +14,7 @@ use vgpu_common::node::{self, decide, Seat, HOLD_NS, PLAN_TTL_NS};
 use vgpu_common::sidecar::{plan_at, OwnWords, PlanWords, OWN_WORDS_AT};
 
 use super::roster::{Roster, Tenant};
-use super::TURNS_FILE;
+use super::{GpuReport, Report, SeatReport, TURNS_FILE};
 use crate::daemon::apply;
 
 /// How often plans are made while no hold is on: a fifth of the hooks'
@@ -97,37 +97,6 @@ pub struct Planner {
     written: HashMap<(u64, usize), Written>,
     last_sample: Option<Instant>,
     reported: Option<Instant>,
-}
-
-/// One GPU's seats, for the report.
-#[derive(serde::Serialize, Debug)]
-struct GpuReport {
-    uuid: String,
-    seats: Vec<SeatReport>,
-}
-
-#[derive(serde::Serialize, Debug)]
-struct SeatReport {
-    container: String,
-    ordinal: usize,
-    sm_limit: Option<u32>,
-    priority: u32,
-    /// NVML supports its statement.
-    confirmed: bool,
-    /// It launched within the hold's span.
-    launching: bool,
-    /// Its turn, ms into the frame.
-    turn_ms: Option<[f64; 2]>,
-    /// Held for a container of higher priority.
-    held: bool,
-}
-
-#[derive(serde::Serialize, Debug)]
-struct Report {
-    /// Unix ms when written.
-    at_unix_ms: u64,
-    frame_ms: u64,
-    gpus: Vec<GpuReport>,
 }
 
 impl Planner {
