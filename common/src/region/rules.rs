@@ -49,8 +49,8 @@ pub const fn sm_limit(raw: u64) -> Option<SmLimit> {
     }
 }
 
-/// What a cell holding a limit in percent (the region's, the node table's,
-/// the hook's own atomics) stores for `limit`: 0 for none, which
+/// What a cell holding a limit in percent (the region's, the hook's own
+/// atomics) stores for `limit`: 0 for none, which
 /// [`sm_limit`] reads back as `None`.
 #[inline]
 pub const fn sm_limit_cell(limit: Option<SmLimit>) -> u32 {

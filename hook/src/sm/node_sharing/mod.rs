@@ -211,23 +211,18 @@ impl Sharing {
         }
     }
 
-    /// Whether a live plan of the daemon's holds the container on any
-    /// device now (read from the sidecar, for a process that accounts no
-    /// launch yet).
-    pub(crate) fn held_by_plan<S: Container>(sys: &S, now: u64) -> bool {
-        sys.buckets().plans.iter().any(|p| {
-            p.read().is_some_and(|w| {
-                w.planned_until > now && (w.hold_until > now || w.outranked_until > now)
-            })
-        })
-    }
-
-    /// Whether a daemon plans any of the container's devices now.
-    pub(crate) fn planned<S: Container>(sys: &S, now: u64) -> bool {
-        sys.buckets()
+    /// Over every device's plan, read from the sidecar at `now` (for a
+    /// process that accounts no launch yet): whether a daemon plans any of
+    /// them, and whether a live plan holds the container on any.
+    pub(crate) fn plan_state<S: Container>(sys: &S, now: u64) -> (bool, bool) {
+        let live = sys
+            .buckets()
             .plans
             .iter()
-            .any(|p| p.read().is_some_and(|w| w.planned_until > now))
+            .filter_map(|p| p.read().filter(|w| w.planned_until > now));
+        live.fold((false, false), |(_, held), w| {
+            (true, held || w.hold_until > now || w.outranked_until > now)
+        })
     }
 
     /// Whether the container used most of its share of `dev` lately: of its

@@ -95,8 +95,8 @@ impl Settings {
                 self.limits[d].store(rules::sm_limit_cell(*l), Relaxed);
             }
             self.enforce.store(s.enforce, Relaxed);
-            let ranked = (sys.priority_stated() && Sharing::planned(sys, now))
-                || Sharing::held_by_plan(sys, now);
+            let (planned, held) = Sharing::plan_state(sys, now);
+            let ranked = (sys.priority_stated() && planned) || held;
             self.ranked.store(ranked, Relaxed);
             // Ranked without a limit, every device is accounted: its launches
             // are published to (or held by) the node's other containers.

@@ -83,18 +83,13 @@ impl Support {
     }
 }
 
-/// One seat's last written plan.
-#[derive(Debug, Clone, Copy)]
-struct Written {
-    words: PlanWords,
-}
-
 /// The planner's state.
 pub struct Planner {
     handle: Handle,
     state_dir: PathBuf,
     support: HashMap<(u64, String), Support>,
-    written: HashMap<(u64, usize), Written>,
+    /// Each seat's last written plan.
+    written: HashMap<(u64, usize), PlanWords>,
     last_sample: Option<Instant>,
     reported: Option<Instant>,
 }
@@ -200,33 +195,26 @@ impl Planner {
     /// the daemon lives).
     fn write(&mut self, t: &Tenant, ordinal: usize, mut words: PlanWords, now: u64) {
         let k = (t.key, ordinal);
-        // A block by HAMi's monitor may be about a higher container that
-        // has just gone: what was planned for it stands to its end.
-        if let Some(w) = self.written.get(&k) {
-            if w.words.outranked_until > now {
-                words.outranked_until = words.outranked_until.max(w.words.outranked_until);
+        if let Some(&was) = self.written.get(&k) {
+            // A block by HAMi's monitor may be about a higher container that
+            // has just gone: what was planned for it stands to its end.
+            if was.outranked_until > now {
+                words.outranked_until = words.outranked_until.max(was.outranked_until);
+            }
+            let same = PlanWords {
+                planned_until: words.planned_until,
+                ..was
+            } == words;
+            if same && was.planned_until > now.saturating_add(PLAN_TTL_NS / 2) {
+                return;
             }
         }
-        let same = self.written.get(&k).is_some_and(|w| {
-            let mut a = w.words;
-            a.planned_until = words.planned_until;
-            a == words && w.words.planned_until > now.saturating_add(PLAN_TTL_NS / 2)
-        });
-        if same {
-            return;
+        let outcome = apply::plan(&t.sidecar, ordinal, words);
+        if !outcome.written() && !self.written.contains_key(&k) {
+            tracing::debug!("container {}: plan of device {ordinal}: {outcome:?}", t.id);
         }
-        match apply::plan(&t.sidecar, ordinal, words) {
-            apply::Outcome::Written => {
-                self.written.insert(k, Written { words });
-            }
-            other => {
-                if !self.written.contains_key(&k) {
-                    tracing::debug!("container {}: plan of device {ordinal}: {other:?}", t.id);
-                }
-                // Not retried before the plan would need renewing anyway.
-                self.written.insert(k, Written { words });
-            }
-        }
+        // A failed write is not retried before the plan would need renewing.
+        self.written.insert(k, words);
     }
 
     fn report(&self, gpus: Vec<GpuReport>) {

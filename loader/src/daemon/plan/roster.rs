@@ -73,7 +73,8 @@ pub struct Member<'a> {
 /// What a spec says, kept for `SPEC_TTL`.
 #[derive(Debug, Clone)]
 struct SpecView {
-    limits: Option<Limits>,
+    /// The SM limit per ordinal.
+    limits: [Option<SmLimit>; MAX_DEVICES],
     rank: u32,
     read_at: Instant,
 }
@@ -116,9 +117,6 @@ impl RosterBuilder {
             let Some(file) = self.sidecar(m) else {
                 continue;
             };
-            let limits = spec.limits.map_or([None; MAX_DEVICES], |l| {
-                l.sm.map(|v| sm_limit(v).filter(|_| v != 0))
-            });
             let gpus = m
                 .uuids
                 .iter()
@@ -133,7 +131,7 @@ impl RosterBuilder {
                     id: m.container_id.to_owned(),
                     sidecar: Arc::new(file),
                     gpus,
-                    limits,
+                    limits: spec.limits,
                     rank: spec.rank,
                     pids: vec![m.pid],
                 },
@@ -201,7 +199,7 @@ impl RosterBuilder {
                         .and_then(|v| v.trim().parse::<i32>().ok())
                         .unwrap_or(DEFAULT_PRIORITY);
                     Some(SpecView {
-                        limits: Some(limits),
+                        limits: limits.sm.map(sm_limit),
                         rank: rank_of(priority),
                         read_at: now,
                     })
