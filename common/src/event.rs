@@ -30,6 +30,12 @@ pub mod names {
     pub const PROG_RETURN: &str = "vgpu_call_return";
     /// An empty program, to measure the bare uprobe cost (`vgpu trace --floor`).
     pub const PROG_FLOOR: &str = "vgpu_floor";
+    /// Per-CPU successful launches of the processes the daemon watches:
+    /// host tgid (`u32`) -> `u64`.
+    pub const LAUNCHED: &str = "LAUNCHED";
+    /// Program run at the return of the launch entry points, attached for
+    /// one process at a time (uretprobe): counts its successful launches.
+    pub const PROG_LAUNCH_DONE: &str = "vgpu_launch_done";
 }
 
 /// Map sizes (entries). Insert failures are counted, never silent.
@@ -44,6 +50,8 @@ pub mod sizes {
     pub const LAUNCHES: u32 = 16_384;
     /// Live allocations tracked at once.
     pub const ALLOCS: u32 = 262_144;
+    /// Processes whose launches are watched at once (`LAUNCHED`).
+    pub const WATCHED: u32 = 1_024;
 }
 
 macro_rules! gen_func {

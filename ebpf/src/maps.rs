@@ -58,6 +58,10 @@ pub(crate) static LAUNCHES: PerCpuHashMap<LaunchKey, u64> =
     PerCpuHashMap::with_max_entries(sizes::LAUNCHES, 0);
 
 #[map]
+pub(crate) static LAUNCHED: PerCpuHashMap<u32, u64> =
+    PerCpuHashMap::with_max_entries(sizes::WATCHED, 0);
+
+#[map]
 pub(crate) static ALLOCS: HashMap<AllocKey, u64> = HashMap::with_max_entries(sizes::ALLOCS, 0);
 
 /// Counts something that could not be recorded. Its first occurrence on

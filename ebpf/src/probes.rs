@@ -14,7 +14,7 @@ use vgpu_common::event::{
 use crate::{
     args::{arg, arg_at, read_user},
     caller,
-    maps::{config, count, ALLOCS, EVENTS, LAUNCHES, PENDING, PROCS, PROC_COUNTS},
+    maps::{config, count, ALLOCS, EVENTS, LAUNCHED, LAUNCHES, PENDING, PROCS, PROC_COUNTS},
 };
 
 /// Why a program stopped early. Small enough for a register.
@@ -50,6 +50,31 @@ pub fn vgpu_call_return(ctx: RetProbeContext) -> u32 {
 /// other probe.
 #[uprobe]
 pub fn vgpu_floor(_ctx: ProbeContext) -> u32 {
+    0
+}
+
+/// Counts a successful launch of the calling process. Attached to the
+/// launch entry points of one process at a time, the daemon's kernel-side
+/// witness that a container claiming GPU work puts work on the GPU: a call
+/// the driver refused (a forged handle) is not counted.
+#[uretprobe]
+pub fn vgpu_launch_done(ctx: RetProbeContext) -> u32 {
+    let rc: u64 = ctx.ret();
+    // CUresult is a C enum: the register's upper half is not part of it.
+    if rc as u32 != 0 {
+        return 0;
+    }
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if let Some(n) = LAUNCHED.get_ptr_mut(&tgid) {
+        // SAFETY: this CPU's slot of an existing entry, valid for this run.
+        unsafe { *n += 1 };
+    } else if LAUNCHED.insert(&tgid, &1, u64::from(BPF_NOEXIST)).is_err() {
+        match LAUNCHED.get_ptr_mut(&tgid) {
+            // SAFETY: as above; another CPU created the entry meanwhile.
+            Some(n) => unsafe { *n += 1 },
+            None => count(Counter::ProcsFull),
+        }
+    }
     0
 }
 

@@ -6,6 +6,8 @@
  *   sm_loop coop <name> <seconds>     cuLaunchCooperativeKernel loop
  *   sm_loop ex <name> <seconds>       cuLaunchKernelEx_ptsz loop on the per-thread stream
  *   sm_loop capture <name> <seconds>  a 20-kernel graph captured from a stream, replayed
+ *   sm_loop refused <name> <seconds>  cuLaunchKernel of a NULL function in a loop: the
+ *                                     driver refuses every call; CPU busy, GPU idle
  *
  * Launches asynchronously (the driver blocks when its queue is full), then
  * synchronizes and prints `launches N` and `seconds S`.
@@ -114,7 +116,7 @@ static int capture(CUcontext ctx, CUfunction fn, CUstream stream, double secs) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: sm_loop kernel|graph|coop|ex|capture <name> <seconds>\n");
+        fprintf(stderr, "usage: sm_loop kernel|graph|coop|ex|capture|refused <name> <seconds>\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -161,6 +163,11 @@ int main(int argc, char **argv) {
                 CHECK(cuGraphLaunch(exec, stream));
             } else if (!strcmp(mode, "coop")) {
                 CHECK(cuLaunchCooperativeKernel(fn, 1, 1, 1, 128, 1, 1, 0, stream, NULL));
+            } else if (!strcmp(mode, "refused")) {
+                if (cuLaunchKernel(NULL, 1, 1, 1, 128, 1, 1, 0, stream, NULL, NULL) == CUDA_SUCCESS) {
+                    fprintf(stderr, "a launch of no function succeeded\n");
+                    return 1;
+                }
             } else if (!strcmp(mode, "ex")) {
                 CUlaunchConfig c;
                 memset(&c, 0, sizeof c);

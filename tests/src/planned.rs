@@ -37,8 +37,24 @@ impl Tenant {
 impl PlannedNode {
     /// A node on `gpu` with its daemon running (a scan every 0.2 s).
     pub fn start(prefix: &str, gpu: &SimGpu) -> PlannedNode {
+        Self::start_env(prefix, gpu, &[])
+    }
+
+    /// As [`Self::start`], the daemon with `env` on top of the simulator's
+    /// (`SIMGPU_PROCESS_UTIL=0`: NVML without per-process utilization).
+    pub fn start_env(prefix: &str, gpu: &SimGpu, env: &[(&str, &str)]) -> PlannedNode {
         let wd = kubepod::spec_workdir(prefix);
-        let daemon = kubepod::spec_daemon(&wd, gpu, &["--interval", "0.2"]);
+        let spec = kubepod::runtime_spec_pattern(&wd);
+        let port = crate::http::free_port();
+        let mut cmd = wd.daemon_command(
+            gpu,
+            &kubepod::state_dir(&wd),
+            &wd.path("no-hami-dir"),
+            &format!("127.0.0.1:{port}"),
+            &["--runtime-spec", &spec, "--interval", "0.2"],
+        );
+        cmd.envs(env.iter().copied());
+        let daemon = Running::start(cmd, port, wd.path("daemon.log"));
         PlannedNode { wd, daemon }
     }
 

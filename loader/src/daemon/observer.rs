@@ -26,6 +26,7 @@ use crate::daemon::judge::reclaim::Reclaimer;
 use crate::daemon::judge::utilization::{self, SlotProc, Utilization};
 use crate::daemon::plan::planner::Handle as PlanHandle;
 use crate::daemon::plan::roster::{Member, RosterBuilder};
+use crate::daemon::plan::witness::LaunchWitness;
 use crate::daemon::publish::exposition::Exposition;
 use crate::daemon::publish::metrics;
 use crate::daemon::publish::region_view;
@@ -169,7 +170,7 @@ pub struct Observer {
     retention: Retention,
     dead_slots: region_view::DeadSlots,
     /// The roster's builder and where it goes (`ObserverSettings::planner`).
-    roster: Option<(RosterBuilder, PlanHandle)>,
+    roster: Option<(RosterBuilder, PlanHandle, LaunchWitness)>,
 }
 
 impl Observer {
@@ -191,6 +192,7 @@ impl Observer {
             (
                 RosterBuilder::new(specs.unwrap_or_default(), Procfs::default()),
                 h,
+                LaunchWitness::default(),
             )
         });
         let roots = settings
@@ -611,7 +613,7 @@ impl Observer {
     /// hold slots (`plan::roster`). Without the host's PIDs the daemon
     /// tracks nobody: no plans, and the containers keep to their own limits.
     fn publish_roster(&mut self, nv: Option<&Sample>) {
-        let Some((builder, handle)) = self.roster.as_mut() else {
+        let Some((builder, handle, witness)) = self.roster.as_mut() else {
             return;
         };
         if self.settings.host_pids.is_err() {
@@ -640,7 +642,10 @@ impl Observer {
                 })
             })
             .collect();
-        handle.publish(builder.build(&members, nv));
+        let mut roster = builder.build(&members, nv);
+        let launched = witness.sync(&mut self.probes, self.libs.drivers(), &roster.holders());
+        roster.add_launched(&launched, nv);
+        handle.publish(roster);
     }
 
     /// Processes NVML lists that the probes never saw (a libcuda we do not

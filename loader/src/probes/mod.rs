@@ -9,6 +9,7 @@
 pub mod btf;
 mod error;
 pub mod libcuda;
+mod watch;
 
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,6 +29,7 @@ use vgpu_common::event::{
     names, sizes, AllocKey, Caller, Config, Counter, Func, FuncClass, KernelOffsets, LaunchKey,
     ProcCounters,
 };
+pub use watch::Watched;
 
 /// The eBPF object built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 pub const EBPF_ELF: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/vgpu-ebpf"));
@@ -87,7 +89,11 @@ impl ProbeSet {
             .map_max_entries(names::PROC_COUNTS, max_procs)
             .load(EBPF_ELF)
             .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
-        for name in [names::PROG_ENTRY, names::PROG_RETURN] {
+        for name in [
+            names::PROG_ENTRY,
+            names::PROG_RETURN,
+            names::PROG_LAUNCH_DONE,
+        ] {
             let prog: &mut UProbe = ebpf
                 .program_mut(name)
                 .ok_or(ProbeError::MissingProgram(name))?

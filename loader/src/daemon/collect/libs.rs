@@ -43,6 +43,9 @@ pub struct LibWatch {
     files: HashSet<(u64, u64)>,
     /// Forced paths found missing, each said once.
     missing: HashSet<PathBuf>,
+    /// The node's driver: the forced files, or the host's libcuda. Not a
+    /// file found in a container, which its tenant could have written.
+    drivers: Vec<Libcuda>,
 }
 
 impl LibWatch {
@@ -56,7 +59,14 @@ impl LibWatch {
             pids: HashSet::new(),
             files: HashSet::new(),
             missing: HashSet::new(),
+            drivers: Vec::new(),
         }
+    }
+
+    /// The node's driver files found so far (the forced ones, or the
+    /// host's): what a launch must go through to count as GPU work.
+    pub fn drivers(&self) -> &[Libcuda] {
+        &self.drivers
     }
 
     /// Libraries found since the last call (each (dev, inode) once).
@@ -68,6 +78,7 @@ impl LibWatch {
                 match Libcuda::open(p) {
                     Ok(lib) => {
                         if self.files.insert((lib.dev, lib.ino)) {
+                            self.drivers.push(lib.clone());
                             out.push(lib);
                         }
                     }
@@ -89,7 +100,10 @@ impl LibWatch {
         if !self.host_done {
             self.host_done = true;
             match Libcuda::discover() {
-                Ok(lib) => self.push(lib, &mut out),
+                Ok(lib) => {
+                    self.drivers.push(lib.clone());
+                    self.push(lib, &mut out);
+                }
                 Err(e) => tracing::info!("host: {e}"),
             }
         }

@@ -86,14 +86,6 @@ impl Procfs {
         }
     }
 
-    /// CPU time the process has used (user + system, clock ticks), from
-    /// `/proc/<pid>/stat`; `None` when unreadable. The kernel's count: a
-    /// process that launches GPU work uses CPU to do it, an idle one none.
-    pub fn cpu_ticks(&self, pid: u32) -> Option<u64> {
-        let stat = std::fs::read_to_string(self.dir(pid).join("stat")).ok()?;
-        cpu_ticks_of(&stat)
-    }
-
     /// Whether no process `pid` exists (`/proc/<pid>` is gone; a zombie
     /// still exists).
     pub fn gone(&self, pid: u32) -> bool {
@@ -134,16 +126,6 @@ pub fn ns_pid_of(status: &str) -> Option<u32> {
         .ok()
 }
 
-/// `utime + stime` of a `/proc/<pid>/stat` line (fields 14 and 15; the
-/// command before them may hold spaces and parentheses).
-pub fn cpu_ticks_of(stat: &str) -> Option<u64> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    let mut f = rest.split_whitespace().skip(11);
-    let utime: u64 = f.next()?.parse().ok()?;
-    let stime: u64 = f.next()?.parse().ok()?;
-    Some(utime + stime)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,12 +147,5 @@ mod tests {
         assert_eq!(ns_pid_of(status), Some(1));
         assert_eq!(ns_pid_of("NSpid:\t42\n"), Some(42));
         assert_eq!(ns_pid_of("Name:\tx\n"), None);
-    }
-
-    #[test]
-    fn cpu_ticks_are_user_plus_system_after_the_command() {
-        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194304 100 0 0 0 17 5 0 0 20 0 1 0 1 1 1";
-        assert_eq!(cpu_ticks_of(stat), Some(22));
-        assert_eq!(cpu_ticks_of("42 (x) S 1"), None);
     }
 }

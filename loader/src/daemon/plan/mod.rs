@@ -15,6 +15,7 @@
 
 pub mod planner;
 pub mod roster;
+pub mod witness;
 
 /// `vgpu turns` reads the planner's last view here, in the state directory.
 pub const TURNS_FILE: &str = "turns.json";

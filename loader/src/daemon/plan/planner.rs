@@ -139,8 +139,8 @@ impl Planner {
                 let own = read_own(&t.sidecar, ordinal);
                 let sup = self.support.entry((t.key, uuid.to_owned())).or_default();
                 if fresh_sample {
-                    let busy = roster.busy.get(uuid);
-                    if busy.is_some_and(|b| t.pids.iter().any(|p| b.contains(p))) {
+                    let used = roster.used.get(uuid);
+                    if used.is_some_and(|b| t.pids.iter().any(|p| b.contains(p))) {
                         sup.confirmed = roster.sampled;
                     }
                 }

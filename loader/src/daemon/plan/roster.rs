@@ -47,14 +47,59 @@ pub struct Tenant {
 #[derive(Debug, Clone, Default)]
 pub struct Roster {
     pub tenants: Vec<Tenant>,
-    /// GPU UUID -> the host PIDs the kernel's view says used it since the
-    /// scan before: NVML attributed it SM time, or the process has a
-    /// context there (NVML's list) and used CPU meanwhile (`/proc`). NVML's
-    /// per-process split alone misses a process beside a busier one on a
-    /// time-sliced GPU; CPU time shows it launching.
-    pub busy: HashMap<String, HashSet<u32>>,
+    /// GPU UUID -> the host PIDs the kernel's view says put work on it since
+    /// the scan before: NVML attributed it SM time, or the driver accepted
+    /// its launches (a watched process, `witness`) and it uses no other GPU.
+    pub used: HashMap<String, HashSet<u32>>,
     /// When NVML was sampled (`None`: no sample).
     pub sampled: Option<Instant>,
+}
+
+impl Roster {
+    /// The host PIDs of the containers ranked above another on a GPU they
+    /// share: those whose statement can hold a neighbour back.
+    pub fn holders(&self) -> HashSet<u32> {
+        let mut out = HashSet::new();
+        for t in &self.tenants {
+            let above = self.tenants.iter().any(|o| {
+                o.rank > t.rank
+                    && o.gpus
+                        .iter()
+                        .any(|(_, u)| t.gpus.iter().any(|(_, v)| u == v))
+            });
+            if above {
+                out.extend(&t.pids);
+            }
+        }
+        out
+    }
+
+    /// Adds the processes whose launches the driver accepted (`launched`)
+    /// to `used`, on their container's one GPU, or else on the one GPU
+    /// NVML lists them on: a launch says nothing about which GPU of
+    /// several it went to.
+    pub fn add_launched(&mut self, launched: &HashSet<u32>, nv: Option<&Sample>) {
+        for t in &self.tenants {
+            for &pid in t.pids.iter().filter(|p| launched.contains(p)) {
+                let uuid = match t.gpus.as_slice() {
+                    [(_, u)] => Some(u.clone()),
+                    _ => nv.and_then(|s| {
+                        let mut on = s
+                            .devices
+                            .iter()
+                            .filter(|d| d.process_memory.contains_key(&pid));
+                        match (on.next(), on.next()) {
+                            (Some(d), None) => Some(d.uuid.clone()),
+                            _ => None,
+                        }
+                    }),
+                };
+                if let Some(u) = uuid {
+                    self.used.entry(u).or_default().insert(pid);
+                }
+            }
+        }
+    }
 }
 
 /// A process of a container, with the region it holds a slot in.
@@ -86,8 +131,6 @@ pub struct RosterBuilder {
     seen: HashMap<String, SpecView>,
     /// Sidecars already warned about.
     warned: HashSet<PathBuf>,
-    /// Each member's CPU ticks at the scan before.
-    cpu: HashMap<u32, u64>,
 }
 
 impl RosterBuilder {
@@ -97,7 +140,6 @@ impl RosterBuilder {
             procfs,
             seen: HashMap::new(),
             warned: HashSet::new(),
-            cpu: HashMap::new(),
         }
     }
 
@@ -142,46 +184,24 @@ impl RosterBuilder {
             .retain(|_, v| now.duration_since(v.read_at) < SPEC_TTL * 4);
         let mut tenants: Vec<Tenant> = by.into_values().collect();
         tenants.sort_by_key(|t| t.key);
-        let ran = self.ran(members);
-        let busy = nv
-            .map(|s| {
-                s.devices
-                    .iter()
-                    .map(|d| {
-                        let mut pids: HashSet<u32> =
-                            d.process_util.as_ref().map_or_else(HashSet::new, |u| {
-                                u.iter()
-                                    .filter(|(_, &p)| p > 0)
-                                    .map(|(&pid, _)| pid)
-                                    .collect()
-                            });
-                        pids.extend(d.process_memory.keys().filter(|p| ran.contains(p)));
-                        (d.uuid.clone(), pids)
-                    })
-                    .collect()
+        let used = nv
+            .iter()
+            .flat_map(|s| &s.devices)
+            .map(|d| {
+                let busy = d.process_util.as_ref().map_or_else(HashSet::new, |u| {
+                    u.iter()
+                        .filter(|(_, &p)| p > 0)
+                        .map(|(&pid, _)| pid)
+                        .collect()
+                });
+                (d.uuid.clone(), busy)
             })
-            .unwrap_or_default();
+            .collect();
         Roster {
             tenants,
-            busy,
+            used,
             sampled: nv.map(|_| now),
         }
-    }
-
-    /// The members that used CPU since the scan before (the kernel's count).
-    fn ran(&mut self, members: &[Member<'_>]) -> HashSet<u32> {
-        let mut now = HashMap::with_capacity(members.len());
-        let mut ran = HashSet::new();
-        for m in members {
-            if let Some(t) = self.procfs.cpu_ticks(m.pid) {
-                if self.cpu.get(&m.pid).is_some_and(|&was| t > was) {
-                    ran.insert(m.pid);
-                }
-                now.insert(m.pid, t);
-            }
-        }
-        self.cpu = now;
-        ran
     }
 
     fn spec(&mut self, id: &str) -> Option<SpecView> {

@@ -93,6 +93,9 @@ pub struct ProcessConfig {
     pub queue_ms: u64,
     /// `SIMGPU_SAMPLE_MS` (default 200): NVML utilization window.
     pub sample_ms: u64,
+    /// `SIMGPU_PROCESS_UTIL` (default 1): 0 makes per-process utilization
+    /// `NOT_SUPPORTED`, as some GPUs and vGPU profiles answer.
+    pub process_util: bool,
     /// `SIMGPU_IDLE_EXIT_MS` (default 30000): the server exits after this long
     /// without clients.
     pub idle_exit_ms: u64,
@@ -132,6 +135,7 @@ impl ProcessConfig {
             kernel_ns,
             queue_ms: num("SIMGPU_QUEUE_MS", 50),
             sample_ms: num("SIMGPU_SAMPLE_MS", 200).max(1),
+            process_util: num("SIMGPU_PROCESS_UTIL", 1) != 0,
             idle_exit_ms: num("SIMGPU_IDLE_EXIT_MS", 30_000),
             log: num("SIMGPU_LOG", 0) != 0,
         }

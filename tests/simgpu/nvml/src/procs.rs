@@ -216,6 +216,9 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     guard(|| {
         let items: Vec<ProcessUtilizationSample> = with(|s| {
             let i = index(s, dev)?;
+            if !s.pcfg.process_util {
+                return Err(NvmlErr::NotSupported);
+            }
             let window = sampled_span_ns(s.pcfg.sample_ms, last_seen);
             let since = if last_seen == 0 {
                 0
