@@ -57,6 +57,9 @@
 #                                        sharing /tmp/vgpulock, then the dist's hook with `vgpu daemon`
 #                                        planning, each process in an emulated container (a kubepods
 #                                        cgroup and a runtime spec: containerd and the kubelet stand-ins)
+#   bash scripts/gpu-check.sh witness    the daemon before (BEFORE_VGPU) and after a change to what
+#                                        confirms a container's activity, same hook: the 30/70 pair and
+#                                        a priority-0 service beside a trainer (SM limit 0 and 100)
 #   bash scripts/gpu-check.sh stall      a limited process (STALL_LIMIT, 30) right after a busy
 #                                        unlimited neighbour is killed with work queued: its rate per
 #                                        0.25 s window against the same process alone
@@ -942,7 +945,7 @@ ctr_exec() {
 }
 
 planner_start() {
-    "$DIST/vgpu" daemon --libcuda "$LIBCUDA" --state-dir "$W/state" --listen 127.0.0.1:9396 \
+    "${PLANNER_BIN:-$DIST/vgpu}" daemon --libcuda "$LIBCUDA" --state-dir "$W/state" --listen 127.0.0.1:9396 \
         --runtime-spec "$W/runtime/*/{id}/config.json" --regions-root "$W/no-hami" --interval 0.2 \
         >"$W/planner.log" 2>&1 &
     PLANNER=$!
@@ -989,18 +992,12 @@ psvc_run() {
     grep -hi 'higher priority\|plans this GPU\|panicked\|error' "$W/svc-s.log" "$W/svc-t.log" 2>/dev/null | sort | uniq -c | head -n 4
 }
 
-phase_planned() {
-    local before=${BEFORE:-$ROOT/.device/final/libvgpu.so} after=$DIST/libvgpu.so lim
-    [ -f "$before" ] || { echo "no BEFORE build at $before"; return 1; }
-    say "the 30/70 pair (bf16 matmul): before ($before, /tmp/vgpulock shared) and after (daemon planning)"
-    python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
-    mkdir -p "$W/node-before"
-    pair_run "before, taking turns" "$before" "$W/node-before"
-    planner_start
-    say "pair, build after, the daemon planning"
-    local ppids=()
+# planned_pair HOOK: the 30/70 pair, each in its own emulated container
+# with HOOK, while a daemon plans (planner_start); `vgpu turns` half-way.
+planned_pair() {
+    local ppids=() lim
     for lim in 30 70; do
-        ctr_exec "pair$lim" LD_PRELOAD="$after" CUDA_DEVICE_SM_LIMIT=$lim GPU_CORE_UTILIZATION_POLICY=force \
+        ctr_exec "pair$lim" LD_PRELOAD="$1" CUDA_DEVICE_SM_LIMIT=$lim GPU_CORE_UTILIZATION_POLICY=force \
             CUDA_DEVICE_MEMORY_SHARED_CACHE="$(mktemp -d "$W/pair.XXXX")/$lim.cache" LIBCUDA_LOG_LEVEL=4 -- \
             python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 20 --no-smi \
             --baseline "$W/base.json" >"$W/pair-$lim.txt" 2>"$W/pair-$lim.log" &
@@ -1013,6 +1010,42 @@ phase_planned() {
         echo "limit $lim: $(grep 'of unlimited' "$W/pair-$lim.txt")"
         grep 'taking turns\|bucket alone\|plans this GPU' "$W/pair-$lim.log" | head -n 3
     done
+}
+
+# The daemon before and after a change to what confirms a container's
+# statement (BEFORE_VGPU, default .device/before-watch/vgpu, against the
+# dist's), the same hook (the dist's) under both: the 30/70 pair and a
+# priority-0 service beside a trainer at SM limit 0 and 100.
+phase_witness() {
+    local old=${BEFORE_VGPU:-$ROOT/.device/before-watch/vgpu} bin label lim
+    [ -x "$old" ] || { echo "no BEFORE_VGPU at $old"; return 1; }
+    python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
+    svc_baseline "both unhooked"
+    local ha="LD_PRELOAD=$DIST/libvgpu.so GPU_CORE_UTILIZATION_POLICY=force LIBCUDA_LOG_LEVEL=3"
+    for bin in "$old" "$DIST/vgpu"; do
+        if [ "$bin" = "$old" ]; then label="daemon before"; else label="daemon after"; fi
+        PLANNER_BIN=$bin planner_start
+        say "the 30/70 pair, $label ($bin)"
+        planned_pair "$DIST/libvgpu.so"
+        for lim in 0 100; do
+            psvc_run "$label: priority 0 / none, CUDA_DEVICE_SM_LIMIT=$lim" \
+                "$ha CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=$lim" "$ha CUDA_DEVICE_SM_LIMIT=$lim"
+        done
+        planner_stop
+    done
+    find "$CG_ROOT" -depth -type d -exec rmdir {} + 2>/dev/null
+}
+
+phase_planned() {
+    local before=${BEFORE:-$ROOT/.device/final/libvgpu.so} after=$DIST/libvgpu.so lim
+    [ -f "$before" ] || { echo "no BEFORE build at $before"; return 1; }
+    say "the 30/70 pair (bf16 matmul): before ($before, /tmp/vgpulock shared) and after (daemon planning)"
+    python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
+    mkdir -p "$W/node-before"
+    pair_run "before, taking turns" "$before" "$W/node-before"
+    planner_start
+    say "pair, build after, the daemon planning"
+    planned_pair "$after"
     planner_stop
 
     say "service at priority 0 beside a trainer stating none (HAMi's default 1), limits as HAMi sets them"

@@ -643,7 +643,7 @@ impl Observer {
             })
             .collect();
         let mut roster = builder.build(&members, nv);
-        let launched = witness.sync(&mut self.probes, self.libs.drivers(), &roster.holders());
+        let launched = witness.sync(&mut self.probes, self.libs.drivers(), &roster.watched());
         roster.add_launched(&launched, nv);
         handle.publish(roster);
     }

@@ -55,19 +55,26 @@ pub struct Roster {
     pub sampled: Option<Instant>,
 }
 
+/// Whether `t` has an SM limit on its CUDA ordinal `i`.
+fn limited(t: &Tenant, i: usize) -> bool {
+    t.limits.get(i).is_some_and(Option::is_some)
+}
+
 impl Roster {
-    /// The host PIDs of the containers ranked above another on a GPU they
-    /// share: those whose statement can hold a neighbour back.
-    pub fn holders(&self) -> HashSet<u32> {
+    /// The host PIDs of the containers whose statement can hold back or
+    /// shorten a neighbour's turn: ranked above another on a GPU they
+    /// share, or SM-limited there beside another limited one (turns).
+    pub fn watched(&self) -> HashSet<u32> {
         let mut out = HashSet::new();
         for t in &self.tenants {
-            let above = self.tenants.iter().any(|o| {
-                o.rank > t.rank
-                    && o.gpus
-                        .iter()
-                        .any(|(_, u)| t.gpus.iter().any(|(_, v)| u == v))
+            let binds = t.gpus.iter().any(|(i, u)| {
+                self.tenants.iter().filter(|o| o.key != t.key).any(|o| {
+                    o.gpus.iter().any(|(j, v)| {
+                        u == v && (o.rank > t.rank || (limited(t, *i) && limited(o, *j)))
+                    })
+                })
             });
-            if above {
+            if binds {
                 out.extend(&t.pids);
             }
         }
@@ -274,4 +281,88 @@ fn key_of(id: &str, region: &Path) -> u64 {
     id.hash(&mut h);
     region.hash(&mut h);
     h.finish() | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::collect::nvml::DeviceSample;
+
+    fn tenant(key: u64, gpus: &[&str], limit: Option<u64>, priority: i32, pid: u32) -> Tenant {
+        let mut limits = [None; MAX_DEVICES];
+        for l in limits.iter_mut().take(gpus.len()) {
+            *l = limit.and_then(sm_limit);
+        }
+        Tenant {
+            key,
+            id: format!("c{key}"),
+            sidecar: Arc::new(File::open("/dev/null").expect("/dev/null")),
+            gpus: gpus
+                .iter()
+                .enumerate()
+                .map(|(i, u)| (i, (*u).to_owned()))
+                .collect(),
+            limits,
+            rank: rank_of(priority),
+            pids: vec![pid],
+        }
+    }
+
+    fn roster(tenants: Vec<Tenant>) -> Roster {
+        Roster {
+            tenants,
+            ..Roster::default()
+        }
+    }
+
+    #[test]
+    fn watched_are_those_whose_statement_binds_a_neighbour() {
+        // A priority-0 service beside a default-priority trainer: the
+        // service can hold the trainer; the trainer holds nobody.
+        let r = roster(vec![
+            tenant(1, &["A"], None, 0, 10),
+            tenant(2, &["A"], None, 1, 20),
+        ]);
+        assert_eq!(r.watched(), HashSet::from([10]));
+        // Two limited containers take turns: both; an unlimited one beside
+        // them, of the same priority, binds nobody.
+        let r = roster(vec![
+            tenant(1, &["A"], Some(30), 1, 10),
+            tenant(2, &["A"], Some(70), 1, 20),
+            tenant(3, &["A"], None, 1, 30),
+        ]);
+        assert_eq!(r.watched(), HashSet::from([10, 20]));
+        // On different GPUs nothing binds.
+        let r = roster(vec![
+            tenant(1, &["A"], Some(30), 0, 10),
+            tenant(2, &["B"], Some(70), 1, 20),
+        ]);
+        assert!(r.watched().is_empty());
+    }
+
+    fn device(uuid: &str, pids: &[u32]) -> DeviceSample {
+        DeviceSample {
+            uuid: uuid.to_owned(),
+            process_memory: pids.iter().map(|&p| (p, 1 << 20)).collect(),
+            ..DeviceSample::default()
+        }
+    }
+
+    #[test]
+    fn a_launch_counts_on_the_one_gpu_it_can_have_gone_to() {
+        let mut r = roster(vec![
+            tenant(1, &["A"], None, 0, 10),
+            tenant(2, &["A", "B"], None, 0, 20),
+            tenant(3, &["A", "B"], None, 0, 30),
+        ]);
+        let nv = Sample {
+            devices: vec![device("A", &[10, 20, 30]), device("B", &[30])],
+            processes: HashMap::new(),
+        };
+        r.add_launched(&HashSet::from([10, 20, 30]), Some(&nv));
+        // 10: its container's one GPU. 20: two GPUs, NVML lists it on A
+        // only. 30: listed on both, so on neither.
+        assert_eq!(r.used.get("A"), Some(&HashSet::from([10, 20])));
+        assert_eq!(r.used.get("B"), None);
+    }
 }

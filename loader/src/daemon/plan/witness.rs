@@ -1,12 +1,13 @@
 //! Which processes' launches the daemon watches, and which of them the
 //! driver saw launch since the scan before.
 //!
-//! Only a container that can hold a neighbour back (one ranked above
-//! another on a GPU they share) is watched, and only through the node's
-//! own driver file: a launch through a library the tenant supplied proves
-//! nothing. Its statement of activity then counts while the driver keeps
-//! accepting its launches, or while NVML sees it use the GPU; never for CPU
-//! time, which any busy loop spends.
+//! Only a container whose statement of activity can decide something for a
+//! neighbour is watched (one ranked above another on a GPU they share, or
+//! one taking turns there), and only through the node's own driver file: a
+//! launch through a library the tenant supplied proves nothing. Its
+//! statement then counts while the driver keeps accepting its launches, or
+//! while NVML sees it use the GPU; never for CPU time, which any busy loop
+//! spends.
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroU32;
