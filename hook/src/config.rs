@@ -62,7 +62,11 @@ impl Config {
         // Every user of the container may attach (the umask still applies).
         match std::fs::DirBuilder::new().mode(0o777).create(dir) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            // Not through a symlink: `containers/` is shared by every pod
+            // of the node.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) => {}
             Err(e) => {
                 self.other_errors.push(format!(
                     "cannot make {}: {e}; the region is {}",
@@ -185,6 +189,13 @@ mod tests {
         assert_eq!(cfg.region_path, want, "{:?}", cfg.other_errors);
         cfg.make_region_dir();
         assert!(cfg.other_errors.is_empty(), "{:?}", cfg.other_errors);
+
+        // Another pod's symlink where the directory goes: refused.
+        std::fs::remove_dir_all(want.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(d.path(), want.parent().unwrap()).unwrap();
+        let mut cfg = Config::from_lookup(lookup);
+        cfg.make_region_dir();
+        assert_eq!(cfg.region_path, PathBuf::from("/tmp/cudevshr.cache"));
 
         std::fs::remove_dir_all(mount.join("containers")).unwrap();
         let mut cfg = Config::from_lookup(lookup);
