@@ -232,10 +232,10 @@ fn procnum_is_clamped_and_free_slots_are_skipped() {
     b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     b[4..8].copy_from_slice(&1i32.to_le_bytes());
     b[NUM..NUM + 8].copy_from_slice(&1u64.to_le_bytes());
-    for (i, (pid, status)) in [(11, 1), (12, 0), (13, 2)].into_iter().enumerate() {
+    for (i, (pid, status)) in [(11i32, 1i32), (12, 0), (13, 2)].into_iter().enumerate() {
         let at = PROCS + i * SLOT_LEN;
-        b[at..at + 4].copy_from_slice(&(pid as i32).to_le_bytes());
-        b[at + SLOT_STATUS..at + SLOT_STATUS + 4].copy_from_slice(&(status as i32).to_le_bytes());
+        b[at..at + 4].copy_from_slice(&pid.to_le_bytes());
+        b[at + SLOT_STATUS..at + SLOT_STATUS + 4].copy_from_slice(&status.to_le_bytes());
     }
     let pids = |procnum: i32, b: &mut Vec<u8>| {
         b[PROCNUM..PROCNUM + 4].copy_from_slice(&procnum.to_le_bytes());

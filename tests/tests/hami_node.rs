@@ -37,7 +37,7 @@
 //!   `CUDA_OVERSUBSCRIBE=true` (where `deviceCoresScaling` > 1).
 //!
 //! - KAI's resource isolator (Project-HAMi/KAI-resource-isolator, webhook
-//!   `cmd/webhook/main.go` and chart `templates/daemonset.yaml` at
+//!   cmd/webhook/main.go and chart/kai-resource-isolator/templates/daemonset.yaml at
 //!   1609f2f/508dee7): its libsync DaemonSet's start `mkdir -p`s
 //!   `<containerVgpuMount>/containers` and `/tmp/vgpulock`, `cp -f`s its
 //!   image's `/artifacts/libvgpu.so` (HAMi-core) and its ConfigMap's

@@ -42,8 +42,8 @@ const CONTAINERS: &str = "containers";
 /// templates/daemonset.yaml).
 const VOLCANO_CONTAINERS: &str = "vgpu/containers";
 
-/// KAI's resource isolator (Project-HAMi/KAI-resource-isolator, chart
-/// `templates/daemonset.yaml`): its libsync start `cp -f`s HAMi-core's
+/// KAI's resource isolator (Project-HAMi/KAI-resource-isolator,
+/// chart/kai-resource-isolator/templates/daemonset.yaml): its libsync start `cp -f`s HAMi-core's
 /// `libvgpu.so` and an `ld.so.preload` into the host directory (in place),
 /// makes `containers/` and `chmod 1777`s it, so that HAMi-core, not a device
 /// plugin, can make each container's `<pod uid>_<ctr>/` there; no HAMi
