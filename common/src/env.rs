@@ -10,6 +10,16 @@ pub const SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
 pub const SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// HAMi's default region path when [`SHARED_CACHE`] is unset.
 pub const SHARED_CACHE_DEFAULT: &str = "/tmp/cudevshr.cache";
+/// The directory a host mounts at the same path on the node and in the
+/// container (KAI's resource isolator: `/usr/local/vgpu`); with [`POD_UID`]
+/// and [`CONTAINER_NAME`] and no [`SHARED_CACHE`], the region lies at
+/// `<mount>/containers/<pod uid>_<container>/usage.cache`, where a node
+/// monitor finds it (HAMi-core's layout for hosts that set no cache path).
+pub const CONTAINER_VGPU_MOUNT: &str = "CONTAINER_VGPU_MOUNT";
+pub const POD_UID: &str = "POD_UID";
+pub const CONTAINER_NAME: &str = "CONTAINER_NAME";
+/// The region file's name in a per-container directory named by the three.
+pub const PER_CONTAINER_CACHE: &str = "usage.cache";
 /// `true`: HAMi's device plugin hands out more memory than the device has
 /// (`deviceMemoryScaling` above 1); an allocation that fits the limit but
 /// not the device may be served from host memory.

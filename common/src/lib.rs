@@ -32,6 +32,8 @@ pub mod reclaim;
 #[cfg(feature = "std")]
 pub mod region_io;
 #[cfg(feature = "std")]
+pub mod region_place;
+#[cfg(feature = "std")]
 pub mod shared_file;
 #[cfg(feature = "std")]
 pub mod sidecar;

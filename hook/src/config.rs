@@ -8,10 +8,14 @@ use vgpu_common::env as names;
 use vgpu_common::limit::{device_limits, parse_percent, parse_size, LimitError};
 use vgpu_common::region::rules::SM_UNLIMITED;
 use vgpu_common::region::{policy, MAX_DEVICES};
+use vgpu_common::region_place::{region_place, RegionPlace};
 
 #[derive(Debug, Clone)]
 pub struct Config {
     pub region_path: PathBuf,
+    /// The region lies in a per-container directory the hook makes
+    /// (`vgpu_common::region_place`).
+    pub per_container_region: bool,
     /// `CUDA_TASK_PRIORITY` was set: the container takes part in the
     /// node's priorities (which the daemon plans) even without a limit.
     pub priority_stated: bool,
@@ -38,7 +42,41 @@ pub struct Config {
 
 impl Config {
     pub fn from_env() -> Self {
-        Self::from_lookup(|k| std::env::var(k).ok())
+        let mut cfg = Self::from_lookup(|k| std::env::var(k).ok());
+        cfg.make_region_dir();
+        cfg
+    }
+
+    /// Makes the per-container region's directory (a host that names no
+    /// cache file leaves it to the library, as HAMi-core does); one that
+    /// cannot be made leaves the region at HAMi's default, in the container,
+    /// with the reason reported.
+    pub fn make_region_dir(&mut self) {
+        if !self.per_container_region {
+            return;
+        }
+        let Some(dir) = self.region_path.parent() else {
+            return;
+        };
+        use std::os::unix::fs::DirBuilderExt as _;
+        // Every user of the container may attach (the umask still applies).
+        match std::fs::DirBuilder::new().mode(0o777).create(dir) {
+            Ok(()) => {}
+            // Not through a symlink: `containers/` is shared by every pod
+            // of the node.
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists
+                    && std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) => {}
+            Err(e) => {
+                self.other_errors.push(format!(
+                    "cannot make {}: {e}; the region is {}",
+                    dir.display(),
+                    names::SHARED_CACHE_DEFAULT
+                ));
+                self.region_path = names::SHARED_CACHE_DEFAULT.into();
+                self.per_container_region = false;
+            }
+        }
     }
 
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Self {
@@ -61,10 +99,10 @@ impl Config {
             Some("DISABLE") | Some("disable") => policy::DISABLE,
             _ => policy::DEFAULT,
         };
-        let region_path = lookup(names::SHARED_CACHE)
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| names::SHARED_CACHE_DEFAULT.to_owned())
-            .into();
+        let (region, why) = region_place(&lookup);
+        other_errors.extend(why);
+        let region_path = region.path();
+        let per_container = matches!(region, RegionPlace::PerContainer(_));
         let nvidia_visible = lookup(names::NVIDIA_VISIBLE_DEVICES);
         let oversubscribe = match lookup(names::OVERSUBSCRIBE).as_deref().map(str::trim) {
             None | Some("") => false,
@@ -96,6 +134,7 @@ impl Config {
         errors.extend(sm.errors);
         Self {
             region_path,
+            per_container_region: per_container,
             priority_stated,
             mem_limit: mem.values,
             sm_limit: sm.values,
@@ -126,6 +165,44 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// KAI's resource isolator names no cache file: the region goes to the
+    /// per-container directory under its mount, made on first use; one
+    /// that cannot be made leaves HAMi's default, said once.
+    #[test]
+    fn the_per_container_region_directory_is_made_or_the_default_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let mount = d.path().join("vgpu");
+        std::fs::create_dir_all(mount.join("containers")).unwrap();
+        let m = mount.display().to_string();
+        let lookup = |k: &str| match k {
+            "CONTAINER_VGPU_MOUNT" => Some(m.clone()),
+            "POD_UID" => Some("uid-1".into()),
+            "CONTAINER_NAME" => Some("main".into()),
+            _ => None,
+        };
+        let mut cfg = Config::from_lookup(lookup);
+        let want = mount.join("containers/uid-1_main/usage.cache");
+        assert_eq!(cfg.region_path, want);
+        cfg.make_region_dir();
+        assert!(want.parent().unwrap().is_dir());
+        assert_eq!(cfg.region_path, want, "{:?}", cfg.other_errors);
+        cfg.make_region_dir();
+        assert!(cfg.other_errors.is_empty(), "{:?}", cfg.other_errors);
+
+        // Another pod's symlink where the directory goes: refused.
+        std::fs::remove_dir_all(want.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(d.path(), want.parent().unwrap()).unwrap();
+        let mut cfg = Config::from_lookup(lookup);
+        cfg.make_region_dir();
+        assert_eq!(cfg.region_path, PathBuf::from("/tmp/cudevshr.cache"));
+
+        std::fs::remove_dir_all(mount.join("containers")).unwrap();
+        let mut cfg = Config::from_lookup(lookup);
+        cfg.make_region_dir();
+        assert_eq!(cfg.region_path, PathBuf::from("/tmp/cudevshr.cache"));
+        assert_eq!(cfg.other_errors.len(), 1, "{:?}", cfg.other_errors);
+    }
 
     #[test]
     fn bad_limit_is_refused_and_reported() {

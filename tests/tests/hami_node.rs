@@ -36,6 +36,29 @@
 //!   `CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/<random uuid>.cache` and
 //!   `CUDA_OVERSUBSCRIBE=true` (where `deviceCoresScaling` > 1).
 //!
+//! - KAI's resource isolator (Project-HAMi/KAI-resource-isolator, webhook
+//!   cmd/webhook/main.go and chart/kai-resource-isolator/templates/daemonset.yaml at
+//!   1609f2f/508dee7): its libsync DaemonSet's start `mkdir -p`s
+//!   `<containerVgpuMount>/containers` and `/tmp/vgpulock`, `cp -f`s its
+//!   image's `/artifacts/libvgpu.so` (HAMi-core) and its ConfigMap's
+//!   `ld.so.preload` (`/usr/local/vgpu/libvgpu.so`) into
+//!   `<containerVgpuMount>` (`/usr/local/vgpu`), `chmod 0644`s both and
+//!   `chmod 1777`s the two directories; its webhook, for a pod annotated
+//!   `gpu-fraction` or `gpu-memory` (unless `kai-resource-isolator.io/inject:
+//!   "false"`), gives the fraction container (named by
+//!   `gpu-fraction-container-name`, else the first) the host's
+//!   `/usr/local/vgpu` read-write at the same path, its `ld.so.preload`
+//!   read-only at `/etc/ld.so.preload`, the host's
+//!   `/usr/local/vgpu/containers` and `/tmp/vgpulock` at the same paths, and
+//!   `POD_UID` (the pod's UID), `CONTAINER_NAME`, `CONTAINER_VGPU_MOUNT=
+//!   /usr/local/vgpu`; no cache path is named, so HAMi-core puts the region
+//!   at `<mount>/containers/<POD_UID>_<CONTAINER_NAME>/usage.cache`. KAI's
+//!   binder (kai-scheduler/KAI-Scheduler `pkg/binder/plugins/hamicore`)
+//!   sets `CUDA_DEVICE_MEMORY_LIMIT=<node GPU MiB × portion>m` (no device
+//!   index) and, with `gpu-sm-percentage`, `CUDA_DEVICE_SM_LIMIT`, through
+//!   the pod's GPU-sharing ConfigMap. A pod without the annotations gets
+//!   nothing: no preload, no limit.
+//!
 //! The node's "host" directories live under the test's directory; inside a
 //! container (a mount and PID namespace, mounts made in the runtime's
 //! parent-first order) every path is the real one. HAMi's library is a
@@ -57,6 +80,7 @@ enum Gen {
     V2_5,
     V2_10,
     Volcano,
+    Kai,
 }
 
 impl Gen {
@@ -66,13 +90,14 @@ impl Gen {
             Gen::V2_5 => "v2.5.0",
             Gen::V2_10 => "v2.10.0",
             Gen::Volcano => "volcano-4fb76ba",
+            Gen::Kai => "kai-resource-isolator-1609f2f",
         }
     }
 
     /// The library's name in the image and on the host.
     fn lib_name(self) -> String {
         match self {
-            Gen::V2_4 | Gen::Volcano => "libvgpu.so".into(),
+            Gen::V2_4 | Gen::Volcano | Gen::Kai => "libvgpu.so".into(),
             _ => format!("libvgpu.so.{}", self.version()),
         }
     }
@@ -190,11 +215,24 @@ impl Node {
             )
             .unwrap();
         }
+        if self.gen == Gen::Kai {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = |p: &Path, m: u32| {
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+            };
+            for d in [self.vgpu_dir.join("containers"), self.vgpulock.clone()] {
+                std::fs::create_dir_all(&d).unwrap();
+                mode(&d, 0o1777);
+            }
+            for f in ["libvgpu.so", "ld.so.preload"] {
+                mode(&self.vgpu_dir.join(f), 0o644);
+            }
+        }
     }
 
     /// Does the device plugin's start `cp -f` every file (in place)?
     fn rewrites(&self) -> bool {
-        matches!(self.gen, Gen::V2_4 | Gen::Volcano)
+        matches!(self.gen, Gen::V2_4 | Gen::Volcano | Gen::Kai)
     }
 
     /// `GetLibPath()` (2.4 and Volcano: always `libvgpu.so`).
@@ -209,8 +247,10 @@ impl Node {
 
     /// HAMi's Allocate for container `ctr` of a new pod, 256 MiB and 50 % SM.
     fn allocate(&mut self, ctr: &str) -> Allocation {
-        if self.gen == Gen::Volcano {
-            return self.allocate_volcano(ctr, None);
+        match self.gen {
+            Gen::Volcano => return self.allocate_volcano(ctr, None),
+            Gen::Kai => return self.allocate_kai(ctr, true),
+            _ => {}
         }
         self.seq += 1;
         let pod_uid = format!("0b6c2f3e-1111-2222-3333-{:012}", self.seq);
@@ -301,6 +341,57 @@ impl Node {
             mounts,
             env,
             region: cache_dir.join(region_name),
+        }
+    }
+
+    /// KAI's webhook and binder for container `ctr` of a new pod: with
+    /// `fraction`, a `gpu-fraction` pod given 1/32 of an 8 GiB GPU (256 MiB)
+    /// and `gpu-sm-percentage: 50`; without, a pod KAI leaves alone.
+    fn allocate_kai(&mut self, ctr: &str, fraction: bool) -> Allocation {
+        const GPU_MIB: f64 = 8192.0;
+        const PORTION: f64 = 1.0 / 32.0;
+        self.seq += 1;
+        let pod_uid = format!("7c3a9e15-7777-8888-9999-{:012}", self.seq);
+        let region = self
+            .vgpu_dir
+            .join("containers")
+            .join(format!("{pod_uid}_{ctr}"))
+            .join("usage.cache");
+        if !fraction {
+            return Allocation {
+                mounts: Vec::new(),
+                env: vec![("LIBCUDA_LOG_LEVEL".into(), "3".into())],
+                region,
+            };
+        }
+        let mount = "/usr/local/vgpu";
+        Allocation {
+            mounts: vec![
+                (self.vgpu_dir.clone(), mount.into(), false),
+                (
+                    self.vgpu_dir.join("ld.so.preload"),
+                    "/etc/ld.so.preload".into(),
+                    true,
+                ),
+                (
+                    self.vgpu_dir.join("containers"),
+                    format!("{mount}/containers"),
+                    false,
+                ),
+                (self.vgpulock.clone(), "/tmp/vgpulock".into(), false),
+            ],
+            env: vec![
+                ("POD_UID".into(), pod_uid),
+                ("CONTAINER_NAME".into(), ctr.into()),
+                ("CONTAINER_VGPU_MOUNT".into(), mount.into()),
+                (
+                    "CUDA_DEVICE_MEMORY_LIMIT".into(),
+                    format!("{}m", (GPU_MIB * PORTION) as u64),
+                ),
+                ("CUDA_DEVICE_SM_LIMIT".into(), "50".into()),
+                ("LIBCUDA_LOG_LEVEL".into(), "3".into()),
+            ],
+            region,
         }
     }
 
@@ -1022,6 +1113,172 @@ fn the_daemon_labels_regions_under_volcanos_layout() {
     eventually(
         Duration::from_secs(10),
         "the Volcano container's region in /metrics",
+        || daemon.metrics().contains(&want),
+    );
+    let metrics = daemon.metrics();
+    let limit = metrics
+        .lines()
+        .find(|l| l.starts_with("hami_vgpu_memory_limit_bytes{") && l.contains(&want))
+        .unwrap_or_else(|| panic!("no limit series for {pod_uid}: {metrics}"));
+    assert!(
+        limit.contains("container=\"trainer\"") && limit.ends_with(&(256u64 << 20).to_string()),
+        "the region's limit, labelled with its pod and container: {limit}"
+    );
+    drop(daemon);
+    let _ = std::fs::remove_dir_all(&node.root);
+}
+
+/// A fractional pod on a KAI node ran under vgpu's hook: its log lines, the
+/// limit KAI's binder set (no device index), and the region where HAMi-core
+/// puts it when only the webhook's three variables say where.
+fn assert_kai_runs_vgpu(node: &mut Node, gpu: &SimGpu, exe: &Path, when: &str) {
+    let a = node.allocate("main");
+    let out = node.run(&a, gpu, exe);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{when}: {stdout}{stderr}");
+    assert!(
+        stderr.contains(VGPU_SAYS) && stderr.contains("created region with limits"),
+        "{when}: vgpu's hook logs from inside the container: {stderr}"
+    );
+    assert!(!stderr.contains(STANDIN_SAYS), "{when}: {stderr}");
+    assert!(
+        stdout.contains("cuMemGetInfo: total 256 MiB"),
+        "{when}: the hook reports KAI's limit: {stdout}"
+    );
+    let region = RegionFile::open(&a.region, Access::ReadOnly)
+        .unwrap_or_else(|e| panic!("{when}: region {}: {e:?}", a.region.display()));
+    let r = region.region();
+    use std::sync::atomic::Ordering::SeqCst;
+    assert_eq!(r.limit[0].load(SeqCst), 256 << 20, "{when}");
+    assert_eq!(r.sm_limit[0].load(SeqCst), 50, "{when}");
+}
+
+/// Issue #41: a node of KAI's resource isolator. install-hook tells it by
+/// the sticky `containers/` its libsync makes, refuses without `--force`
+/// (its start `cp -f`s HAMi-core over the host file in place) naming it,
+/// and warns that KAI mounts the directory read-write into pods; with
+/// `--force` a fractional pod runs under vgpu's hook with KAI's environment
+/// (the region in `containers/<POD_UID>_<CONTAINER_NAME>/usage.cache`, made
+/// by the hook), a pod KAI leaves alone gets no hook, the keeper puts vgpu's
+/// library back after an isolator restart, and uninstall gives KAI its
+/// library back.
+#[test]
+fn kai_isolator_node_installs_with_force_runs_vgpu_and_uninstalls() {
+    let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
+    let mut node = Node::new("kai", Gen::Kai);
+    let exe = dist::compile_c("demo_workload", &node.root, false);
+    node.device_plugin_start();
+    assert_runs_hami(&mut node, &gpu, &exe, "KAI before vgpu");
+    let kai_lib = std::fs::read(node.versioned()).unwrap();
+    let kai_preload = std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap();
+
+    let before = snapshot(&node.vgpu_dir);
+    for hami in [false, true] {
+        let out = hook_cmd(&node, hami, &[]).output().unwrap();
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "--hami: {hami}: {said}");
+        assert!(
+            said.contains("KAI's resource isolator"),
+            "--hami: {hami}: the refusal names KAI: {said}"
+        );
+        assert_eq!(snapshot(&node.vgpu_dir), before, "--hami: {hami}");
+    }
+    let out = hook_cmd(&node, false, &["--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("KAI's resource isolator"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = sh(&mut hook_cmd(&node, false, &["--force"]));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("KAI") && said.contains("drained") && said.contains("read-write"),
+        "{said}"
+    );
+    let out = hook_cmd(&node, false, &["--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stdout));
+    assert_kai_runs_vgpu(&mut node, &gpu, &exe, "after install-hook --force");
+
+    // A pod with no gpu-fraction / gpu-memory: KAI injects nothing.
+    let a = node.allocate_kai("plain", false);
+    let out = node.run(&a, &gpu, &exe);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        !stderr.contains(VGPU_SAYS) && !stderr.contains(STANDIN_SAYS),
+        "a pod KAI leaves alone loads no hook: {stderr}"
+    );
+    assert!(!a.region.exists(), "and makes no region");
+
+    // The isolator's restart copies HAMi-core over vgpu's library in place
+    // (what --force accepted); the keeper puts vgpu's back by rename.
+    let keeper = Watcher(
+        hook_cmd(&node, false, &["--force", "--watch", "60"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let running = Mapped::new(&node.lib_path());
+    node.device_plugin_start();
+    assert!(
+        !running.unchanged(),
+        "the isolator's restart rewrote the mapped library in place"
+    );
+    drop(running);
+    let ours = std::fs::read(dist::hook_lib()).unwrap();
+    eventually(
+        Duration::from_secs(2),
+        "the keeper puts vgpu's library back after the restart",
+        || std::fs::read(node.lib_path()).ok().as_ref() == Some(&ours),
+    );
+    assert_kai_runs_vgpu(&mut node, &gpu, &exe, "after the isolator's restart");
+
+    uninstall(&node);
+    drop(keeper);
+    assert_eq!(std::fs::read(node.versioned()).unwrap(), kai_lib);
+    assert_eq!(
+        std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap(),
+        kai_preload
+    );
+    assert_runs_hami(&mut node, &gpu, &exe, "after uninstall");
+    let _ = std::fs::remove_dir_all(&node.root);
+}
+
+/// Issue #41: `vgpu daemon` finds and labels a KAI pod's region
+/// (`<mount>/containers/<POD_UID>_<CONTAINER_NAME>/usage.cache`, made by
+/// vgpu's hook) under the default root it shares with HAMi.
+#[test]
+fn the_daemon_labels_regions_under_kais_layout() {
+    let gpu = SimGpu::builder().memory("8g").context_bytes("64m").build();
+    let mut node = Node::new("kai-daemon", Gen::Kai);
+    let exe = dist::compile_c("demo_workload", &node.root, false);
+    node.device_plugin_start();
+    sh(&mut hook_cmd(&node, false, &["--force"]));
+    let a = node.allocate("trainer");
+    let out = node.run(&a, &gpu, &exe);
+    assert!(
+        out.status.success() && text(&out.stderr).contains(VGPU_SAYS) && a.region.is_file(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let dir = a.region.parent().unwrap().file_name().unwrap();
+    let (pod_uid, _) = dir.to_str().unwrap().split_once('_').unwrap();
+
+    let work = vgpu_tests::daemon::Workdir::new("vgpu-kai-", &["state"]);
+    let daemon = work.start_daemon(
+        &gpu,
+        &work.path("state"),
+        &node.vgpu_dir.join("containers"),
+        &[],
+    );
+    let want = format!("pod_uid=\"{pod_uid}\"");
+    eventually(
+        Duration::from_secs(10),
+        "the KAI container's region in /metrics",
         || daemon.metrics().contains(&want),
     );
     let metrics = daemon.metrics();

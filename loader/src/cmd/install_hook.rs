@@ -27,9 +27,9 @@ use crate::install::{self, HamiSeen, Mounted, Outcome, Plan, Report};
 /// `--hami` every `libvgpu.so.<version>` is moved into the backup (never
 /// overwritten), so the device plugin mounts vgpu's `libvgpu.so`; with
 /// `--watch` it keeps doing so after a device-plugin restart copies HAMi's
-/// file back. HAMi 2.4 and earlier and Volcano's vGPU device plugin (no
-/// versioned file) are refused unless `--force` is given: their device
-/// plugin rewrites `libvgpu.so` in place on every start. A `libvgpu.so`
+/// file back. HAMi 2.4 and earlier, Volcano's vGPU device plugin and KAI's
+/// resource isolator (no versioned file) are refused unless `--force` is
+/// given: their start rewrites `libvgpu.so` in place. A `libvgpu.so`
 /// vgpu did not install is never replaced without `--force`. Without
 /// `--hami` a node HAMi 2.5+ serves is refused. After `--uninstall` a running
 /// `--watch` stands down until the next install without `--watch`. A
@@ -72,13 +72,15 @@ pub struct Args {
     /// Exits 0 when it is vgpu's (the --from library) and stays so, 3 when
     /// it is another (or no hook at all), 4 when it is vgpu's but HAMi ≥ 2.5
     /// is not proven (with --hami, or where HAMi ≤ 2.4's or Volcano's device
-    /// plugin left its files): those rewrite it in place on their next start.
+    /// plugin, or KAI's isolator, left its files): those rewrite it in place
+    /// on their next start.
     #[arg(long, conflicts_with_all = ["watch", "uninstall"])]
     check: bool,
     /// Replace a libvgpu.so that vgpu did not install (the first install
     /// keeps it for --uninstall), and install where the device plugin
     /// copies its libvgpu.so over the host file in place on every start
-    /// (HAMi 2.4 and earlier, Volcano's vGPU device plugin): restart that
+    /// (HAMi 2.4 and earlier, Volcano's vGPU device plugin, KAI's resource
+    /// isolator's libsync): restart that
     /// device plugin only on a drained node, since its copy rewrites
     /// vgpu's library under the containers that have it mapped.
     /// With --hami it replaces a stray libvgpu.so, but never stands in for
@@ -131,6 +133,13 @@ pub fn run(args: Args) -> Result<ExitCode> {
             "{dir}: {}; its device plugin's next start rewrites {dir}/libvgpu.so in place: \
              restart it only on a drained node, then run install-hook --force again",
             seen.describe()
+        );
+    }
+    if seen == HamiSeen::Kai {
+        println!(
+            "{dir}: KAI's webhook mounts this whole directory read-write into every fractional \
+             pod: a pod running as root can replace {dir}/libvgpu.so (vgpu's or HAMi-core's) \
+             for the node (docs/kubernetes.md, \"Hosts\")"
         );
     }
     let (Some(secs), Some(stop)) = (args.watch, stop) else {
@@ -204,7 +213,7 @@ fn check(host_dir: &std::path::Path, lib: &std::path::Path, hami: bool) -> Resul
     let seen_rewrites = seen.rewrites_in_place();
     let proven = match seen {
         HamiSeen::Versioned(_) => true,
-        HamiSeen::Unversioned | HamiSeen::Volcano | HamiSeen::Started => false,
+        HamiSeen::Unversioned | HamiSeen::Volcano | HamiSeen::Kai | HamiSeen::Started => false,
         HamiSeen::Nothing => !hami,
     };
     let (line, code) = match install::mounted(host_dir, lib)? {
@@ -215,8 +224,8 @@ fn check(host_dir: &std::path::Path, lib: &std::path::Path, hami: bool) -> Resul
         Mounted::Vgpu => (
             format!(
                 "{dir}/libvgpu.so is vgpu's, but HAMi 2.5 or later is not proven: the next start \
-                 of a HAMi 2.4 (or Volcano) device plugin rewrites it in place under running \
-                 containers; not served"
+                 of a HAMi 2.4 device plugin (or Volcano's, or KAI's isolator) rewrites it in \
+                 place under running containers; not served"
             ),
             4,
         ),

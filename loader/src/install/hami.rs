@@ -42,6 +42,14 @@ const CONTAINERS: &str = "containers";
 /// templates/daemonset.yaml).
 const VOLCANO_CONTAINERS: &str = "vgpu/containers";
 
+/// KAI's resource isolator (Project-HAMi/KAI-resource-isolator,
+/// chart/kai-resource-isolator/templates/daemonset.yaml): its libsync start `cp -f`s HAMi-core's
+/// `libvgpu.so` and an `ld.so.preload` into the host directory (in place),
+/// makes `containers/` and `chmod 1777`s it, so that HAMi-core, not a device
+/// plugin, can make each container's `<pod uid>_<ctr>/` there; no HAMi
+/// release sets the sticky bit on `containers/`.
+const STICKY: u32 = 0o1000;
+
 /// What the host directory says of the HAMi release that serves it.
 #[derive(Debug, PartialEq, Eq)]
 pub enum HamiSeen {
@@ -56,6 +64,11 @@ pub enum HamiSeen {
     /// the host directory itself), and its start `cp -f`s an unversioned
     /// `libvgpu.so` in place as HAMi 2.4 does.
     Volcano,
+    /// KAI's resource isolator: `containers/` with the sticky bit its
+    /// libsync sets, or a `usage.cache` region in it (HAMi-core's own
+    /// per-container layout); its restart `cp -f`s HAMi-core's
+    /// `libvgpu.so` in place as HAMi 2.4 does.
+    Kai,
     /// An unversioned `libvgpu.so` that vgpu did not put there, beside an
     /// `ld.so.preload`, and no per-container directory yet: what the start
     /// of HAMi ≤ 2.4's or Volcano's device plugin leaves (both `cp -f`
@@ -78,6 +91,9 @@ impl HamiSeen {
             HamiSeen::Volcano => {
                 "Volcano's vGPU device plugin, HAMi-core (its vgpu/containers/)".to_owned()
             }
+            HamiSeen::Kai => "KAI's resource isolator, HAMi-core (its containers/ with the \
+                 sticky bit, or usage.cache regions in it)"
+                .to_owned(),
             HamiSeen::Started => "HAMi 2.4 or earlier, or Volcano's vGPU device plugin \
                  (an unversioned libvgpu.so vgpu did not install, with ld.so.preload; \
                  no container allocated yet, so which of the two is not known)"
@@ -91,7 +107,7 @@ impl HamiSeen {
     pub fn rewrites_in_place(&self) -> bool {
         matches!(
             self,
-            HamiSeen::Unversioned | HamiSeen::Volcano | HamiSeen::Started
+            HamiSeen::Unversioned | HamiSeen::Volcano | HamiSeen::Kai | HamiSeen::Started
         )
     }
 }
@@ -120,7 +136,9 @@ pub fn seen(host_dir: &Path, backup: &Path) -> Result<HamiSeen, InstallError> {
     }
     let is_dir = |rel: &str| fs::symlink_metadata(host_dir.join(rel)).is_ok_and(|m| m.is_dir());
     let exists = |p: &Path| fs::symlink_metadata(p).is_ok();
-    Ok(if is_dir(CONTAINERS) {
+    Ok(if is_kai(&host_dir.join(CONTAINERS)) {
+        HamiSeen::Kai
+    } else if is_dir(CONTAINERS) {
         HamiSeen::Unversioned
     } else if is_dir(VOLCANO_CONTAINERS) {
         HamiSeen::Volcano
@@ -137,6 +155,27 @@ pub fn seen(host_dir: &Path, backup: &Path) -> Result<HamiSeen, InstallError> {
         HamiSeen::Started
     } else {
         HamiSeen::Nothing
+    })
+}
+
+/// Is `containers` KAI's: a directory with the sticky bit, or holding a
+/// `<pod uid>_<ctr>/usage.cache`?
+fn is_kai(containers: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Ok(meta) = fs::symlink_metadata(containers) else {
+        return false;
+    };
+    if !meta.is_dir() {
+        return false;
+    }
+    if meta.permissions().mode() & STICKY != 0 {
+        return true;
+    }
+    fs::read_dir(containers).is_ok_and(|entries| {
+        entries.filter_map(Result::ok).any(|e| {
+            fs::symlink_metadata(e.path().join(vgpu_common::env::PER_CONTAINER_CACHE))
+                .is_ok_and(|m| m.is_file())
+        })
     })
 }
 
@@ -239,6 +278,17 @@ mod tests {
         fs::create_dir_all(host.join(CONTAINERS)).unwrap();
         fs::write(host.join("libvgpu.so"), b"hami 2.4").unwrap();
         assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Unversioned);
+        // KAI's libsync: `chmod 1777 containers`; or a region of its layout.
+        use std::os::unix::fs::PermissionsExt as _;
+        let containers = host.join(CONTAINERS);
+        fs::set_permissions(&containers, fs::Permissions::from_mode(0o1777)).unwrap();
+        assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Kai);
+        fs::set_permissions(&containers, fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Unversioned);
+        fs::create_dir_all(containers.join("uid_main")).unwrap();
+        fs::write(containers.join("uid_main/usage.cache"), b"").unwrap();
+        assert_eq!(seen(&host, &backup).unwrap(), HamiSeen::Kai);
+        fs::remove_dir_all(containers.join("uid_main")).unwrap();
         fs::write(host.join("libvgpu.so.v2.10.0"), b"hami").unwrap();
         let v = HamiSeen::Versioned(vec!["v2.10.0".into()]);
         assert_eq!(seen(&host, &backup).unwrap(), v);

@@ -24,7 +24,7 @@
 //!
 //! On HAMi ≥ 2.5 nodes the device plugin mounts a versioned file first;
 //! `hami` says how vgpu takes its place without writing over it, and why
-//! HAMi ≤ 2.4 and Volcano nodes are refused without `--force`. A plain
+//! HAMi ≤ 2.4, Volcano and KAI nodes are refused without `--force`. A plain
 //! install on a node HAMi 2.5+ serves is refused too: the file it writes
 //! would never be mounted. A `libvgpu.so` vgpu did not write (`backup`
 //! records the file each install writes) is never replaced without
@@ -162,7 +162,7 @@ pub struct Plan {
     pub keeper: bool,
     /// The operator's word (`--force`) to replace a `libvgpu.so` vgpu did
     /// not install, and to install where a device plugin rewrites it in
-    /// place (HAMi ≤ 2.4, Volcano).
+    /// place (HAMi ≤ 2.4, Volcano, KAI's isolator).
     pub force: bool,
 }
 

@@ -43,11 +43,10 @@ impl Procfs {
         }
     }
 
-    /// The value of environment variable `name` in the process's initial
-    /// environment (`/proc/<pid>/environ`); `Ok(None)` when it is unset.
-    pub fn env_var(&self, pid: u32, name: &str) -> io::Result<Option<String>> {
-        let raw = std::fs::read(self.dir(pid).join("environ"))?;
-        Ok(env_lookup(&raw, name))
+    /// The process's environment as the kernel keeps it (NUL-separated
+    /// `KEY=value` records).
+    pub fn environ(&self, pid: u32) -> io::Result<Vec<u8>> {
+        std::fs::read(self.dir(pid).join("environ"))
     }
 
     /// The process's PID in its own (innermost) PID namespace, from the

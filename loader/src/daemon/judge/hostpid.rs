@@ -7,12 +7,12 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use vgpu_common::env::{SHARED_CACHE, SHARED_CACHE_DEFAULT};
 use vgpu_common::region::status;
 use vgpu_common::region_io::IoError;
+use vgpu_common::region_place::region_place;
 
 use crate::daemon::apply::{self, Expect, Field, Target, Write};
-use crate::daemon::collect::procfs::{ProcIdentity, Procfs};
+use crate::daemon::collect::procfs::{env_lookup, ProcIdentity, Procfs};
 use crate::daemon::collect::region_cache::{Full, RegionCache, RegionKey, Tenant};
 use crate::regions::open::{open_in_process, Access, OpenError};
 
@@ -84,14 +84,10 @@ pub struct Filled {
 
 /// The region path a process uses, as it names it.
 pub fn region_path_of(procfs: &Procfs, host_pid: u32) -> Result<PathBuf, Miss> {
-    let named = procfs
-        .env_var(host_pid, SHARED_CACHE)
+    let raw = procfs
+        .environ(host_pid)
         .map_err(|_| Miss::Environ(host_pid))?;
-    Ok(PathBuf::from(
-        named
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| SHARED_CACHE_DEFAULT.to_owned()),
-    ))
+    Ok(region_place(|name| env_lookup(&raw, name)).0.path())
 }
 
 /// Finds the slot of process `me` (host PID `host_pid`) and writes its host

@@ -2,9 +2,9 @@
 //! (`/proc/<pid>/environ`), read once per process.
 
 use std::io::Read as _;
-use std::path::PathBuf;
 
-use vgpu_common::env::{MEMORY_LIMIT, SHARED_CACHE, SHARED_CACHE_DEFAULT};
+use vgpu_common::env::MEMORY_LIMIT;
+use vgpu_common::region_place::region_place;
 
 use super::expected::{self, Limits};
 use super::{Integrity, OwnEnv};
@@ -23,13 +23,13 @@ impl Integrity {
         let own = env.map(|records| {
             let strs: Vec<&str> = records.iter().map(String::as_str).collect();
             let (limits, _) = Limits::from_env(strs.iter().copied());
-            let region = expected::lookup(strs.iter().copied(), SHARED_CACHE)
-                .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| SHARED_CACHE_DEFAULT.to_owned());
+            let region = region_place(|name| expected::lookup(strs.iter().copied(), name))
+                .0
+                .path();
             let memory_var = strs.iter().any(|r| r.starts_with(MEMORY_LIMIT));
             OwnEnv {
                 limits,
-                region: PathBuf::from(region),
+                region,
                 memory_var,
             }
         });

@@ -4,10 +4,11 @@
 
 use std::path::PathBuf;
 
-use vgpu_common::env::{MEMORY_LIMIT, SHARED_CACHE, SHARED_CACHE_DEFAULT, SM_LIMIT};
+use vgpu_common::env::{MEMORY_LIMIT, SM_LIMIT};
 use vgpu_common::limit::{device_limits, parse_percent, parse_size, LimitError};
 use vgpu_common::region::rules::{memory_limit, sm_limit_shown, SM_UNLIMITED};
 use vgpu_common::region::MAX_DEVICES;
+use vgpu_common::region_place::region_place;
 
 /// HAMi's per-container opt-in to having processes over their limit killed
 /// (its library reads it and never acts on it).
@@ -96,9 +97,7 @@ impl Expected {
         if !limits.any() {
             return None;
         }
-        let region = lookup(records.clone(), SHARED_CACHE)
-            .filter(|p| !p.is_empty())
-            .unwrap_or_else(|| SHARED_CACHE_DEFAULT.to_owned());
+        let region = region_place(|name| lookup(records.clone(), name)).0.path();
         let oom_killer = lookup(records.clone(), ACTIVE_OOM_KILLER)
             .is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
         let devices = [NVIDIA_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES]
@@ -117,7 +116,7 @@ impl Expected {
         };
         Some(Expected {
             limits,
-            region: PathBuf::from(region),
+            region,
             oom_killer,
             devices,
             visible: entries(NVIDIA_VISIBLE_DEVICES),
@@ -291,7 +290,10 @@ mod tests {
         .unwrap();
         assert_eq!((e.limits.mem[0], e.limits.mem[1]), (G, 0));
         assert_eq!(e.errors.len(), 1);
-        assert_eq!(e.region, PathBuf::from(SHARED_CACHE_DEFAULT));
+        assert_eq!(
+            e.region,
+            PathBuf::from(vgpu_common::env::SHARED_CACHE_DEFAULT)
+        );
         assert_eq!(e.devices, None);
     }
 
