@@ -178,13 +178,16 @@ pub enum ClaimError {
         others: String,
     },
     #[error(
-        "claim {claim}: device {device} of pool {pool} is not a GPU of this node ({node_pool})"
+        "claim {claim}: device {device} of pool {pool} is not a GPU of this node \
+         (pool {node_pool}, devices {have})"
     )]
     UnknownDevice {
         claim: String,
         pool: String,
         device: String,
         node_pool: String,
+        /// The node's devices, for the message (`none` without GPUs).
+        have: String,
     },
     #[error("claim {claim}: consumed capacity {name}={value:?} of {device}: {source}")]
     Quantity {
@@ -288,6 +291,7 @@ impl ResourceClaim {
                     pool: r.pool.clone(),
                     device: r.device.clone(),
                     node_pool: node_pool.to_owned(),
+                    have: device_names(gpus),
                 })?;
             let (memory, cores) = consumed(&claim, r, gpu)?;
             // Two requests on one GPU (consumable capacity allows it): one
@@ -320,6 +324,14 @@ impl ResourceClaim {
             settings,
         })
     }
+}
+
+/// `gpu-0, gpu-1`, or `none`.
+fn device_names(gpus: &[Gpu]) -> String {
+    if gpus.is_empty() {
+        return "none".to_owned();
+    }
+    gpus.iter().map(Gpu::name).collect::<Vec<_>>().join(", ")
 }
 
 /// Memory bytes and cores percent one result consumes of `gpu`; the whole

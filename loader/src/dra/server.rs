@@ -57,7 +57,9 @@ pub struct Plugin {
     pub driver: String,
     /// The pool of this node's devices (the node's name).
     pub pool: String,
-    pub gpus: Vec<Gpu>,
+    /// The node's GPUs as NVML last listed them; replaced when that
+    /// changes (a GPU added, lost or replaced).
+    pub gpus: tokio::sync::RwLock<Vec<Gpu>>,
     pub api: ApiServer,
     pub state: tokio::sync::Mutex<State>,
     /// The DRA socket, as `GetInfo` tells kubelet.
@@ -85,7 +87,7 @@ impl Plugin {
                 asked: c.uid.clone(),
             });
         }
-        let plan = claim.plan(&self.driver, &self.pool, &self.gpus)?;
+        let plan = claim.plan(&self.driver, &self.pool, &self.gpus.read().await)?;
         Ok(state.prepare(&plan)?)
     }
 
