@@ -1366,6 +1366,17 @@ fn the_dra_plugin_runs_beside_the_daemon_with_kubelets_paths() {
             "{flag} {dir}"
         );
     }
+    // Where NVIDIA's CDI spec may be: the two directories the runtimes read.
+    let nvidia: Vec<Option<String>> = args
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| *a == "--nvidia-cdi-dir")
+        .map(|(i, _)| host_path_of(&ds, plugin, &args[i + 1]))
+        .collect();
+    assert_eq!(
+        nvidia,
+        [Some("/etc/cdi".to_owned()), Some("/var/run/cdi".to_owned())]
+    );
     // The daemon reads the claims' regions under the same hook directory.
     assert_eq!(
         host_path_of(&ds, daemon, paths::HOOK_DIR).as_deref(),

@@ -89,7 +89,15 @@ impl Node {
             .prefix("vgpu-dra-plugin-")
             .tempdir()
             .unwrap();
-        for d in ["cdi", "state", "hook", "registry", "plugin", "dev"] {
+        for d in [
+            "cdi",
+            "state",
+            "hook",
+            "registry",
+            "plugin",
+            "dev",
+            "nvidia-cdi",
+        ] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
         }
         // As `vgpu install-hook` leaves the hook directory.
@@ -167,6 +175,10 @@ impl Node {
             .arg(self.path("plugin"))
             .arg("--dev-dir")
             .arg(self.path("dev"))
+            // Not the host's /etc/cdi and /var/run/cdi: NVIDIA's spec is
+            // whatever a test puts here.
+            .arg("--nvidia-cdi-dir")
+            .arg(self.path("nvidia-cdi"))
             .envs(self.gpu.envs())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.path(log)).unwrap());
@@ -1056,6 +1068,46 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+/// `podman run` of `cmd` (as runc runs it, in a throw-away overlay of the
+/// host's root, so the test programs and their C library are there) with
+/// the simulated GPU's directory, libraries and environment, `binds` bound
+/// at their own paths, and the CDI `devices` in order: its stdout.
+fn podman_run(node: &Node, devices: &[String], binds: &[&Path], cmd: &[&OsStr]) -> String {
+    let mut c = Command::new("podman");
+    c.args(["--runtime", "runc", "run", "--rm", "--network", "none"])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(["--pid", "host"]);
+    for d in devices {
+        c.arg("--device").arg(d);
+    }
+    for d in [node.gpu.dir(), node.gpu.lib_dir()]
+        .into_iter()
+        .chain(binds.iter().copied())
+    {
+        c.arg("-v").arg(format!("{0}:{0}", d.display()));
+    }
+    for (k, v) in node.gpu.envs() {
+        c.arg("-e").arg(format!("{k}={v}"));
+    }
+    let out = c
+        .args(["--rootfs", "/:O"])
+        .args(cmd)
+        .output()
+        .expect("podman (cargo xtask setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "podman run {cmd:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 #[test]
 fn podman_applies_a_prepared_claim_and_the_hook_enforces_its_limits() {
     // podman 4.3 (Debian 12's) reads CDI specs only from /etc/cdi and
@@ -1085,36 +1137,15 @@ fn podman_applies_a_prepared_claim_and_the_hook_enforces_its_limits() {
         .tempdir()
         .unwrap();
     let prog = dist::compile_c("hook_mem", prog_dir.path(), false);
-    let sim_env = node.gpu.envs();
     let run = |args: &[&str]| -> String {
-        let mut c = Command::new("podman");
-        c.args(["--runtime", "runc", "run", "--rm", "--network", "none"])
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ])
-            .args(["--pid", "host", "--device", device]);
-        for d in [node.gpu.dir(), node.gpu.lib_dir(), prog_dir.path()] {
-            c.arg("-v").arg(format!("{0}:{0}", d.display()));
-        }
-        for (k, v) in &sim_env {
-            c.arg("-e").arg(format!("{k}={v}"));
-        }
-        let out = c
-            .args(["--rootfs", "/:O"])
-            .arg(&prog)
-            .args(args)
-            .output()
-            .expect("podman (cargo xtask setup installs it)");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "podman run {args:?}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        text
+        let mut cmd = vec![prog.as_os_str()];
+        cmd.extend(args.iter().map(OsStr::new));
+        podman_run(
+            &node,
+            std::slice::from_ref(device),
+            &[prog_dir.path()],
+            &cmd,
+        )
     };
     const G: u64 = 1 << 30;
     let total = |text: &str| -> u64 {
@@ -1417,4 +1448,190 @@ fn the_slice_follows_the_gpus_nvml_reports_and_the_overlays_rbac_allows_exactly_
         .map(|(m, p)| rbac_of(m, p))
         .collect();
     assert_eq!(asked, overlay_grants());
+}
+
+/// NVIDIA's CDI spec as `nvidia-ctk cdi generate` writes it (YAML), naming
+/// GPU 0 by UUID and each of `by_index` by its index, with spec-wide edits.
+fn nvidia_spec(by_index: &[u32]) -> String {
+    let mut devices = format!(
+        "- name: {}\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n",
+        simgpu::model::device_uuid_string(0)
+    );
+    for i in by_index {
+        devices.push_str(&format!(
+            "- name: \"{i}\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia{i}\n"
+        ));
+    }
+    format!(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n{devices}\
+         - name: all\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n\
+         containerEdits:\n  env:\n  - NVIDIA_VISIBLE_DEVICES=void\n  deviceNodes:\n  \
+         - path: /dev/nvidiactl\n  mounts:\n  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06\n    \
+         containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06\n    options: [ro, nosuid, nodev, bind]\n"
+    )
+}
+
+#[test]
+fn where_the_node_has_nvidias_cdi_spec_a_claim_is_answered_with_nvidias_devices_beside_its_own() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    let (claim, uid) = node.serve("shared");
+    let ours = format!("{DRIVER}/claim={uid}");
+    std::fs::write(node.path("nvidia-cdi/nvidia.yaml"), nvidia_spec(&[1])).unwrap();
+    let plugin = node.start("plugin.log");
+    type Answers = std::collections::HashMap<
+        String,
+        vgpu_tests::kubelet::pb::dra::NodePrepareResourceResponse,
+    >;
+    let ids = |a: &Answers| -> Vec<Vec<String>> {
+        let r = &a[&uid];
+        assert_eq!(r.error, "");
+        r.devices.iter().map(|d| d.cdi_device_ids.clone()).collect()
+    };
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    // gpu-0 by its UUID, gpu-1 by its index, as NVIDIA's spec names them;
+    // NVIDIA's first, so the claim's NVIDIA_VISIBLE_DEVICES is the one the
+    // runtime keeps.
+    assert_eq!(
+        ids(&a),
+        [
+            vec![
+                format!("nvidia.com/gpu={}", simgpu::model::device_uuid_string(0)),
+                ours.clone()
+            ],
+            vec!["nvidia.com/gpu=1".to_owned(), ours.clone()],
+        ]
+    );
+    // The claim's spec restates no device node (NVIDIA's brings them and
+    // the driver's files) and keeps everything of vgpu's.
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(node.spec_path(&uid)).unwrap()).unwrap();
+    assert_valid_cdi(&spec);
+    let edits = &spec["devices"][0]["containerEdits"];
+    assert!(edits.get("deviceNodes").is_none(), "{edits:#}");
+    let env: Vec<&str> = edits["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(
+        env.iter()
+            .any(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=GPU-")),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_1=3221225472"),
+        "{env:?}"
+    );
+    assert_eq!(edits["mounts"].as_array().unwrap().len(), 3);
+
+    // NVIDIA's spec names GPU 0 only now (another device-name strategy):
+    // the claim, prepared anew, restates the device nodes and answers its
+    // own device alone.
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    std::fs::write(node.path("nvidia-cdi/nvidia.yaml"), nvidia_spec(&[])).unwrap();
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(ids(&a), [vec![ours.clone()], vec![ours.clone()]]);
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(node.spec_path(&uid)).unwrap()).unwrap();
+    assert_valid_cdi(&spec);
+    let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["/dev/nvidia1", "/dev/nvidiactl"]);
+    plugin.stop();
+}
+
+#[test]
+fn podman_merges_nvidias_spec_with_the_claims_and_the_claims_values_stay() {
+    // NVIDIA's spec stands in for `nvidia-ctk cdi generate`'s: kind
+    // nvidia.com/gpu, a device per simulated GPU (their UUIDs, which no
+    // real spec names), spec-wide edits with NVIDIA_VISIBLE_DEVICES=void and
+    // a mount standing for the driver's files. podman reads it from
+    // /var/run/cdi; the plugin from its --nvidia-cdi-dir.
+    let driver = format!("vgpu-e2e-nv-{}.dev", std::process::id());
+    let cdi_dir = PathBuf::from("/var/run/cdi");
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let node = Node::with(&driver, &cdi_dir);
+    let kubelet = StandInKubelet::new();
+    let driver_files = tempfile::Builder::new()
+        .prefix("vgpu-dra-driver-")
+        .tempdir()
+        .unwrap();
+    std::fs::write(driver_files.path().join("marker"), "driver files\n").unwrap();
+    let uuid = simgpu::model::device_uuid_string;
+    let spec = format!(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n\
+         - name: {}\n  containerEdits:\n    env: [STANDS_FOR_NVIDIA_DEVICE_0=1]\n\
+         - name: {}\n  containerEdits:\n    env: [STANDS_FOR_NVIDIA_DEVICE_1=1]\n\
+         containerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n  mounts:\n  \
+         - hostPath: {}\n    containerPath: /opt/nvidia-driver\n    options: [ro, nosuid, nodev, bind]\n",
+        uuid(0),
+        uuid(1),
+        driver_files.path().display()
+    );
+    let nvidia_spec = cdi_dir.join(format!("vgpu-e2e-nv-{}-nvidia.yaml", std::process::id()));
+    let _nvidia = RemoveOnDrop(nvidia_spec.clone());
+    std::fs::write(&nvidia_spec, &spec).unwrap();
+    std::fs::write(node.path("nvidia-cdi/nvidia.yaml"), &spec).unwrap();
+    let (claim, uid) = node.serve("shared");
+    let _spec = RemoveOnDrop(node.spec_path(&uid));
+    let plugin = node.start("plugin.log");
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(a[&uid].error, "");
+    // Every CDI device of the claim, in the answer's order, once: what a
+    // runtime gets for a container using the claim's requests.
+    let mut devices: Vec<String> = Vec::new();
+    for d in &a[&uid].devices {
+        for id in &d.cdi_device_ids {
+            if !devices.contains(id) {
+                devices.push(id.clone());
+            }
+        }
+    }
+    let ours = format!("{driver}/claim={uid}");
+    assert_eq!(
+        devices,
+        [
+            format!("nvidia.com/gpu={}", uuid(0)),
+            ours,
+            format!("nvidia.com/gpu={}", uuid(1)),
+        ]
+    );
+
+    let out = podman_run(
+        &node,
+        &devices,
+        &[],
+        &[
+            OsStr::new("/bin/sh"),
+            OsStr::new("-c"),
+            OsStr::new(
+                "echo \"visible=$NVIDIA_VISIBLE_DEVICES\"; env | grep ^STANDS_FOR_ | sort; \
+                 cat /opt/nvidia-driver/marker; echo \"limit0=$CUDA_DEVICE_MEMORY_LIMIT_0\"",
+            ),
+        ],
+    );
+    // NVIDIA's edits are in (both devices' and the spec-wide mount), and the
+    // claim's NVIDIA_VISIBLE_DEVICES, which the daemon reads to map the
+    // limits to GPUs, is the one kept.
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            format!("visible={},{}", uuid(0), uuid(1)).as_str(),
+            "STANDS_FOR_NVIDIA_DEVICE_0=1",
+            "STANDS_FOR_NVIDIA_DEVICE_1=1",
+            "driver files",
+            "limit0=1073741824",
+        ],
+        "{out}"
+    );
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    plugin.stop();
 }

@@ -23,6 +23,8 @@ use crate::dra::{devices, slice, state::State};
 /// `memory` and `cores`, and the opaque `VgpuConfig` parameters: priority,
 /// oversubscription, core policy), writes one CDI spec per claim into
 /// `--cdi-dir` and answers the CDI device `<driver>/claim=<claim UID>`.
+/// Where the node has NVIDIA's CDI spec naming the claim's GPUs, NVIDIA's
+/// devices are answered too and bring the device nodes and driver files.
 /// The spec gives the container the claim's GPUs, vgpu's `libvgpu.so` and
 /// `/etc/ld.so.preload` read-only, a region directory of its own
 /// (`<hook-dir>/claims/<claim UID>/`, where `vgpu daemon` finds it) and
@@ -88,6 +90,12 @@ pub struct Args {
     /// is replaced and claims are planned against the new list.
     #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
     rescan_interval: f64,
+    /// Where to look for NVIDIA's CDI spec (kind `nvidia.com/gpu`); where
+    /// it names each of a claim's GPUs, kubelet gets NVIDIA's device beside
+    /// the claim's and the claim's spec lists no device nodes. Repeat for
+    /// several directories.
+    #[arg(long, default_values = ["/etc/cdi", "/var/run/cdi"])]
+    nvidia_cdi_dir: Vec<PathBuf>,
 }
 
 /// A positive, finite number of seconds.
@@ -139,6 +147,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         api,
         state: tokio::sync::Mutex::new(state),
         endpoint: plugin_dir.join("dra.sock"),
+        nvidia_cdi_dirs: args.nvidia_cdi_dir,
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

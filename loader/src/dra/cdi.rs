@@ -167,8 +167,13 @@ impl Layout {
                 options: ro(),
             },
         ];
+        // Composed with NVIDIA's spec, which brings the device nodes (and
+        // the driver's files); restated otherwise.
         let mut device_nodes = Vec::new();
         let mut node = |name: String| {
+            if plan.nvidia.is_some() {
+                return;
+            }
             if self.dev_dir.join(&name).exists() {
                 device_nodes.push(DeviceNode {
                     path: Path::new("/dev").join(name).display().to_string(),

@@ -160,6 +160,10 @@ pub struct Plan {
     /// container sees them in: `_<i>` is the position here.
     pub devices: Vec<PlannedDevice>,
     pub settings: Settings,
+    /// NVIDIA's CDI device of each of `devices`, in their order, where the
+    /// node's NVIDIA spec names every one: the runtime then takes the GPUs'
+    /// device nodes and driver files from NVIDIA's spec.
+    pub nvidia: Option<Vec<String>>,
 }
 
 /// Why a claim cannot be prepared; the text is what kubelet shows in the
@@ -322,6 +326,7 @@ impl ResourceClaim {
             name: self.metadata.name.clone(),
             devices,
             settings,
+            nvidia: None,
         })
     }
 }

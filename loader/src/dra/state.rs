@@ -127,6 +127,11 @@ impl State {
         Ok((state, cleaned))
     }
 
+    /// Whether `file` in the CDI directory is one of this plugin's specs.
+    pub fn is_own_spec(&self, file: &str) -> bool {
+        self.layout.uid_of_spec(file).is_some()
+    }
+
     /// The claims prepared, by UID.
     pub fn prepared(&self) -> impl Iterator<Item = (&String, &Prepared)> {
         self.checkpoint.claims.iter()
@@ -209,11 +214,21 @@ impl State {
             devices: plan
                 .devices
                 .iter()
-                .map(|d| PreparedDevice {
+                .enumerate()
+                .map(|(i, d)| PreparedDevice {
                     requests: d.requests.clone(),
                     pool: d.pool.clone(),
                     device: d.device.clone(),
-                    cdi_ids: vec![id.clone()],
+                    // NVIDIA's first: the runtime applies the devices in
+                    // order, so where both set a variable
+                    // (NVIDIA_VISIBLE_DEVICES) the claim's value stays.
+                    cdi_ids: plan
+                        .nvidia
+                        .as_ref()
+                        .and_then(|n| n.get(i).cloned())
+                        .into_iter()
+                        .chain([id.clone()])
+                        .collect(),
                 })
                 .collect(),
         };
