@@ -105,6 +105,11 @@ impl StandInApiServer {
             .count()
     }
 
+    /// Every request so far, (method, path), in order.
+    pub fn request_log(&self) -> Vec<(String, String)> {
+        self.log.lock().expect("log").clone()
+    }
+
     /// The object at `path`, if one is there.
     pub fn object(&self, path: &str) -> Option<serde_json::Value> {
         let text = self.routes.lock().expect("routes").get(path).cloned()?;

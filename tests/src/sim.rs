@@ -221,6 +221,23 @@ impl SimGpu {
             .map_or(0, |d| d.launches.load(std::sync::atomic::Ordering::Relaxed))
     }
 
+    /// Changes the number of devices under the running server, as a GPU
+    /// added or lost: NVML calls from now on see `n` (1–16), CUDA in
+    /// processes that start after; a device back keeps its UUID, which
+    /// follows its index.
+    pub fn set_devices(&self, n: u32) {
+        assert!(
+            (1..=simgpu::config::MAX_DEVICES).contains(&n),
+            "{n} devices: the simulated GPU has 1 to {}",
+            simgpu::config::MAX_DEVICES
+        );
+        self.shm()
+            .shared()
+            .header
+            .devices
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Polls `cond` until it holds (`true`) or `timeout` passes (`false`).
     pub fn wait_for(&self, timeout: Duration, mut cond: impl FnMut(&SimGpu) -> bool) -> bool {
         crate::wait::poll_until(timeout, || cond(self)).is_some()

@@ -7,7 +7,11 @@
 //! into the typed API structs and passes the structural checks: host paths only from an allowlist every node has, the Pod
 //! Security label, the documented node selector, the hook installer, and
 //! what the daemon's code uses (host PID, capabilities, every host path in
-//! `vgpu_common::paths`, the metrics port and probe paths).
+//! `vgpu_common::paths`, the metrics port and probe paths). The `dra`
+//! overlay (vgpu's DRA driver beside the daemon) and the claims of
+//! deploy/examples/dra are rendered with kubectl and validated at 1.34, the
+//! first with `resource.k8s.io/v1`, and the newest; their own checks
+//! follow the plugin's flags to its host paths, its token and its class.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -30,6 +34,15 @@ const COMPONENTS: [&str; 2] = ["servicemonitor", "prometheusrule"];
 /// them (the operator's CRDs define them), so kubernetes-validate skips
 /// them; their content is checked below and in daemon_deploy.rs.
 const CRD_KINDS: [&str; 2] = ["ServiceMonitor", "PrometheusRule"];
+
+/// The overlay with vgpu's DRA driver, checked on its own below: it needs
+/// `resource.k8s.io/v1` (Kubernetes 1.34) and kubelet's plugin paths.
+const DRA_OVERLAY: &str = "dra";
+
+/// Kubernetes versions the DRA overlay and examples must be valid for: the
+/// first with `resource.k8s.io/v1`, and the newest kubernetes-validate
+/// knows.
+const DRA_KUBERNETES_VERSIONS: [&str; 2] = ["1.34.0", "1.37.0"];
 
 /// Kubernetes versions the rendered manifests must be valid for.
 const KUBERNETES_VERSIONS: [&str; 2] = ["1.29.0", "1.37.0"];
@@ -843,7 +856,7 @@ fn the_overlays_image_entry_sets_every_container() {
         "kubectl (with kustomize) is needed to render the overlays"
     );
     let new = "registry.example.com/team/vgpu:9.9.9";
-    for o in OVERLAYS {
+    for o in OVERLAYS.into_iter().chain([DRA_OVERLAY]) {
         let tmp = tempfile::tempdir().unwrap();
         let copy = tmp.path().join("deploy");
         let cp = Command::new("cp")
@@ -1168,6 +1181,311 @@ fn the_port_is_restricted_by_the_documented_tls_and_networkpolicy_lines() {
             text.contains("kubernetes.io/metadata.name: monitoring")
                 && !text.contains("--tls-cert"),
             "{o}: {text}"
+        );
+    }
+}
+
+/// kubernetes-validate (strict, offline, `--quiet`: only failures and
+/// warnings print) of `file` at `versions`.
+fn assert_schema_valid_at(file: &Path, what: &str, versions: &[&str]) {
+    for version in versions {
+        let out = Command::new("python3")
+            .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
+            .args(["-k", version])
+            .arg(file)
+            .output()
+            .expect("kubernetes-validate is needed: run `cargo xtask setup`");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && said.trim().is_empty(),
+            "{what} against Kubernetes {version}:\n{said}"
+        );
+    }
+}
+
+/// `kubectl kustomize deploy/overlays/dra`: its text and its documents.
+fn dra_rendered() -> (String, Vec<Value>) {
+    let text = kubectl_kustomize(&workspace_root().join("deploy/overlays").join(DRA_OVERLAY));
+    let docs = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .collect();
+    (text, docs)
+}
+
+fn dra_doc<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"].as_str() == Some(kind))
+        .unwrap_or_else(|| panic!("dra: no {kind}"))
+}
+
+/// The DRA overlay, as `kubectl kustomize` renders it, and every example
+/// of deploy/examples/dra pass kubernetes-validate in strict mode at 1.34
+/// and the newest version it knows.
+#[test]
+fn the_dra_overlay_and_its_examples_are_schema_valid() {
+    let (text, docs) = dra_rendered();
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    for kind in [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Service",
+        "DeviceClass",
+    ] {
+        assert!(kinds.contains(&kind), "dra: no {kind} in {kinds:?}");
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("dra.yaml");
+    std::fs::write(&file, &text).unwrap();
+    assert_schema_valid_at(&file, "deploy/overlays/dra", &DRA_KUBERNETES_VERSIONS);
+    let examples = workspace_root().join("deploy/examples/dra");
+    let mut files: Vec<_> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    for f in &files {
+        assert_schema_valid_at(f, &f.display().to_string(), &DRA_KUBERNETES_VERSIONS);
+    }
+}
+
+/// What the examples promise: a template of 8 GiB and 30 %, two pods with
+/// a claim each from it, a latency service at priority 0; every request of
+/// the overlay's DeviceClass, whose selector picks the plugin's driver.
+#[test]
+fn the_dra_examples_ask_the_overlays_class_for_what_they_say() {
+    let (_, docs) = dra_rendered();
+    let ds: DaemonSet = serde_yaml::from_value(dra_doc(&docs, "DaemonSet").clone()).unwrap();
+    let spec = ds.spec.template.spec.unwrap();
+    let plugin = container(&spec.containers, "dra-plugin");
+    let driver = arg_after(plugin.args.as_ref().unwrap(), "--driver").to_owned();
+    let class = dra_doc(&docs, "DeviceClass");
+    let class_name = class["metadata"]["name"].as_str().unwrap();
+    assert_eq!(
+        class["spec"]["selectors"][0]["cel"]["expression"].as_str(),
+        Some(format!("device.driver == \"{driver}\"").as_str())
+    );
+    let mut templates = BTreeMap::new();
+    let mut pods = Vec::new();
+    let examples = workspace_root().join("deploy/examples/dra");
+    for f in [
+        "claim-template.yaml",
+        "two-pods-one-gpu.yaml",
+        "latency-service.yaml",
+    ] {
+        for d in read_docs(&examples.join(f)) {
+            match d["kind"].as_str() {
+                Some("ResourceClaimTemplate") => {
+                    templates.insert(d["metadata"]["name"].as_str().unwrap().to_owned(), d);
+                }
+                Some("Pod") => pods.push(d["spec"].clone()),
+                Some("Deployment") => pods.push(d["spec"]["template"]["spec"].clone()),
+                other => panic!("{f}: {other:?}"),
+            }
+        }
+    }
+    let request =
+        |t: &str| templates[t]["spec"]["spec"]["devices"]["requests"][0]["exactly"].clone();
+    for t in templates.keys() {
+        assert_eq!(
+            request(t)["deviceClassName"].as_str(),
+            Some(class_name),
+            "{t}"
+        );
+    }
+    let capacity = |t: &str, k: &str| {
+        request(t)["capacity"]["requests"][k]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        (
+            capacity("gpu-8gi-30pct", "memory"),
+            capacity("gpu-8gi-30pct", "cores")
+        ),
+        ("8Gi".to_owned(), "30".to_owned())
+    );
+    let config = &templates["gpu-latency"]["spec"]["spec"]["devices"]["config"][0]["opaque"];
+    assert_eq!(config["driver"].as_str(), Some(driver.as_str()));
+    assert_eq!(config["parameters"]["kind"].as_str(), Some("VgpuConfig"));
+    assert_eq!(config["parameters"]["priority"].as_u64(), Some(0));
+    // Two pods of the 8 GiB template, and the service of the latency one;
+    // each container asks for its pod's claim.
+    let uses = |t: &str| {
+        pods.iter()
+            .filter(|p| p["resourceClaims"][0]["resourceClaimTemplateName"].as_str() == Some(t))
+            .count()
+    };
+    assert_eq!((uses("gpu-8gi-30pct"), uses("gpu-latency")), (2, 1));
+    for p in &pods {
+        let claim = p["resourceClaims"][0]["name"].as_str().unwrap();
+        for c in p["containers"].as_sequence().unwrap() {
+            assert_eq!(c["resources"]["claims"][0]["name"].as_str(), Some(claim));
+        }
+    }
+}
+
+/// The plugin runs beside the daemon with kubelet's plugin paths, the CDI
+/// directory the runtimes read, the hook directory and the host's /dev,
+/// each flag pointing at its mount; only it gets a token; every flag exists;
+/// every object carries the standard labels.
+#[test]
+fn the_dra_plugin_runs_beside_the_daemon_with_kubelets_paths() {
+    let (_, docs) = dra_rendered();
+    let ds: DaemonSet = serde_yaml::from_value(dra_doc(&docs, "DaemonSet").clone()).unwrap();
+    let pod = ds.spec.template.spec.as_ref().unwrap();
+    let plugin = container(&pod.containers, "dra-plugin");
+    let daemon = container(&pod.containers, "daemon");
+    let args = plugin.args.as_ref().unwrap();
+    assert_eq!(args[0], "dra-plugin");
+    let driver = arg_after(args, "--driver");
+    for (flag, host) in [
+        ("--cdi-dir", "/var/run/cdi".to_owned()),
+        ("--hook-dir", paths::HOOK_DIR.to_owned()),
+        ("--state-dir", "/var/lib/vgpu/dra".to_owned()),
+        (
+            "--registry-dir",
+            "/var/lib/kubelet/plugins_registry".to_owned(),
+        ),
+        ("--plugin-dir", format!("/var/lib/kubelet/plugins/{driver}")),
+        ("--dev-dir", "/dev".to_owned()),
+    ] {
+        let dir = arg_after(args, flag);
+        assert_eq!(
+            host_path_of(&ds, plugin, dir).as_deref(),
+            Some(host.as_str()),
+            "{flag} {dir}"
+        );
+    }
+    // Where NVIDIA's CDI spec may be: the two directories the runtimes read.
+    let nvidia: Vec<Option<String>> = args
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| *a == "--nvidia-cdi-dir")
+        .map(|(i, _)| host_path_of(&ds, plugin, &args[i + 1]))
+        .collect();
+    assert_eq!(
+        nvidia,
+        [Some("/etc/cdi".to_owned()), Some("/var/run/cdi".to_owned())]
+    );
+    // The daemon reads the claims' regions under the same hook directory.
+    assert_eq!(
+        host_path_of(&ds, daemon, paths::HOOK_DIR).as_deref(),
+        Some(paths::HOOK_DIR)
+    );
+    let install = container(pod.init_containers.as_ref().unwrap(), "install-hook");
+    assert_eq!(
+        arg_after(install.args.as_ref().unwrap(), "--host-dir"),
+        paths::HOOK_DIR
+    );
+    // The node's name, the pool of its devices.
+    let node_name = plugin
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NODE_NAME")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.clone());
+    assert_eq!(node_name.as_deref(), Some("spec.nodeName"));
+    // Only the plugin has the service account's token; the daemon calls no
+    // API.
+    let token_dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let token_mount = |c: &Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == token_dir)
+            .map(|m| m.name.clone())
+    };
+    assert!(token_mount(daemon).is_none());
+    let vol = token_mount(plugin).expect("the plugin's token");
+    let sources = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == vol)
+        .and_then(|v| v.projected.as_ref())
+        .and_then(|p| p.sources.clone())
+        .unwrap_or_default();
+    assert!(sources.iter().any(|s| s.service_account_token.is_some()));
+    // The binding gives the ClusterRole to the pod's account.
+    let binding = dra_doc(&docs, "ClusterRoleBinding");
+    assert_eq!(
+        binding["subjects"][0]["name"].as_str(),
+        pod.service_account_name.as_deref()
+    );
+    assert_eq!(
+        binding["roleRef"]["name"].as_str(),
+        dra_doc(&docs, "ClusterRole")["metadata"]["name"].as_str()
+    );
+    let sc = plugin.security_context.as_ref().unwrap();
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_owned()])
+    );
+    assert!(sc
+        .capabilities
+        .as_ref()
+        .and_then(|c| c.add.as_ref())
+        .is_none());
+    let default = ds.spec.template.metadata.as_ref().unwrap();
+    assert_eq!(
+        default
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubectl.kubernetes.io/default-container"))
+            .map(String::as_str),
+        Some("daemon")
+    );
+    // Every flag either container passes exists.
+    for c in pod
+        .containers
+        .iter()
+        .chain(pod.init_containers.iter().flatten())
+    {
+        let args = c.args.as_ref().unwrap();
+        let out = Command::new(vgpu_tests::dist::vgpu_bin())
+            .arg(&args[0])
+            .arg("--help")
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}: {help}", args[0]);
+        for flag in args.iter().filter(|a| a.starts_with("--")) {
+            assert!(
+                help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
+                "dra: `vgpu {}` has no {flag}",
+                args[0]
+            );
+        }
+    }
+    let tag = image_tag(DRA_OVERLAY);
+    for d in &docs {
+        let (kind, name) = id(d);
+        for key in STANDARD_LABELS {
+            let v = d["metadata"]["labels"][key].as_str();
+            assert!(
+                v.is_some_and(|v| !v.is_empty()),
+                "dra: {kind}/{name} lacks {key}"
+            );
+        }
+        assert_eq!(
+            d["metadata"]["labels"]["app.kubernetes.io/version"].as_str(),
+            Some(tag.as_str()),
+            "dra: {kind}/{name}"
         );
     }
 }

@@ -9,11 +9,16 @@
 //! TLS front (trusting only the CA given, sending the token).
 //!
 //! Checked: registration (`GetInfo`, `NotifyRegistrationStatus`), prepare
-//! and the CDI spec it writes (validated against the CDI spec's types and
-//! checked line by line), a repeated prepare, a plugin restart between
-//! prepare and unprepare, unprepare; the cleaning at start; and bad input
-//! getting its error and changing nothing.
+//! and the CDI spec it writes (validated against the CDI project's JSON
+//! schema and the spec's types, and checked line by line), a repeated
+//! prepare, a plugin restart between prepare and unprepare, unprepare; the
+//! cleaning at start; bad input getting its error and changing nothing
+//! (another driver's claim, an unknown config field, more memory than the
+//! GPU has, a GPU the node lacks, a read-only CDI directory, the hook not
+//! installed); the ResourceSlice following the GPUs NVML reports; and the
+//! dra overlay's RBAC granting exactly the requests the plugin makes.
 
+use std::ffi::OsStr;
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -84,7 +89,15 @@ impl Node {
             .prefix("vgpu-dra-plugin-")
             .tempdir()
             .unwrap();
-        for d in ["cdi", "state", "hook", "registry", "plugin", "dev"] {
+        for d in [
+            "cdi",
+            "state",
+            "hook",
+            "registry",
+            "plugin",
+            "dev",
+            "nvidia-cdi",
+        ] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
         }
         // As `vgpu install-hook` leaves the hook directory.
@@ -162,6 +175,10 @@ impl Node {
             .arg(self.path("plugin"))
             .arg("--dev-dir")
             .arg(self.path("dev"))
+            // Not the host's /etc/cdi and /var/run/cdi: NVIDIA's spec is
+            // whatever a test puts here.
+            .arg("--nvidia-cdi-dir")
+            .arg(self.path("nvidia-cdi"))
             .envs(self.gpu.envs())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.path(log)).unwrap());
@@ -402,6 +419,79 @@ fn validate_cdi(spec: &Value) {
     }
 }
 
+/// Validates a CDI spec against the CDI project's JSON schema
+/// (`tests/fixtures/cdi-schema/`, vendored from
+/// cncf-tags/container-device-interface) with python's `jsonschema`, which
+/// kubernetes-validate brings (`cargo xtask setup`): the errors, none when
+/// it is valid.
+fn cdi_schema_errors(spec: &Value) -> String {
+    const VALIDATE: &str = r#"
+import json, pathlib, sys
+import jsonschema, referencing, referencing.jsonschema
+d = pathlib.Path(sys.argv[1])
+defs = referencing.Resource.from_contents(
+    json.loads((d / "defs.json").read_text()),
+    default_specification=referencing.jsonschema.DRAFT7)
+v = jsonschema.Draft7Validator(
+    json.loads((d / "schema.json").read_text()),
+    registry=referencing.Registry().with_resource("defs.json", defs))
+for e in sorted(v.iter_errors(json.load(sys.stdin)), key=str):
+    print("/".join(map(str, e.absolute_path)) or "(root)", ":", e.message)
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", VALIDATE])
+        .arg(dist::workspace_root().join("tests/fixtures/cdi-schema"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 with jsonschema (cargo xtask setup installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(spec.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the schema check did not run: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A CDI spec passes both checks: the spec's types and the CDI schema.
+fn assert_valid_cdi(spec: &Value) {
+    validate_cdi(spec);
+    let errors = cdi_schema_errors(spec);
+    assert!(errors.is_empty(), "not valid by the CDI schema:\n{errors}");
+}
+
+#[test]
+fn the_cdi_schema_check_refuses_what_the_schema_refuses() {
+    // The check itself can fail: a mount without its container path and a
+    // device without edits are refused, each by name.
+    let bad = serde_json::json!({
+        "cdiVersion": "0.5.0",
+        "kind": "vgpu.dev/claim",
+        "devices": [
+            {"name": "a", "containerEdits": {"mounts": [{"hostPath": "/x"}]}},
+            {"name": "b"},
+        ],
+    });
+    let errors = cdi_schema_errors(&bad);
+    assert!(
+        errors
+            .contains("devices/0/containerEdits/mounts/0 : 'containerPath' is a required property"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("devices/1 : 'containerEdits' is a required property"),
+        "{errors}"
+    );
+}
+
 #[test]
 fn fixtures_are_resource_claims_as_the_api_server_serves_them() {
     let dir = dist::workspace_root().join("tests/fixtures/dra");
@@ -410,7 +500,7 @@ fn fixtures_are_resource_claims_as_the_api_server_serves_them() {
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();
-    assert_eq!(files.len(), 5, "{files:?}");
+    assert_eq!(files.len(), 6, "{files:?}");
     for v in ["1.34.0", "1.37.0"] {
         let out = Command::new("kubernetes-validate")
             .args(["--strict", "-k", v])
@@ -482,7 +572,7 @@ fn a_stand_in_kubelet_registers_prepares_across_a_restart_and_unprepares() {
 
     let spec_text = std::fs::read_to_string(node.spec_path(&uid)).unwrap();
     let spec: Value = serde_json::from_str(&spec_text).unwrap();
-    validate_cdi(&spec);
+    assert_valid_cdi(&spec);
     // The oldest version with every field used (Debian 12's podman takes
     // up to 0.5.0).
     assert_eq!(spec["cdiVersion"], "0.5.0");
@@ -559,6 +649,14 @@ fn a_stand_in_kubelet_registers_prepares_across_a_restart_and_unprepares() {
         .collect();
     assert_eq!(nodes, ["/dev/nvidia1", "/dev/nvidiactl"]);
     assert!(node.claim_dir(&uid).is_dir());
+    // Whatever user the claim's containers run as, their hook creates its
+    // region there.
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(node.claim_dir(&uid))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o7777, 0o777, "{mode:o}");
     assert_eq!(node.checkpointed(), std::slice::from_ref(&uid));
 
     // kubelet retries: the same answer, the spec untouched, no API read.
@@ -628,6 +726,13 @@ fn bad_input_gets_its_error_and_changes_nothing() {
             "too-much-memory",
             "is given 9663676416 bytes of memory, more than its 8589934592 bytes",
         ),
+        // The allocation names a GPU this node does not have (lost since
+        // the scheduler saw it, or never there).
+        (
+            "missing-gpu",
+            "device gpu-2 of pool node-a is not a GPU of this node \
+             (pool node-a, devices gpu-0, gpu-1)",
+        ),
     ];
     let before = node.snapshot();
     for (fixture, expected) in cases {
@@ -647,8 +752,43 @@ fn bad_input_gets_its_error_and_changes_nothing() {
     );
     assert_eq!(node.snapshot(), before);
 
-    // A CDI directory that cannot be written: here, a file in its place.
+    // A CDI directory that cannot be written, root or not: mounted
+    // read-only (a bind mount of itself, undone when the guard drops).
     let (claim, uid) = node.serve("whole-gpu");
+    {
+        let _ro = ReadOnlyMount::new(&node.path("cdi"));
+        let before_ro = node.snapshot();
+        let answer = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+        let a = &answer[&uid];
+        assert!(
+            a.error
+                .contains(&format!("writing {}", node.spec_path(&uid).display()))
+                && a.error.contains("Read-only file system"),
+            "{:?}",
+            a.error
+        );
+        assert!(a.devices.is_empty());
+        assert_eq!(node.snapshot(), before_ro, "a failed write left something");
+        assert!(!node.claim_dir(&uid).exists());
+    }
+
+    // The hook not installed (yet): a spec would name files the host
+    // lacks, and the container would fail at start; the claim is refused.
+    std::fs::rename(node.path("hook/libvgpu.so"), node.path("libvgpu.so")).unwrap();
+    let before_hook = node.snapshot();
+    let answer = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert!(
+        answer[&uid].error.contains(&format!(
+            "the hook is not installed: no {}",
+            node.path("hook/libvgpu.so").display()
+        )),
+        "{:?}",
+        answer[&uid].error
+    );
+    assert_eq!(node.snapshot(), before_hook);
+    std::fs::rename(node.path("libvgpu.so"), node.path("hook/libvgpu.so")).unwrap();
+
+    // A CDI directory that cannot be written: here, a file in its place.
     std::fs::remove_dir(node.path("cdi")).unwrap();
     std::fs::write(node.path("cdi"), "not a directory").unwrap();
     let before_cdi = node.snapshot();
@@ -669,7 +809,7 @@ fn bad_input_gets_its_error_and_changes_nothing() {
     assert_eq!(answer[&uid].error, "");
     let spec: Value =
         serde_json::from_slice(&std::fs::read(node.spec_path(&uid)).unwrap()).unwrap();
-    validate_cdi(&spec);
+    assert_valid_cdi(&spec);
     let env = spec["devices"][0]["containerEdits"]["env"]
         .as_array()
         .unwrap();
@@ -686,6 +826,37 @@ fn bad_input_gets_its_error_and_changes_nothing() {
         "{env:?}"
     );
     drop(plugin);
+}
+
+/// `dir` bind-mounted read-only over itself until dropped.
+struct ReadOnlyMount(PathBuf);
+
+impl ReadOnlyMount {
+    fn new(dir: &Path) -> Self {
+        let run = |args: &[&OsStr]| {
+            let st = Command::new("mount").args(args).status().expect("mount(8)");
+            assert!(st.success(), "mount {args:?}");
+        };
+        run(&[OsStr::new("--bind"), dir.as_os_str(), dir.as_os_str()]);
+        let guard = ReadOnlyMount(dir.to_owned());
+        run(&[
+            OsStr::new("-o"),
+            OsStr::new("remount,bind,ro"),
+            dir.as_os_str(),
+        ]);
+        assert!(
+            std::fs::write(dir.join("probe"), "").is_err(),
+            "{} is still writable",
+            dir.display()
+        );
+        guard
+    }
+}
+
+impl Drop for ReadOnlyMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
 }
 
 #[test]
@@ -897,6 +1068,46 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+/// `podman run` of `cmd` (as runc runs it, in a throw-away overlay of the
+/// host's root, so the test programs and their C library are there) with
+/// the simulated GPU's directory, libraries and environment, `binds` bound
+/// at their own paths, and the CDI `devices` in order: its stdout.
+fn podman_run(node: &Node, devices: &[String], binds: &[&Path], cmd: &[&OsStr]) -> String {
+    let mut c = Command::new("podman");
+    c.args(["--runtime", "runc", "run", "--rm", "--network", "none"])
+        .args([
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+        ])
+        .args(["--pid", "host"]);
+    for d in devices {
+        c.arg("--device").arg(d);
+    }
+    for d in [node.gpu.dir(), node.gpu.lib_dir()]
+        .into_iter()
+        .chain(binds.iter().copied())
+    {
+        c.arg("-v").arg(format!("{0}:{0}", d.display()));
+    }
+    for (k, v) in node.gpu.envs() {
+        c.arg("-e").arg(format!("{k}={v}"));
+    }
+    let out = c
+        .args(["--rootfs", "/:O"])
+        .args(cmd)
+        .output()
+        .expect("podman (cargo xtask setup installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "podman run {cmd:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 #[test]
 fn podman_applies_a_prepared_claim_and_the_hook_enforces_its_limits() {
     // podman 4.3 (Debian 12's) reads CDI specs only from /etc/cdi and
@@ -926,36 +1137,15 @@ fn podman_applies_a_prepared_claim_and_the_hook_enforces_its_limits() {
         .tempdir()
         .unwrap();
     let prog = dist::compile_c("hook_mem", prog_dir.path(), false);
-    let sim_env = node.gpu.envs();
     let run = |args: &[&str]| -> String {
-        let mut c = Command::new("podman");
-        c.args(["--runtime", "runc", "run", "--rm", "--network", "none"])
-            .args([
-                "--ulimit",
-                "nofile=1024:1024",
-                "--ulimit",
-                "nproc=1024:1024",
-            ])
-            .args(["--pid", "host", "--device", device]);
-        for d in [node.gpu.dir(), node.gpu.lib_dir(), prog_dir.path()] {
-            c.arg("-v").arg(format!("{0}:{0}", d.display()));
-        }
-        for (k, v) in &sim_env {
-            c.arg("-e").arg(format!("{k}={v}"));
-        }
-        let out = c
-            .args(["--rootfs", "/:O"])
-            .arg(&prog)
-            .args(args)
-            .output()
-            .expect("podman (cargo xtask setup installs it)");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "podman run {args:?}: {text}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        text
+        let mut cmd = vec![prog.as_os_str()];
+        cmd.extend(args.iter().map(OsStr::new));
+        podman_run(
+            &node,
+            std::slice::from_ref(device),
+            &[prog_dir.path()],
+            &cmd,
+        )
     };
     const G: u64 = 1 << 30;
     let total = |text: &str| -> u64 {
@@ -1093,5 +1283,355 @@ fn the_plugin_publishes_the_nodes_resource_slice_and_replaces_it_only_when_it_di
     assert_eq!(slice["spec"]["pool"]["generation"], 2);
     assert_eq!(slice["spec"]["devices"].as_array().unwrap().len(), 2);
     kubernetes_validate(&slice, node.dir.path());
+    plugin.stop();
+}
+
+/// The API server's (group, resource, verb) of a request, as RBAC names
+/// it: `/api/v1/...` is the core group, `/apis/<group>/<version>/...` a
+/// named one; a GET of a collection is `list`.
+fn rbac_of(method: &str, path: &str) -> (String, String, String) {
+    let parts: Vec<&str> = path
+        .split('?')
+        .next()
+        .unwrap()
+        .trim_start_matches('/')
+        .split('/')
+        .collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => (String::new(), rest),
+        ["apis", group, _version, rest @ ..] => ((*group).to_owned(), rest),
+        _ => panic!("not an API path: {path}"),
+    };
+    let rest = match rest {
+        ["namespaces", _ns, rest @ ..] if !rest.is_empty() => rest,
+        r => r,
+    };
+    let (resource, named) = (rest[0].to_owned(), rest.len() > 1);
+    let verb = match (method, named) {
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        _ => panic!("{method} {path}"),
+    };
+    (group, resource, verb.to_owned())
+}
+
+/// The (group, resource, verb) triples the dra overlay's ClusterRole
+/// grants, from `kubectl kustomize deploy/overlays/dra`.
+fn overlay_grants() -> std::collections::BTreeSet<(String, String, String)> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dist::workspace_root().join("deploy/overlays/dra"))
+        .output()
+        .expect("kubectl (with kustomize)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let role = text
+        .split("\n---\n")
+        .map(|d| serde_yaml::from_str::<Value>(d).unwrap())
+        .find(|d| d["kind"] == "ClusterRole")
+        .expect("a ClusterRole in deploy/overlays/dra");
+    let mut grants = std::collections::BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        let list = |k: &str| -> Vec<String> {
+            rule[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect()
+        };
+        for g in list("apiGroups") {
+            for r in list("resources") {
+                for v in list("verbs") {
+                    assert!(g != "*" && r != "*" && v != "*", "a wildcard in {rule}");
+                    grants.insert((g.clone(), r.clone(), v));
+                }
+            }
+        }
+    }
+    grants
+}
+
+#[test]
+fn the_slice_follows_the_gpus_nvml_reports_and_the_overlays_rbac_allows_exactly_what_is_asked() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    node.api.put(
+        &format!("/api/v1/nodes/{NODE}"),
+        &serde_json::json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": NODE, "uid": "6b1d2c3e-4f50-4617-8829-3a4b5c6d7e8f",
+                         "resourceVersion": "7"}})
+        .to_string(),
+    );
+    let slices = "/apis/resource.k8s.io/v1/resourceslices";
+    let path = format!("{slices}/{NODE}-vgpu-dev");
+    let devices = |slice: &Value| -> Vec<String> {
+        slice["spec"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                d["attributes"]["uuid"]["string"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    let uuid = simgpu::model::device_uuid_string;
+    let plugin = node.start_with(
+        "plugin.log",
+        &[
+            "--api-server".into(),
+            node.api.url().into(),
+            "--rescan-interval".into(),
+            "0.2".into(),
+        ],
+    );
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Created");
+    assert_eq!(
+        devices(&node.api.object(&path).unwrap()),
+        [uuid(0), uuid(1)]
+    );
+
+    // GPU 1 is lost (fell off the bus, or was taken out): the slice is
+    // replaced, the same object one generation up, with GPU 0 alone.
+    node.gpu.set_devices(1);
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Replaced { generation: 2 }");
+    let slice = node.api.object(&path).unwrap();
+    assert_eq!(devices(&slice), [uuid(0)]);
+    assert_eq!(slice["spec"]["pool"]["generation"], 2);
+    kubernetes_validate(&slice, node.dir.path());
+    // A claim the scheduler allocated on the lost GPU before it learnt of
+    // the loss: refused, naming what the node has, nothing written.
+    let (claim, uid) = node.serve("shared");
+    let before = node.snapshot();
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert!(
+        a[&uid].error.contains(
+            "device gpu-1 of pool node-a is not a GPU of this node (pool node-a, devices gpu-0)"
+        ),
+        "{:?}",
+        a[&uid].error
+    );
+    assert_eq!(node.snapshot(), before);
+
+    // It is back: replaced again, both GPUs, and the claim prepares.
+    node.gpu.set_devices(2);
+    plugin.wait_log("ResourceSlice node-a-vgpu-dev: Replaced { generation: 3 }");
+    let slice = node.api.object(&path).unwrap();
+    assert_eq!(devices(&slice), [uuid(0), uuid(1)]);
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(a[&uid].error, "");
+    // Several rescans with nothing changed since: no further write. One
+    // slice all along: created once, then updated, never made anew.
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(node.api.requests_to("POST", slices), 1);
+    assert_eq!(node.api.requests_to("PUT", &path), 2);
+    let log = plugin.stop();
+    assert_eq!(log.matches("the node's GPUs changed").count(), 2, "{log}");
+
+    // Every request the plugin made is one the dra overlay's ClusterRole
+    // grants, and it grants nothing the plugin did not ask for.
+    let asked: std::collections::BTreeSet<_> = node
+        .api
+        .request_log()
+        .iter()
+        .map(|(m, p)| rbac_of(m, p))
+        .collect();
+    assert_eq!(asked, overlay_grants());
+}
+
+/// NVIDIA's CDI spec as `nvidia-ctk cdi generate` writes it (YAML), naming
+/// GPU 0 by UUID and each of `by_index` by its index, with spec-wide edits.
+fn nvidia_spec(by_index: &[u32]) -> String {
+    let mut devices = format!(
+        "- name: {}\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n",
+        simgpu::model::device_uuid_string(0)
+    );
+    for i in by_index {
+        devices.push_str(&format!(
+            "- name: \"{i}\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia{i}\n"
+        ));
+    }
+    format!(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n{devices}\
+         - name: all\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n\
+         containerEdits:\n  env:\n  - NVIDIA_VISIBLE_DEVICES=void\n  deviceNodes:\n  \
+         - path: /dev/nvidiactl\n  mounts:\n  - hostPath: /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06\n    \
+         containerPath: /usr/lib/x86_64-linux-gnu/libcuda.so.580.65.06\n    options: [ro, nosuid, nodev, bind]\n"
+    )
+}
+
+#[test]
+fn where_the_node_has_nvidias_cdi_spec_a_claim_is_answered_with_nvidias_devices_beside_its_own() {
+    let node = Node::new();
+    let kubelet = StandInKubelet::new();
+    let (claim, uid) = node.serve("shared");
+    let ours = format!("{DRIVER}/claim={uid}");
+    std::fs::write(node.path("nvidia-cdi/nvidia.yaml"), nvidia_spec(&[1])).unwrap();
+    let plugin = node.start("plugin.log");
+    type Answers = std::collections::HashMap<
+        String,
+        vgpu_tests::kubelet::pb::dra::NodePrepareResourceResponse,
+    >;
+    let ids = |a: &Answers| -> Vec<Vec<String>> {
+        let r = &a[&uid];
+        assert_eq!(r.error, "");
+        r.devices.iter().map(|d| d.cdi_device_ids.clone()).collect()
+    };
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    // gpu-0 by its UUID, gpu-1 by its index, as NVIDIA's spec names them;
+    // NVIDIA's first, so the claim's NVIDIA_VISIBLE_DEVICES is the one the
+    // runtime keeps.
+    assert_eq!(
+        ids(&a),
+        [
+            vec![
+                format!("nvidia.com/gpu={}", simgpu::model::device_uuid_string(0)),
+                ours.clone()
+            ],
+            vec!["nvidia.com/gpu=1".to_owned(), ours.clone()],
+        ]
+    );
+    // The claim's spec restates no device node (NVIDIA's brings them and
+    // the driver's files) and keeps everything of vgpu's.
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(node.spec_path(&uid)).unwrap()).unwrap();
+    assert_valid_cdi(&spec);
+    let edits = &spec["devices"][0]["containerEdits"];
+    assert!(edits.get("deviceNodes").is_none(), "{edits:#}");
+    let env: Vec<&str> = edits["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(
+        env.iter()
+            .any(|e| e.starts_with("NVIDIA_VISIBLE_DEVICES=GPU-")),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_1=3221225472"),
+        "{env:?}"
+    );
+    assert_eq!(edits["mounts"].as_array().unwrap().len(), 3);
+
+    // NVIDIA's spec names GPU 0 only now (another device-name strategy):
+    // the claim, prepared anew, restates the device nodes and answers its
+    // own device alone.
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
+    std::fs::write(node.path("nvidia-cdi/nvidia.yaml"), nvidia_spec(&[])).unwrap();
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(ids(&a), [vec![ours.clone()], vec![ours.clone()]]);
+    let spec: Value =
+        serde_json::from_slice(&std::fs::read(node.spec_path(&uid)).unwrap()).unwrap();
+    assert_valid_cdi(&spec);
+    let nodes: Vec<&str> = spec["devices"][0]["containerEdits"]["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["/dev/nvidia1", "/dev/nvidiactl"]);
+    plugin.stop();
+}
+
+#[test]
+fn podman_merges_nvidias_spec_with_the_claims_and_the_claims_values_stay() {
+    // NVIDIA's spec stands in for `nvidia-ctk cdi generate`'s: kind
+    // nvidia.com/gpu, a device per simulated GPU (their UUIDs, which no
+    // real spec names), spec-wide edits with NVIDIA_VISIBLE_DEVICES=void and
+    // a mount standing for the driver's files. podman reads it from
+    // /var/run/cdi; the plugin from its --nvidia-cdi-dir.
+    let driver = format!("vgpu-e2e-nv-{}.dev", std::process::id());
+    let cdi_dir = PathBuf::from("/var/run/cdi");
+    std::fs::create_dir_all(&cdi_dir).unwrap();
+    let node = Node::with(&driver, &cdi_dir);
+    let kubelet = StandInKubelet::new();
+    let driver_files = tempfile::Builder::new()
+        .prefix("vgpu-dra-driver-")
+        .tempdir()
+        .unwrap();
+    std::fs::write(driver_files.path().join("marker"), "driver files\n").unwrap();
+    let uuid = simgpu::model::device_uuid_string;
+    let spec = format!(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n\
+         - name: {}\n  containerEdits:\n    env: [STANDS_FOR_NVIDIA_DEVICE_0=1]\n\
+         - name: {}\n  containerEdits:\n    env: [STANDS_FOR_NVIDIA_DEVICE_1=1]\n\
+         containerEdits:\n  env: [NVIDIA_VISIBLE_DEVICES=void]\n  mounts:\n  \
+         - hostPath: {}\n    containerPath: /opt/nvidia-driver\n    options: [ro, nosuid, nodev, bind]\n",
+        uuid(0),
+        uuid(1),
+        driver_files.path().display()
+    );
+    let nvidia_spec = cdi_dir.join(format!("vgpu-e2e-nv-{}-nvidia.yaml", std::process::id()));
+    let _nvidia = RemoveOnDrop(nvidia_spec.clone());
+    std::fs::write(&nvidia_spec, &spec).unwrap();
+    std::fs::write(node.path("nvidia-cdi/nvidia.yaml"), &spec).unwrap();
+    let (claim, uid) = node.serve("shared");
+    let _spec = RemoveOnDrop(node.spec_path(&uid));
+    let plugin = node.start("plugin.log");
+    let a = kubelet.prepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(a[&uid].error, "");
+    // Every CDI device of the claim, in the answer's order, once: what a
+    // runtime gets for a container using the claim's requests.
+    let mut devices: Vec<String> = Vec::new();
+    for d in &a[&uid].devices {
+        for id in &d.cdi_device_ids {
+            if !devices.contains(id) {
+                devices.push(id.clone());
+            }
+        }
+    }
+    let ours = format!("{driver}/claim={uid}");
+    assert_eq!(
+        devices,
+        [
+            format!("nvidia.com/gpu={}", uuid(0)),
+            ours,
+            format!("nvidia.com/gpu={}", uuid(1)),
+        ]
+    );
+
+    let out = podman_run(
+        &node,
+        &devices,
+        &[],
+        &[
+            OsStr::new("/bin/sh"),
+            OsStr::new("-c"),
+            OsStr::new(
+                "echo \"visible=$NVIDIA_VISIBLE_DEVICES\"; env | grep ^STANDS_FOR_ | sort; \
+                 cat /opt/nvidia-driver/marker; echo \"limit0=$CUDA_DEVICE_MEMORY_LIMIT_0\"",
+            ),
+        ],
+    );
+    // NVIDIA's edits are in (both devices' and the spec-wide mount), and the
+    // claim's NVIDIA_VISIBLE_DEVICES, which the daemon reads to map the
+    // limits to GPUs, is the one kept.
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        [
+            format!("visible={},{}", uuid(0), uuid(1)).as_str(),
+            "STANDS_FOR_NVIDIA_DEVICE_0=1",
+            "STANDS_FOR_NVIDIA_DEVICE_1=1",
+            "driver files",
+            "limit0=1073741824",
+        ],
+        "{out}"
+    );
+    let un = kubelet.unprepare(&node.dra_socket(), &[(NS, &claim, &uid)]);
+    assert_eq!(un[&uid].error, "");
     plugin.stop();
 }

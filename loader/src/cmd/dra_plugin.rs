@@ -16,11 +16,15 @@ use crate::dra::{devices, slice, state::State};
 /// A kubelet plugin: it publishes the node's GPUs as a ResourceSlice (one
 /// device per GPU, `gpu-<index>`, with consumable capacity `memory` and
 /// `cores`), registers with kubelet through a socket in kubelet's plugin
-/// registry, and serves kubelet's DRA v1 service on its own socket. For each claim kubelet prepares, it reads the claim's
+/// registry, and serves kubelet's DRA v1 service on its own socket. It
+/// lists the GPUs again every `--rescan-interval` and replaces the slice
+/// when they changed. For each claim kubelet prepares, it reads the claim's
 /// allocation from the API server (its devices, the consumed capacity
 /// `memory` and `cores`, and the opaque `VgpuConfig` parameters: priority,
 /// oversubscription, core policy), writes one CDI spec per claim into
 /// `--cdi-dir` and answers the CDI device `<driver>/claim=<claim UID>`.
+/// Where the node has NVIDIA's CDI spec naming the claim's GPUs, NVIDIA's
+/// devices are answered too and bring the device nodes and driver files.
 /// The spec gives the container the claim's GPUs, vgpu's `libvgpu.so` and
 /// `/etc/ld.so.preload` read-only, a region directory of its own
 /// (`<hook-dir>/claims/<claim UID>/`, where `vgpu daemon` finds it) and
@@ -81,6 +85,25 @@ pub struct Args {
     /// Where the host's GPU device nodes are, to list them in the specs.
     #[arg(long, default_value = "/dev")]
     dev_dir: PathBuf,
+    /// Seconds between two listings of the node's GPUs through NVML; when
+    /// the list changes (a GPU added, lost or replaced), the ResourceSlice
+    /// is replaced and claims are planned against the new list.
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    rescan_interval: f64,
+    /// Where to look for NVIDIA's CDI spec (kind `nvidia.com/gpu`); where
+    /// it names each of a claim's GPUs, kubelet gets NVIDIA's device beside
+    /// the claim's and the claim's spec lists no device nodes. Repeat for
+    /// several directories.
+    #[arg(long, default_values = ["/etc/cdi", "/var/run/cdi"])]
+    nvidia_cdi_dir: Vec<PathBuf>,
+}
+
+/// A positive, finite number of seconds.
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of seconds")),
+    }
 }
 
 /// Runs the plugin until SIGTERM or SIGINT.
@@ -116,13 +139,15 @@ pub fn run(args: Args) -> Result<ExitCode> {
         plugin_dir.join("dra.sock").display(),
         registration.display()
     );
+    let rescan = std::time::Duration::from_secs_f64(args.rescan_interval);
     let plugin = Arc::new(Plugin {
         driver: args.driver,
         pool: args.node_name,
-        gpus,
+        gpus: tokio::sync::RwLock::new(gpus),
         api,
         state: tokio::sync::Mutex::new(state),
         endpoint: plugin_dir.join("dra.sock"),
+        nvidia_cdi_dirs: args.nvidia_cdi_dir,
     });
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -130,7 +155,7 @@ pub fn run(args: Args) -> Result<ExitCode> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         plugin.clean_deleted().await;
-        tokio::spawn(publish_slice(plugin.clone(), driver));
+        tokio::spawn(keep_slice_current(plugin.clone(), driver, rescan));
         server::serve(plugin, registration, shutdown()).await
     })
     .map_err(|e| anyhow::anyhow!(chain(&e)))?;
@@ -138,37 +163,72 @@ pub fn run(args: Args) -> Result<ExitCode> {
 }
 
 /// How long to wait before publishing the ResourceSlice again after a
-/// failure.
+/// failure (at most: a shorter rescan interval wins).
 const PUBLISH_RETRY: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Publishes the node's ResourceSlice, retrying until the API server takes
-/// it; claims already allocated are prepared meanwhile.
-async fn publish_slice(plugin: Arc<Plugin>, driver: devices::Driver) {
+/// it (claims already allocated are prepared meanwhile); then lists the
+/// GPUs every `every` and publishes again when the list changed. A listing
+/// that fails keeps the last one: NVML failing once is not every GPU gone.
+async fn keep_slice_current(
+    plugin: Arc<Plugin>,
+    mut driver: devices::Driver,
+    every: std::time::Duration,
+) {
+    let mut current = false;
     loop {
-        match slice::publish(
-            &plugin.api,
-            &plugin.driver,
-            &plugin.pool,
-            &plugin.gpus,
-            &driver,
-        )
-        .await
-        {
-            Ok(p) => {
-                tracing::info!(
-                    "ResourceSlice {}: {p:?}",
-                    slice::name(&plugin.pool, &plugin.driver)
-                );
-                return;
+        if !current {
+            let gpus = plugin.gpus.read().await.clone();
+            match slice::publish(&plugin.api, &plugin.driver, &plugin.pool, &gpus, &driver).await {
+                Ok(p) => {
+                    tracing::info!(
+                        "ResourceSlice {}: {p:?}",
+                        slice::name(&plugin.pool, &plugin.driver)
+                    );
+                    current = true;
+                }
+                Err(e) => tracing::warn!(
+                    "publishing the ResourceSlice (again in {:.1} s): {}",
+                    PUBLISH_RETRY.min(every).as_secs_f64(),
+                    chain(&e)
+                ),
             }
-            Err(e) => tracing::warn!(
-                "publishing the ResourceSlice (again in {} s): {}",
-                PUBLISH_RETRY.as_secs(),
+        }
+        tokio::time::sleep(if current {
+            every
+        } else {
+            PUBLISH_RETRY.min(every)
+        })
+        .await;
+        match tokio::task::spawn_blocking(devices::from_nvml).await {
+            Ok(Ok((gpus, now))) => {
+                let mut known = plugin.gpus.write().await;
+                if *known != gpus || driver != now {
+                    tracing::info!(
+                        "the node's GPUs changed: [{}] -> [{}]",
+                        uuids(&known),
+                        uuids(&gpus)
+                    );
+                    *known = gpus;
+                    driver = now;
+                    current = false;
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(
+                "listing the node's GPUs again: {}; the last list stays",
                 chain(&e)
             ),
+            Err(e) => tracing::warn!("listing the node's GPUs again: {e}"),
         }
-        tokio::time::sleep(PUBLISH_RETRY).await;
     }
+}
+
+/// `0:GPU-…, 1:GPU-…`, for the log.
+fn uuids(gpus: &[devices::Gpu]) -> String {
+    gpus.iter()
+        .map(|g| format!("{}:{}", g.index, g.uuid))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The service account's files in a pod.

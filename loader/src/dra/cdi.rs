@@ -21,6 +21,10 @@ use super::claim::Plan;
 pub const CDI_VERSION: &str = "0.5.0";
 /// `vendor/class` of every spec this plugin writes.
 pub const CLASS: &str = "claim";
+/// The hook's library in the hook directory.
+pub const HOOK_LIB: &str = "libvgpu.so";
+/// The preload list in the hook directory, mounted at `/etc/ld.so.preload`.
+pub const PRELOAD_FILE: &str = "ld.so.preload";
 /// The region file's name in the claim's directory.
 pub const REGION_FILE: &str = "vgpu.cache";
 
@@ -153,22 +157,23 @@ impl Layout {
                 ],
             },
             Mount {
-                host_path: self.hook_dir.join("libvgpu.so").display().to_string(),
-                container_path: self
-                    .container_hook_dir
-                    .join("libvgpu.so")
-                    .display()
-                    .to_string(),
+                host_path: self.hook_dir.join(HOOK_LIB).display().to_string(),
+                container_path: self.container_hook_dir.join(HOOK_LIB).display().to_string(),
                 options: ro(),
             },
             Mount {
-                host_path: self.hook_dir.join("ld.so.preload").display().to_string(),
+                host_path: self.hook_dir.join(PRELOAD_FILE).display().to_string(),
                 container_path: "/etc/ld.so.preload".to_owned(),
                 options: ro(),
             },
         ];
+        // Composed with NVIDIA's spec, which brings the device nodes (and
+        // the driver's files); restated otherwise.
         let mut device_nodes = Vec::new();
         let mut node = |name: String| {
+            if plan.nvidia.is_some() {
+                return;
+            }
             if self.dev_dir.join(&name).exists() {
                 device_nodes.push(DeviceNode {
                     path: Path::new("/dev").join(name).display().to_string(),

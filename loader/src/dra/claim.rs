@@ -160,6 +160,10 @@ pub struct Plan {
     /// container sees them in: `_<i>` is the position here.
     pub devices: Vec<PlannedDevice>,
     pub settings: Settings,
+    /// NVIDIA's CDI device of each of `devices`, in their order, where the
+    /// node's NVIDIA spec names every one: the runtime then takes the GPUs'
+    /// device nodes and driver files from NVIDIA's spec.
+    pub nvidia: Option<Vec<String>>,
 }
 
 /// Why a claim cannot be prepared; the text is what kubelet shows in the
@@ -178,13 +182,16 @@ pub enum ClaimError {
         others: String,
     },
     #[error(
-        "claim {claim}: device {device} of pool {pool} is not a GPU of this node ({node_pool})"
+        "claim {claim}: device {device} of pool {pool} is not a GPU of this node \
+         (pool {node_pool}, devices {have})"
     )]
     UnknownDevice {
         claim: String,
         pool: String,
         device: String,
         node_pool: String,
+        /// The node's devices, for the message (`none` without GPUs).
+        have: String,
     },
     #[error("claim {claim}: consumed capacity {name}={value:?} of {device}: {source}")]
     Quantity {
@@ -288,6 +295,7 @@ impl ResourceClaim {
                     pool: r.pool.clone(),
                     device: r.device.clone(),
                     node_pool: node_pool.to_owned(),
+                    have: device_names(gpus),
                 })?;
             let (memory, cores) = consumed(&claim, r, gpu)?;
             // Two requests on one GPU (consumable capacity allows it): one
@@ -318,8 +326,17 @@ impl ResourceClaim {
             name: self.metadata.name.clone(),
             devices,
             settings,
+            nvidia: None,
         })
     }
+}
+
+/// `gpu-0, gpu-1`, or `none`.
+fn device_names(gpus: &[Gpu]) -> String {
+    if gpus.is_empty() {
+        return "none".to_owned();
+    }
+    gpus.iter().map(Gpu::name).collect::<Vec<_>>().join(", ")
 }
 
 /// Memory bytes and cores percent one result consumes of `gpu`; the whole

@@ -6,13 +6,15 @@
 //! ([`api`]), plans it against the node's GPUs ([`claim`], [`devices`]),
 //! writes one CDI spec per claim ([`cdi`]) with a claim-scoped region
 //! directory and a checkpoint ([`state`]), and answers the CDI device
-//! name. [`server`] serves the gRPC services on kubelet's sockets;
+//! name, beside NVIDIA's device where the node has NVIDIA's CDI spec
+//! ([`nvidia`]). [`server`] serves the gRPC services on kubelet's sockets;
 //! [`slice`] publishes the node's GPUs as a ResourceSlice.
 
 pub mod api;
 pub mod cdi;
 pub mod claim;
 pub mod devices;
+pub mod nvidia;
 mod quantity;
 pub mod server;
 pub mod slice;

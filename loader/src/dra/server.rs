@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 use super::api::{ApiError, ApiServer};
 use super::claim::ClaimError;
 use super::devices::Gpu;
+use super::nvidia::NvidiaDevices;
 use super::pb::dra::dra_plugin_server::{DraPlugin, DraPluginServer};
 use super::pb::dra::{
     Claim, Device, NodePrepareResourceResponse, NodePrepareResourcesRequest,
@@ -57,11 +58,16 @@ pub struct Plugin {
     pub driver: String,
     /// The pool of this node's devices (the node's name).
     pub pool: String,
-    pub gpus: Vec<Gpu>,
+    /// The node's GPUs as NVML last listed them; replaced when that
+    /// changes (a GPU added, lost or replaced).
+    pub gpus: tokio::sync::RwLock<Vec<Gpu>>,
     pub api: ApiServer,
     pub state: tokio::sync::Mutex<State>,
     /// The DRA socket, as `GetInfo` tells kubelet.
     pub endpoint: PathBuf,
+    /// Where NVIDIA's CDI spec may be (read at each prepare: the toolkit
+    /// may write it after the plugin started).
+    pub nvidia_cdi_dirs: Vec<PathBuf>,
 }
 
 impl Plugin {
@@ -85,7 +91,13 @@ impl Plugin {
                 asked: c.uid.clone(),
             });
         }
-        let plan = claim.plan(&self.driver, &self.pool, &self.gpus)?;
+        let mut plan = claim.plan(&self.driver, &self.pool, &self.gpus.read().await)?;
+        let nvidia = NvidiaDevices::find(&self.nvidia_cdi_dirs, |f| state.is_own_spec(f));
+        plan.nvidia = plan
+            .devices
+            .iter()
+            .map(|d| nvidia.device_of(&d.uuid, d.index))
+            .collect();
         Ok(state.prepare(&plan)?)
     }
 

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -15,6 +16,8 @@ use super::claim::Plan;
 
 /// The checkpoint's file name under `--state-dir`.
 pub const CHECKPOINT: &str = "dra-checkpoint.json";
+/// A claim directory's mode: its containers' users all write there.
+const CLAIM_DIR_MODE: u32 = 0o777;
 /// Its format; a checkpoint of another version is refused, not guessed.
 const CHECKPOINT_VERSION: u32 = 1;
 
@@ -62,6 +65,11 @@ pub enum StateError {
     Version { path: PathBuf, found: u32 },
     #[error("claim UID {uid:?} cannot name a CDI device or a file")]
     BadUid { uid: String },
+    #[error(
+        "the hook is not installed: no {path} (`vgpu install-hook` puts it there; \
+         in deploy/overlays/dra the pod's init container does)"
+    )]
+    HookMissing { path: PathBuf },
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StateError {
@@ -119,6 +127,11 @@ impl State {
         Ok((state, cleaned))
     }
 
+    /// Whether `file` in the CDI directory is one of this plugin's specs.
+    pub fn is_own_spec(&self, file: &str) -> bool {
+        self.layout.uid_of_spec(file).is_some()
+    }
+
     /// The claims prepared, by UID.
     pub fn prepared(&self) -> impl Iterator<Item = (&String, &Prepared)> {
         self.checkpoint.claims.iter()
@@ -163,6 +176,14 @@ impl State {
                 uid: plan.uid.clone(),
             });
         }
+        // A spec naming a file the host lacks would fail the container at
+        // start, far from the cause: refuse the claim here instead.
+        for file in [cdi::HOOK_LIB, cdi::PRELOAD_FILE] {
+            let path = self.layout.hook_dir.join(file);
+            if !path.is_file() {
+                return Err(StateError::HookMissing { path });
+            }
+        }
         let spec = self.layout.spec(plan);
         let spec_path = self.layout.spec_path(&self.cdi_dir, &plan.uid);
         let json = serde_json::to_vec_pretty(&spec).map_err(|source| StateError::Parse {
@@ -174,8 +195,16 @@ impl State {
         // spec before kubelet has the answer, so the directory may follow.
         write_atomic(&spec_path, &json)?;
         let claim_dir = self.layout.claim_dir(&plan.uid);
-        if let Err(e) = std::fs::create_dir_all(&claim_dir) {
+        // The claim's containers may run as any user, and their hook
+        // creates the region file here: anyone may write (as HAMi's
+        // device plugin makes its region directories). Only the claim's
+        // containers mount it.
+        let made = std::fs::create_dir_all(&claim_dir).and_then(|()| {
+            std::fs::set_permissions(&claim_dir, std::fs::Permissions::from_mode(CLAIM_DIR_MODE))
+        });
+        if let Err(e) = made {
             let _ = std::fs::remove_file(&spec_path);
+            let _ = std::fs::remove_dir_all(&claim_dir);
             return Err(io("creating claim directory", &claim_dir)(e));
         }
         let id = self.layout.device_id(&plan.uid);
@@ -185,11 +214,21 @@ impl State {
             devices: plan
                 .devices
                 .iter()
-                .map(|d| PreparedDevice {
+                .enumerate()
+                .map(|(i, d)| PreparedDevice {
                     requests: d.requests.clone(),
                     pool: d.pool.clone(),
                     device: d.device.clone(),
-                    cdi_ids: vec![id.clone()],
+                    // NVIDIA's first: the runtime applies the devices in
+                    // order, so where both set a variable
+                    // (NVIDIA_VISIBLE_DEVICES) the claim's value stays.
+                    cdi_ids: plan
+                        .nvidia
+                        .as_ref()
+                        .and_then(|n| n.get(i).cloned())
+                        .into_iter()
+                        .chain([id.clone()])
+                        .collect(),
                 })
                 .collect(),
         };
