@@ -425,17 +425,6 @@ fn every_overlay_with_every_component_is_schema_valid() {
     }
 }
 
-/// The repository's address, from the workspace manifest: runbook links
-/// point into it.
-fn repository() -> String {
-    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
-    let line = manifest
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("repository = "))
-        .expect("workspace.package.repository");
-    line.trim_matches('"').trim_end_matches('/').to_owned()
-}
-
 /// GitHub's anchor of a Markdown heading: lower case, spaces to `-`,
 /// punctuation other than `-` and `_` dropped.
 fn anchor(heading: &str) -> String {
@@ -451,8 +440,47 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-/// Every alert links its own section of docs/runbooks.md in this
-/// repository, and names in its annotations only labels its expression
+/// Whether `cargo xtask release` copies `file` into the bundle (its `DOCS`
+/// list; tests/tests/release_bundle.rs checks a real bundle as root).
+fn release_ships(file: &str) -> bool {
+    let src = std::fs::read_to_string(workspace_root().join("xtask/src/release.rs")).unwrap();
+    let list = src
+        .split_once("const DOCS: &[&str] = &[")
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .map(|(list, _)| list)
+        .expect("DOCS in xtask/src/release.rs");
+    list.contains(&format!("\"{file}\""))
+}
+
+/// Nothing shipped names a home the project does not have: no made-up
+/// repository, image registry or changelog links.
+#[test]
+fn nothing_shipped_names_a_made_up_address() {
+    let root = workspace_root();
+    let mut files = vec![root.join("Cargo.toml"), root.join("CHANGELOG.md")];
+    let mut dirs = vec![root.join("deploy")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        for bad in ["example.invalid", "ghcr.io/example", "example.com/vgpu"] {
+            assert!(!text.contains(bad), "{} names {bad}", f.display());
+        }
+    }
+}
+
+/// Every alert links its own section of docs/runbooks.md (shipped in the
+/// release bundle), and names in its annotations only labels its expression
 /// keeps (a `by` label, or a target's for `up`); the ones about a node or a
 /// container name them.
 #[test]
@@ -465,7 +493,13 @@ fn every_alert_has_a_runbook_and_names_what_it_keeps() {
         .filter_map(|l| l.strip_prefix("## "))
         .map(anchor)
         .collect();
-    let prefix = format!("{}/blob/main/docs/runbooks.md#", repository());
+    // Relative to the source tree and to the release bundle, which ships
+    // docs/runbooks.md: no made-up host.
+    let prefix = "docs/runbooks.md#";
+    assert!(
+        release_ships("docs/runbooks.md"),
+        "cargo xtask release does not ship docs/runbooks.md"
+    );
     let mut linked = Vec::new();
     for g in rule["spec"]["groups"].as_sequence().unwrap() {
         for a in g["rules"].as_sequence().unwrap() {
@@ -474,7 +508,7 @@ fn every_alert_has_a_runbook_and_names_what_it_keeps() {
                 .as_str()
                 .unwrap_or_else(|| panic!("{name}: no runbook_url"));
             let at = url
-                .strip_prefix(&prefix)
+                .strip_prefix(prefix)
                 .unwrap_or_else(|| panic!("{name}: {url} is not under {prefix}"));
             assert_eq!(at, anchor(name), "{name}: its own section");
             assert!(
@@ -640,7 +674,7 @@ fn namespace_admits_privileged_pods_and_node_selector_is_as_documented() {
         {
             assert_eq!(
                 c.image.as_deref(),
-                Some("ghcr.io/example/vgpu:0.1.0"),
+                Some("localhost/vgpu:0.1.0"),
                 "{}",
                 c.name
             );
