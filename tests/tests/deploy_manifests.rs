@@ -1205,3 +1205,92 @@ fn the_port_is_restricted_by_the_documented_tls_and_networkpolicy_lines() {
         );
     }
 }
+
+/// With the TLS component listed after the ServiceMonitor one (as
+/// docs/kubernetes.md shows), Prometheus scrapes over HTTPS: scheme https,
+/// the CA from the TLS Secret's ca.crt, the Service's DNS name checked
+/// (pod IPs are in no certificate); the rest of the rendering stays
+/// schema-valid. Without the TLS component the scrape stays plain HTTP.
+#[test]
+fn the_servicemonitor_scrapes_https_with_the_tls_component() {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/kubernetes.md")).unwrap();
+    let documented = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(code, _)| code))
+        .find(|code| code.contains("components/servicemonitor") && code.contains("components/tls"))
+        .expect("docs/kubernetes.md shows servicemonitor and tls together");
+    let listed: Mapping = serde_yaml::from_str(documented).unwrap();
+    let names: Vec<&str> = listed["components"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c.as_str()?.strip_prefix("../../components/"))
+        .collect();
+    assert_eq!(names, ["servicemonitor", "tls"], "{documented}");
+    for o in OVERLAYS {
+        for (combo, https) in [(&names[..], true), (&["servicemonitor"][..], false)] {
+            let copy = with_components(o, combo);
+            let text = kubectl_kustomize(&copy.path().join("overlays").join(o));
+            let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+                .map(|d| Value::deserialize(d).unwrap())
+                .collect();
+            let sm = docs
+                .iter()
+                .find(|d| d["kind"].as_str() == Some("ServiceMonitor"))
+                .unwrap_or_else(|| panic!("{o} {combo:?}: no ServiceMonitor"));
+            let ep = &sm["spec"]["endpoints"][0];
+            if !https {
+                assert!(
+                    ep["scheme"].is_null() && ep["tlsConfig"].is_null(),
+                    "{o}: {ep:?}"
+                );
+                continue;
+            }
+            assert_eq!(ep["scheme"].as_str(), Some("https"), "{o}: {ep:?}");
+            let tls = &ep["tlsConfig"];
+            assert_eq!(
+                tls["ca"]["secret"]["name"].as_str(),
+                Some("vgpu-metrics-tls"),
+                "{o}: {tls:?}"
+            );
+            assert_eq!(tls["ca"]["secret"]["key"].as_str(), Some("ca.crt"), "{o}");
+            // The name the certificate must carry: the headless Service's.
+            let svc: Service = serde_yaml::from_value(
+                docs.iter()
+                    .find(|d| d["kind"].as_str() == Some("Service"))
+                    .unwrap()
+                    .clone(),
+            )
+            .unwrap();
+            let meta = &svc.metadata;
+            assert_eq!(
+                tls["serverName"].as_str().map(str::to_owned),
+                Some(format!(
+                    "{}.{}.svc",
+                    meta.name.as_deref().unwrap(),
+                    meta.namespace.as_deref().unwrap()
+                )),
+                "{o}"
+            );
+            // The Secret is the one the daemon mounts, in the monitor's namespace.
+            assert!(text.contains("secretName: vgpu-metrics-tls"), "{o}");
+            assert_eq!(
+                sm["metadata"]["namespace"],
+                docs.iter()
+                    .find(|d| d["kind"].as_str() == Some("DaemonSet"))
+                    .unwrap()["metadata"]["namespace"],
+                "{o}"
+            );
+            // The scraped port serves HTTPS: the daemon has its certificate.
+            assert!(text.contains("--tls-cert=/etc/vgpu/tls/tls.crt"), "{o}");
+            let core: Vec<&str> = text
+                .split("\n---\n")
+                .filter(|d| !d.lines().any(|l| l.trim() == "kind: ServiceMonitor"))
+                .collect();
+            let file = copy.path().join("rendered.yaml");
+            std::fs::write(&file, core.join("\n---\n")).unwrap();
+            assert_schema_valid(&file, &format!("{o} with servicemonitor and tls"));
+        }
+    }
+}
