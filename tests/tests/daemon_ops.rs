@@ -101,29 +101,22 @@ fn listen_takes_a_bare_port_a_host_name_or_an_ipv6_address() {
 /// SIGTERM with probes attached: the daemon detaches them and exits 0
 /// within a second (a rollout or a node drain waits for it).
 ///
-/// Not met: each uprobe's perf event is released by the kernel under its
-/// global `event_mutex` with RCU grace periods in between
-/// (`perf_uprobe_destroy`, `tracepoint_synchronize_unregister`), about
-/// 0.1 s per probe, one after another whoever closes them. Measured on
-/// Linux 6.18 with the 34 links this test's libcuda gets: exit 3.3-3.9 s
-/// after SIGTERM (5 runs); the links taken out and dropped from 34 threads
-/// at once 3.1-3.4 s, from one thread 3.3-4.5 s (3 runs each); 36 bare
-/// perf uprobes closed in turn 3.0 s, from 36 threads 3.2 s; a process
-/// exiting with them open is reaped only after they are released (3.0 s,
-/// 3.1 s with threads closing them). Handing them to a forked child that
-/// outlives the daemon lets `podman stop` return sooner only sometimes
-/// (0.5 s, 3.2 s), the runtime then failing to remove the container's
-/// cgroup while the child releases them. uprobe_multi links (one per
-/// program and file, kernel 6.6+, one grace period for all) would need a
-/// loader aya 0.14 lacks.
+/// The kernel releases perf-event uprobes one at a time, about 0.1 s each
+/// (3.3-3.4 s for this test's libcuda with them); on Linux 6.6 and later
+/// the daemon attaches uprobe_multi links instead, one per program and
+/// file, released with one grace period. docs/benchmarks.md has the
+/// figures.
 #[test]
-#[ignore = "the kernel releases perf-event uprobes one at a time, ~0.1 s each \
-            (3.1-3.9 s for 34, concurrent closes included): needs uprobe_multi links"]
 fn sigterm_with_probes_attached_exits_within_a_second() {
     let gpu = SimGpu::new();
     let wd = workdir();
     let mut d = wd.start_daemon(&gpu, &wd.path("state"), &wd.path("regions"), &[]);
     assert!(d.log_text().contains("probing"), "{}", d.log_text());
+    assert!(
+        d.log_text().contains("uprobe_multi links"),
+        "{}",
+        d.log_text()
+    );
     // Let a scan and a rescan start, as on a node that has run a while.
     std::thread::sleep(Duration::from_secs(1));
     d.assert_serving();
@@ -143,6 +136,7 @@ fn sigterm_with_probes_attached_exits_within_a_second() {
     };
     let took = t.elapsed();
     let log = d.log_text();
+    eprintln!("exit {took:?} after SIGTERM");
     assert_eq!(status.code(), Some(0), "{log}");
     assert!(log.contains("probes detached"), "{log}");
     assert!(

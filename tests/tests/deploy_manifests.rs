@@ -438,17 +438,6 @@ fn every_overlay_with_every_component_is_schema_valid() {
     }
 }
 
-/// The repository's address, from the workspace manifest: runbook links
-/// point into it.
-fn repository() -> String {
-    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
-    let line = manifest
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("repository = "))
-        .expect("workspace.package.repository");
-    line.trim_matches('"').trim_end_matches('/').to_owned()
-}
-
 /// GitHub's anchor of a Markdown heading: lower case, spaces to `-`,
 /// punctuation other than `-` and `_` dropped.
 fn anchor(heading: &str) -> String {
@@ -464,8 +453,47 @@ fn anchor(heading: &str) -> String {
         .collect()
 }
 
-/// Every alert links its own section of docs/runbooks.md in this
-/// repository, and names in its annotations only labels its expression
+/// Whether `cargo xtask release` copies `file` into the bundle (its `DOCS`
+/// list; tests/tests/release_bundle.rs checks a real bundle as root).
+fn release_ships(file: &str) -> bool {
+    let src = std::fs::read_to_string(workspace_root().join("xtask/src/release.rs")).unwrap();
+    let list = src
+        .split_once("const DOCS: &[&str] = &[")
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .map(|(list, _)| list)
+        .expect("DOCS in xtask/src/release.rs");
+    list.contains(&format!("\"{file}\""))
+}
+
+/// Nothing shipped names a home the project does not have: no made-up
+/// repository, image registry or changelog links.
+#[test]
+fn nothing_shipped_names_a_made_up_address() {
+    let root = workspace_root();
+    let mut files = vec![root.join("Cargo.toml"), root.join("CHANGELOG.md")];
+    let mut dirs = vec![root.join("deploy")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
+    }
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        for bad in ["example.invalid", "ghcr.io/example", "example.com/vgpu"] {
+            assert!(!text.contains(bad), "{} names {bad}", f.display());
+        }
+    }
+}
+
+/// Every alert links its own section of docs/runbooks.md (shipped in the
+/// release bundle), and names in its annotations only labels its expression
 /// keeps (a `by` label, or a target's for `up`); the ones about a node or a
 /// container name them.
 #[test]
@@ -478,7 +506,13 @@ fn every_alert_has_a_runbook_and_names_what_it_keeps() {
         .filter_map(|l| l.strip_prefix("## "))
         .map(anchor)
         .collect();
-    let prefix = format!("{}/blob/main/docs/runbooks.md#", repository());
+    // Relative to the source tree and to the release bundle, which ships
+    // docs/runbooks.md: no made-up host.
+    let prefix = "docs/runbooks.md#";
+    assert!(
+        release_ships("docs/runbooks.md"),
+        "cargo xtask release does not ship docs/runbooks.md"
+    );
     let mut linked = Vec::new();
     for g in rule["spec"]["groups"].as_sequence().unwrap() {
         for a in g["rules"].as_sequence().unwrap() {
@@ -487,7 +521,7 @@ fn every_alert_has_a_runbook_and_names_what_it_keeps() {
                 .as_str()
                 .unwrap_or_else(|| panic!("{name}: no runbook_url"));
             let at = url
-                .strip_prefix(&prefix)
+                .strip_prefix(prefix)
                 .unwrap_or_else(|| panic!("{name}: {url} is not under {prefix}"));
             assert_eq!(at, anchor(name), "{name}: its own section");
             assert!(
@@ -653,7 +687,7 @@ fn namespace_admits_privileged_pods_and_node_selector_is_as_documented() {
         {
             assert_eq!(
                 c.image.as_deref(),
-                Some("ghcr.io/example/vgpu:0.1.0"),
+                Some("localhost/vgpu:0.1.0"),
                 "{}",
                 c.name
             );
@@ -1487,5 +1521,94 @@ fn the_dra_plugin_runs_beside_the_daemon_with_kubelets_paths() {
             Some(tag.as_str()),
             "dra: {kind}/{name}"
         );
+    }
+}
+
+/// With the TLS component listed after the ServiceMonitor one (as
+/// docs/kubernetes.md shows), Prometheus scrapes over HTTPS: scheme https,
+/// the CA from the TLS Secret's ca.crt, the Service's DNS name checked
+/// (pod IPs are in no certificate); the rest of the rendering stays
+/// schema-valid. Without the TLS component the scrape stays plain HTTP.
+#[test]
+fn the_servicemonitor_scrapes_https_with_the_tls_component() {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/kubernetes.md")).unwrap();
+    let documented = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|b| b.split_once("```").map(|(code, _)| code))
+        .find(|code| code.contains("components/servicemonitor") && code.contains("components/tls"))
+        .expect("docs/kubernetes.md shows servicemonitor and tls together");
+    let listed: Mapping = serde_yaml::from_str(documented).unwrap();
+    let names: Vec<&str> = listed["components"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c.as_str()?.strip_prefix("../../components/"))
+        .collect();
+    assert_eq!(names, ["servicemonitor", "tls"], "{documented}");
+    for o in OVERLAYS {
+        for (combo, https) in [(&names[..], true), (&["servicemonitor"][..], false)] {
+            let copy = with_components(o, combo);
+            let text = kubectl_kustomize(&copy.path().join("overlays").join(o));
+            let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+                .map(|d| Value::deserialize(d).unwrap())
+                .collect();
+            let sm = docs
+                .iter()
+                .find(|d| d["kind"].as_str() == Some("ServiceMonitor"))
+                .unwrap_or_else(|| panic!("{o} {combo:?}: no ServiceMonitor"));
+            let ep = &sm["spec"]["endpoints"][0];
+            if !https {
+                assert!(
+                    ep["scheme"].is_null() && ep["tlsConfig"].is_null(),
+                    "{o}: {ep:?}"
+                );
+                continue;
+            }
+            assert_eq!(ep["scheme"].as_str(), Some("https"), "{o}: {ep:?}");
+            let tls = &ep["tlsConfig"];
+            assert_eq!(
+                tls["ca"]["secret"]["name"].as_str(),
+                Some("vgpu-metrics-tls"),
+                "{o}: {tls:?}"
+            );
+            assert_eq!(tls["ca"]["secret"]["key"].as_str(), Some("ca.crt"), "{o}");
+            // The name the certificate must carry: the headless Service's.
+            let svc: Service = serde_yaml::from_value(
+                docs.iter()
+                    .find(|d| d["kind"].as_str() == Some("Service"))
+                    .unwrap()
+                    .clone(),
+            )
+            .unwrap();
+            let meta = &svc.metadata;
+            assert_eq!(
+                tls["serverName"].as_str().map(str::to_owned),
+                Some(format!(
+                    "{}.{}.svc",
+                    meta.name.as_deref().unwrap(),
+                    meta.namespace.as_deref().unwrap()
+                )),
+                "{o}"
+            );
+            // The Secret is the one the daemon mounts, in the monitor's namespace.
+            assert!(text.contains("secretName: vgpu-metrics-tls"), "{o}");
+            assert_eq!(
+                sm["metadata"]["namespace"],
+                docs.iter()
+                    .find(|d| d["kind"].as_str() == Some("DaemonSet"))
+                    .unwrap()["metadata"]["namespace"],
+                "{o}"
+            );
+            // The scraped port serves HTTPS: the daemon has its certificate.
+            assert!(text.contains("--tls-cert=/etc/vgpu/tls/tls.crt"), "{o}");
+            let core: Vec<&str> = text
+                .split("\n---\n")
+                .filter(|d| !d.lines().any(|l| l.trim() == "kind: ServiceMonitor"))
+                .collect();
+            let file = copy.path().join("rendered.yaml");
+            std::fs::write(&file, core.join("\n---\n")).unwrap();
+            assert_schema_valid(&file, &format!("{o} with servicemonitor and tls"));
+        }
     }
 }

@@ -108,6 +108,7 @@ fn each_bundle_has_its_layout_a_tarball_and_checksums_that_verify() {
             "LICENSE-GPL-2.0",
             "README.md",
             "CHANGELOG.md",
+            "docs/runbooks.md",
             "SHA256SUMS",
         ] {
             assert!(b.join(f).is_file(), "{arch}: {f} missing");

@@ -244,6 +244,8 @@ fn cc(args: &[&str], dir: &Path) {
 struct Trace {
     child: Child,
     stderr: mpsc::Receiver<String>,
+    /// What it wrote before its probes were attached.
+    early: Vec<String>,
 }
 
 impl Trace {
@@ -279,7 +281,11 @@ impl Trace {
                 }
             }
         }
-        Trace { child, stderr: rx }
+        Trace {
+            child,
+            stderr: rx,
+            early: seen,
+        }
     }
 
     /// Stops it (SIGINT) if still running and returns (stdout, stderr).
@@ -302,7 +308,8 @@ impl Trace {
             .read_to_string(&mut out)
             .unwrap();
         let status = self.child.wait().unwrap();
-        let err: Vec<String> = self.stderr.try_iter().collect();
+        let mut err = std::mem::take(&mut self.early);
+        err.extend(self.stderr.try_iter());
         let err = err.join("\n");
         assert!(status.success(), "vgpu trace failed: {status}\n{err}");
         (out, err)
@@ -387,15 +394,29 @@ fn trace_json_reports_host_and_namespace_ids() {
     assert_eq!(ex["args"]["stream"], "0x503");
 }
 
+/// On this kernel (6.6 or later) the probes are uprobe_multi links.
 #[test]
 fn trace_json_counts_every_entry_point_exactly() {
+    json_counts_every_entry_point(&[], "probes attach as uprobe_multi links");
+}
+
+/// The same with perf-event uprobes, the path of kernels before 6.6.
+#[test]
+fn trace_json_counts_every_entry_point_exactly_with_perf_uprobes() {
+    json_counts_every_entry_point(&["--perf-uprobes"], "perf-event uprobes, as asked");
+}
+
+fn json_counts_every_entry_point(extra: &[&str], attached_as: &str) {
     const N: u32 = 25;
     let fx = Fixture::new();
     let cg = Cgroup::unique("json-counts");
-    let trace = Trace::start(&fx.lib(), &["--json"]);
+    let mut args = vec!["--json", "-v"];
+    args.extend_from_slice(extra);
+    let trace = Trace::start(&fx.lib(), &args);
     let host_pid = run_in_container(&fx, &cg, N);
     let (out, err) = trace.finish();
     assert!(err.contains("lost events: 0"), "{err}");
+    assert!(err.contains(attached_as), "{err}");
     let events = parse_json(&out);
     let mut per_func: HashMap<String, u64> = HashMap::new();
     for e in events.iter().filter(|e| e["host_tgid"] == host_pid) {

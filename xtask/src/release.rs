@@ -12,6 +12,7 @@
 //!   manifests/<overlay>.yaml        each overlay rendered by `kubectl kustomize`
 //!   sbom.cdx.json                   CycloneDX SBOM of the shipped crates
 //!   LICENSE-* README.md CHANGELOG.md
+//!   docs/runbooks.md                what the alerts' runbook_url names
 //!   SHA256SUMS                      over every other file
 //! target/release-bundle/vgpu-<version>-<arch>.tar.gz
 //! ```
@@ -46,6 +47,8 @@ const DOCS: &[&str] = &[
     "LICENSE-MIT",
     "LICENSE-APACHE",
     "LICENSE-GPL-2.0",
+    // The alerts' runbook_url (deploy/components/prometheusrule) points here.
+    "docs/runbooks.md",
 ];
 
 /// The SBOM describes what ships, not the test and developer crates: the
@@ -109,7 +112,7 @@ fn bundle(arch: Arch, dist: &Path, image: &str, out: &Path) -> Result<PathBuf> {
     if dir.exists() {
         fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
     }
-    for sub in ["bin", "lib", "image", "deploy", "manifests"] {
+    for sub in ["bin", "lib", "image", "deploy", "manifests", "docs"] {
         fs::create_dir_all(dir.join(sub))
             .with_context(|| format!("create {}/{sub}", dir.display()))?;
     }
@@ -186,8 +189,9 @@ fn check_dist(arch: Arch, dist: &Path) -> Result<()> {
 }
 
 /// Points the overlay's `images:` entry and version label at `image`: the
-/// overlays name a placeholder (`newName:`, `newTag:`, the
-/// `app.kubernetes.io/version` label), each exactly once.
+/// overlays name the default bundle's image, `localhost/vgpu:<version>`
+/// (`newName:`, `newTag:`, the `app.kubernetes.io/version` label), each
+/// exactly once; `--registry` changes the name.
 fn set_image(kustomization: &Path, image: &str) -> Result<()> {
     let (repo, tag) = image
         .rsplit_once(':')

@@ -257,6 +257,7 @@ async fn daemon(args: Args) -> anyhow::Result<ExitCode> {
         aggregate: true,
         offsets,
         max_procs: Some(args.max_procs),
+        perf_uprobes: false,
     })
     .map_err(sentence)?;
     let nvml = if args.no_nvml {

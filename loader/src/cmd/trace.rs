@@ -107,6 +107,11 @@ pub struct Args {
     /// nothing: the bare-trap cost, a baseline for overhead measurements.
     #[arg(long, hide = true)]
     floor: bool,
+
+    /// Attach perf-event uprobes even where uprobe_multi links are
+    /// available: the older kernels' path, kept testable on new ones.
+    #[arg(long, hide = true)]
+    perf_uprobes: bool,
 }
 
 /// How long an exited process stays in the table.
@@ -156,6 +161,7 @@ async fn trace(args: Args) -> anyhow::Result<ExitCode> {
         aggregate: true,
         offsets,
         max_procs: None,
+        perf_uprobes: args.perf_uprobes,
     })
     .map_err(sentence)?;
     let funcs: Vec<Func> = Func::ALL

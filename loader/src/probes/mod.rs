@@ -9,9 +9,11 @@
 pub mod btf;
 mod error;
 pub mod libcuda;
+mod uprobe_multi;
 mod watch;
 
 use std::collections::HashSet;
+use std::os::fd::OwnedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use aya::{
@@ -25,6 +27,7 @@ use aya::{
 use aya_log::EbpfLogger;
 pub use error::ProbeError;
 use libcuda::Libcuda;
+use uprobe_multi::MultiPrograms;
 use vgpu_common::event::{
     names, sizes, AllocKey, Caller, Config, Counter, Func, FuncClass, KernelOffsets, LaunchKey,
     ProcCounters,
@@ -46,6 +49,8 @@ pub struct Options {
     /// Processes tracked at once (`PROCS`, `PROC_COUNTS`); `None`:
     /// [`sizes::PROCS`]. Beyond it a process is counted as `procs_full`.
     pub max_procs: Option<u32>,
+    /// Perf-event uprobes even where uprobe_multi links would do.
+    pub perf_uprobes: bool,
 }
 
 /// What [`ProbeSet::attach`] did for one libcuda.
@@ -61,8 +66,22 @@ pub struct AttachReport {
     pub already: bool,
 }
 
+/// How the programs are attached.
+enum Attach {
+    /// uprobe_multi links, one per program and file: released together.
+    Multi {
+        progs: MultiPrograms,
+        links: Vec<OwnedFd>,
+    },
+    /// One perf-event uprobe per program and entry point (kernels before
+    /// 6.6): released one at a time, about 0.1 s each.
+    Perf,
+}
+
 /// Loaded programs and their attachments. Dropping it detaches everything.
 pub struct ProbeSet {
+    // Declared first so the links close before the maps and programs go.
+    attach: Attach,
     ebpf: Ebpf,
     opts: Options,
     inodes: HashSet<(u64, u64)>,
@@ -89,19 +108,39 @@ impl ProbeSet {
             .map_max_entries(names::PROC_COUNTS, max_procs)
             .load(EBPF_ELF)
             .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
-        for name in [
-            names::PROG_ENTRY,
-            names::PROG_RETURN,
-            names::PROG_LAUNCH_DONE,
-        ] {
-            let prog: &mut UProbe = ebpf
-                .program_mut(name)
-                .ok_or(ProbeError::MissingProgram(name))?
-                .try_into()
-                .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
-            prog.load()
-                .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
-        }
+        // Before aya-log takes its map out of `ebpf`.
+        let attach = if opts.perf_uprobes {
+            tracing::info!("perf-event uprobes, as asked");
+            load_perf_programs(&mut ebpf)?;
+            Attach::Perf
+        } else if uprobe_multi::kernel_may_support() {
+            match MultiPrograms::load(&ebpf, EBPF_ELF, names::PROG_ENTRY, names::PROG_RETURN) {
+                Ok(progs) => {
+                    tracing::info!(
+                        "probes attach as uprobe_multi links (one per program and file)"
+                    );
+                    Attach::Multi {
+                        progs,
+                        links: Vec::new(),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("uprobe_multi unavailable, using perf-event uprobes: {e}");
+                    load_perf_programs(&mut ebpf)?;
+                    Attach::Perf
+                }
+            }
+        } else {
+            tracing::info!(
+                "kernel before {}.{}: perf-event uprobes (released one at a time on exit)",
+                uprobe_multi::MIN_KERNEL.0,
+                uprobe_multi::MIN_KERNEL.1
+            );
+            load_perf_programs(&mut ebpf)?;
+            Attach::Perf
+        };
+        // The launch witness attaches per process, through perf events.
+        load_aya_programs(&mut ebpf, &[names::PROG_LAUNCH_DONE])?;
         let diagnostics = match EbpfLogger::init(&mut ebpf) {
             Ok(l) => Some(l),
             Err(e) => {
@@ -110,6 +149,7 @@ impl ProbeSet {
             }
         };
         Ok(ProbeSet {
+            attach,
             ebpf,
             opts,
             inodes: HashSet::new(),
@@ -145,26 +185,84 @@ impl ProbeSet {
         }
         let names: Vec<&str> = funcs.iter().map(|f| f.symbol()).collect();
         let offsets = libcuda::symbol_offsets(&lib.io_path(), &names)?;
-        let mut seen: Vec<(u64, Func)> = Vec::new();
+        // (offset, func, with a return probe), one per distinct address.
+        let mut points: Vec<(u64, Func, bool)> = Vec::new();
         for &func in funcs {
             let Some(&off) = offsets.get(func.symbol()) else {
                 report.missing.push(func);
                 continue;
             };
-            if let Some(&(_, first)) = seen.iter().find(|(o, _)| *o == off) {
+            if let Some(&(_, first, _)) = points.iter().find(|(o, _, _)| *o == off) {
                 report.aliased.push((func, first));
                 continue;
             }
-            seen.push((off, func));
             let launchy = matches!(func.class(), FuncClass::Launch | FuncClass::GraphLaunch);
-            let with_return = !launchy || self.opts.emit_events;
-            self.attach_one(names::PROG_ENTRY, lib, func, off)?;
-            if with_return {
-                self.attach_one(names::PROG_RETURN, lib, func, off)?;
-            }
-            report.attached.push(func);
+            points.push((off, func, !launchy || self.opts.emit_events));
         }
+        if matches!(self.attach, Attach::Multi { .. }) {
+            match self.attach_multi(lib, &points) {
+                Ok(()) => {}
+                Err(e) if self.multi_refused(&e) => {
+                    tracing::warn!(
+                        "the kernel refused a uprobe_multi link ({e}); using perf-event uprobes"
+                    );
+                    load_perf_programs(&mut self.ebpf)?;
+                    self.attach = Attach::Perf;
+                }
+                Err(e) => return Err(ProbeError::classify("attaching uprobes", e)),
+            }
+        }
+        if matches!(self.attach, Attach::Perf) {
+            for &(off, func, with_return) in &points {
+                self.attach_one(names::PROG_ENTRY, lib, func, off)?;
+                if with_return {
+                    self.attach_one(names::PROG_RETURN, lib, func, off)?;
+                }
+            }
+        }
+        report.attached = points.iter().map(|&(_, f, _)| f).collect();
         Ok(report)
+    }
+
+    /// One entry link for all `points` of `lib`, one return link for those
+    /// that want it; each point's cookie is its function id.
+    fn attach_multi(
+        &mut self,
+        lib: &Libcuda,
+        points: &[(u64, Func, bool)],
+    ) -> Result<(), uprobe_multi::MultiError> {
+        let Attach::Multi { progs, links } = &mut self.attach else {
+            return Ok(());
+        };
+        let path = lib.io_path();
+        let (offs, cookies): (Vec<u64>, Vec<u64>) = points
+            .iter()
+            .map(|&(o, f, _)| (o, u64::from(f.id())))
+            .unzip();
+        if !offs.is_empty() {
+            links.push(progs.attach_entry(&path, &offs, &cookies)?);
+        }
+        let (offs, cookies): (Vec<u64>, Vec<u64>) = points
+            .iter()
+            .filter(|p| p.2)
+            .map(|&(o, f, _)| (o, u64::from(f.id())))
+            .unzip();
+        if !offs.is_empty() {
+            links.push(progs.attach_return(&path, &offs, &cookies)?);
+        }
+        Ok(())
+    }
+
+    /// True when `e` says this kernel cannot make uprobe_multi links at all
+    /// (not one was made yet, and the errno is the one of a missing
+    /// feature), so falling back to perf-event uprobes is right.
+    fn multi_refused(&self, e: &uprobe_multi::MultiError) -> bool {
+        let none_yet = matches!(&self.attach, Attach::Multi { links, .. } if links.is_empty());
+        none_yet
+            && matches!(
+                e.link_errno(),
+                Some(libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
+            )
     }
 
     fn attach_one(
@@ -351,6 +449,25 @@ impl ProbeSet {
         }
         Ok(())
     }
+}
+
+/// Loads the programs for perf-event uprobes (aya's own path).
+fn load_perf_programs(ebpf: &mut Ebpf) -> Result<(), ProbeError> {
+    load_aya_programs(ebpf, &[names::PROG_ENTRY, names::PROG_RETURN])
+}
+
+/// Loads `progs` through aya, for perf-event attachment.
+fn load_aya_programs(ebpf: &mut Ebpf, progs: &[&'static str]) -> Result<(), ProbeError> {
+    for &name in progs {
+        let prog: &mut UProbe = ebpf
+            .program_mut(name)
+            .ok_or(ProbeError::MissingProgram(name))?
+            .try_into()
+            .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
+        prog.load()
+            .map_err(|e| ProbeError::classify("loading eBPF programs", e))?;
+    }
+    Ok(())
 }
 
 /// Kernels before 5.11 charge BPF memory to RLIMIT_MEMLOCK; lift it (best effort).
