@@ -54,11 +54,11 @@ impl Identity for Host {
     }
 
     fn policy(&self) -> i32 {
-        crate::state::config().policy
+        crate::config::get().policy
     }
 
     fn priority_stated(&self) -> bool {
-        crate::state::config().priority_stated
+        crate::config::get().priority_stated
     }
 }
 
@@ -74,7 +74,7 @@ impl NodeFiles for Host {
     fn buckets(&self) -> &'static SmShared {
         BUCKETS.get_or_init(|| {
             // The configuration names the sidecar (`sidecar::set_region_path`).
-            let _ = crate::state::config();
+            let _ = crate::config::get();
             sidecar::shared().unwrap_or_else(|| {
                 vlog!(
                     crate::log::ERROR,
