@@ -57,7 +57,7 @@ fn a_known_cost_is_charged_from_the_threads_cache_and_still_sampled() {
     // thread's cache (no lock); the cache reports them, so the occasional
     // timing still comes every `SAMPLE_EVERY` launches and every launch is
     // charged.
-    let c = sim(Fake::new(90, policy::FORCE));
+    let c = sim(Setup::new(90, policy::FORCE));
     let f = &c.driver;
     let w = Work {
         key: kernel(1),

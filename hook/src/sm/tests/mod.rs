@@ -78,7 +78,7 @@ struct Gpu {
 type Sim = Controller<Gpu, FakeWorld>;
 
 /// A process before its controller is made: its GPU and its world.
-struct Fake {
+struct Setup {
     gpu: Gpu,
     world: FakeWorld,
 }
@@ -86,7 +86,7 @@ struct Fake {
 const NVML_PID: u32 = 4242;
 const OTHER_PID: u32 = 9999;
 
-impl Fake {
+impl Setup {
     /// A process limited to `pct` under `policy_`, alone on its GPU; its
     /// sleeps end 60 µs late, as a real timer's do.
     fn new(pct: u64, policy_: i32) -> Self {
@@ -113,12 +113,12 @@ impl Fake {
             foreign_until: AtomicU64::new(0),
             queries: AtomicU32::new(0),
         };
-        Fake { gpu, world }
+        Setup { gpu, world }
     }
 }
 
 /// The controller of `f`.
-fn sim(f: Fake) -> Sim {
+fn sim(f: Setup) -> Sim {
     Controller::new(f.gpu, f.world)
 }
 
@@ -313,12 +313,12 @@ fn kernel(func: usize) -> Key {
 /// A container of one process whose host pid is known (`hostpid`), with
 /// NVML, at `pct`, whose timings read `skew` % of the truth.
 fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Sim {
-    sim(nvml_on(Fake::new(pct, policy::DEFAULT), skew, hostpid))
+    sim(nvml_on(Setup::new(pct, policy::DEFAULT), skew, hostpid))
 }
 
 /// `f` with one process in its region (GPU memory held, host pid
 /// `hostpid`), its timings read as `skew` % of the truth, and NVML on.
-fn nvml_on(f: Fake, skew: u64, hostpid: i32) -> Fake {
+fn nvml_on(f: Setup, skew: u64, hostpid: i32) -> Setup {
     let r = f.world.shm();
     r.proc_num.store(1, Relaxed);
     r.procs[0].pid.store(77, Relaxed);
@@ -409,7 +409,7 @@ impl Neighbour {
 /// `f` on a GPU it shares with another container, the daemon planning
 /// (the stand-in plans at every coarse clock read, which every launch
 /// makes first, and after every sleep).
-fn on_node(f: Fake) -> (Fake, &'static Neighbour) {
+fn on_node(f: Setup) -> (Setup, &'static Neighbour) {
     let node: &'static Neighbour = Box::leak(Box::default());
     f.world.on_tick(move |w, now| node.plan_for(w, now));
     (f, node)

@@ -22,7 +22,7 @@ fn stall_bound(cost: u64, pct: u32) -> u64 {
 #[test]
 fn a_killed_neighbours_queue_does_not_stall_a_new_process() {
     for queue in [50_000_000u64, 500_000_000] {
-        let c = sim(Fake::new(30, policy::DEFAULT));
+        let c = sim(Setup::new(30, policy::DEFAULT));
         let t0 = c.world.now();
         c.driver.foreign_until.store(t0 + queue, Relaxed);
         let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2 + queue);
@@ -48,7 +48,7 @@ fn a_killed_neighbours_queue_does_not_stall_a_new_process() {
 /// wait beyond the neighbour's kernel and the bound, and the share holds.
 #[test]
 fn a_neighbours_long_kernel_does_not_stall_a_new_key() {
-    let c = sim(Fake::new(30, policy::DEFAULT));
+    let c = sim(Setup::new(30, policy::DEFAULT));
     run(&c, kernel(1), 1_000_000, SEC, 0);
     let t1 = c.world.now();
     let long = 300_000_000;
@@ -68,7 +68,7 @@ fn a_neighbours_long_kernel_does_not_stall_a_new_key() {
 /// work each time, just as the process moves on to a new kernel shape.
 #[test]
 fn a_suspended_then_resumed_neighbour_does_not_stall_new_keys() {
-    let c = sim(Fake::new(30, policy::DEFAULT));
+    let c = sim(Setup::new(30, policy::DEFAULT));
     let t0 = c.world.now();
     let burst = 40_000_000;
     for i in 0..6 {
@@ -95,7 +95,7 @@ fn a_suspended_then_resumed_neighbour_does_not_stall_new_keys() {
 /// launch waits longer than the bound.
 #[test]
 fn a_context_switch_storm_inflates_costs_but_never_stalls() {
-    let c = sim(Fake::new(30, policy::DEFAULT));
+    let c = sim(Setup::new(30, policy::DEFAULT));
     let t0 = c.world.now();
     let s = run_with(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2, |f| {
         let free = f.gpu.lock().unwrap().free_at.max(f.now());

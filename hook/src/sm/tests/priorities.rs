@@ -48,7 +48,7 @@ fn trainer_beside_service(
 }
 
 fn ranked_trainer() -> (Sim, &'static Neighbour) {
-    let (f, node) = on_node(Fake::new(0, policy::DEFAULT));
+    let (f, node) = on_node(Setup::new(0, policy::DEFAULT));
     f.world.ranked.store(true, Relaxed);
     f.world.shm().priority.store(1, Relaxed);
     let c = sim(f);
@@ -130,7 +130,7 @@ fn a_busy_high_priority_container_does_not_starve_the_low_one() {
 /// about 4 ms.
 #[test]
 fn a_light_service_is_not_held_for_its_bursts() {
-    let c = sim(Fake::new(30, policy::DEFAULT));
+    let c = sim(Setup::new(30, policy::DEFAULT));
     c.driver.skew_pct.store(300, Relaxed);
     let w = Work {
         key: kernel(1),

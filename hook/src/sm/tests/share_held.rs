@@ -8,7 +8,7 @@ use super::*;
 fn long_and_tiny_kernels_get_their_share() {
     for pct in [10u64, 30, 60, 90] {
         for cost in [2_000_000u64, 10_000] {
-            let c = sim(Fake::new(pct, policy::DEFAULT));
+            let c = sim(Setup::new(pct, policy::DEFAULT));
             let s = run(&c, kernel(1), cost, 3 * SEC, SEC / 2);
             assert!(
                 (s - pct as f64).abs() < 2.0,
@@ -24,7 +24,7 @@ fn long_and_tiny_kernels_get_their_share() {
 /// the limit, so that together they stay within it.
 #[test]
 fn private_buckets_take_a_part_of_the_limit() {
-    let f = Fake::new(40, policy::DEFAULT);
+    let f = Setup::new(40, policy::DEFAULT);
     f.world.private_buckets.store(true, Relaxed);
     let r = f.world.shm();
     for (i, s) in r.procs.iter().take(4).enumerate() {
@@ -35,7 +35,7 @@ fn private_buckets_take_a_part_of_the_limit() {
     let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2);
     assert!((s - 10.0).abs() < 2.0, "limit 40 over 4 processes: {s:.1}%");
     // Alone in the container, the process takes the whole limit.
-    let f = Fake::new(40, policy::DEFAULT);
+    let f = Setup::new(40, policy::DEFAULT);
     f.world.private_buckets.store(true, Relaxed);
     let c = sim(f);
     let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2);
@@ -44,7 +44,7 @@ fn private_buckets_take_a_part_of_the_limit() {
 
 #[test]
 fn graphs_are_limited() {
-    let c = sim(Fake::new(30, policy::DEFAULT));
+    let c = sim(Setup::new(30, policy::DEFAULT));
     let s = run(&c, Key::Graph { exec: 5 }, 400_000, 3 * SEC, SEC / 2);
     assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
 }
@@ -57,7 +57,7 @@ fn no_limit_and_disable_do_not_throttle() {
         (30, policy::DISABLE, 1),
         (30, policy::DEFAULT, 0),
     ] {
-        let f = Fake::new(pct, pol);
+        let f = Setup::new(pct, pol);
         f.world.shm().utilization_switch.store(switch, Relaxed);
         let c = sim(f);
         let s = run(&c, kernel(1), 100_000, SEC, SEC / 4);
@@ -68,7 +68,7 @@ fn no_limit_and_disable_do_not_throttle() {
         assert_eq!(c.world.clock.sleeps(), 0);
     }
     // Force ignores the switch.
-    let f = Fake::new(30, policy::FORCE);
+    let f = Setup::new(30, policy::FORCE);
     f.world.shm().utilization_switch.store(0, Relaxed);
     let c = sim(f);
     let s = run(&c, kernel(1), 100_000, 2 * SEC, SEC / 2);
@@ -77,7 +77,7 @@ fn no_limit_and_disable_do_not_throttle() {
 
 #[test]
 fn a_runtime_change_is_followed() {
-    let c = sim(Fake::new(80, policy::DEFAULT));
+    let c = sim(Setup::new(80, policy::DEFAULT));
     let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2);
     assert!((s - 80.0).abs() < 2.0, "{s:.1}%");
     c.world.shm().sm_limit[0].store(20, Relaxed);
@@ -92,14 +92,14 @@ fn a_runtime_change_is_followed() {
 fn a_first_guess_is_settled() {
     // Kernels of 5 ms: the first launches are charged the 20 µs default,
     // the debt is charged once the first timing lands.
-    let c = sim(Fake::new(50, policy::DEFAULT));
+    let c = sim(Setup::new(50, policy::DEFAULT));
     let s = run(&c, kernel(2), 5_000_000, 2 * SEC, 0);
     assert!((s - 50.0).abs() < 3.0, "{s:.1}%");
 }
 
 #[test]
 fn activity_is_marked_and_blocking_obeyed() {
-    let c = sim(Fake::new(100, policy::DEFAULT));
+    let c = sim(Setup::new(100, policy::DEFAULT));
     let r = c.world.shm();
     r.recent_kernel.store(1, Relaxed);
     run(&c, kernel(1), 10_000, SEC / 10, 0);
@@ -124,7 +124,7 @@ fn activity_is_marked_and_blocking_obeyed() {
 
 #[test]
 fn share_is_published_and_failed_launches_refunded() {
-    let c = sim(Fake::new(40, policy::DEFAULT));
+    let c = sim(Setup::new(40, policy::DEFAULT));
     run(&c, kernel(1), 100_000, 3 * SEC, 0);
     let u = c.world.shm().procs[0].device_util[0].sm_util.load(Relaxed);
     assert!((38..=42).contains(&u), "sm_util {u}");
@@ -142,7 +142,7 @@ fn share_is_published_and_failed_launches_refunded() {
 fn captured_launches_are_neither_charged_nor_timed() {
     // A stream capture at a 10 % limit: nothing runs on the GPU, so no
     // launch may sleep, be charged, or record an event into the graph.
-    let f = Fake::new(10, policy::FORCE);
+    let f = Setup::new(10, policy::FORCE);
     f.gpu.capturing.store(true, Relaxed);
     let c = sim(f);
     let w = Work {
@@ -170,7 +170,7 @@ fn captured_launches_are_neither_charged_nor_timed() {
 fn late_wake_ups_do_not_cost_the_share() {
     for late in [2_000_000, 6_000_000, 20_000_000] {
         for pct in [30, 60] {
-            let c = sim(Fake::new(pct, policy::DEFAULT));
+            let c = sim(Setup::new(pct, policy::DEFAULT));
             c.world.clock.set_late(SLACK_NS + late);
             let s = run(&c, kernel(1), 1_000_000, 4 * SEC, SEC);
             assert!(
@@ -187,7 +187,7 @@ fn late_wake_ups_do_not_cost_the_share() {
 /// the limit, the bucket holds it at the limit as before.
 #[test]
 fn a_container_far_under_its_limit_coasts_then_is_held_when_its_use_grows() {
-    let c = sim(Fake::new(50, policy::DEFAULT));
+    let c = sim(Setup::new(50, policy::DEFAULT));
     let f = &c.driver;
     let w = Work {
         key: kernel(1),

@@ -9,7 +9,7 @@ use super::*;
 /// goes quiet, the bucket alone limits again.
 #[test]
 fn limited_containers_on_one_gpu_take_turns() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
     let c = sim(f);
     let m = neighbour(node, c.world.now(), 70);
     let other = NEIGHBOUR_KEY;
@@ -63,7 +63,11 @@ fn limited_containers_on_one_gpu_take_turns() {
 /// charges and leave the correction where it is.
 #[test]
 fn the_correction_holds_while_taking_turns() {
-    let (f, node) = on_node(nvml_on(Fake::new(30, policy::DEFAULT), 50, NVML_PID as i32));
+    let (f, node) = on_node(nvml_on(
+        Setup::new(30, policy::DEFAULT),
+        50,
+        NVML_PID as i32,
+    ));
     f.gpu.sparse.store(true, Relaxed);
     f.gpu.other_pct.store(40, Relaxed);
     *f.gpu.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
@@ -82,7 +86,7 @@ fn the_correction_holds_while_taking_turns() {
 /// the correction factor follows them back to 1.
 #[test]
 fn short_charges_are_corrected_by_measuring_the_turns() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
     let c = sim(f);
     let m = neighbour(node, c.world.now(), 70);
     let start = c.world.now();
@@ -120,7 +124,7 @@ fn short_charges_are_corrected_by_measuring_the_turns() {
 /// its own share does not claim turns.
 #[test]
 fn containers_that_use_little_of_their_share_do_not_take_turns() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
     let c = sim(f);
     let m = neighbour(node, c.world.now(), 70);
     let ours = c.world.buckets.container_id();
@@ -183,7 +187,7 @@ fn containers_that_use_little_of_their_share_do_not_take_turns() {
 #[test]
 fn charges_that_overstate_the_kernels_do_not_claim_turns() {
     let (f, node) = on_node(nvml_on(
-        Fake::new(70, policy::DEFAULT),
+        Setup::new(70, policy::DEFAULT),
         200,
         NVML_PID as i32,
     ));
@@ -227,7 +231,7 @@ fn charges_that_overstate_the_kernels_do_not_claim_turns() {
 /// `ACTIVE_NS` and a re-plan.
 #[test]
 fn turns_end_when_the_neighbour_stops_wanting_its_share() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
     let c = sim(f);
     let m = neighbour(node, c.world.now(), 70);
     run_with(&c, kernel(1), 1_000_000, SEC, SEC / 2, |f| busy(m, f.now()));
@@ -253,7 +257,7 @@ fn turns_end_when_the_neighbour_stops_wanting_its_share() {
 /// limit within the second after.
 #[test]
 fn the_bucket_resumes_without_old_debt_when_the_turns_end() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
     let c = sim(f);
     let m = neighbour(node, c.world.now(), 70);
     run_with(&c, kernel(1), 1_000_000, SEC, SEC / 2, |f| busy(m, f.now()));
