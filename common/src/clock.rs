@@ -23,6 +23,30 @@ pub fn monotonic_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// Sleeps until CLOCK_MONOTONIC reads `t` ns (or a little past it);
+/// signals interrupt it at most 16 times.
+pub fn sleep_until_monotonic(t: u64) {
+    let ts = libc::timespec {
+        tv_sec: (t / 1_000_000_000) as libc::time_t,
+        tv_nsec: (t % 1_000_000_000) as libc::c_long,
+    };
+    for _ in 0..16 {
+        // SAFETY: `ts` is a valid absolute time; no remainder pointer is
+        // needed with TIMER_ABSTIME.
+        let rc = unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                core::ptr::null_mut(),
+            )
+        };
+        if rc != libc::EINTR {
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -33,5 +57,12 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(2));
         let b = monotonic_ns();
         assert!(a > 0 && b >= a + 2_000_000, "{a} then {b}");
+    }
+
+    #[test]
+    fn a_sleep_ends_at_its_deadline() {
+        let t = monotonic_ns() + 3_000_000;
+        sleep_until_monotonic(t);
+        assert!(monotonic_ns() >= t);
     }
 }

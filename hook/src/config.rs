@@ -162,6 +162,18 @@ impl Config {
     }
 }
 
+static CONFIG: std::sync::OnceLock<Config> = std::sync::OnceLock::new();
+
+/// The configuration, read from the environment once (errors reported then).
+pub fn get() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        let cfg = Config::from_env();
+        cfg.report();
+        crate::sidecar::set_region_path(&cfg.region_path);
+        cfg
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

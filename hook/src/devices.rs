@@ -15,6 +15,10 @@
 //! differently (one process per GPU). So each device the driver names (a
 //! context's device, a VMM location, a `CUdevice` argument) is translated
 //! here, by UUID, before it indexes anything shared.
+//!
+//! Each function takes the driver to ask (`crate::driver::ids::DeviceIds`),
+//! so that the real one (`driver::native`, which translates every
+//! context's device here) and this table do not import each other.
 
 #![forbid(unsafe_code)]
 
@@ -23,8 +27,7 @@ use std::sync::OnceLock;
 use vgpu_common::devices::{container_devices, NvmlView};
 use vgpu_common::region::MAX_DEVICES;
 
-use crate::driver::native::Native;
-use crate::driver::DeviceIds;
+use crate::driver::ids::DeviceIds;
 use crate::ffi::*;
 
 /// The container index of each CUDA ordinal (`None`: a device the container
@@ -54,10 +57,12 @@ static DEVICES: OnceLock<Devices> = OnceLock::new();
 
 impl Devices {
     /// Reads the devices from the driver and NVML; `None` before `cuInit`.
-    fn load() -> Option<Self> {
-        let count = Native.cuda_count()?;
-        let cuda: Vec<Option<String>> = (0..count.max(0) as usize).map(cuda_uuid).collect();
-        let mut container = nvml_container_order();
+    fn load(d: &impl DeviceIds) -> Option<Self> {
+        let count = d.cuda_count()?;
+        let cuda: Vec<Option<String>> = (0..count.max(0) as usize)
+            .map(|o| cuda_uuid(d, o))
+            .collect();
+        let mut container = nvml_container_order(d);
         if container.is_empty() {
             // No NVML: CUDA's own order is all there is.
             container = cuda.iter().flatten().cloned().collect();
@@ -83,35 +88,35 @@ impl Devices {
 }
 
 /// The devices, loaded on the first call after `cuInit`.
-pub fn get() -> Option<&'static Devices> {
-    if let Some(d) = DEVICES.get() {
-        return Some(d);
+pub fn get(d: &impl DeviceIds) -> Option<&'static Devices> {
+    if let Some(devices) = DEVICES.get() {
+        return Some(devices);
     }
-    let d = Devices::load()?;
-    Some(DEVICES.get_or_init(|| d))
+    let devices = Devices::load(d)?;
+    Some(DEVICES.get_or_init(|| devices))
 }
 
 /// The container index of CUDA ordinal `ordinal` (a `CUdevice`). Before
 /// `cuInit` (no device can be named then) the ordinal itself.
-pub fn index_of(ordinal: CUdevice) -> Option<usize> {
+pub fn index_of(d: &impl DeviceIds, ordinal: CUdevice) -> Option<usize> {
     let o = usize::try_from(ordinal).ok()?;
-    match get() {
+    match get(d) {
         Some(d) => d.index_of.get(o).copied().flatten(),
         None => Some(o).filter(|o| *o < MAX_DEVICES),
     }
 }
 
 /// The UUID of the container's device `index` (known once `cuInit` ran).
-pub fn uuid(index: usize) -> Option<String> {
-    get()?.container.get(index).cloned()
+pub fn uuid(d: &impl DeviceIds, index: usize) -> Option<String> {
+    get(d)?.container.get(index).cloned()
 }
 
 /// The container's devices as NVML lists them, in the container's index
 /// order (empty without NVML).
-pub fn nvml_container_order() -> Vec<String> {
+pub fn nvml_container_order(d: &impl DeviceIds) -> Vec<String> {
     container_devices(
-        &nvml_uuids(),
-        crate::state::config().nvidia_visible.as_deref(),
+        &d.nvml_uuids(),
+        crate::config::get().nvidia_visible.as_deref(),
         NvmlView::Container,
     )
 }
@@ -130,18 +135,13 @@ pub fn format_uuid(b: &[u8; 16]) -> String {
 }
 
 /// The UUID of CUDA ordinal `ordinal`.
-fn cuda_uuid(ordinal: usize) -> Option<String> {
-    Native.cuda_uuid(ordinal).map(|u| format_uuid(&u))
-}
-
-/// The UUIDs NVML lists, in its index order (empty without NVML).
-fn nvml_uuids() -> Vec<String> {
-    Native.nvml_uuids()
+fn cuda_uuid(d: &impl DeviceIds, ordinal: usize) -> Option<String> {
+    d.cuda_uuid(ordinal).map(|u| format_uuid(&u))
 }
 
 /// The NVML handle of the container's device `index`, by UUID.
-pub fn nvml_handle(index: usize) -> Option<nvmlDevice_t> {
-    Native.nvml_by_uuid(&uuid(index)?)
+pub fn nvml_handle(d: &impl DeviceIds, index: usize) -> Option<nvmlDevice_t> {
+    d.nvml_by_uuid(&uuid(d, index)?)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::ffi::{c_uint, c_void};
 
 use vgpu_common::region::ProcSlot;
 
-use crate::driver::native::Native;
+use crate::driver;
 use crate::driver::Context;
 use crate::ffi::*;
 use crate::sm::{after_launch, before_launch, Launch, LaunchKind};
@@ -26,7 +26,7 @@ fn limited(launch: Launch, call: impl FnOnce() -> CUresult) -> CUresult {
     let ticket = before_launch(&launch);
     let rc = call();
     let limited_on = after_launch(ticket, rc);
-    launched(&Native, crate::state::attached(), limited_on, rc);
+    launched(driver::live(), crate::state::attached(), limited_on, rc);
     rc
 }
 

@@ -4,12 +4,14 @@
 //! (the real libraries, typed pointers, and the safe wrappers that return
 //! `Result<_, CuError>` / `Result<_, NvmlError>`) → `driver` (what the hook
 //! asks the driver on its own behalf, as traits with one real implementation
-//! over `real` and a fake for unit tests) → `exports` (the generated
-//! `extern "C"` symbols, `dlsym`) → policy (`memory`, `nvml`, `procaddr`,
-//! `launch`, `devices`, `sm`) over `region` and `state`. Every policy module
-//! is `#![forbid(unsafe_code)]` (`cargo xtask lint` checks the list); in `sm`
-//! only `live` (the clocks and the process's world behind the limiter's
-//! traits) is not policy. Only `real` and `exports` call the driver raw,
+//! over `real` and a fake for unit tests) and `world` (the outside world
+//! besides the driver: clocks, this process's identity, the node's files,
+//! background work; one real implementation, one fake with the one test
+//! clock) → `exports` (the generated `extern "C"` symbols, `dlsym`) →
+//! policy (`memory`, `nvml`, `procaddr`, `launch`, `devices`, `sm`) over
+//! `region` and `state`. Every policy module is `#![forbid(unsafe_code)]`
+//! (`cargo xtask lint` checks the list), `driver` and `world` included.
+//! Only `real` and `exports` call the driver raw,
 //! and only they and `driver::native` name `real` (`cargo xtask lint`): each
 //! export hands its policy function the call that forwards it.
 //! `sidecar` is the container's second shared file (measured context sizes,
@@ -21,7 +23,6 @@ mod log;
 #[macro_use]
 pub(crate) mod real;
 
-mod background;
 pub(crate) mod config;
 mod devices;
 mod driver;
@@ -29,9 +30,7 @@ pub(crate) mod exports;
 pub(crate) mod ffi;
 mod launch;
 mod memory;
-mod nodelock;
 mod nvml;
-mod pid_namespace;
 mod procaddr;
 pub(crate) mod region;
 mod sidecar;
@@ -40,3 +39,4 @@ mod signal;
 pub(crate) mod sm;
 pub(crate) mod state;
 mod suspend;
+pub(crate) mod world;

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
-use crate::driver::native::Native;
+use crate::driver;
 use crate::driver::DeviceIds;
 use crate::ffi::*;
 use crate::memory::info::virtual_info;
@@ -42,7 +42,7 @@ pub fn init_with_flags(forward: impl FnOnce() -> nvmlReturn_t, _flags: c_uint) -
 }
 
 fn fill_from_nvml(r: &SharedRegion) {
-    let uuids = crate::devices::nvml_container_order();
+    let uuids = crate::devices::nvml_container_order(driver::live());
     let n = uuids.len().min(MAX_DEVICES);
     for (i, u) in uuids.iter().take(n).enumerate() {
         r.set_uuid(i, u.as_bytes());
@@ -56,7 +56,7 @@ fn fill_from_nvml(r: &SharedRegion) {
 /// position in the region, else its NVML index (NVML lists the container's
 /// devices in the container's order).
 fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
-    if let Some(u) = Native.nvml_uuid(dev) {
+    if let Some(u) = driver::live().nvml_uuid(dev) {
         let n = (r.device_num.load(SeqCst) as usize).min(MAX_DEVICES);
         for i in 0..n {
             let (bytes, len) = r.uuid(i);
@@ -65,7 +65,7 @@ fn container_index(r: &SharedRegion, dev: nvmlDevice_t) -> Option<usize> {
             }
         }
     }
-    let index = Native.nvml_index(dev)?;
+    let index = driver::live().nvml_index(dev)?;
     Some(index as usize).filter(|i| *i < MAX_DEVICES)
 }
 

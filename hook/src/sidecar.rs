@@ -19,7 +19,7 @@ pub(crate) fn open(path: &Path) -> Result<&'static SmShared, MapError> {
 }
 
 /// The region's path, from which the sidecar's is derived: set once by
-/// `state::config` (the sidecar does not read the configuration itself, so
+/// `config::get` (the sidecar does not read the configuration itself, so
 /// that the memory hooks may use it without an import cycle through
 /// `state`).
 static REGION_PATH: OnceLock<PathBuf> = OnceLock::new();

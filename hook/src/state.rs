@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64};
-use std::sync::{Mutex, Once, OnceLock};
+use std::sync::{Mutex, Once};
 
 use vgpu_common::region::MAX_DEVICES;
 
@@ -74,7 +74,6 @@ impl Process {
     }
 }
 
-static CONFIG: OnceLock<Config> = OnceLock::new();
 static CURRENT: AtomicPtr<Process> = AtomicPtr::new(std::ptr::null_mut());
 static FORK_GEN: AtomicU64 = AtomicU64::new(0);
 static FAILED_GEN: AtomicU64 = AtomicU64::new(u64::MAX);
@@ -82,15 +81,8 @@ static FAILED_GEN: AtomicU64 = AtomicU64::new(u64::MAX);
 static ATTACHING: AtomicBool = AtomicBool::new(false);
 static PROCESS_HOOKS: Once = Once::new();
 
-/// The configuration, read from the environment once (errors reported then).
-pub fn config() -> &'static Config {
-    CONFIG.get_or_init(|| {
-        let cfg = Config::from_env();
-        cfg.report();
-        crate::sidecar::set_region_path(&cfg.region_path);
-        cfg
-    })
-}
+/// The configuration (`crate::config::get`).
+pub use crate::config::get as config;
 
 /// This process's state, attaching on first use. `None` means "forward
 /// everything unchanged": the region could not be used (already logged).

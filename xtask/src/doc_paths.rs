@@ -10,8 +10,8 @@
 //! ([`EXTERNAL`]) are left alone, and so are fenced code blocks. A path
 //! resolves against the repository root, the doc's own folder, and the
 //! crate root and its `src/`: for a Rust file its own crate, for a Markdown
-//! file any crate of the repository (docs/hook.md says sm/live.rs for
-//! `hook/src/sm/live.rs`). A backtick left open at the end of a line
+//! file any crate of the repository (docs/hook.md says sm/controller.rs for
+//! `hook/src/sm/controller.rs`). A backtick left open at the end of a line
 //! (a token broken over two lines) is not read.
 
 use std::collections::BTreeSet;

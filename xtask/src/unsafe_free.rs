@@ -16,29 +16,20 @@ use anyhow::{bail, Context, Result};
 use crate::util;
 
 /// Policy modules of the hook, relative to `hook/src/`. A directory stands
-/// for every `.rs` file below it; its `mod.rs` carries the attribute. In
-/// `sm/` only `live.rs` (the process's world behind the limiter's traits)
-/// is not policy; `driver/` is policy, its real side calls only the
-/// wrappers of `real/`.
+/// for every `.rs` file below it; its `mod.rs` carries the attribute.
+/// `driver/` is policy, its real side calls only the wrappers of `real/`;
+/// so is `world/`, whose real side calls `vgpu_common::clock` for the
+/// clocks and the sleep.
 const POLICY: &[&str] = &[
     "memory",
     "devices.rs",
     "driver",
-    "pid_namespace.rs",
     "launch.rs",
-    "nodelock.rs",
     "nvml.rs",
     "procaddr.rs",
     "sidecar.rs",
-    "sm/admission",
-    "sm/controller.rs",
-    "sm/correction",
-    "sm/cost_learning",
-    "sm/node_sharing",
-    "sm/published_share.rs",
-    "sm/settings",
-    "sm/sys.rs",
-    "sm/tuning.rs",
+    "sm",
+    "world",
 ];
 
 /// Tokens that are, or expand to, an `unsafe` block.

@@ -2,7 +2,8 @@
 //! out at increasing addresses, timing events that complete when the test
 //! says, NVML's figures as the test sets them, and a count of every call
 //! that reached it (so a test can say that a refused call never did). The
-//! SM controller's tests add a GPU that runs in time (`sm::tests`).
+//! SM controller's tests add a GPU that runs in time on the world's test
+//! clock (`sm::tests`, `world::fake::TestClock`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
@@ -11,8 +12,6 @@ use std::sync::Mutex;
 
 use super::{Context, CuError, Events, Memory, Nvml, Poll};
 use crate::ffi::*;
-use crate::memory::context_host::ContextHost;
-use crate::nodelock::NodeLock;
 
 #[derive(Debug, Default)]
 pub(crate) struct FakeDriver {
@@ -33,12 +32,12 @@ pub(crate) struct FakeDriver {
     pub used: AtomicU64,
     /// NVML's process list (`None`: no list).
     pub procs: Mutex<Option<Vec<(u32, u64)>>>,
-    /// Our host PID, when known without a guess.
-    pub own: Option<u32>,
-    /// Our PID in a (non-initial) PID namespace.
-    pub ns: Option<u32>,
-    /// The context size another process of the container measured.
-    pub shared: Mutex<Option<u64>>,
+    /// NVML's per-process SM samples `(host pid, sm %)` (`None`: none).
+    pub samples: Mutex<Option<Vec<(u32, u32)>>>,
+    /// NVML's device utilization and the host pids on the device.
+    pub busy: Mutex<Option<(f64, Vec<u32>)>>,
+    /// Calls of `proc_util` that reached NVML.
+    pub sampled: AtomicUsize,
     /// Live events: recorded, completed, their time (ns).
     pub events: Mutex<HashMap<usize, (bool, bool, u64)>>,
     /// Events created so far (the last one's handle).
@@ -187,26 +186,13 @@ impl Nvml for FakeDriver {
     fn processes(&self, _dev: usize) -> Option<Vec<(u32, u64)>> {
         self.procs.lock().unwrap().clone()
     }
-}
 
-impl ContextHost for FakeDriver {
-    fn own_host_pid(&self) -> Option<u32> {
-        self.own
+    fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
+        self.sampled.fetch_add(1, SeqCst);
+        self.samples.lock().unwrap().clone()
     }
 
-    fn own_ns_pid(&self) -> Option<u32> {
-        self.ns
-    }
-
-    fn shared_ctx_size(&self, _dev: usize) -> Option<u64> {
-        *self.shared.lock().unwrap()
-    }
-
-    fn set_shared_ctx_size(&self, _dev: usize, bytes: u64) {
-        *self.shared.lock().unwrap() = Some(bytes);
-    }
-
-    fn node_lock(&self) -> Option<NodeLock> {
-        None
+    fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
+        self.busy.lock().unwrap().clone()
     }
 }

@@ -13,25 +13,29 @@
 //!   come from the exports, one closure each).
 //! - [`Nvml`]: what NVML measures (used memory, processes, utilization).
 //! - [`DeviceIds`]: the devices CUDA and NVML list, by UUID (what the
-//!   container's device table, `crate::devices`, is built from).
+//!   container's device table, `crate::devices`, is built from; in `ids`,
+//!   which imports nothing of the driver, since `native` translates each
+//!   device through that table).
 //! - [`Contexts`]: taking back a context the hook could not count.
 //!
 //! Each user asks for the few it needs: the SM limiter for `Context`,
-//! `Events` and `Nvml` (with its own clock, region and node table,
-//! `sm::sys`), the memory accounting for `Context`, `Memory` and `Nvml`,
-//! the launch entry points for `Context`.
+//! `Events` and `Nvml` (with the outside world besides the driver:
+//! `crate::world`), the memory accounting for `Context`, `Memory` and
+//! `Nvml`, the launch entry points for `Context`. The entry points hand
+//! their policy code [`live()`], the process's driver; only the SM
+//! limiter's one controller names its type.
 
 #![forbid(unsafe_code)]
 
 #[cfg(test)]
 pub(crate) mod fake;
+pub(crate) mod ids;
 pub(crate) mod native;
 
-use std::ffi::c_int;
-
-use crate::ffi::{nvmlDevice_t, CUcontext, CUdevice, CUdeviceptr, CUresult};
+use crate::ffi::{CUcontext, CUdevice, CUdeviceptr, CUresult};
+pub(crate) use ids::DeviceIds;
 /// The driver's error, as the real layer names it (one exhaustive map).
-pub(crate) use native::CuError;
+pub(crate) use native::{see_single_device, CuError};
 
 /// An event's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,22 +124,6 @@ pub(crate) trait Memory: Sync {
     fn free_host(&self, host: usize) -> Result<(), CuError>;
 }
 
-/// The devices CUDA and NVML list, by UUID.
-pub(crate) trait DeviceIds: Sync {
-    /// How many devices CUDA shows this process.
-    fn cuda_count(&self) -> Option<c_int>;
-    /// The UUID of CUDA ordinal `ordinal`.
-    fn cuda_uuid(&self, ordinal: usize) -> Option<[u8; 16]>;
-    /// The UUIDs NVML lists, in its index order (empty without NVML).
-    fn nvml_uuids(&self) -> Vec<String>;
-    /// NVML's handle of the device whose UUID is `uuid`.
-    fn nvml_by_uuid(&self, uuid: &str) -> Option<nvmlDevice_t>;
-    /// The UUID of NVML's device `dev`.
-    fn nvml_uuid(&self, dev: nvmlDevice_t) -> Option<String>;
-    /// NVML's index of its device `dev`.
-    fn nvml_index(&self, dev: nvmlDevice_t) -> Option<u32>;
-}
-
 /// Taking back a context the hook could not count (the driver made it, the
 /// limit refused it).
 pub(crate) trait Contexts: Sync {
@@ -167,4 +155,16 @@ pub(crate) trait Nvml: Sync {
     fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
         None
     }
+}
+
+/// Everything the hook asks the driver.
+pub(crate) trait Driver: Context + Events + Memory + Nvml + DeviceIds + Contexts {}
+
+impl<T: Context + Events + Memory + Nvml + DeviceIds + Contexts> Driver for T {}
+
+/// The process's real driver, as the entry points hand it to their policy
+/// code (a unit type: each call is a direct, inlinable one).
+#[inline]
+pub(crate) fn live() -> &'static impl Driver {
+    &native::Native
 }

@@ -43,7 +43,7 @@ fn nvml_handle(dev: usize) -> Option<nvmlDevice_t> {
     let slot = NVML_HANDLES.get(dev)?;
     let mut h = slot.load(Relaxed) as nvmlDevice_t;
     if h.is_null() {
-        h = crate::devices::nvml_handle(dev)?;
+        h = crate::devices::nvml_handle(&Native, dev)?;
         slot.store(h as usize, Relaxed);
     }
     Some(h)
@@ -51,7 +51,7 @@ fn nvml_handle(dev: usize) -> Option<nvmlDevice_t> {
 
 impl Context for Native {
     fn current_device(&self) -> Option<usize> {
-        crate::devices::index_of(cuda::ctx::device().ok()?)
+        crate::devices::index_of(self, cuda::ctx::device().ok()?)
     }
 
     /// One driver query, no syscall, in the common case: the device is

@@ -3,7 +3,7 @@
 use super::limit;
 use super::oversubscribe;
 use super::{counted, target, target_in, uncounted};
-use crate::driver::native::Native;
+use crate::driver;
 use crate::driver::{Context, Memory, Nvml};
 use crate::ffi::*;
 use crate::region::Kind;
@@ -14,7 +14,7 @@ pub fn mem_alloc(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
 ) -> CUresult {
-    mem_alloc_in(&Native, process(), forward, dptr, bytesize)
+    mem_alloc_in(driver::live(), process(), forward, dptr, bytesize)
 }
 
 /// `cuMemAlloc_v2` over the driver `d` for the process state `p`;
@@ -43,11 +43,11 @@ pub fn mem_alloc_managed(
     bytesize: usize,
     _flags: std::ffi::c_uint,
 ) -> CUresult {
-    let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
+    let Some((p, dev)) = target(driver::live()).filter(|_| !dptr.is_null()) else {
         return forward();
     };
     counted(
-        &Native,
+        driver::live(),
         p,
         &p.ptrs,
         dev,
@@ -79,16 +79,17 @@ pub fn mem_alloc_pitch(
     height: usize,
     _elem: std::ffi::c_uint,
 ) -> CUresult {
-    let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null() && !pitch.is_null()) else {
+    let Some((p, dev)) = target(driver::live()).filter(|_| !dptr.is_null() && !pitch.is_null())
+    else {
         return forward();
     };
     let Some(bound) = pitch_upper_bound(width, height) else {
         return forward();
     };
-    let rc = counted(&Native, p, &p.ptrs, dev, bound, Kind::Data, || {
-        let rc = oversubscribe::on_device(&Native, bound, forward);
+    let rc = counted(driver::live(), p, &p.ptrs, dev, bound, Kind::Data, || {
+        let rc = oversubscribe::on_device(driver::live(), bound, forward);
         let shape = (width, height, PITCH_BOUND);
-        let rc = oversubscribe::or_host_pitched(&Native, p, rc, dev, shape, dptr, pitch);
+        let rc = oversubscribe::or_host_pitched(driver::live(), p, rc, dev, shape, dptr, pitch);
         (rc, read(dptr).unwrap_or(0))
     });
     if rc != CUDA_SUCCESS {
@@ -108,7 +109,7 @@ pub fn mem_alloc_pitch(
     }
     p.ptrs.insert(
         ptr,
-        super::track::Entry::here(&Native, dev, actual, Kind::Data),
+        super::track::Entry::here(driver::live(), dev, actual, Kind::Data),
     );
     rc
 }
@@ -135,5 +136,5 @@ pub(crate) fn mem_free_in(
 
 /// Frees device memory, or host memory that served a device allocation.
 fn free_any(p: &Process, dptr: CUdeviceptr) -> CUresult {
-    oversubscribe::free(p, dptr).unwrap_or_else(|| Native.mem_free(dptr))
+    oversubscribe::free(p, dptr).unwrap_or_else(|| driver::live().mem_free(dptr))
 }

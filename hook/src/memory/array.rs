@@ -7,7 +7,7 @@
 //! out of a table by index.
 
 use super::{counted, target, uncounted};
-use crate::driver::native::Native;
+use crate::driver;
 use crate::ffi::*;
 use crate::region::Kind;
 use crate::state::process;
@@ -84,14 +84,14 @@ fn create(
     format: u32,
     call: impl Fn() -> CUresult,
 ) -> CUresult {
-    let Some((p, dev)) = target(&Native) else {
+    let Some((p, dev)) = target(driver::live()) else {
         return call();
     };
     let Some(bytes) = bytes else {
         unknown(format);
         return call();
     };
-    counted(&Native, p, &p.arrays, dev, bytes, Kind::Data, || {
+    counted(driver::live(), p, &p.arrays, dev, bytes, Kind::Data, || {
         (call(), handle_out())
     })
 }

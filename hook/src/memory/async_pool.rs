@@ -6,13 +6,13 @@
 
 use super::track::Entry;
 use super::{counted_as, target, uncounted};
-use crate::driver::native::Native;
+use crate::driver;
 use crate::ffi::*;
 use crate::region::Kind;
 use crate::state::process;
 
 fn alloc(dptr: *mut CUdeviceptr, bytes: usize, call: impl Fn() -> CUresult) -> CUresult {
-    let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
+    let Some((p, dev)) = target(driver::live()).filter(|_| !dptr.is_null()) else {
         return call();
     };
     // Pool memory belongs to the pool, not to the context.

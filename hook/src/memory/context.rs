@@ -17,17 +17,17 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::context_host::{ContextHost, RealHost};
 use super::limit;
 use super::nvml_line::{own_listed, used_by, Snapshot};
 use super::track::Entry;
 use super::uncounted;
-use crate::driver::native::Native;
+use crate::driver;
 use crate::driver::Nvml;
 use crate::driver::{Contexts, DeviceIds};
 use crate::ffi::*;
 use crate::region::Kind;
 use crate::state::{process, Process, UNKNOWN};
+use crate::world::{self, Identity, NodeFiles};
 
 /// A device-wide `used` delta larger than this is not taken for one
 /// context (another process allocated in the window).
@@ -133,7 +133,7 @@ fn reserve_then_create(
 pub fn counted_context(
     p: &Process,
     d: &impl Nvml,
-    host: &impl ContextHost,
+    host: &(impl Identity + NodeFiles),
     dev: usize,
     create: impl FnOnce() -> CUresult,
     destroy: impl FnOnce(),
@@ -215,16 +215,16 @@ pub fn init(forward: impl FnOnce() -> CUresult, _flags: std::ffi::c_uint) -> CUr
 /// Writes `device_num` and `uuids[]` (the container's devices, in its
 /// index order: `crate::devices`) into the region.
 pub fn fill_device_info(p: &Process) {
-    let Some(count) = Native.cuda_count().filter(|n| *n > 0) else {
+    let Some(count) = driver::live().cuda_count().filter(|n| *n > 0) else {
         return;
     };
     let single = if count == 1 {
-        crate::devices::index_of(0)
+        crate::devices::index_of(driver::live(), 0)
     } else {
         None
     };
-    crate::driver::native::see_single_device(single);
-    let Some(devices) = crate::devices::get() else {
+    driver::see_single_device(single);
+    let Some(devices) = crate::devices::get(driver::live()) else {
         return;
     };
     let uuids = devices.container();
@@ -239,7 +239,7 @@ pub fn fill_device_info(p: &Process) {
 }
 
 fn dev_index(dev: CUdevice) -> Option<usize> {
-    crate::devices::index_of(dev)
+    crate::devices::index_of(driver::live(), dev)
 }
 
 pub fn primary_retain(
@@ -258,8 +258,8 @@ pub fn primary_retain(
         }
         return rc;
     }
-    let (rc, _) = counted_context(p, &Native, &RealHost, d, forward, || {
-        let _ = Native.release_primary(dev);
+    let (rc, _) = counted_context(p, driver::live(), world::live(), d, forward, || {
+        let _ = driver::live().release_primary(dev);
     });
     if rc == CUDA_SUCCESS {
         counts[d] = 1;
@@ -370,9 +370,9 @@ fn ctx_create(ctx: *mut CUcontext, dev: CUdevice, call: impl FnOnce() -> CUresul
     if ctx.is_null() {
         return call();
     }
-    let (rc, bytes) = counted_context(p, &Native, &RealHost, d, call, || {
+    let (rc, bytes) = counted_context(p, driver::live(), world::live(), d, call, || {
         if let Some(c) = read(ctx) {
-            let _ = Native.destroy_context(c);
+            let _ = driver::live().destroy_context(c);
         }
     });
     if rc == CUDA_SUCCESS {

@@ -6,7 +6,7 @@
 
 use super::limit;
 use super::track::Entry;
-use crate::driver::native::Native;
+use crate::driver;
 use crate::driver::Context;
 use crate::ffi::*;
 use crate::region::Kind;
@@ -27,9 +27,9 @@ pub fn add_mem_alloc_node(
         return forward();
     }
     let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
-        crate::devices::index_of(loc.id)
+        crate::devices::index_of(driver::live(), loc.id)
     } else {
-        Native.current_device()
+        driver::live().current_device()
     };
     let Some(dev) = dev.filter(|d| *d < vgpu_common::region::MAX_DEVICES) else {
         return forward();

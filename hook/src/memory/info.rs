@@ -3,11 +3,12 @@
 //! `total - used` clamped at 0 (and never more than physically free).
 //! Without a limit the driver's values are returned untouched.
 
-use crate::driver::native::Native;
+use crate::driver;
 use crate::driver::{Context, Memory, Nvml};
 use crate::ffi::*;
 use crate::region::usage;
 use crate::state::{process, Process};
+use crate::world::{self, Background, Identity};
 
 /// `(free, total)` as the application should see them on `dev` under
 /// `limit` (`None`: no limit).
@@ -24,7 +25,7 @@ pub fn mem_get_info(
     free: *mut usize,
     total: *mut usize,
 ) -> CUresult {
-    mem_get_info_in(&Native, process, forward, free, total)
+    mem_get_info_in(driver::live(), world::live(), process, forward, free, total)
 }
 
 /// `cuMemGetInfo_v2` over the driver `d` for the process state `process`
@@ -32,6 +33,7 @@ pub fn mem_get_info(
 /// (`forward`).
 pub(crate) fn mem_get_info_in<'a>(
     d: &(impl Context + Memory + Nvml),
+    w: &(impl Identity + Background),
     process: impl FnOnce() -> Option<&'a Process>,
     forward: impl FnOnce() -> CUresult,
     free: *mut usize,
@@ -49,8 +51,8 @@ pub(crate) fn mem_get_info_in<'a>(
     // Memory no call shows (GPU code, peers' buffers) is counted by the
     // background look within a second, so this answer costs no NVML query;
     // without that thread, the look runs here.
-    if crate::background::failed() {
-        super::modules::reconcile(p, d, &super::context_host::RealHost, dev);
+    if w.offload_failed() {
+        super::modules::reconcile(p, d, w, dev);
     }
     let r = p.att.region();
     let (f, t) = virtual_info(
@@ -73,7 +75,7 @@ pub fn device_total_mem(
     if rc != CUDA_SUCCESS || bytes.is_null() {
         return rc;
     }
-    let (Some(p), Some(d)) = (process(), crate::devices::index_of(dev)) else {
+    let (Some(p), Some(d)) = (process(), crate::devices::index_of(driver::live(), dev)) else {
         return rc;
     };
     if let Some(lim) = usage::limit(p.att.region(), d) {

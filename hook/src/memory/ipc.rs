@@ -6,7 +6,7 @@ use super::limit;
 use super::target;
 use super::track::Entry;
 use super::uncounted;
-use crate::driver::native::Native;
+use crate::driver;
 use crate::driver::Memory;
 use crate::ffi::*;
 use crate::region::Kind;
@@ -18,7 +18,7 @@ pub fn open(
     _handle: CUipcMemHandle,
     _flags: std::ffi::c_uint,
 ) -> CUresult {
-    let Some((p, dev)) = target(&Native).filter(|_| !dptr.is_null()) else {
+    let Some((p, dev)) = target(driver::live()).filter(|_| !dptr.is_null()) else {
         return forward();
     };
     let rc = forward();
@@ -26,19 +26,19 @@ pub fn open(
         return rc;
     }
     let ptr = read(dptr).unwrap_or(0);
-    let Some(bytes) = Native.allocation_size(ptr) else {
+    let Some(bytes) = driver::live().allocation_size(ptr) else {
         vlog_once!(crate::log::WARN, "cannot size an IPC import; not counted");
         return rc;
     };
     let Some(r) = limit::reserve(&p.att, dev, bytes, Kind::Data) else {
-        let _ = Native.ipc_close(ptr);
+        let _ = driver::live().ipc_close(ptr);
         write(dptr, 0);
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
     r.commit();
     if let Some(old) = p
         .ptrs
-        .insert(ptr, Entry::here(&Native, dev, bytes, Kind::Data))
+        .insert(ptr, Entry::here(driver::live(), dev, bytes, Kind::Data))
     {
         limit::release_counted(&p.att, old.dev, old.bytes, old.kind);
     }

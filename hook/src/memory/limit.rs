@@ -27,9 +27,12 @@ use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 use crate::region::attach::monotonic_ms;
 use crate::region::usage::{self, Kind};
 use crate::region::Attachment;
+use crate::world::{self, Clock, NodeFiles};
 
 /// Optimistic reservation attempts before an allocation is refused.
 const RESERVE_ATTEMPTS: u32 = 4;
+/// The first wait between two attempts (doubled each time).
+const BACKOFF_NS: u64 = 50_000;
 
 /// Bytes of one kind on one device, counted in this process's slot and in
 /// its shadow by [`reserve`]: taken back when dropped, unless
@@ -67,7 +70,8 @@ pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> Option<R
     let region = att.region();
     let mut reclaimed = false;
     // A region file renamed over ours: join it (at most one `stat` a second).
-    crate::sigbus_guard::follow_replaced(vgpu_common::clock::monotonic_ns());
+    let world = world::live();
+    world.follow_files(world.now());
     att.republish_if_wiped();
     att.see_limit(dev);
     for attempt in 0..RESERVE_ATTEMPTS {
@@ -95,7 +99,7 @@ pub fn reserve(att: &Attachment, dev: usize, bytes: u64, kind: Kind) -> Option<R
                 continue;
             }
         }
-        std::thread::sleep(Duration::from_micros(50 << attempt));
+        world.sleep_until(world.now().saturating_add(BACKOFF_NS << attempt));
     }
     refused_log(
         dev,

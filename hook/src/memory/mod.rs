@@ -11,7 +11,6 @@ pub mod alloc;
 pub mod array;
 pub mod async_pool;
 pub mod context;
-pub mod context_host;
 pub mod graph;
 pub mod info;
 pub mod ipc;

@@ -19,11 +19,12 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use vgpu_common::region::MAX_DEVICES;
 
-use super::context_host::{ContextHost, RealHost};
 use super::nvml_line::{own_listed, used_by, Snapshot};
+use crate::driver;
 use crate::driver::Nvml;
 use crate::region::Kind;
 use crate::state::{Process, UNKNOWN};
+use crate::world::{self, Background, Clock, Identity, Job, NodeFiles};
 
 /// NVML reports whole MiB on some drivers: a difference below this is
 /// rounding, not memory.
@@ -35,7 +36,7 @@ pub const PERIOD_NS: u64 = 1_000_000_000;
 
 /// Counts on `dev` what NVML shows this process holding beyond what the
 /// hook counted. Returns the bytes added.
-pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize) -> u64 {
+pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl Identity, dev: usize) -> u64 {
     // Until the context's own size is counted, NVML's extra is that
     // context, which `context::counted_context` is about to reserve.
     if p.ctx_size
@@ -114,10 +115,10 @@ pub fn reconcile(p: &Process, d: &impl Nvml, host: &impl ContextHost, dev: usize
 }
 
 /// Has the background thread look at this process's devices from now on
-/// (`background::Job::MemoryLook`); called when a context is counted, so a
+/// (`Job::MemoryLook`); called when a context is counted, so a
 /// process that never makes one pays nothing.
 pub fn watch() {
-    crate::background::ensure(crate::background::Job::MemoryLook, look);
+    let _ = world::live().offload(Job::MemoryLook, look);
 }
 
 /// The background look: at most once per [`PERIOD_NS`], the region
@@ -127,19 +128,19 @@ fn look() {
     let Some(p) = crate::state::process() else {
         return;
     };
-    let now = vgpu_common::clock::clock_ns(libc::CLOCK_MONOTONIC_COARSE);
-    if !due(p, now) {
+    let w = world::live();
+    if !due(p, w.coarse()) {
         return;
     }
     // A region the tenant truncated or renamed would miss an idle
     // process's usage from its sums (the daemon's, HAMi's monitor's, its
     // siblings' limit) until it next allocated or launched.
-    crate::sigbus_guard::follow_replaced(vgpu_common::clock::monotonic_ns());
+    w.follow_files(w.now());
     p.att.republish_if_wiped();
-    let d = crate::driver::native::Native;
+    let d = driver::live();
     for dev in 0..MAX_DEVICES {
         if counted_on(p, dev) > 0 {
-            reconcile(p, &d, &RealHost, dev);
+            reconcile(p, d, w, dev);
         }
     }
 }

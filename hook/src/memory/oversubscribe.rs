@@ -28,7 +28,7 @@ use std::sync::{LazyLock, Mutex};
 use vgpu_common::region::MAX_DEVICES;
 
 use super::track::{Entry, Tracker};
-use crate::driver::native::Native;
+use crate::driver;
 use crate::driver::{Context, Memory};
 use crate::ffi::*;
 use crate::region::Kind;
@@ -179,7 +179,7 @@ pub fn free(p: &Process, dptr: CUdeviceptr) -> Option<CUresult> {
         return None;
     }
     let e = TABLE.remove(dptr)?;
-    match Native.free_host(dptr as usize) {
+    match driver::live().free_host(dptr as usize) {
         Ok(()) => {
             forget(p, e);
             Some(CUDA_SUCCESS)

@@ -1,5 +1,7 @@
 //! Accounting logic against the fake driver (`driver::fake`; closures for
-//! the allocation calls) and a region file in a temp dir.
+//! the allocation calls), the fake world (`world::fake`: this process's
+//! PIDs, the container's measured context size) and a region file in a
+//! temp dir.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering::SeqCst;
@@ -17,6 +19,7 @@ use crate::driver::Memory;
 use crate::ffi::*;
 use crate::region::{slots, usage, Kind};
 use crate::state::Process;
+use crate::world::fake::FakeWorld;
 
 const M: u64 = 1 << 20;
 
@@ -108,8 +111,19 @@ fn alloc_granted(p: &Process, t: &Tracker, dev: usize, bytes: u64, key: u64) -> 
 
 /// A context on device 0 of `p` whose creation runs `create`; nothing
 /// destroys it.
-fn create_context(p: &Process, fake: &Fake, create: impl FnOnce() -> CUresult) -> (CUresult, u64) {
-    counted_context(p, fake, fake, 0, create, || {})
+fn create_context(
+    p: &Process,
+    fake: &Fake,
+    world: &FakeWorld,
+    create: impl FnOnce() -> CUresult,
+) -> (CUresult, u64) {
+    counted_context(p, fake, world, 0, create, || {})
+}
+
+/// This process's world when its host PID is 4242 (it runs in the
+/// initial PID namespace).
+fn at_host_pid() -> FakeWorld {
+    FakeWorld::default().with_pids(Some(4242), None)
 }
 
 /// A context of `bytes` on device 0 of `p`, measured and counted.
@@ -153,15 +167,16 @@ fn hooked_alloc(d: &Fake, p: Option<&Process>, bytes: u64) -> (CUresult, CUdevic
 fn hooked_mem_info(d: &Fake, p: Option<&Process>) -> (CUresult, u64, u64) {
     let (mut free, mut total) = (0usize, 0usize);
     let (f, t): (*mut usize, *mut usize) = (&mut free, &mut total);
-    let rc = mem_get_info_in(d, || p, || d.mem_get_info(f, t), f, t);
+    let w = FakeWorld::default();
+    let rc = mem_get_info_in(d, &w, || p, || d.mem_get_info(f, t), f, t);
     (rc, free as u64, total as u64)
 }
 
 /// A context for `p` is refused with `CUDA_ERROR_OUT_OF_MEMORY` before the
 /// driver is asked to create it.
-fn refused_before_creating(p: &Process, fake: &Fake) {
+fn refused_before_creating(p: &Process, fake: &Fake, world: &FakeWorld) {
     let created = Cell::new(false);
-    let (rc, _) = create_context(p, fake, || {
+    let (rc, _) = create_context(p, fake, world, || {
         created.set(true);
         CUDA_SUCCESS
     });
@@ -359,7 +374,8 @@ fn context_is_measured_once_then_reserved_before_creation() {
         used: (1000 * M).into(),
         ..Fake::on(0)
     };
-    let (rc, bytes) = create_context(&p, &fake, || {
+    let world = FakeWorld::default();
+    let (rc, bytes) = create_context(&p, &fake, &world, || {
         fake.used.fetch_add(300 * M, SeqCst);
         CUDA_SUCCESS
     });
@@ -368,9 +384,10 @@ fn context_is_measured_once_then_reserved_before_creation() {
     assert_eq!(slot.used[0].context_size.load(SeqCst), 300 * M);
     // Second context: 300 more fits (600 <= 1024); a third does not, and
     // the driver is not asked to create it.
-    assert_eq!(create_context(&p, &fake, || CUDA_SUCCESS).0, CUDA_SUCCESS);
-    assert_eq!(create_context(&p, &fake, || CUDA_SUCCESS).0, CUDA_SUCCESS);
-    refused_before_creating(&p, &fake);
+    let created = |p| create_context(p, &fake, &world, || CUDA_SUCCESS).0;
+    assert_eq!(created(&p), CUDA_SUCCESS);
+    assert_eq!(created(&p), CUDA_SUCCESS);
+    refused_before_creating(&p, &fake, &world);
 }
 
 #[test]
@@ -382,7 +399,7 @@ fn a_first_context_over_the_limit_is_destroyed() {
     let (rc, _) = counted_context(
         &p,
         &fake,
-        &fake,
+        &FakeWorld::default(),
         0,
         || {
             fake.used.store(500 * M, SeqCst);
@@ -403,11 +420,11 @@ fn a_namespace_pid_in_nvmls_list_measures_but_is_no_host_pid() {
     let dir = RegionDir::new();
     let p = dir.process("1g", 8003);
     let fake = Fake {
-        ns: Some(1),
         procs: nvml_list(&[]),
         ..Fake::on(0)
     };
-    let (rc, bytes) = create_context(&p, &fake, || {
+    let world = FakeWorld::default().with_pids(None, Some(1));
+    let (rc, bytes) = create_context(&p, &fake, &world, || {
         // Another container allocated meanwhile: the delta is wrong.
         fake.used.store(900 * M, SeqCst);
         nvml_lists(&fake, &[(1, 300 * M)]);
@@ -476,23 +493,23 @@ fn an_exact_size_is_shared_and_then_reserved_before_creation() {
     let live_a = Live::new();
     let a = dir.process_of("100m", &live_a);
     let fake = Fake {
-        own: Some(4242),
         procs: nvml_list(&[(1, 30 * M)]),
         used: (30 * M).into(),
         ..Default::default()
     };
-    let (rc, bytes) = create_context(&a, &fake, || {
+    let world = at_host_pid();
+    let (rc, bytes) = create_context(&a, &fake, &world, || {
         nvml_lists(&fake, &[(1, 30 * M), (4242, 60 * M)]);
         fake.used.store(200 * M, SeqCst);
         CUDA_SUCCESS
     });
     assert_eq!((rc, bytes), (CUDA_SUCCESS, 60 * M));
-    assert_eq!(*fake.shared.lock().unwrap(), Some(60 * M));
+    assert_eq!(*world.shared_ctx.lock().unwrap(), Some(60 * M));
     // Another process of the container reuses it and, as it does not fit
     // (60 + 60 > 100), is refused before the driver creates anything.
     let live = Live::new();
     let b = dir.process_of("100m", &live);
-    refused_before_creating(&b, &fake);
+    refused_before_creating(&b, &fake, &world);
 }
 
 /// A reservation counts at once; dropped uncommitted (an error path) it
@@ -584,7 +601,6 @@ fn with_context(dir: &RegionDir, pid: i32, nvml: u64) -> (Process, Fake) {
     let p = dir.process("1g", pid);
     context_counted(&p, 10 * M);
     let fake = Fake {
-        own: Some(4242),
         procs: nvml_list(&[(7, 300 * M), (4242, nvml)]),
         ..Default::default()
     };
@@ -596,7 +612,7 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
     use super::modules::{reconcile, released_with_context};
     let dir = RegionDir::new();
     let (p, fake) = with_context(&dir, 8101, 10 * M + 74 * M);
-    assert_eq!(reconcile(&p, &fake, &fake, 0), 74 * M);
+    assert_eq!(reconcile(&p, &fake, &at_host_pid(), 0), 74 * M);
     assert_eq!(used(&p, 0), 84 * M, "the count is NVML's line");
     let slot = p.att.slot().unwrap();
     assert_eq!(
@@ -605,14 +621,14 @@ fn gpu_code_loaded_after_the_context_is_counted_once() {
         "as module memory"
     );
     assert_eq!(
-        reconcile(&p, &fake, &fake, 0),
+        reconcile(&p, &fake, &at_host_pid(), 0),
         0,
         "nothing new: nothing added"
     );
     // An allocation seen by the hook moves both alike.
     assert_eq!(alloc_granted(&p, &p.ptrs, 0, 100 * M, 0x5000), CUDA_SUCCESS);
     nvml_lists(&fake, &[(4242, 184 * M)]);
-    assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
+    assert_eq!(reconcile(&p, &fake, &at_host_pid(), 0), 0);
     // The context goes, and the code loaded for it with it.
     released_with_context(&p, 0);
     assert_eq!(used(&p, 0), 110 * M);
@@ -623,18 +639,18 @@ fn two_looks_reading_less_lower_only_what_was_counted_for_code() {
     use super::modules::reconcile;
     let dir = RegionDir::new();
     let (p, fake) = with_context(&dir, 8105, 10 * M + 40 * M);
-    assert_eq!(reconcile(&p, &fake, &fake, 0), 40 * M);
+    assert_eq!(reconcile(&p, &fake, &at_host_pid(), 0), 40 * M);
     // The code's memory went away (unloaded): one look lowers nothing...
     nvml_lists(&fake, &[(4242, 20 * M)]);
-    assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
+    assert_eq!(reconcile(&p, &fake, &at_host_pid(), 0), 0);
     assert_eq!(used(&p, 0), 50 * M);
     // ...the second lowers what was counted for code, 30 of its 40 MiB.
-    assert_eq!(reconcile(&p, &fake, &fake, 0), 0);
+    assert_eq!(reconcile(&p, &fake, &at_host_pid(), 0), 0);
     assert_eq!(used(&p, 0), 20 * M);
     // Never below what the entry points counted (the 10 MiB context).
     nvml_lists(&fake, &[(4242, 0)]);
-    reconcile(&p, &fake, &fake, 0);
-    reconcile(&p, &fake, &fake, 0);
+    reconcile(&p, &fake, &at_host_pid(), 0);
+    reconcile(&p, &fake, &at_host_pid(), 0);
     assert_eq!(used(&p, 0), 10 * M);
 }
 
@@ -643,11 +659,11 @@ fn nvml_reading_less_than_the_count_lowers_nothing() {
     // An allocation is counted before the driver makes it: NVML lags.
     let dir = RegionDir::new();
     let (p, fake) = with_context(&dir, 8102, 4 * M);
-    assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
+    assert_eq!(super::modules::reconcile(&p, &fake, &at_host_pid(), 0), 0);
     assert_eq!(used(&p, 0), 10 * M);
     // Within NVML's MiB rounding: nothing either.
     nvml_lists(&fake, &[(4242, 11 * M)]);
-    assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
+    assert_eq!(super::modules::reconcile(&p, &fake, &at_host_pid(), 0), 0);
 }
 
 #[test]
@@ -657,15 +673,14 @@ fn no_look_before_the_context_is_counted_or_without_our_line() {
     // Not our line: another process's memory is never ours.
     nvml_lists(&fake, &[(7, 900 * M)]);
     let blind = Fake {
-        own: Some(4242),
         procs: nvml_list(&[(7, 900 * M)]),
         ..Default::default()
     };
-    assert_eq!(super::modules::reconcile(&p, &blind, &blind, 0), 0);
+    assert_eq!(super::modules::reconcile(&p, &blind, &at_host_pid(), 0), 0);
     // Until the context's size is counted, NVML's extra is that context.
     p.ctx_size[0].store(crate::state::UNKNOWN, SeqCst);
     nvml_lists(&fake, &[(4242, 90 * M)]);
-    assert_eq!(super::modules::reconcile(&p, &fake, &fake, 0), 0);
+    assert_eq!(super::modules::reconcile(&p, &fake, &at_host_pid(), 0), 0);
     assert_eq!(used(&p, 0), 10 * M);
 }
 

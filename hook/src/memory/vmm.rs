@@ -6,7 +6,7 @@
 //! handle's releases and unmaps.
 
 use super::{counted, vmm_lifetime};
-use crate::driver::native::Native;
+use crate::driver;
 use crate::ffi::*;
 use crate::region::Kind;
 use crate::state::process;
@@ -32,13 +32,21 @@ pub fn mem_create(
         );
         return rc;
     }
-    let (Some(p), Some(dev)) = (process(), crate::devices::index_of(loc.id)) else {
+    let (Some(p), Some(dev)) = (process(), crate::devices::index_of(driver::live(), loc.id)) else {
         return forward();
     };
-    let rc = counted(&Native, p, &p.handles, dev, size as u64, Kind::Data, || {
-        let rc = forward();
-        (rc, read(handle).unwrap_or(0))
-    });
+    let rc = counted(
+        driver::live(),
+        p,
+        &p.handles,
+        dev,
+        size as u64,
+        Kind::Data,
+        || {
+            let rc = forward();
+            (rc, read(handle).unwrap_or(0))
+        },
+    );
     if let Some(h) = read(handle).filter(|&h| rc == CUDA_SUCCESS && h != 0) {
         p.vmm.created(h);
     }

@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use vgpu_common::region::rules::SmLimit;
 use vgpu_common::region::MAX_DEVICES;
 
+use crate::driver::{Events, Nvml};
 use crate::sm::admission::coast::Coast;
 use crate::sm::admission::gcra::Admit;
 use crate::sm::admission::{self, Admission};
@@ -29,8 +30,8 @@ use crate::sm::cost_learning::Learner;
 use crate::sm::node_sharing::Sharing;
 use crate::sm::published_share::PublishedShare;
 use crate::sm::settings::Settings;
-use crate::sm::sys::Sys;
 use crate::sm::tuning::MAX_SLEEP_NS;
+use crate::world::{Job, World};
 
 /// What `before` hands to `after` for one launch.
 #[derive(Debug)]
@@ -78,10 +79,15 @@ struct Admitted {
     held: bool,
 }
 
-/// The limiter of one process.
+/// The limiter of one process, over the driver `D` and the world `W`
+/// (both monomorphised: no dynamic call on the launch path).
 #[derive(Debug)]
-pub(crate) struct Controller<S: Sys> {
-    pub sys: S,
+pub(crate) struct Controller<D: Events + Nvml, W: World> {
+    pub driver: D,
+    pub world: W,
+    /// What the background thread runs for this controller (its
+    /// [`Controller::background`]).
+    background: fn(),
     settings: Settings,
     learner: Learner,
     admission: Admission,
@@ -93,10 +99,22 @@ pub(crate) struct Controller<S: Sys> {
     coast: Coast,
 }
 
-impl<S: Sys> Controller<S> {
-    pub(crate) fn new(sys: S) -> Self {
+impl<D: Events + Nvml, W: World> Controller<D, W> {
+    /// The limiter over `driver` and `world`, whose feedback steps run on
+    /// the launch path.
+    #[cfg(test)]
+    pub(crate) fn new(driver: D, world: W) -> Self {
+        Self::with_background(driver, world, || {})
+    }
+
+    /// As [`Controller::new`]; a background thread, when the world has
+    /// one, runs `background` (which calls [`Controller::background`] of
+    /// this controller) for the feedback steps.
+    pub(crate) fn with_background(driver: D, world: W, background: fn()) -> Self {
         Self {
-            sys,
+            driver,
+            world,
+            background,
             settings: Settings::default(),
             learner: Learner::default(),
             admission: Admission::default(),
@@ -111,7 +129,7 @@ impl<S: Sys> Controller<S> {
     /// Before a launch: may sleep (blocked by the monitor, or the bucket is
     /// empty). `None` when the launch is not accounted.
     pub(crate) fn before(&self, w: &Work) -> Option<Ticket> {
-        let now = self.sys.coarse();
+        let now = self.world.coarse();
         if self.settings.due(now) {
             self.refresh(now);
         }
@@ -121,7 +139,7 @@ impl<S: Sys> Controller<S> {
         // it is active; sleeping whole seconds on the monitor's 5 s view
         // would starve this one and keep the GPU idle after it stops.
         if !self.sharing.outranked() {
-            self.settings.wait_unblocked(&self.sys);
+            self.settings.wait_unblocked(&self.world);
         }
         if self.settings.limited() == 0 {
             return None;
@@ -140,9 +158,9 @@ impl<S: Sys> Controller<S> {
     fn coasting(&self, w: &Work, now: u64) -> Option<Ticket> {
         // With several devices, ask for the context only when coasting is
         // possible at all: otherwise the full path asks once.
-        let dev = match self.sys.only_device() {
+        let dev = match self.driver.only_device() {
             Some(d) => d,
-            None if self.coast.any_open(now) => self.sys.current()?.1,
+            None if self.coast.any_open(now) => self.driver.current()?.1,
             None => return None,
         };
         if dev >= MAX_DEVICES
@@ -166,33 +184,34 @@ impl<S: Sys> Controller<S> {
     }
 
     fn refresh(&self, now: u64) {
-        let buckets = self.sys.buckets();
-        self.settings.refresh(&self.sys, now, |region, slot, mask| {
-            self.share.publish(region, slot, buckets, mask, now)
-        });
+        let buckets = self.world.buckets();
+        self.settings
+            .refresh(&self.world, now, |region, slot, mask| {
+                self.share.publish(region, slot, buckets, mask, now)
+            });
     }
 
     fn limited_launch(&self, w: &Work) -> Option<Ticket> {
-        let (ctx, dev) = self.sys.current()?;
+        let (ctx, dev) = self.driver.current()?;
         if dev >= MAX_DEVICES || self.settings.limited() & (1 << dev) == 0 {
             return None;
         }
         // A launch captured into a graph runs when the graph is launched,
         // and is charged then.
-        if self.sys.capturing(w.stream) {
+        if self.driver.capturing(w.stream) {
             return None;
         }
-        let now = self.sys.now();
+        let now = self.world.now();
         self.settle_coasted(dev, now);
         self.learner
-            .poll_due(&self.sys, now, |dev, owed| self.settle(dev, owed));
-        let priced = self.learner.price(&self.sys, dev, ctx, w.key, now);
+            .poll_due(&self.driver, now, |dev, owed| self.settle(dev, owed));
+        let priced = self.learner.price(&self.driver, dev, ctx, w.key, now);
         self.share.add(dev, priced.cost_ns as i64);
         let a = self.admit(dev, priced.cost_ns, now, (ctx, w.stream));
         self.learner.note_slept(a.slept, priced.slept);
         // Coast on while the bucket neither held this launch nor is shared
         // with the node (turns, priorities: those publish every launch).
-        let b = &self.sys.buckets().devs[dev];
+        let b = &self.world.buckets().devs[dev];
         let eligible = !a.slept && !self.settings.ranked() && self.sharing.turn(dev).is_none();
         self.coast.plan(
             dev,
@@ -211,7 +230,7 @@ impl<S: Sys> Controller<S> {
             stream: w.stream,
             sample: priced
                 .sample
-                .and_then(|s| self.learner.start(&self.sys, s, w.stream)),
+                .and_then(|s| self.learner.start(&self.driver, s, w.stream)),
             mark: a.held.then_some(ctx),
             coasted: false,
         })
@@ -223,7 +242,7 @@ impl<S: Sys> Controller<S> {
     /// (`node_sharing`), then until its charge `cost × correction` fits in the
     /// bucket or, taking turns, in the container's turn.
     fn admit(&self, dev: usize, cost: u64, mut now: u64, at: (usize, usize)) -> Admitted {
-        let b = &self.sys.buckets().devs[dev];
+        let b = &self.world.buckets().devs[dev];
         let mut slept = false;
         let arrived = now;
         loop {
@@ -236,13 +255,13 @@ impl<S: Sys> Controller<S> {
                     held: false,
                 };
             }
-            self.sharing.replan_if_due(&self.sys, dev, now, pct);
+            self.sharing.replan_if_due(&self.world, dev, now, pct);
             let higher = self.sharing.higher(dev);
             let held = higher != 0;
             if held {
-                if let Some(t) = self
-                    .sharing
-                    .yield_to(&self.sys, dev, now, now - arrived, cost)
+                if let Some(t) =
+                    self.sharing
+                        .yield_to(&self.driver, &self.world, dev, now, now - arrived, cost)
                 {
                     slept = true;
                     now = self.sleep(t);
@@ -250,7 +269,7 @@ impl<S: Sys> Controller<S> {
                 }
             }
             let Some(pct) = pct else {
-                self.sharing.note_queued(&self.sys, dev, now, cost);
+                self.sharing.note_queued(&self.world, dev, now, cost);
                 return Admitted {
                     pct: None,
                     slept,
@@ -264,8 +283,8 @@ impl<S: Sys> Controller<S> {
             let (admitted, empty) = self.admission.try_once(b, turn, now, billed, pct, light);
             if turn.is_some() {
                 match admitted {
-                    Admit::Go => self.turns.admitted(&self.sys, b, dev, at, billed, empty),
-                    Admit::WaitUntil(_) => self.turns.turn_ended(&self.sys, dev),
+                    Admit::Go => self.turns.admitted(&self.driver, b, dev, at, billed, empty),
+                    Admit::WaitUntil(_) => self.turns.turn_ended(&self.driver, dev),
                 }
             }
             match admitted {
@@ -274,7 +293,7 @@ impl<S: Sys> Controller<S> {
                     if slept {
                         b.throttled.fetch_add(1, Relaxed);
                     }
-                    self.sharing.note_queued(&self.sys, dev, now, cost);
+                    self.sharing.note_queued(&self.world, dev, now, cost);
                     // Unthrottled launches step the loop too: a container
                     // whose charges are too low never waits for the bucket,
                     // and only a measurement can find that out. Taking
@@ -282,7 +301,10 @@ impl<S: Sys> Controller<S> {
                     // NVML's per-process split of a device passed between
                     // contexts every few ms is no measure: the loop waits.
                     if turn.is_none() {
-                        self.feedback.on_launch(&self.sys, dev, now, pct);
+                        self.feedback
+                            .on_launch(&self.driver, &self.world, dev, now, pct, || {
+                                self.world.offload(Job::SmFeedback, self.background)
+                            });
                     }
                     return Admitted {
                         pct: Some(pct),
@@ -303,8 +325,8 @@ impl<S: Sys> Controller<S> {
 
     /// Sleeps until `t`; re-reads the settings when due. Returns the time.
     fn sleep(&self, t: u64) -> u64 {
-        self.sys.sleep_until(t);
-        let now = self.sys.now();
+        self.world.sleep_until(t);
+        let now = self.world.now();
         if self.settings.due(now) {
             self.refresh(now);
         }
@@ -321,19 +343,20 @@ impl<S: Sys> Controller<S> {
         }
         if ok {
             if let Some(ctx) = t.mark {
-                self.sharing.mark(&self.sys, ctx, t.stream, t.cost_ns);
+                self.sharing.mark(&self.driver, ctx, t.stream, t.cost_ns);
             }
             if let Some(s) = t.sample {
-                self.learner.finish(&self.sys, t.dev, t.key, t.stream, s);
+                self.learner.finish(&self.driver, t.dev, t.key, t.stream, s);
             }
             return;
         }
         // The launch did not happen: take its charge back.
-        self.learner.cancel(&self.sys, t.key, t.cost_ns, t.sample);
+        self.learner
+            .cancel(&self.driver, t.key, t.cost_ns, t.sample);
         self.share.add(t.dev, -(t.cost_ns as i64));
         if let Some(pct) = t.pct {
-            let b = &self.sys.buckets().devs[t.dev];
-            self.admission.refund(b, self.sys.now(), t.billed_ns, pct);
+            let b = &self.world.buckets().devs[t.dev];
+            self.admission.refund(b, self.world.now(), t.billed_ns, pct);
         }
     }
 
@@ -347,7 +370,7 @@ impl<S: Sys> Controller<S> {
         let owed = i64::try_from(owed).unwrap_or(i64::MAX);
         self.share.add(dev, owed);
         if let Some(pct) = self.settings.enforced(dev) {
-            let b = &self.sys.buckets().devs[dev];
+            let b = &self.world.buckets().devs[dev];
             let turns = self.sharing.turn(dev).is_some();
             self.admission.settle(b, now, owed, pct, turns);
         }
@@ -359,16 +382,16 @@ impl<S: Sys> Controller<S> {
         let owed = admission::settlement_cap(owed, self.settings.limit(dev));
         self.share.add(dev, owed);
         if let Some(pct) = self.settings.enforced(dev) {
-            let b = &self.sys.buckets().devs[dev];
+            let b = &self.world.buckets().devs[dev];
             let turns = self.sharing.turn(dev).is_some();
-            self.admission.settle(b, self.sys.now(), owed, pct, turns);
+            self.admission.settle(b, self.world.now(), owed, pct, turns);
         }
     }
 
-    /// The background thread's turn (`Background::offload`): runs the feedback
-    /// steps that launches found due, off their path.
+    /// The background thread's turn (`world::Background::offload`): runs
+    /// the feedback steps that launches found due, off their path.
     pub(crate) fn background(&self) {
-        self.feedback.background(&self.sys);
+        self.feedback.background(&self.driver, &self.world);
     }
 
     /// GPU ns charged to this process on `dev`.
@@ -386,7 +409,7 @@ impl<S: Sys> Controller<S> {
     /// The correction factor on `dev`'s charges (1: none).
     #[cfg(test)]
     pub(crate) fn factor(&self, dev: usize) -> f64 {
-        self.sys
+        self.world
             .buckets()
             .devs
             .get(dev)

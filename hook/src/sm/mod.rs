@@ -3,8 +3,8 @@
 //!
 //! Every launch entry point calls [`before_launch`] before forwarding to the
 //! driver and [`after_launch`] with the driver's result. `controller`
-//! composes the parts, each a folder named for its concept, over the narrow
-//! traits of `sys`:
+//! composes the parts, each a folder named for its concept, over the
+//! driver's traits (`crate::driver`) and the world's (`crate::world`):
 //!
 //! - `settings`: what the region says (limits, policy, the monitor's
 //!   blocking), re-read every 50 ms; `settings::limit_policy` has the rules.
@@ -24,23 +24,23 @@
 //! - `published_share`: the process's share in its slot, for HAMi's
 //!   monitor.
 //!
-//! The tuned constants are in `tuning`; the real world behind `sys` is
-//! `live`. With no limit the launch path is a coarse clock read and a few
+//! The tuned constants are in `tuning`. Only [`controller()`] names the
+//! real driver and world, to build the process's one controller. With no limit the launch path is a coarse clock read and a few
 //! relaxed loads: no lock, no syscall, no driver call. With a limit far from
 //! binding, the same plus a lookup in the thread's cache of costs and two
 //! relaxed atomics of the process. Near the limit, a launch whose cost is
 //! known adds two driver queries (context, capture), one clock read and one
 //! CAS on the bucket, still no lock.
 
+#![forbid(unsafe_code)]
+
 mod admission;
 mod controller;
 mod correction;
 mod cost_learning;
-mod live;
 mod node_sharing;
 mod published_share;
 mod settings;
-mod sys;
 #[cfg(test)]
 mod tests;
 pub(crate) mod tuning;
@@ -50,6 +50,8 @@ use std::sync::OnceLock;
 
 use crate::ffi::{CUfunction, CUresult, CUstream, CUDA_SUCCESS};
 
+use crate::driver::native::Native;
+use crate::world::host::Host;
 use controller::{Controller, Ticket, Work};
 use cost_learning::cost::Key;
 
@@ -104,9 +106,10 @@ impl Launch {
     }
 }
 
-fn controller() -> &'static Controller<live::Real> {
-    static C: OnceLock<Controller<live::Real>> = OnceLock::new();
-    C.get_or_init(|| Controller::new(live::Real::new(|| controller().background())))
+/// The process's limiter, over the real driver and world.
+fn controller() -> &'static Controller<Native, Host> {
+    static C: OnceLock<Controller<Native, Host>> = OnceLock::new();
+    C.get_or_init(|| Controller::with_background(Native, Host, || controller().background()))
 }
 
 /// Called before every launch; may sleep (throttling, or the monitor blocks

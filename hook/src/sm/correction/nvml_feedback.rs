@@ -7,7 +7,7 @@
 //! steps the correction. The loop is open (factor 1) while it cannot
 //! measure: a host pid unknown, NVML missing, or NVML showing only this
 //! PID namespace. A step is found due on the launch path and runs on the
-//! process's background thread when there is one (`Background::offload`), since
+//! process's background thread when there is one (`world::Background::offload`), since
 //! its NVML calls take milliseconds.
 
 #![forbid(unsafe_code)]
@@ -22,9 +22,9 @@ use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 use super::nvml_share;
 use crate::driver::Nvml;
 use crate::sm::correction::{self, Reading};
-use crate::sm::sys::{Background, Clock, Container};
 pub(crate) use crate::sm::tuning::PERIOD_NS;
 use crate::sm::tuning::{LEASE_NS, MAX_GAP_NS, SHARED_PERIOD_NS};
+use crate::world::{Clock, Identity, NodeFiles};
 
 /// Low bits of a lease that carry the leader's pid.
 const LEASE_PID_MASK: u64 = (1 << 20) - 1;
@@ -87,37 +87,41 @@ impl Default for Feedback {
 impl Feedback {
     /// On a limited launch admitted by the bucket at `now`: runs the step
     /// that is due on `dev` at limit `pct`, or leaves it to the background
-    /// thread. One relaxed load when none is due.
-    pub(crate) fn on_launch<S: Clock + Container + Nvml + Background>(
+    /// thread when `offload` says one runs it. One relaxed load when none
+    /// is due.
+    pub(crate) fn on_launch(
         &self,
-        sys: &S,
+        nvml: &impl Nvml,
+        world: &(impl Clock + Identity + NodeFiles),
         dev: usize,
         now: u64,
         pct: SmLimit,
+        offload: impl FnOnce() -> bool,
     ) {
         if now < self.next[dev].load(Relaxed) {
             return;
         }
-        if sys.offload() {
+        if offload() {
             self.due[dev].store(rules::sm_limit_cell(Some(pct)), Relaxed);
         } else {
-            self.step(sys, dev, now, pct);
+            self.step(nvml, world, dev, now, pct);
         }
     }
 
     /// The background thread's turn: runs the steps launches found due.
-    pub(crate) fn background<S: Clock + Container + Nvml + Background>(&self, sys: &S) {
+    pub(crate) fn background(&self, nvml: &impl Nvml, world: &(impl Clock + Identity + NodeFiles)) {
         for (dev, due) in self.due.iter().enumerate() {
             if let Some(pct) = rules::sm_limit(u64::from(due.swap(0, Relaxed))) {
-                self.step(sys, dev, sys.now(), pct);
+                self.step(nvml, world, dev, world.now(), pct);
             }
         }
     }
 
     /// One step on `dev`. Only the container's leader measures and steers.
-    fn step<S: Clock + Container + Nvml + Background>(
+    fn step(
         &self,
-        sys: &S,
+        nvml: &impl Nvml,
+        world: &(impl Clock + Identity + NodeFiles),
         dev: usize,
         now: u64,
         pct: SmLimit,
@@ -129,11 +133,11 @@ impl Feedback {
             return;
         }
         self.next[dev].store(now.saturating_add(PERIOD_NS), Relaxed);
-        let b = &sys.buckets().devs[dev];
+        let b = &world.buckets().devs[dev];
         let st = &mut all[dev];
         let cur = b.lease.load(Acquire);
         let new = (now.saturating_add(LEASE_NS) & !LEASE_PID_MASK)
-            | (u64::from(sys.pid()) & LEASE_PID_MASK);
+            | (u64::from(world.pid()) & LEASE_PID_MASK);
         let mine = cur != 0 && cur == st.lease;
         let expired = (cur & !LEASE_PID_MASK) < now;
         if !(mine || expired) || b.lease.compare_exchange(cur, new, AcqRel, Acquire).is_err() {
@@ -144,7 +148,7 @@ impl Feedback {
         st.lease = new;
         let prev = *st;
         st.seen = now;
-        let Some(pids) = container_pids(sys) else {
+        let Some(pids) = container_pids(world) else {
             vlog_once!(
                 crate::log::INFO,
                 "sm feedback: a host pid is unknown, open loop"
@@ -153,8 +157,8 @@ impl Feedback {
             st.forget();
             return;
         };
-        let asked = sys.now();
-        let Some(samples) = sys.proc_util(dev, prev.at_us) else {
+        let asked = world.now();
+        let Some(samples) = nvml.proc_util(dev, prev.at_us) else {
             vlog_once!(
                 crate::log::INFO,
                 "sm feedback: no NVML process utilization, open loop"
@@ -163,11 +167,11 @@ impl Feedback {
             st.forget();
             return;
         };
-        let device = sys.device_busy(dev, prev.at_us);
-        let nvml_us = sys.now().saturating_sub(asked) / 1_000;
+        let device = nvml.device_busy(dev, prev.at_us);
+        let nvml_us = world.now().saturating_sub(asked) / 1_000;
         b.measured_at.store(now, Relaxed);
-        let region = sys.region();
-        if nvml_share::namespace_view(device.as_ref(), &pids, sys.pid()) {
+        let region = world.region();
+        if nvml_share::namespace_view(device.as_ref(), &pids, world.pid()) {
             // NVML run inside a PID namespace lists and samples only the
             // namespace's own processes, under their namespace PIDs: it
             // cannot tell a device this container shares from one it has
@@ -210,7 +214,7 @@ impl Feedback {
             return;
         }
         st.at = now;
-        st.at_us = sys.unix_us();
+        st.at_us = world.unix_us();
         st.charged = charged;
         st.pct = Some(pct);
         st.shared = shared;
@@ -243,8 +247,8 @@ impl Feedback {
 /// Host pids of the container's processes that hold GPU memory (a process
 /// without a context, such as `nvidia-smi` run in the container, runs no
 /// kernels); `None` when any of them is unknown.
-fn container_pids(sys: &impl Container) -> Option<Vec<u32>> {
-    let (region, _) = sys.region()?;
+fn container_pids(files: &impl NodeFiles) -> Option<Vec<u32>> {
+    let (region, _) = files.region()?;
     let mut v = Vec::new();
     for s in region.procs.iter().take(region.proc_count()) {
         if s.pid.load(Relaxed) == 0 || s.used.iter().all(|u| u.total.load(Relaxed) == 0) {
@@ -276,125 +280,91 @@ fn publish_namespace_util(region: &SharedRegion, own: usize, dev: usize, samples
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicU32;
-
-    use vgpu_common::view::RegionFile;
+    use std::sync::atomic::Ordering::SeqCst;
 
     use super::*;
+    use crate::driver::fake::FakeDriver;
     use crate::sm::tuning::LEASE_NS;
+    use crate::world::fake::FakeWorld;
 
     const THIRTY: SmLimit = rules::sm_limit(30).unwrap();
 
-    /// One process of a container, as the loop sees it: a clock, the
-    /// region and the container's buckets, and an NVML that says the
-    /// container used `used` % of the device alone.
+    /// One process of a container, as the loop sees it: its loop, its
+    /// world (a clock, the container's region and buckets, its pid) and an
+    /// NVML that says the container used 45 % of the device alone.
     struct Proc {
-        now: AtomicU64,
-        pid: u32,
-        file: &'static RegionFile,
-        buckets: &'static vgpu_common::sidecar::SmShared,
-        used: u32,
+        feedback: Feedback,
+        world: FakeWorld,
+        nvml: FakeDriver,
+    }
+
+    impl Proc {
+        fn new(world: FakeWorld) -> Self {
+            let nvml = FakeDriver::default();
+            *nvml.samples.lock().unwrap() = Some(vec![(4242, 45)]);
+            *nvml.busy.lock().unwrap() = Some((45.0, vec![4242]));
+            Self {
+                feedback: Feedback::default(),
+                world,
+                nvml,
+            }
+        }
+
         /// NVML calls made.
-        asked: AtomicU32,
-    }
+        fn asked(&self) -> usize {
+            self.nvml.sampled.load(SeqCst)
+        }
 
-    impl Clock for Proc {
-        fn now(&self) -> u64 {
-            self.now.load(Relaxed)
-        }
-        fn coarse(&self) -> u64 {
-            self.now()
-        }
-        fn unix_secs(&self) -> u64 {
-            self.now() / 1_000_000_000
-        }
-        fn sleep_until(&self, t: u64) {
-            self.now.fetch_max(t, Relaxed);
+        fn on_launch(&self, now: u64) {
+            self.feedback
+                .on_launch(&self.nvml, &self.world, 0, now, THIRTY, || false);
         }
     }
-
-    impl Container for Proc {
-        fn region(&self) -> Option<(&SharedRegion, usize)> {
-            Some((self.file.region(), 0))
-        }
-        fn policy(&self) -> i32 {
-            0
-        }
-        fn buckets(&self) -> &'static vgpu_common::sidecar::SmShared {
-            self.buckets
-        }
-        fn pid(&self) -> u32 {
-            self.pid
-        }
-    }
-
-    impl Nvml for Proc {
-        fn proc_util(&self, _dev: usize, _since_us: u64) -> Option<Vec<(u32, u32)>> {
-            self.asked.fetch_add(1, Relaxed);
-            Some(vec![(4242, self.used)])
-        }
-        fn device_busy(&self, _dev: usize, _since_us: u64) -> Option<(f64, Vec<u32>)> {
-            Some((f64::from(self.used), vec![4242]))
-        }
-    }
-
-    impl Background for Proc {}
 
     /// Two processes of one container (host pid 4242 holds memory), both
     /// charged 30 % of the time while NVML measures 45 %.
-    fn container() -> (Proc, Proc, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let file: &'static RegionFile = Box::leak(Box::new(
-            RegionFile::create_or_open(&dir.path().join("r")).unwrap(),
-        ));
-        let r = file.region();
+    fn container() -> (Proc, Proc) {
+        let a = FakeWorld::at(10_000_000_000);
+        a.pid.store(100, Relaxed);
+        let r = a.shm();
         r.proc_num.store(1, Relaxed);
         r.procs[0].pid.store(77, Relaxed);
         r.procs[0].hostpid.store(4242, Relaxed);
         r.procs[0].used[0].total.store(1 << 20, Relaxed);
-        let buckets = crate::sidecar::private();
-        let p = |pid| Proc {
-            now: AtomicU64::new(10_000_000_000),
-            pid,
-            file,
-            buckets,
-            used: 45,
-            asked: AtomicU32::new(0),
-        };
-        (p(100), p(200), dir)
+        let b = a.sibling(200);
+        (Proc::new(a), Proc::new(b))
     }
 
     /// Both processes step every period for `periods`, each charging 30 %
     /// of the time to the container first.
-    fn run(a: &(Feedback, Proc), b: &(Feedback, Proc), periods: u64) {
+    fn run(a: &Proc, b: &Proc, periods: u64) {
         for _ in 0..periods {
-            for (f, p) in [a, b] {
-                let t = p.now.fetch_add(PERIOD_NS, Relaxed) + PERIOD_NS;
-                p.buckets.devs[0]
+            for p in [a, b] {
+                p.world.clock.advance(PERIOD_NS);
+                p.world.buckets.devs[0]
                     .charged_ns
                     .fetch_add(PERIOD_NS * 3 / 10 / 2, Relaxed);
-                f.on_launch(p, 0, t, THIRTY);
+                p.on_launch(p.world.now());
             }
         }
     }
 
     #[test]
     fn one_leader_measures_and_another_takes_over_when_its_lease_runs_out() {
-        let (pa, pb, _dir) = container();
-        let (a, b) = ((Feedback::default(), pa), (Feedback::default(), pb));
+        let (a, b) = container();
         run(&a, &b, 6);
-        assert!(a.1.asked.load(Relaxed) >= 5, "the first process leads");
-        assert_eq!(b.1.asked.load(Relaxed), 0, "the other never measures");
-        let g = correction::factor(&a.1.buckets.devs[0]);
+        assert!(a.asked() >= 5, "the first process leads");
+        assert_eq!(b.asked(), 0, "the other never measures");
+        let g = correction::factor(&a.world.buckets.devs[0]);
         assert!(g > 1.1, "charged 30 against 45 measured: factor {g:.3}");
         // The leader stops (it exited): once its lease has run out, the
         // other leads, and only it measures.
-        let t = a.1.now() + LEASE_NS + PERIOD_NS;
-        b.1.now.store(t, Relaxed);
-        let before = b.1.asked.load(Relaxed);
+        let t = a.world.now() + LEASE_NS + PERIOD_NS;
+        b.world.clock.set(t);
+        let before = b.asked();
         for i in 1..6 {
-            b.0.on_launch(&b.1, 0, t + i * PERIOD_NS, THIRTY);
+            b.on_launch(t + i * PERIOD_NS);
         }
-        assert!(b.1.asked.load(Relaxed) > before, "the lease passed on");
+        assert!(b.asked() > before, "the lease passed on");
     }
 }

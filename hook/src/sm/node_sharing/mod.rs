@@ -25,8 +25,8 @@ use vgpu_common::sidecar::DevPlan;
 
 use crate::driver::Events;
 use crate::sm::correction;
-use crate::sm::sys::Container;
 use crate::sm::tuning::{HIGH_START_NS, REPLAN_NS, TURN_REPORT_NS};
+use crate::world::NodeFiles;
 use demand::Demand;
 use phase::Phase;
 use priority::Marks;
@@ -108,27 +108,27 @@ impl Sharing {
 
     /// Re-plans `dev` when due at `now`: the container is active there at
     /// `pct` (`None`: accounted, not limited).
-    pub(crate) fn replan_if_due<S: Container>(
+    pub(crate) fn replan_if_due(
         &self,
-        sys: &S,
+        files: &impl NodeFiles,
         dev: usize,
         now: u64,
         pct: Option<SmLimit>,
     ) {
         if now >= self.plan_next[dev].load(Relaxed) {
-            self.replan(sys, dev, now, pct);
+            self.replan(files, dev, now, pct);
         }
     }
 
     /// States the container's activity on `dev` in its own plan line
     /// (launching, and wanting its share if it does), and takes the
     /// daemon's plan: its turn, and whether a higher container holds it.
-    fn replan<S: Container>(&self, sys: &S, dev: usize, now: u64, pct: Option<SmLimit>) {
+    fn replan(&self, files: &impl NodeFiles, dev: usize, now: u64, pct: Option<SmLimit>) {
         if self.replanning.swap(true, Acquire) {
             return;
         }
         self.plan_next[dev].store(now.saturating_add(REPLAN_NS), Relaxed);
-        let buckets = sys.buckets();
+        let buckets = files.buckets();
         let b = &buckets.devs[dev];
         let mine = &buckets.plans[dev];
         let wants = pct.is_some_and(|p| self.wants_share(b, dev, now, p));
@@ -214,8 +214,8 @@ impl Sharing {
     /// Over every device's plan, read from the sidecar at `now` (for a
     /// process that accounts no launch yet): whether a daemon plans any of
     /// them, and whether a live plan holds the container on any.
-    pub(crate) fn plan_state<S: Container>(sys: &S, now: u64) -> (bool, bool) {
-        let live = sys
+    pub(crate) fn plan_state(files: &impl NodeFiles, now: u64) -> (bool, bool) {
+        let live = files
             .buckets()
             .plans
             .iter()
@@ -248,15 +248,16 @@ impl Sharing {
     /// While the plan holds the container on `dev`: until when this
     /// launch of `cost` must wait (`priority::gate`), having waited
     /// `yielded` already; `None` = go.
-    pub(crate) fn yield_to<S: Events + Container>(
+    pub(crate) fn yield_to(
         &self,
-        sys: &S,
+        gpu: &impl Events,
+        files: &impl NodeFiles,
         dev: usize,
         now: u64,
         yielded: u64,
         cost: u64,
     ) -> Option<u64> {
-        let w = sys.buckets().plans.get(dev)?.read()?;
+        let w = files.buckets().plans.get(dev)?.read()?;
         let high_until = if w.planned_until > now {
             w.high_inflight_until
         } else {
@@ -264,7 +265,7 @@ impl Sharing {
         };
         let queued = {
             let mut m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
-            m.drain(sys)
+            m.drain(gpu)
         };
         match priority::gate(now, high_until, yielded, queued, cost) {
             priority::Gate::Go => None,
@@ -273,15 +274,15 @@ impl Sharing {
     }
 
     /// Records a marker after a launch of `cost` admitted while held.
-    pub(crate) fn mark<S: Events>(&self, sys: &S, ctx: usize, stream: usize, cost: u64) {
+    pub(crate) fn mark(&self, gpu: &impl Events, ctx: usize, stream: usize, cost: u64) {
         let mut m = self.marks.lock().unwrap_or_else(|p| p.into_inner());
-        m.push(sys, ctx, stream, cost);
+        m.push(gpu, ctx, stream, cost);
     }
 
     /// States `cost` of work queued at `now` in the container's own plan
     /// line: the daemon passes it on to lower-priority containers.
-    pub(crate) fn note_queued<S: Container>(&self, sys: &S, dev: usize, now: u64, cost: u64) {
-        if let Some(p) = sys.buckets().plans.get(dev) {
+    pub(crate) fn note_queued(&self, files: &impl NodeFiles, dev: usize, now: u64, cost: u64) {
+        if let Some(p) = files.buckets().plans.get(dev) {
             // Its work starts, at the latest, once the lower-priority
             // containers' short queues have drained and the GPU has
             // switched contexts: in flight until then, and for its cost.

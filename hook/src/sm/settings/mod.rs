@@ -22,8 +22,8 @@ use vgpu_common::region::rules::{self, SmLimit};
 use vgpu_common::region::{SharedRegion, MAX_DEVICES};
 
 use crate::sm::node_sharing::Sharing;
-use crate::sm::sys::{Clock, Container};
 use crate::sm::tuning::{BLOCK_SLEEP_NS, REFRESH_NS};
+use crate::world::{Clock, NodeFiles, World};
 
 /// The settings in force, shared by the launching threads.
 #[derive(Debug)]
@@ -69,9 +69,9 @@ impl Settings {
 
     /// Re-reads the region (one thread at a time) and marks activity; then
     /// hands the region and this process's slot to `also` (publishing).
-    pub(crate) fn refresh<S: Container + Clock>(
+    pub(crate) fn refresh(
         &self,
-        sys: &S,
+        world: &impl World,
         now: u64,
         also: impl FnOnce(&SharedRegion, usize, u32),
     ) {
@@ -80,10 +80,10 @@ impl Settings {
         }
         self.next_refresh
             .store(now.saturating_add(REFRESH_NS), Relaxed);
-        sys.follow_files(now);
-        if let Some((region, slot)) = sys.region() {
-            let mut s = limit_policy::read(region, sys.policy());
-            if !sys.buckets_shared() {
+        world.follow_files(now);
+        if let Some((region, slot)) = world.region() {
+            let mut s = limit_policy::read(region, world.policy());
+            if !world.buckets_shared() {
                 // Private buckets limit this process alone: fail closed,
                 // each of the container's live processes takes its part.
                 let n = limit_policy::live_processes(region);
@@ -95,8 +95,8 @@ impl Settings {
                 self.limits[d].store(rules::sm_limit_cell(*l), Relaxed);
             }
             self.enforce.store(s.enforce, Relaxed);
-            let (planned, held) = Sharing::plan_state(sys, now);
-            let ranked = (sys.priority_stated() && planned) || held;
+            let (planned, held) = Sharing::plan_state(world, now);
+            let ranked = (world.priority_stated() && planned) || held;
             self.ranked.store(ranked, Relaxed);
             // Ranked without a limit, every device is accounted: its launches
             // are published to (or held by) the node's other containers.
@@ -104,11 +104,11 @@ impl Settings {
             let mask = s.limited_mask() | if ranked { all } else { 0 };
             self.limited.store(mask, Relaxed);
             if s.limited_mask() != 0 && !self.host_pid_noted.swap(true, Relaxed) {
-                sys.note_host_pid();
+                world.note_host_pid();
             }
             self.blocked.store(s.blocked, Relaxed);
             if !s.blocked {
-                limit_policy::mark_activity(region, sys.unix_secs(), &self.last_secs);
+                limit_policy::mark_activity(region, world.unix_secs(), &self.last_secs);
             }
             also(region, slot, mask);
         }
@@ -117,16 +117,16 @@ impl Settings {
 
     /// Sleeps while the monitor blocks the container (`recent_kernel < 0`),
     /// if the last refresh found it blocked.
-    pub(crate) fn wait_unblocked<S: Container + Clock>(&self, sys: &S) {
+    pub(crate) fn wait_unblocked(&self, world: &(impl NodeFiles + Clock)) {
         if !self.blocked.load(Relaxed) {
             return;
         }
-        while let Some((region, _)) = sys.region() {
+        while let Some((region, _)) = world.region() {
             if region.recent_kernel.load(Relaxed) >= 0 {
                 limit_policy::unblocked(region);
                 break;
             }
-            sys.sleep_until(sys.now().saturating_add(BLOCK_SLEEP_NS));
+            world.sleep_until(world.now().saturating_add(BLOCK_SLEEP_NS));
         }
         self.blocked.store(false, Relaxed);
     }
@@ -156,75 +156,21 @@ impl Settings {
 mod tests {
     use std::sync::atomic::Ordering::Relaxed;
 
-    use vgpu_common::region::policy as pol;
-    use vgpu_common::view::RegionFile;
-
     use super::*;
+    use crate::world::fake::FakeWorld;
 
-    /// The region, a clock whose sleeps the monitor answers after `unblock`
-    /// of them, and whether the process states a priority.
-    struct Proc {
-        file: RegionFile,
-        _dir: tempfile::TempDir,
-        now: AtomicU64,
-        sleeps: AtomicU32,
-        unblock: u32,
-        ranked: bool,
-        buckets: &'static vgpu_common::sidecar::SmShared,
-    }
-
-    impl Proc {
-        fn new(ranked: bool) -> Self {
-            let dir = tempfile::tempdir().unwrap();
-            let file = RegionFile::create_or_open(&dir.path().join("r")).unwrap();
-            file.region().utilization_switch.store(1, Relaxed);
-            Proc {
-                file,
-                _dir: dir,
-                now: AtomicU64::new(1),
-                sleeps: AtomicU32::new(0),
-                unblock: 3,
-                ranked,
-                buckets: crate::sidecar::private(),
-            }
-        }
-    }
-
-    impl Clock for Proc {
-        fn now(&self) -> u64 {
-            self.now.load(Relaxed)
-        }
-        fn coarse(&self) -> u64 {
-            self.now()
-        }
-        fn unix_secs(&self) -> u64 {
-            1_700_000_000
-        }
-        fn sleep_until(&self, t: u64) {
-            if self.sleeps.fetch_add(1, Relaxed) + 1 == self.unblock {
-                self.file.region().recent_kernel.store(0, Relaxed);
-            }
-            self.now.fetch_max(t, Relaxed);
-        }
-    }
-
-    impl Container for Proc {
-        fn region(&self) -> Option<(&SharedRegion, usize)> {
-            Some((self.file.region(), 0))
-        }
-        fn policy(&self) -> i32 {
-            pol::DEFAULT
-        }
-        fn buckets(&self) -> &'static vgpu_common::sidecar::SmShared {
-            self.buckets
-        }
-        fn priority_stated(&self) -> bool {
-            self.ranked
-        }
+    /// A world (`world::fake`) whose sleeps the monitor answers after
+    /// three of them, and whether the process states a priority.
+    fn world(ranked: bool) -> FakeWorld {
+        let w = FakeWorld::at(1);
+        w.shm().utilization_switch.store(1, Relaxed);
+        w.unblock_after.store(3, Relaxed);
+        w.ranked.store(ranked, Relaxed);
+        w
     }
 
     /// What the daemon writes into device `dev`'s plan.
-    fn plan(p: &Proc, dev: usize, until: u64, hold_until: u64) {
+    fn plan(p: &FakeWorld, dev: usize, until: u64, hold_until: u64) {
         let w = &p.buckets.plans[dev];
         w.planned_until.store(until, Relaxed);
         w.hold_until.store(hold_until, Relaxed);
@@ -232,8 +178,8 @@ mod tests {
 
     #[test]
     fn limits_are_read_when_due_and_enforced_by_the_switch() {
-        let p = Proc::new(false);
-        let r = p.file.region();
+        let p = world(false);
+        let r = p.shm();
         r.sm_limit[1].store(30, Relaxed);
         r.sm_limit[2].store(100, Relaxed);
         let s = Settings::default();
@@ -256,9 +202,9 @@ mod tests {
 
     #[test]
     fn a_ranked_process_is_accounted_everywhere_and_a_blocked_one_waits() {
-        let p = Proc::new(true);
-        p.file.region().recent_kernel.store(-1, Relaxed);
-        p.file.region().priority.store(0, Relaxed);
+        let p = world(true);
+        p.shm().recent_kernel.store(-1, Relaxed);
+        p.shm().priority.store(0, Relaxed);
         let s = Settings::default();
         s.refresh(&p, 1, |_, _, _| {});
         assert!(!s.ranked(), "no daemon plans: no priorities, no accounting");
@@ -267,18 +213,18 @@ mod tests {
         assert_eq!(s.limited(), (1 << MAX_DEVICES) - 1);
         assert!(s.ranked());
         s.wait_unblocked(&p);
-        assert_eq!(p.sleeps.load(Relaxed), 3, "slept until the monitor let go");
+        assert_eq!(p.clock.sleeps(), 3, "slept until the monitor let go");
         assert_eq!(p.now(), 1 + 3 * BLOCK_SLEEP_NS);
         // Not blocked any more: no sleep.
         s.wait_unblocked(&p);
-        assert_eq!(p.sleeps.load(Relaxed), 3);
+        assert_eq!(p.clock.sleeps(), 3);
     }
 
     #[test]
     fn a_process_stating_no_priority_is_ranked_while_the_plan_holds_it() {
-        let p = Proc::new(false);
+        let p = world(false);
         // What the region's creator writes when no priority is stated.
-        p.file.region().priority.store(1, Relaxed);
+        p.shm().priority.store(1, Relaxed);
         let s = Settings::default();
         let now = 1_000_000_000;
         plan(&p, 1, now + 1_000, 0);

@@ -10,7 +10,7 @@ fn an_under_using_container_learns_its_costs_without_being_held() {
     // 60 % limit: never throttled, its share stays its own while the correction
     // learns the error, so a later burst is held at the limit at once.
     let c = closed_loop(60, 200, NVML_PID as i32);
-    let f = &c.sys;
+    let f = &c.driver;
     let w = Work {
         key: kernel(1),
         stream: 0,
@@ -20,7 +20,7 @@ fn an_under_using_container_learns_its_costs_without_being_held() {
         launch_once(&c, &w, 1_000_000, 10_000_000);
     }
     assert_eq!(
-        f.sleeps.load(Relaxed),
+        c.world.clock.sleeps(),
         0,
         "an application under its limit waited"
     );
@@ -42,7 +42,7 @@ fn a_container_never_held_by_its_charges_is_measured_and_held() {
     // empty the bucket (the device saturates first), so only a measurement
     // on the unthrottled path can find the error.
     let c = closed_loop(90, 60, NVML_PID as i32);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
+    *c.driver.device.lock().unwrap() = Some(vec![NVML_PID]);
     let s = run(&c, kernel(1), 1_000_000, 8 * SEC, 5 * SEC);
     assert!(
         (s - 90.0).abs() < 2.5,
@@ -57,8 +57,8 @@ fn a_known_cost_is_charged_from_the_threads_cache_and_still_sampled() {
     // thread's cache (no lock); the cache reports them, so the occasional
     // timing still comes every `SAMPLE_EVERY` launches and every launch is
     // charged.
-    let c = Controller::new(Fake::new(90, policy::FORCE));
-    let f = &c.sys;
+    let c = sim(Setup::new(90, policy::FORCE));
+    let f = &c.driver;
     let w = Work {
         key: kernel(1),
         stream: 0,

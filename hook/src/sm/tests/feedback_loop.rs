@@ -6,11 +6,11 @@ use super::*;
 
 /// `closed_loop` at 30 % on a device shared with another container's
 /// process (40 % busy), NVML sampling each process once a second.
-fn shared_loop(skew: u64) -> Controller<Fake> {
+fn shared_loop(skew: u64) -> Sim {
     let c = closed_loop(30, skew, NVML_PID as i32);
-    c.sys.sparse.store(true, Relaxed);
-    c.sys.other_pct.store(40, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    c.driver.sparse.store(true, Relaxed);
+    c.driver.other_pct.store(40, Relaxed);
+    *c.driver.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
     c
 }
 
@@ -18,21 +18,21 @@ fn shared_loop(skew: u64) -> Controller<Fake> {
 /// truth (as on real GPUs), beside another container's process that keeps
 /// the device `other_pct` % busy (0: none), under a device counter that
 /// lists `device` (`None`: no device counter).
-fn low_samples(other_pct: u64, device: Option<&[u32]>) -> Controller<Fake> {
+fn low_samples(other_pct: u64, device: Option<&[u32]>) -> Sim {
     let c = closed_loop(30, 100, NVML_PID as i32);
-    c.sys.proc_pct.store(80, Relaxed);
-    c.sys.other_pct.store(other_pct, Relaxed);
+    c.driver.proc_pct.store(80, Relaxed);
+    c.driver.other_pct.store(other_pct, Relaxed);
     if let Some(pids) = device {
-        *c.sys.device.lock().unwrap() = Some(pids.to_vec());
+        *c.driver.device.lock().unwrap() = Some(pids.to_vec());
     }
     c
 }
 
 /// `closed_loop` at 60 % beside a second slot of the container, such as
 /// `nvidia-smi` leaves: a pid, no host pid, `held` bytes of GPU memory.
-fn beside_a_second_slot(held: u64) -> Controller<Fake> {
+fn beside_a_second_slot(held: u64) -> Sim {
     let c = closed_loop(60, 91, NVML_PID as i32);
-    let r = c.sys.file.region();
+    let r = c.world.shm();
     r.proc_num.store(2, Relaxed);
     r.procs[1].pid.store(78, Relaxed);
     r.procs[1].used[0].total.store(held, Relaxed);
@@ -40,7 +40,7 @@ fn beside_a_second_slot(held: u64) -> Controller<Fake> {
 }
 
 /// The measured share `s` is within `tolerance` points of `target`.
-fn assert_share_near(c: &Controller<Fake>, s: f64, target: f64, tolerance: f64) {
+fn assert_share_near(c: &Sim, s: f64, target: f64, tolerance: f64) {
     assert!(
         (s - target).abs() < tolerance,
         "{s:.1}% (correction {:.3})",
@@ -51,12 +51,7 @@ fn assert_share_near(c: &Controller<Fake>, s: f64, target: f64, tolerance: f64) 
 /// `closed_loop` at `limit` % whose costs are learnt as `skew` % of the
 /// truth, run for 6 s on kernels of `cost` ns: the share holds the limit
 /// and the correction settles within `correction`.
-fn assert_corrected(
-    limit: u64,
-    skew: u64,
-    cost: u64,
-    correction: std::ops::Range<f64>,
-) -> Controller<Fake> {
+fn assert_corrected(limit: u64, skew: u64, cost: u64, correction: std::ops::Range<f64>) -> Sim {
     let c = closed_loop(limit, skew, NVML_PID as i32);
     let s = run(&c, kernel(1), cost, 6 * SEC, 4 * SEC);
     assert_share_near(&c, s, limit as f64, 2.0);
@@ -66,10 +61,8 @@ fn assert_corrected(
 }
 
 /// The `sm_util` the controller published for its slot on device 0.
-fn published_sm_util(c: &Controller<Fake>) -> u64 {
-    c.sys.file.region().procs[0].device_util[0]
-        .sm_util
-        .load(Relaxed)
+fn published_sm_util(c: &Sim) -> u64 {
+    c.world.shm().procs[0].device_util[0].sm_util.load(Relaxed)
 }
 
 #[test]
@@ -94,7 +87,7 @@ fn feedback_stays_open_without_host_pids_or_nvml() {
     assert_eq!(c.factor(0), 1.0);
     assert!(s > 63.0, "{s:.1}%");
     let c = closed_loop(60, 91, NVML_PID as i32);
-    c.sys.nvml.store(false, Relaxed);
+    c.driver.nvml.store(false, Relaxed);
     run(&c, kernel(1), 2_000_000, 3 * SEC, SEC);
     assert_eq!(c.factor(0), 1.0);
 }
@@ -108,7 +101,7 @@ fn the_loop_closes_promptly_once_host_pids_are_known() {
     let c = closed_loop(60, 91, 0);
     run(&c, kernel(1), 2_000_000, SEC, 0);
     assert_eq!(c.factor(0), 1.0);
-    c.sys.file.region().procs[0]
+    c.world.shm().procs[0]
         .hostpid
         .store(NVML_PID as i32, Relaxed);
     run(&c, kernel(1), 2_000_000, 1_700_000_000, 0);
@@ -172,7 +165,7 @@ fn a_window_that_began_shared_and_ended_alone_is_discarded() {
     let c = shared_loop(100);
     run(&c, kernel(1), 1_000_000, 20 * SEC, 0);
     let g0 = c.factor(0);
-    c.sys.other_exit.store(c.sys.now(), Relaxed);
+    c.driver.other_exit.store(c.world.now(), Relaxed);
     run(&c, kernel(1), 1_000_000, 1_200_000_000, 0);
     let g = c.factor(0);
     assert!((g / g0 - 1.0).abs() < 0.03, "correction {g0:.3} -> {g:.3}");
@@ -186,8 +179,10 @@ fn the_first_window_after_a_baseline_is_discarded() {
     // half of what later windows read.
     // The loop waits a window before its first step.
     let c = closed_loop(30, 100, NVML_PID as i32);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
-    c.sys.lag_until.store(c.sys.now() + 600_000_000, Relaxed);
+    *c.driver.device.lock().unwrap() = Some(vec![NVML_PID]);
+    c.driver
+        .lag_until
+        .store(c.world.now() + 600_000_000, Relaxed);
     run(&c, kernel(1), 1_000_000, 1_200_000_000, 0);
     let g = c.factor(0);
     assert!(
@@ -217,15 +212,15 @@ fn a_process_without_gpu_memory_does_not_open_the_loop() {
 #[test]
 fn feedback_steps_run_off_the_launch_path() {
     let c = closed_loop(60, 91, NVML_PID as i32);
-    c.sys.offload.store(true, Relaxed);
+    c.world.offload.store(true, Relaxed);
     run(&c, kernel(1), 2_000_000, 2 * SEC, 0);
     assert_eq!(c.factor(0), 1.0, "a launch ran a feedback step");
-    let start = c.sys.now();
+    let start = c.world.now();
     for _ in 0..120 {
         run(&c, kernel(1), 2_000_000, SEC / 20, 0);
         c.background();
     }
-    let s = busy_share(&c.sys, start + 4 * SEC, c.sys.now());
+    let s = busy_share(&c.driver, start + 4 * SEC, c.world.now());
     let g = c.factor(0);
     assert!((1.05..1.15).contains(&g), "correction {g:.3}");
     assert_share_near(&c, s, 60.0, 2.0);
@@ -242,11 +237,9 @@ fn feedback_stays_open_when_nvml_shows_only_the_namespace() {
     // The slot: namespace pid NVML_PID (as NVML names it in here), host pid
     // 5555 (as the daemon filled it in).
     let c = closed_loop(30, 91, 5555);
-    c.sys.file.region().procs[0]
-        .pid
-        .store(NVML_PID as i32, Relaxed);
-    c.sys.own_pid.store(NVML_PID, Relaxed);
-    *c.sys.device.lock().unwrap() = Some(vec![NVML_PID]);
+    c.world.shm().procs[0].pid.store(NVML_PID as i32, Relaxed);
+    c.world.pid.store(NVML_PID, Relaxed);
+    *c.driver.device.lock().unwrap() = Some(vec![NVML_PID]);
     let s = run(&c, kernel(1), 2_000_000, 40 * SEC, 10 * SEC);
     assert_eq!(c.factor(0), 1.0);
     // Open loop with costs learnt 9 % short: about 33 %, not more.

@@ -1,53 +1,48 @@
-//! The controller against a fake clock and a fake GPU: a single queue that
-//! runs kernels back to back, events completing when the queue reaches
-//! them, and a host that launches in a loop (blocking, like a driver, once
-//! the queue is 50 ms ahead). The tests are in one file per concept:
+//! The controller against the fake world (`world::fake`: its test clock,
+//! region and buckets) and a GPU that runs in time on that clock (`Gpu`,
+//! the driver's side): a single queue that runs kernels back to back,
+//! events completing when the queue reaches them, and a host that launches
+//! in a loop (blocking, like a driver, once the queue is 50 ms ahead). The tests are in one file per concept:
 //! the share a limit gives (`share_held`), costs learnt on the way
 //! (`cost_learning_loop`), the NVML loop (`feedback_loop`), turns
 //! (`taking_turns`), no stall (`no_stall`) and priorities (`priorities`).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicU32, AtomicU64};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::{Arc, Mutex};
 
-use vgpu_common::region::{policy, SharedRegion};
-use vgpu_common::view::RegionFile;
+use vgpu_common::region::policy;
 
 use crate::driver::{Context, Events, Nvml, Poll};
-use crate::sidecar::{self, SmShared};
 use crate::sm::controller::{Controller, Work};
 use crate::sm::cost_learning::cost::Key;
 use crate::sm::node_sharing::phase;
-use crate::sm::sys::{Background, Clock, Container};
+use crate::world::fake::{FakeWorld, TestClock, UNIX_BASE_US};
+use crate::world::{Clock, NodeFiles};
 
 const QUEUE_NS: u64 = 50_000_000;
 const SLACK_NS: u64 = 60_000;
 
 #[derive(Default)]
-struct Gpu {
+struct Queue {
     free_at: u64,
     intervals: Vec<(u64, u64)>,
     events: HashMap<usize, u64>,
     next: usize,
 }
 
-struct Fake {
-    now: AtomicU64,
-    gpu: Mutex<Gpu>,
-    file: RegionFile,
-    _dir: tempfile::TempDir,
-    policy: i32,
-    buckets: &'static SmShared,
-    sleeps: AtomicU32,
-    /// Unblock the container after this many sleeps (0: never).
-    unblock_after: AtomicU32,
+/// The GPU, as the driver and NVML show it, running in time on the world's
+/// clock.
+struct Gpu {
+    clock: Arc<TestClock>,
+    gpu: Mutex<Queue>,
     /// Timings read back as this percent of the real ones (a wrongly learnt
     /// cost); 100 = exact.
     skew_pct: AtomicU64,
     /// Fake NVML: per-process utilization over the last 200 ms, reported
     /// as host pid `NVML_PID`.
-    nvml: std::sync::atomic::AtomicBool,
+    nvml: AtomicBool,
     /// Per-process samples read as this percent of the truth (100 = exact).
     proc_pct: AtomicU64,
     /// Another container's process (`OTHER_PID`) keeps the device busy
@@ -57,13 +52,13 @@ struct Fake {
     /// pids running on it.
     device: Mutex<Option<Vec<u32>>>,
     /// Stream 0 is being captured into a graph.
-    capturing: std::sync::atomic::AtomicBool,
+    capturing: AtomicBool,
     /// Events recorded so far.
     records: AtomicU32,
     /// NVML's per-process samples as on a real GPU: one per process per
     /// second, each covering that second (ours on the second, the other
     /// process's half a second later), instead of one each per query.
-    sparse: std::sync::atomic::AtomicBool,
+    sparse: AtomicBool,
     /// Fake ns at which the other container's process exited (0: it has
     /// not); NVML then lists only ours, and its device utilization since a
     /// time before that still holds the other's busy time.
@@ -71,114 +66,69 @@ struct Fake {
     /// Until this fake ns the device counter reads half the truth (NVML's
     /// samples lagging a start).
     lag_until: AtomicU64,
-    /// The other container on the GPU and the stand-in for the daemon
-    /// that plans for both (none: no daemon plans, the container is alone).
-    node: Option<&'static Neighbour>,
-    /// Every sleep overshoots by this much more (a host whose timers run
-    /// late: a loaded VM, a CPU quota).
-    late_ns: AtomicU64,
     /// Another context's work occupies the device until this fake ns: our
     /// kernels start after it, our events (recorded on our own stream)
     /// do not wait for it.
     foreign_until: AtomicU64,
-    /// Takes part in the node's priorities without a limit.
-    ranked: std::sync::atomic::AtomicBool,
-    /// Feedback steps are left to `Controller::background`.
-    offload: std::sync::atomic::AtomicBool,
-    /// This process's pid as it sees it (0: the test process's own).
-    own_pid: AtomicU32,
-    /// The buckets are this process's own, not the container's.
-    private_buckets: std::sync::atomic::AtomicBool,
     /// Context and capture queries made (driver calls of the launch path).
     queries: AtomicU32,
 }
 
-/// `Fake::unix_us` at fake time 0.
-const UNIX_BASE_US: u64 = 1_700_000_000_000_000;
+/// The controller under test.
+type Sim = Controller<Gpu, FakeWorld>;
+
+/// A process before its controller is made: its GPU and its world.
+struct Setup {
+    gpu: Gpu,
+    world: FakeWorld,
+}
 
 const NVML_PID: u32 = 4242;
 const OTHER_PID: u32 = 9999;
 
-impl Fake {
+impl Setup {
+    /// A process limited to `pct` under `policy_`, alone on its GPU; its
+    /// sleeps end 60 µs late, as a real timer's do.
     fn new(pct: u64, policy_: i32) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let file = RegionFile::create_or_open(&dir.path().join("r.cache")).unwrap();
-        let r = file.region();
+        let world = FakeWorld::at(1_000_000_000);
+        world.clock.set_late(SLACK_NS);
+        world.policy.store(policy_, Relaxed);
+        let r = world.shm();
         r.sm_limit[0].store(pct, Relaxed);
         r.utilization_switch.store(1, Relaxed);
         r.recent_kernel.store(2, Relaxed);
-        Fake {
-            now: AtomicU64::new(1_000_000_000),
-            gpu: Mutex::new(Gpu::default()),
-            file,
-            _dir: dir,
-            policy: policy_,
-            buckets: sidecar::private(),
-            sleeps: AtomicU32::new(0),
-            unblock_after: AtomicU32::new(0),
+        let gpu = Gpu {
+            clock: Arc::clone(&world.clock),
+            gpu: Mutex::new(Queue::default()),
             skew_pct: AtomicU64::new(100),
-            nvml: std::sync::atomic::AtomicBool::new(false),
+            nvml: AtomicBool::new(false),
             proc_pct: AtomicU64::new(100),
             other_pct: AtomicU64::new(0),
             device: Mutex::new(None),
-            capturing: std::sync::atomic::AtomicBool::new(false),
+            capturing: AtomicBool::new(false),
             records: AtomicU32::new(0),
-            sparse: std::sync::atomic::AtomicBool::new(false),
+            sparse: AtomicBool::new(false),
             other_exit: AtomicU64::new(0),
             lag_until: AtomicU64::new(0),
-            node: None,
-            late_ns: AtomicU64::new(0),
             foreign_until: AtomicU64::new(0),
-            ranked: std::sync::atomic::AtomicBool::new(false),
-            offload: std::sync::atomic::AtomicBool::new(false),
-            own_pid: AtomicU32::new(0),
-            private_buckets: std::sync::atomic::AtomicBool::new(false),
             queries: AtomicU32::new(0),
-        }
-    }
-
-    fn advance(&self, ns: u64) {
-        self.now.fetch_add(ns, Relaxed);
+        };
+        Setup { gpu, world }
     }
 }
 
-impl Clock for Fake {
+/// The controller of `f`.
+fn sim(f: Setup) -> Sim {
+    Controller::new(f.gpu, f.world)
+}
+
+impl Gpu {
     fn now(&self) -> u64 {
-        self.now.load(Relaxed)
-    }
-
-    /// Every launch reads the coarse clock first: the stand-in daemon plans
-    /// then, and after every sleep (the real one every few ms).
-    fn coarse(&self) -> u64 {
-        let now = self.now();
-        if let Some(n) = self.node {
-            n.plan_for(self, now);
-        }
-        now
-    }
-
-    fn unix_secs(&self) -> u64 {
-        self.unix_us() / 1_000_000
-    }
-
-    fn sleep_until(&self, t: u64) {
-        let n = self.sleeps.fetch_add(1, Relaxed) + 1;
-        if n == self.unblock_after.load(Relaxed) {
-            self.file.region().recent_kernel.store(0, Relaxed);
-        }
-        self.now
-            .fetch_max(t + SLACK_NS + self.late_ns.load(Relaxed), Relaxed);
-        if let Some(n) = self.node {
-            n.plan_for(self, self.now());
-        }
-    }
-
-    fn unix_us(&self) -> u64 {
-        UNIX_BASE_US + self.now() / 1_000
+        self.clock.now()
     }
 }
 
-impl Context for Fake {
+impl Context for Gpu {
     fn current_device(&self) -> Option<usize> {
         self.current().map(|(_, dev)| dev)
     }
@@ -193,7 +143,7 @@ impl Context for Fake {
     }
 }
 
-impl Events for Fake {
+impl Events for Gpu {
     fn create_event(&self) -> Option<usize> {
         let mut g = self.gpu.lock().unwrap();
         g.next += 1;
@@ -231,36 +181,7 @@ impl Events for Fake {
     }
 }
 
-impl Container for Fake {
-    fn region(&self) -> Option<(&SharedRegion, usize)> {
-        Some((self.file.region(), 0))
-    }
-
-    fn policy(&self) -> i32 {
-        self.policy
-    }
-
-    fn priority_stated(&self) -> bool {
-        self.ranked.load(Relaxed)
-    }
-
-    fn buckets(&self) -> &'static SmShared {
-        self.buckets
-    }
-
-    fn buckets_shared(&self) -> bool {
-        !self.private_buckets.load(Relaxed)
-    }
-
-    fn pid(&self) -> u32 {
-        match self.own_pid.load(Relaxed) {
-            0 => std::process::id(),
-            p => p,
-        }
-    }
-}
-
-impl Nvml for Fake {
+impl Nvml for Gpu {
     fn proc_util(&self, _dev: usize, since_us: u64) -> Option<Vec<(u32, u32)>> {
         if !self.nvml.load(Relaxed) {
             return None;
@@ -316,35 +237,29 @@ impl Nvml for Fake {
     }
 }
 
-impl Background for Fake {
-    fn offload(&self) -> bool {
-        self.offload.load(Relaxed)
-    }
-}
-
 /// Runs launches of `cost` (key `key`) for `dur` of fake time; returns the
 /// GPU's busy share (percent) over the last `dur - warmup`.
-fn run(c: &Controller<Fake>, key: Key, cost: u64, dur: u64, warmup: u64) -> f64 {
+fn run(c: &Sim, key: Key, cost: u64, dur: u64, warmup: u64) -> f64 {
     run_with(c, key, cost, dur, warmup, |_| {})
 }
 
 /// `run`, calling `each` before every launch.
 fn run_with(
-    c: &Controller<Fake>,
+    c: &Sim,
     key: Key,
     cost: u64,
     dur: u64,
     warmup: u64,
-    mut each: impl FnMut(&Fake),
+    mut each: impl FnMut(&Gpu),
 ) -> f64 {
-    let f = &c.sys;
+    let f = &c.driver;
     let start = f.now();
     let w = Work { key, stream: 0 };
     while f.now() < start + dur {
         // The driver blocks while the queue is too far ahead.
         let ahead = f.gpu.lock().unwrap().free_at;
         if ahead > f.now() + QUEUE_NS {
-            f.now.store(ahead - QUEUE_NS, Relaxed);
+            f.clock.set(ahead - QUEUE_NS);
         }
         each(f);
         launch_once(c, &w, cost, 1_500);
@@ -354,8 +269,8 @@ fn run_with(
 
 /// One launch of `cost` GPU ns through the controller, then `gap` of host
 /// time before the next.
-fn launch_once(c: &Controller<Fake>, w: &Work, cost: u64, gap: u64) {
-    let f = &c.sys;
+fn launch_once(c: &Sim, w: &Work, cost: u64, gap: u64) {
+    let f = &c.driver;
     let t = c.before(w);
     {
         let mut g = f.gpu.lock().unwrap();
@@ -364,10 +279,10 @@ fn launch_once(c: &Controller<Fake>, w: &Work, cost: u64, gap: u64) {
         g.intervals.push((s, s + cost));
     }
     c.after_opt(t, true);
-    f.advance(gap);
+    f.clock.advance(gap);
 }
 
-fn busy_share(f: &Fake, from: u64, to: u64) -> f64 {
+fn busy_share(f: &Gpu, from: u64, to: u64) -> f64 {
     let g = f.gpu.lock().unwrap();
     let busy: u64 = g
         .intervals
@@ -377,7 +292,7 @@ fn busy_share(f: &Fake, from: u64, to: u64) -> f64 {
     busy as f64 * 100.0 / (to - from) as f64
 }
 
-impl Controller<Fake> {
+impl Sim {
     fn after_opt(&self, t: Option<super::Ticket>, ok: bool) {
         if let Some(t) = t {
             self.after(t, ok);
@@ -397,20 +312,20 @@ fn kernel(func: usize) -> Key {
 
 /// A container of one process whose host pid is known (`hostpid`), with
 /// NVML, at `pct`, whose timings read `skew` % of the truth.
-fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Controller<Fake> {
-    Controller::new(nvml_on(Fake::new(pct, policy::DEFAULT), skew, hostpid))
+fn closed_loop(pct: u64, skew: u64, hostpid: i32) -> Sim {
+    sim(nvml_on(Setup::new(pct, policy::DEFAULT), skew, hostpid))
 }
 
 /// `f` with one process in its region (GPU memory held, host pid
 /// `hostpid`), its timings read as `skew` % of the truth, and NVML on.
-fn nvml_on(f: Fake, skew: u64, hostpid: i32) -> Fake {
-    let r = f.file.region();
+fn nvml_on(f: Setup, skew: u64, hostpid: i32) -> Setup {
+    let r = f.world.shm();
     r.proc_num.store(1, Relaxed);
     r.procs[0].pid.store(77, Relaxed);
     r.procs[0].hostpid.store(hostpid, Relaxed);
     r.procs[0].used[0].total.store(500 << 20, Relaxed);
-    f.skew_pct.store(skew, Relaxed);
-    f.nvml.store(true, Relaxed);
+    f.gpu.skew_pct.store(skew, Relaxed);
+    f.gpu.nvml.store(true, Relaxed);
     f
 }
 
@@ -453,8 +368,8 @@ impl Neighbour {
     /// The stand-in for `vgpu daemon`: decides with the daemon's own rule
     /// (`node::decide`, every statement confirmed by the kernel) and writes
     /// our plan of device 0.
-    fn plan_for(&self, f: &Fake, now: u64) {
-        let r = f.file.region();
+    fn plan_for(&self, f: &FakeWorld, now: u64) {
+        let r = f.shm();
         let mine = &f.buckets.plans[0];
         let ours = vgpu_common::node::Seat {
             key: f.buckets.container_id(),
@@ -491,10 +406,12 @@ impl Neighbour {
     }
 }
 
-/// `f` on a GPU it shares with another container, the daemon planning.
-fn on_node(mut f: Fake) -> (Fake, &'static Neighbour) {
+/// `f` on a GPU it shares with another container, the daemon planning
+/// (the stand-in plans at every coarse clock read, which every launch
+/// makes first, and after every sleep).
+fn on_node(f: Setup) -> (Setup, &'static Neighbour) {
     let node: &'static Neighbour = Box::leak(Box::default());
-    f.node = Some(node);
+    f.world.on_tick(move |w, now| node.plan_for(w, now));
     (f, node)
 }
 
@@ -513,7 +430,7 @@ fn busy(m: &Neighbour, now: u64) {
 /// The longest time in `[from, to)` during which none of our kernels ran
 /// or started: from `from` to the first start, between two kernels, from
 /// the last end to `to`.
-fn longest_gap(f: &Fake, from: u64, to: u64) -> u64 {
+fn longest_gap(f: &Gpu, from: u64, to: u64) -> u64 {
     let g = f.gpu.lock().unwrap();
     let mut iv: Vec<(u64, u64)> = g
         .intervals

@@ -22,11 +22,11 @@ fn stall_bound(cost: u64, pct: u32) -> u64 {
 #[test]
 fn a_killed_neighbours_queue_does_not_stall_a_new_process() {
     for queue in [50_000_000u64, 500_000_000] {
-        let c = Controller::new(Fake::new(30, policy::DEFAULT));
-        let t0 = c.sys.now();
-        c.sys.foreign_until.store(t0 + queue, Relaxed);
+        let c = sim(Setup::new(30, policy::DEFAULT));
+        let t0 = c.world.now();
+        c.driver.foreign_until.store(t0 + queue, Relaxed);
         let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2 + queue);
-        let gap = longest_gap(&c.sys, t0 + queue, t0 + 3 * SEC);
+        let gap = longest_gap(&c.driver, t0 + queue, t0 + 3 * SEC);
         eprintln!(
             "neighbour's queue {} ms: share {s:.1} %, longest gap {:.1} ms",
             queue / 1_000_000,
@@ -48,13 +48,13 @@ fn a_killed_neighbours_queue_does_not_stall_a_new_process() {
 /// wait beyond the neighbour's kernel and the bound, and the share holds.
 #[test]
 fn a_neighbours_long_kernel_does_not_stall_a_new_key() {
-    let c = Controller::new(Fake::new(30, policy::DEFAULT));
+    let c = sim(Setup::new(30, policy::DEFAULT));
     run(&c, kernel(1), 1_000_000, SEC, 0);
-    let t1 = c.sys.now();
+    let t1 = c.world.now();
     let long = 300_000_000;
-    c.sys.foreign_until.store(t1 + long, Relaxed);
+    c.driver.foreign_until.store(t1 + long, Relaxed);
     let s = run(&c, kernel(2), 1_000_000, 3 * SEC, SEC);
-    let gap = longest_gap(&c.sys, t1 + long, t1 + 3 * SEC);
+    let gap = longest_gap(&c.driver, t1 + long, t1 + 3 * SEC);
     assert!(
         gap <= stall_bound(1_000_000, 30),
         "no kernel of ours for {:.1} ms",
@@ -68,22 +68,22 @@ fn a_neighbours_long_kernel_does_not_stall_a_new_key() {
 /// work each time, just as the process moves on to a new kernel shape.
 #[test]
 fn a_suspended_then_resumed_neighbour_does_not_stall_new_keys() {
-    let c = Controller::new(Fake::new(30, policy::DEFAULT));
-    let t0 = c.sys.now();
+    let c = sim(Setup::new(30, policy::DEFAULT));
+    let t0 = c.world.now();
     let burst = 40_000_000;
     for i in 0..6 {
-        let at = c.sys.now();
-        c.sys.foreign_until.store(at + burst, Relaxed);
+        let at = c.world.now();
+        c.driver.foreign_until.store(at + burst, Relaxed);
         run(&c, kernel(10 + i), 500_000, SEC / 2, 0);
     }
-    let end = c.sys.now();
-    let gap = longest_gap(&c.sys, t0, end);
+    let end = c.world.now();
+    let gap = longest_gap(&c.driver, t0, end);
     assert!(
         gap <= burst + stall_bound(500_000, 30),
         "no kernel of ours for {:.1} ms",
         gap as f64 / 1e6
     );
-    let s = busy_share(&c.sys, t0 + SEC / 2, end);
+    let s = busy_share(&c.driver, t0 + SEC / 2, end);
     // Each new key's guessed launches are settled, capped at a frame: the
     // share may exceed the limit a little, never fall far below it.
     assert!((25.0..=35.0).contains(&s), "{s:.1}%");
@@ -95,13 +95,13 @@ fn a_suspended_then_resumed_neighbour_does_not_stall_new_keys() {
 /// launch waits longer than the bound.
 #[test]
 fn a_context_switch_storm_inflates_costs_but_never_stalls() {
-    let c = Controller::new(Fake::new(30, policy::DEFAULT));
-    let t0 = c.sys.now();
+    let c = sim(Setup::new(30, policy::DEFAULT));
+    let t0 = c.world.now();
     let s = run_with(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2, |f| {
         let free = f.gpu.lock().unwrap().free_at.max(f.now());
         f.foreign_until.store(free + 300_000, Relaxed);
     });
-    let gap = longest_gap(&c.sys, t0, t0 + 3 * SEC);
+    let gap = longest_gap(&c.driver, t0, t0 + 3 * SEC);
     assert!(
         gap <= stall_bound(2_300_000, 30),
         "no kernel of ours for {:.1} ms",

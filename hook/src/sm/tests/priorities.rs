@@ -10,24 +10,24 @@ use super::*;
 /// queues behind whatever the trainer has queued (one FIFO device).
 /// Returns, per request, what it found queued ahead of it.
 fn trainer_beside_service(
-    c: &Controller<Fake>,
+    c: &Sim,
     service: &Neighbour,
     req: u64,
     dur: u64,
     until: u64,
 ) -> Vec<u64> {
-    let mut next_req = c.sys.now();
+    let mut next_req = c.world.now();
     let mut ahead = Vec::new();
-    let start = c.sys.now();
+    let start = c.world.now();
     let w = Work {
         key: kernel(1),
         stream: 0,
     };
-    while c.sys.now() < start + dur {
-        let f = &c.sys;
+    while c.world.now() < start + dur {
+        let f = &c.driver;
         let q = f.gpu.lock().unwrap().free_at;
         if q > f.now() + QUEUE_NS {
-            f.now.store(q - QUEUE_NS, Relaxed);
+            f.clock.set(q - QUEUE_NS);
         }
         let now = f.now();
         if now >= next_req && now < until {
@@ -47,12 +47,12 @@ fn trainer_beside_service(
     ahead
 }
 
-fn ranked_trainer() -> (Controller<Fake>, &'static Neighbour) {
-    let (f, node) = on_node(Fake::new(0, policy::DEFAULT));
-    f.ranked.store(true, Relaxed);
-    f.file.region().priority.store(1, Relaxed);
-    let c = Controller::new(f);
-    let service = neighbour(node, c.sys.now(), 0);
+fn ranked_trainer() -> (Sim, &'static Neighbour) {
+    let (f, node) = on_node(Setup::new(0, policy::DEFAULT));
+    f.world.ranked.store(true, Relaxed);
+    f.world.shm().priority.store(1, Relaxed);
+    let c = sim(f);
+    let service = neighbour(node, c.world.now(), 0);
     service.set_priority(Some(0));
     (c, service)
 }
@@ -64,7 +64,7 @@ fn ranked_trainer() -> (Controller<Fake>, &'static Neighbour) {
 #[test]
 fn a_low_priority_trainer_keeps_its_queue_short_beside_a_service() {
     let (c, service) = ranked_trainer();
-    let t0 = c.sys.now();
+    let t0 = c.world.now();
     let stop = t0 + 2 * SEC;
     let ahead = trainer_beside_service(&c, service, 500_000, 3 * SEC, stop);
     // The first request comes before the trainer has seen the service.
@@ -76,13 +76,13 @@ fn a_low_priority_trainer_keeps_its_queue_short_beside_a_service() {
         worst as f64 / 1e6
     );
     // The trainer still keeps the device busy: all but the service's 2.5 %.
-    let s = busy_share(&c.sys, t0 + SEC / 2, stop);
+    let s = busy_share(&c.driver, t0 + SEC / 2, stop);
     assert!(s > 92.0, "trainer {s:.1}%");
     // A frame after the service's last request the trainer queues freely
     // again (the driver's 50 ms).
-    let q = c.sys.gpu.lock().unwrap().free_at - c.sys.now();
+    let q = c.driver.gpu.lock().unwrap().free_at - c.world.now();
     assert!(q > 40_000_000, "queue {:.1} ms", q as f64 / 1e6);
-    let free = busy_share(&c.sys, stop + crate::sm::tuning::FRAME_NS, c.sys.now());
+    let free = busy_share(&c.driver, stop + crate::sm::tuning::FRAME_NS, c.world.now());
     assert!(free > 99.0, "{free:.1}%");
 }
 
@@ -92,12 +92,12 @@ fn a_low_priority_trainer_keeps_its_queue_short_beside_a_service() {
 fn equal_priorities_hold_nothing() {
     let (c, service) = ranked_trainer();
     service.set_priority(Some(1));
-    let until = c.sys.now() + SEC;
+    let until = c.world.now() + SEC;
     let ahead = trainer_beside_service(&c, service, 500_000, SEC, until);
     assert!(ahead.len() > 40, "{} requests", ahead.len());
     let worst = ahead.iter().skip(2).max().copied().unwrap_or(0);
     assert!(worst > 40_000_000, "{:.1} ms", worst as f64 / 1e6);
-    assert_eq!(c.sys.sleeps.load(Relaxed), 0);
+    assert_eq!(c.world.clock.sleeps(), 0);
 }
 
 /// A service of higher priority that keeps the GPU busy does not starve the
@@ -106,14 +106,14 @@ fn equal_priorities_hold_nothing() {
 #[test]
 fn a_busy_high_priority_container_does_not_starve_the_low_one() {
     let (c, service) = ranked_trainer();
-    let t0 = c.sys.now();
+    let t0 = c.world.now();
     let s = run_with(&c, kernel(1), 200_000, 2 * SEC, SEC / 2, |f| {
         let now = f.now();
         service.touch(now, 0);
         // Always 100 ms of work in flight.
         service.inflight_until.store(now + 100_000_000, Relaxed);
     });
-    let gap = longest_gap(&c.sys, t0 + SEC / 2, t0 + 2 * SEC);
+    let gap = longest_gap(&c.driver, t0 + SEC / 2, t0 + 2 * SEC);
     assert!(s > 1.0, "low-priority share {s:.2}%");
     assert!(
         gap <= crate::sm::tuning::YIELD_MAX_NS + 2_000_000,
@@ -130,25 +130,25 @@ fn a_busy_high_priority_container_does_not_starve_the_low_one() {
 /// about 4 ms.
 #[test]
 fn a_light_service_is_not_held_for_its_bursts() {
-    let c = Controller::new(Fake::new(30, policy::DEFAULT));
-    c.sys.skew_pct.store(300, Relaxed);
+    let c = sim(Setup::new(30, policy::DEFAULT));
+    c.driver.skew_pct.store(300, Relaxed);
     let w = Work {
         key: kernel(1),
         stream: 0,
     };
-    let start = c.sys.now();
+    let start = c.world.now();
     let mut took = Vec::new();
-    while c.sys.now() < start + 2 * SEC {
-        let at = c.sys.now();
+    while c.world.now() < start + 2 * SEC {
+        let at = c.world.now();
         for _ in 0..4 {
             launch_once(&c, &w, 250_000, 1_500);
         }
         // Synchronize: the request ends when its kernels do.
-        let end = c.sys.gpu.lock().unwrap().free_at;
+        let end = c.driver.gpu.lock().unwrap().free_at;
         if at > start + 300_000_000 {
             took.push(end - at);
         }
-        c.sys.now.store(at + 20_000_000, Relaxed);
+        c.world.clock.set(at + 20_000_000);
     }
     let worst = took.iter().max().copied().unwrap_or(0);
     assert!(

@@ -8,7 +8,7 @@ use super::*;
 fn long_and_tiny_kernels_get_their_share() {
     for pct in [10u64, 30, 60, 90] {
         for cost in [2_000_000u64, 10_000] {
-            let c = Controller::new(Fake::new(pct, policy::DEFAULT));
+            let c = sim(Setup::new(pct, policy::DEFAULT));
             let s = run(&c, kernel(1), cost, 3 * SEC, SEC / 2);
             assert!(
                 (s - pct as f64).abs() < 2.0,
@@ -24,27 +24,27 @@ fn long_and_tiny_kernels_get_their_share() {
 /// the limit, so that together they stay within it.
 #[test]
 fn private_buckets_take_a_part_of_the_limit() {
-    let f = Fake::new(40, policy::DEFAULT);
-    f.private_buckets.store(true, Relaxed);
-    let r = f.file.region();
+    let f = Setup::new(40, policy::DEFAULT);
+    f.world.private_buckets.store(true, Relaxed);
+    let r = f.world.shm();
     for (i, s) in r.procs.iter().take(4).enumerate() {
         s.pid.store(100 + i as i32, Relaxed);
     }
     r.proc_num.store(4, Relaxed);
-    let c = Controller::new(f);
+    let c = sim(f);
     let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2);
     assert!((s - 10.0).abs() < 2.0, "limit 40 over 4 processes: {s:.1}%");
     // Alone in the container, the process takes the whole limit.
-    let f = Fake::new(40, policy::DEFAULT);
-    f.private_buckets.store(true, Relaxed);
-    let c = Controller::new(f);
+    let f = Setup::new(40, policy::DEFAULT);
+    f.world.private_buckets.store(true, Relaxed);
+    let c = sim(f);
     let s = run(&c, kernel(1), 2_000_000, 3 * SEC, SEC / 2);
     assert!((s - 40.0).abs() < 2.0, "limit 40 alone: {s:.1}%");
 }
 
 #[test]
 fn graphs_are_limited() {
-    let c = Controller::new(Fake::new(30, policy::DEFAULT));
+    let c = sim(Setup::new(30, policy::DEFAULT));
     let s = run(&c, Key::Graph { exec: 5 }, 400_000, 3 * SEC, SEC / 2);
     assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
 }
@@ -57,78 +57,76 @@ fn no_limit_and_disable_do_not_throttle() {
         (30, policy::DISABLE, 1),
         (30, policy::DEFAULT, 0),
     ] {
-        let f = Fake::new(pct, pol);
-        f.file.region().utilization_switch.store(switch, Relaxed);
-        let c = Controller::new(f);
+        let f = Setup::new(pct, pol);
+        f.world.shm().utilization_switch.store(switch, Relaxed);
+        let c = sim(f);
         let s = run(&c, kernel(1), 100_000, SEC, SEC / 4);
         assert!(
             s > 99.0,
             "limit {pct} policy {pol} switch {switch}: {s:.1}%"
         );
-        assert_eq!(c.sys.sleeps.load(Relaxed), 0);
+        assert_eq!(c.world.clock.sleeps(), 0);
     }
     // Force ignores the switch.
-    let f = Fake::new(30, policy::FORCE);
-    f.file.region().utilization_switch.store(0, Relaxed);
-    let c = Controller::new(f);
+    let f = Setup::new(30, policy::FORCE);
+    f.world.shm().utilization_switch.store(0, Relaxed);
+    let c = sim(f);
     let s = run(&c, kernel(1), 100_000, 2 * SEC, SEC / 2);
     assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
 }
 
 #[test]
 fn a_runtime_change_is_followed() {
-    let c = Controller::new(Fake::new(80, policy::DEFAULT));
+    let c = sim(Setup::new(80, policy::DEFAULT));
     let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2);
     assert!((s - 80.0).abs() < 2.0, "{s:.1}%");
-    c.sys.file.region().sm_limit[0].store(20, Relaxed);
-    let t0 = c.sys.now();
+    c.world.shm().sm_limit[0].store(20, Relaxed);
+    let t0 = c.world.now();
     let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 5);
     assert!((s - 20.0).abs() < 2.0, "{s:.1}%");
     // Within 200 ms of the change the share was already down.
-    assert!(busy_share(&c.sys, t0 + SEC / 5, t0 + SEC) < 22.0);
+    assert!(busy_share(&c.driver, t0 + SEC / 5, t0 + SEC) < 22.0);
 }
 
 #[test]
 fn a_first_guess_is_settled() {
     // Kernels of 5 ms: the first launches are charged the 20 µs default,
     // the debt is charged once the first timing lands.
-    let c = Controller::new(Fake::new(50, policy::DEFAULT));
+    let c = sim(Setup::new(50, policy::DEFAULT));
     let s = run(&c, kernel(2), 5_000_000, 2 * SEC, 0);
     assert!((s - 50.0).abs() < 3.0, "{s:.1}%");
 }
 
 #[test]
 fn activity_is_marked_and_blocking_obeyed() {
-    let c = Controller::new(Fake::new(100, policy::DEFAULT));
-    let r = c.sys.file.region();
+    let c = sim(Setup::new(100, policy::DEFAULT));
+    let r = c.world.shm();
     r.recent_kernel.store(1, Relaxed);
     run(&c, kernel(1), 10_000, SEC / 10, 0);
     assert_eq!(r.recent_kernel.load(Relaxed), 2);
     assert!(r.last_kernel_time.load(Relaxed) >= 1_700_000_000);
     // Blocked: the next launches wait until the monitor unblocks.
     r.recent_kernel.store(-1, Relaxed);
-    c.sys.advance(crate::sm::tuning::REFRESH_NS);
-    c.sys
+    c.world.clock.advance(crate::sm::tuning::REFRESH_NS);
+    c.world
         .unblock_after
-        .store(c.sys.sleeps.load(Relaxed) + 5, Relaxed);
-    let before = c.sys.now();
+        .store(c.world.clock.sleeps() + 5, Relaxed);
+    let before = c.world.now();
     let w = Work {
         key: kernel(1),
         stream: 0,
     };
     let t = c.before(&w);
     c.after_opt(t, true);
-    assert!(c.sys.now() - before >= 500_000_000);
+    assert!(c.world.now() - before >= 500_000_000);
     assert_eq!(r.recent_kernel.load(Relaxed), 2);
 }
 
 #[test]
 fn share_is_published_and_failed_launches_refunded() {
-    let c = Controller::new(Fake::new(40, policy::DEFAULT));
+    let c = sim(Setup::new(40, policy::DEFAULT));
     run(&c, kernel(1), 100_000, 3 * SEC, 0);
-    let u = c.sys.file.region().procs[0].device_util[0]
-        .sm_util
-        .load(Relaxed);
+    let u = c.world.shm().procs[0].device_util[0].sm_util.load(Relaxed);
     assert!((38..=42).contains(&u), "sm_util {u}");
     let charged = c.charged_ns(0);
     let w = Work {
@@ -144,25 +142,25 @@ fn share_is_published_and_failed_launches_refunded() {
 fn captured_launches_are_neither_charged_nor_timed() {
     // A stream capture at a 10 % limit: nothing runs on the GPU, so no
     // launch may sleep, be charged, or record an event into the graph.
-    let f = Fake::new(10, policy::FORCE);
-    f.capturing.store(true, Relaxed);
-    let c = Controller::new(f);
+    let f = Setup::new(10, policy::FORCE);
+    f.gpu.capturing.store(true, Relaxed);
+    let c = sim(f);
     let w = Work {
         key: kernel(1),
         stream: 0,
     };
     for _ in 0..1000 {
         assert!(c.before(&w).is_none());
-        c.sys.advance(1_000);
+        c.world.clock.advance(1_000);
     }
-    assert_eq!(c.sys.sleeps.load(Relaxed), 0);
-    assert_eq!(c.sys.records.load(Relaxed), 0);
+    assert_eq!(c.world.clock.sleeps(), 0);
+    assert_eq!(c.driver.records.load(Relaxed), 0);
     assert_eq!(c.charged_ns(0), 0);
     // After the capture, launches are limited again.
-    c.sys.capturing.store(false, Relaxed);
+    c.driver.capturing.store(false, Relaxed);
     let s = run(&c, kernel(1), 1_000_000, 3 * SEC, SEC);
     assert!((s - 10.0).abs() < 2.0, "{s:.1}%");
-    assert!(c.sys.records.load(Relaxed) > 0);
+    assert!(c.driver.records.load(Relaxed) > 0);
 }
 
 /// A host whose sleeps overshoot by several ms (a loaded VM; this CI VM's
@@ -172,8 +170,8 @@ fn captured_launches_are_neither_charged_nor_timed() {
 fn late_wake_ups_do_not_cost_the_share() {
     for late in [2_000_000, 6_000_000, 20_000_000] {
         for pct in [30, 60] {
-            let c = Controller::new(Fake::new(pct, policy::DEFAULT));
-            c.sys.late_ns.store(late, Relaxed);
+            let c = sim(Setup::new(pct, policy::DEFAULT));
+            c.world.clock.set_late(SLACK_NS + late);
             let s = run(&c, kernel(1), 1_000_000, 4 * SEC, SEC);
             assert!(
                 (s - pct as f64).abs() < 2.0,
@@ -189,8 +187,8 @@ fn late_wake_ups_do_not_cost_the_share() {
 /// the limit, the bucket holds it at the limit as before.
 #[test]
 fn a_container_far_under_its_limit_coasts_then_is_held_when_its_use_grows() {
-    let c = Controller::new(Fake::new(50, policy::DEFAULT));
-    let f = &c.sys;
+    let c = sim(Setup::new(50, policy::DEFAULT));
+    let f = &c.driver;
     let w = Work {
         key: kernel(1),
         stream: 0,

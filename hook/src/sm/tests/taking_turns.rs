@@ -9,22 +9,22 @@ use super::*;
 /// goes quiet, the bucket alone limits again.
 #[test]
 fn limited_containers_on_one_gpu_take_turns() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
-    let c = Controller::new(f);
-    let m = neighbour(node, c.sys.now(), 70);
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
+    let c = sim(f);
+    let m = neighbour(node, c.world.now(), 70);
     let other = NEIGHBOUR_KEY;
-    let ours = c.sys.buckets.container_id();
+    let ours = c.world.buckets.container_id();
     let p = phase::plan(&[(ours, 30), (other, 70)], ours).unwrap();
     assert_eq!(p.len, phase::FRAME_NS * 30 / 100);
 
-    let start = c.sys.now();
+    let start = c.world.now();
     let s = run_with(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2, |f| {
         busy(m, f.now())
     });
     assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
     // The last kernel of a turn may overrun it by half its time.
     let inside = |(a, e): (u64, u64)| phase::into_turn(p, a) + (e - a) <= p.len + 500_000;
-    let g = c.sys.gpu.lock().unwrap().intervals.clone();
+    let g = c.driver.gpu.lock().unwrap().intervals.clone();
     // The first kernels run before the plan is read (the first launch
     // reads it) and while the cost is a guess.
     let late: Vec<_> = g
@@ -43,10 +43,10 @@ fn limited_containers_on_one_gpu_take_turns() {
 
     // The other container stops: within ACTIVE_NS and a re-plan, the bucket
     // alone limits, and our kernels run anywhere in the frame.
-    let quiet = c.sys.now();
+    let quiet = c.world.now();
     let s = run(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2);
     assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
-    let g = c.sys.gpu.lock().unwrap().intervals.clone();
+    let g = c.driver.gpu.lock().unwrap().intervals.clone();
     let outside = g
         .iter()
         .filter(|i| i.0 > quiet + phase::ACTIVE_NS + SEC / 10 && !inside(**i))
@@ -63,12 +63,16 @@ fn limited_containers_on_one_gpu_take_turns() {
 /// charges and leave the correction where it is.
 #[test]
 fn the_correction_holds_while_taking_turns() {
-    let (f, node) = on_node(nvml_on(Fake::new(30, policy::DEFAULT), 50, NVML_PID as i32));
-    f.sparse.store(true, Relaxed);
-    f.other_pct.store(40, Relaxed);
-    *f.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
-    let c = Controller::new(f);
-    let m = neighbour(node, c.sys.now(), 70);
+    let (f, node) = on_node(nvml_on(
+        Setup::new(30, policy::DEFAULT),
+        50,
+        NVML_PID as i32,
+    ));
+    f.gpu.sparse.store(true, Relaxed);
+    f.gpu.other_pct.store(40, Relaxed);
+    *f.gpu.device.lock().unwrap() = Some(vec![NVML_PID, OTHER_PID]);
+    let c = sim(f);
+    let m = neighbour(node, c.world.now(), 70);
     run_with(&c, kernel(1), 1_000_000, 30 * SEC, SEC / 2, |f| {
         busy(m, f.now())
     });
@@ -82,10 +86,10 @@ fn the_correction_holds_while_taking_turns() {
 /// the correction factor follows them back to 1.
 #[test]
 fn short_charges_are_corrected_by_measuring_the_turns() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
-    let c = Controller::new(f);
-    let m = neighbour(node, c.sys.now(), 70);
-    let start = c.sys.now();
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
+    let c = sim(f);
+    let m = neighbour(node, c.world.now(), 70);
+    let start = c.world.now();
     // The factor is set once the turns begin (the feedback loop does not
     // step while they last): before, the loop runs, and with no NVML here
     // it opens (factor 1).
@@ -93,7 +97,7 @@ fn short_charges_are_corrected_by_measuring_the_turns() {
     let s = run_with(&c, kernel(1), 500_000, 3 * SEC, 2 * SEC, |f| {
         busy(m, f.now());
         if !short && c.turn(0).is_some() {
-            f.buckets.devs[0]
+            c.world.buckets.devs[0]
                 .gain
                 .store(crate::sm::correction::encode(0.9), Relaxed);
             short = true;
@@ -103,9 +107,9 @@ fn short_charges_are_corrected_by_measuring_the_turns() {
     let k = c.factor(0);
     assert!((k - 1.0).abs() < 0.03, "correction {k:.3}");
     assert!((s - 30.0).abs() < 1.5, "{s:.1}%");
-    let ours = c.sys.buckets.container_id();
+    let ours = c.world.buckets.container_id();
     let p = phase::plan(&[(ours, 30), (NEIGHBOUR_KEY, 70)], ours).unwrap();
-    let g = c.sys.gpu.lock().unwrap().intervals.clone();
+    let g = c.driver.gpu.lock().unwrap().intervals.clone();
     let spill = g
         .iter()
         .filter(|i| i.0 > start + 2 * SEC)
@@ -120,18 +124,18 @@ fn short_charges_are_corrected_by_measuring_the_turns() {
 /// its own share does not claim turns.
 #[test]
 fn containers_that_use_little_of_their_share_do_not_take_turns() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
-    let c = Controller::new(f);
-    let m = neighbour(node, c.sys.now(), 70);
-    let ours = c.sys.buckets.container_id();
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
+    let c = sim(f);
+    let m = neighbour(node, c.world.now(), 70);
+    let ours = c.world.buckets.container_id();
     let p = phase::plan(&[(ours, 30), (NEIGHBOUR_KEY, 70)], ours).unwrap();
-    let start = c.sys.now();
+    let start = c.world.now();
     let s = run_with(&c, kernel(1), 1_000_000, 2 * SEC, SEC / 2, |f| {
         m.touch(f.now(), 70)
     });
     assert!((s - 30.0).abs() < 2.0, "{s:.1}%");
     assert_eq!(c.turn(0), None, "no turns");
-    let g = c.sys.gpu.lock().unwrap().intervals.clone();
+    let g = c.driver.gpu.lock().unwrap().intervals.clone();
     let late: Vec<u64> = g
         .iter()
         .map(|i| i.0)
@@ -151,26 +155,26 @@ fn containers_that_use_little_of_their_share_do_not_take_turns() {
     );
     // Ours used its share, so it wants it: were the neighbour busy too,
     // they would take turns.
-    let wants = c.sys.buckets.plans[0].wants.load(Relaxed);
-    assert!(wants + phase::ACTIVE_NS > c.sys.now());
+    let wants = c.world.buckets.plans[0].wants.load(Relaxed);
+    assert!(wants + phase::ACTIVE_NS > c.world.now());
 
     // Now ours launches a 1 ms kernel every 20 ms (5 % of the device)
     // beside a busy neighbour: once its last window of use has passed
     // (`demand::WINDOW_NS`, then `ACTIVE_NS`), it is out of the plan, and
     // its launches are not held for a turn.
-    let t0 = c.sys.now() + phase::ACTIVE_NS + 2 * crate::sm::node_sharing::demand::WINDOW_NS;
+    let t0 = c.world.now() + phase::ACTIVE_NS + 2 * crate::sm::node_sharing::demand::WINDOW_NS;
     let w = Work {
         key: kernel(1),
         stream: 0,
     };
-    while c.sys.now() < t0 + 2 * SEC {
-        busy(m, c.sys.now());
-        let before = c.sys.now();
+    while c.world.now() < t0 + 2 * SEC {
+        busy(m, c.world.now());
+        let before = c.world.now();
         launch_once(&c, &w, 1_000_000, 0);
         if before > t0 {
-            assert!(c.sys.now() - before < 1_000_000, "a launch was held");
+            assert!(c.world.now() - before < 1_000_000, "a launch was held");
         }
-        c.sys.advance(19_000_000);
+        c.world.clock.advance(19_000_000);
     }
     assert_eq!(c.turn(0), None, "no turns");
 }
@@ -183,21 +187,21 @@ fn containers_that_use_little_of_their_share_do_not_take_turns() {
 #[test]
 fn charges_that_overstate_the_kernels_do_not_claim_turns() {
     let (f, node) = on_node(nvml_on(
-        Fake::new(70, policy::DEFAULT),
+        Setup::new(70, policy::DEFAULT),
         200,
         NVML_PID as i32,
     ));
-    let c = Controller::new(f);
-    let m = neighbour(node, c.sys.now(), 70);
+    let c = sim(f);
+    let m = neighbour(node, c.world.now(), 70);
     let w = Work {
         key: kernel(1),
         stream: 0,
     };
     // 1 ms kernels every 2.86 ms: 35 % of the device. The neighbour
     // launches but does not want its share yet, so the correction learns.
-    let start = c.sys.now();
-    while c.sys.now() < start + 4 * SEC {
-        m.touch(c.sys.now(), 70);
+    let start = c.world.now();
+    while c.world.now() < start + 4 * SEC {
+        m.touch(c.world.now(), 70);
         launch_once(&c, &w, 1_000_000, 2_860_000);
     }
     let g = c.factor(0);
@@ -205,20 +209,20 @@ fn charges_that_overstate_the_kernels_do_not_claim_turns() {
     assert_eq!(c.turn(0), None, "no turns");
     // Now the neighbour is busy too: ours stays off the turns, its
     // launches never held.
-    let t0 = c.sys.now();
+    let t0 = c.world.now();
     let mut held = 0;
-    while c.sys.now() < t0 + 2 * SEC {
-        busy(m, c.sys.now());
-        let before = c.sys.now();
+    while c.world.now() < t0 + 2 * SEC {
+        busy(m, c.world.now());
+        let before = c.world.now();
         launch_once(&c, &w, 1_000_000, 0);
-        if c.sys.now() - before > 500_000 {
+        if c.world.now() - before > 500_000 {
             held += 1;
         }
-        c.sys.advance(2_860_000);
+        c.world.clock.advance(2_860_000);
         assert_eq!(c.turn(0), None, "took turns");
     }
     assert_eq!(held, 0, "launches held");
-    let s = busy_share(&c.sys, t0, c.sys.now());
+    let s = busy_share(&c.driver, t0, c.world.now());
     assert!((s - 35.0).abs() < 2.0, "{s:.1}%");
 }
 
@@ -227,12 +231,12 @@ fn charges_that_overstate_the_kernels_do_not_claim_turns() {
 /// `ACTIVE_NS` and a re-plan.
 #[test]
 fn turns_end_when_the_neighbour_stops_wanting_its_share() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
-    let c = Controller::new(f);
-    let m = neighbour(node, c.sys.now(), 70);
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
+    let c = sim(f);
+    let m = neighbour(node, c.world.now(), 70);
     run_with(&c, kernel(1), 1_000_000, SEC, SEC / 2, |f| busy(m, f.now()));
     assert!(c.turn(0).is_some(), "taking turns");
-    let quiet = c.sys.now();
+    let quiet = c.world.now();
     let mut ended = None;
     run_with(&c, kernel(1), 1_000_000, SEC, 0, |f| {
         m.touch(f.now(), 70);
@@ -253,14 +257,14 @@ fn turns_end_when_the_neighbour_stops_wanting_its_share() {
 /// limit within the second after.
 #[test]
 fn the_bucket_resumes_without_old_debt_when_the_turns_end() {
-    let (f, node) = on_node(Fake::new(30, policy::DEFAULT));
-    let c = Controller::new(f);
-    let m = neighbour(node, c.sys.now(), 70);
+    let (f, node) = on_node(Setup::new(30, policy::DEFAULT));
+    let c = sim(f);
+    let m = neighbour(node, c.world.now(), 70);
     run_with(&c, kernel(1), 1_000_000, SEC, SEC / 2, |f| busy(m, f.now()));
     assert!(c.turn(0).is_some(), "taking turns");
-    c.sys.buckets().devs[0]
+    c.world.buckets().devs[0]
         .tat
-        .store(c.sys.now() + 5 * SEC, Relaxed);
+        .store(c.world.now() + 5 * SEC, Relaxed);
     let s = run_with(&c, kernel(1), 1_000_000, 2 * SEC, SEC, |f| {
         m.touch(f.now(), 70);
     });
