@@ -10,7 +10,7 @@
 //! built artifacts (`cargo xtask test`).
 
 use std::os::unix::fs::FileExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,22 +57,8 @@ fn trainer_beside(
     let sidecar = vgpu_common::sidecar::path_for(&node.wd.region("high"));
     let stop = Arc::new(AtomicBool::new(false));
     let claim = stated.then(|| {
-        let stop = stop.clone();
         let table = old_dir.join("vgpu-sm-GPU-516d6770-7500-4000-8000-000000000000");
-        std::thread::spawn(move || {
-            while !stop.load(Relaxed) {
-                if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&sidecar) {
-                    let now = simgpu::clock::mono_ns();
-                    let mut w = [0u8; 24];
-                    w[0..8].copy_from_slice(&now.to_le_bytes());
-                    w[8..16].copy_from_slice(&now.to_le_bytes());
-                    w[16..24].copy_from_slice(&(now + 50_000_000).to_le_bytes());
-                    let _ = f.write_all_at(&w, plan_at(0) + OWN_WORDS_AT as u64);
-                    vgpu_tests::planned::forge_old_table(&table, 0x5eed_0000_0000_0001, now);
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        })
+        state_activity(sidecar, Some(table), stop.clone())
     });
     std::thread::sleep(Duration::from_millis(1500));
     let after = gpu.combined_share(Duration::from_secs(2), &pid);
@@ -85,6 +71,32 @@ fn trainer_beside(
         "the trainer did not run at its limit: {before:.1} %"
     );
     (before, after)
+}
+
+/// Writes into `sidecar` (and the old node `table`), every 10 ms until
+/// `stop`, that its container launches and wants its share now, with 50 ms
+/// in flight.
+fn state_activity(
+    sidecar: PathBuf,
+    table: Option<PathBuf>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Relaxed) {
+            if let Ok(f) = std::fs::OpenOptions::new().write(true).open(&sidecar) {
+                let now = simgpu::clock::mono_ns();
+                let mut w = [0u8; 24];
+                w[0..8].copy_from_slice(&now.to_le_bytes());
+                w[8..16].copy_from_slice(&now.to_le_bytes());
+                w[16..24].copy_from_slice(&(now + 50_000_000).to_le_bytes());
+                let _ = f.write_all_at(&w, plan_at(0) + OWN_WORDS_AT as u64);
+                if let Some(t) = &table {
+                    vgpu_tests::planned::forge_old_table(t, 0x5eed_0000_0000_0001, now);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })
 }
 
 /// The claimant's spec: priority 0, no SM limit.
@@ -178,6 +190,65 @@ fn a_container_burning_cpu_on_refused_launches_while_claiming_its_turn_does_not_
     assert!(
         after >= 0.9 * before,
         "claims to a turn, backed by CPU time only, shortened the trainer's: {after:.1} % against {before:.1} %\n{}",
+        node.daemon.log_text()
+    );
+}
+
+#[test]
+fn idle_priority_0_containers_claiming_in_turn_share_one_grace_per_ten_seconds() {
+    let gpu = SimGpu::new();
+    let node = PlannedNode::start("plan-graces", &gpu);
+    let out = node.wd.path("out");
+    let sm_loop = vgpu_tests::dist::compile_c("sm_loop", &out, false);
+    let hook_mem = vgpu_tests::dist::compile_c("hook_mem", &out, false);
+    let trainer = node.run(
+        &gpu,
+        1,
+        "trainer",
+        &[
+            ("CUDA_DEVICE_SM_LIMIT", "50"),
+            ("GPU_CORE_UTILIZATION_POLICY", "force"),
+        ],
+        &sm_loop,
+        &["kernel", "busy_200us", "20"],
+    );
+    let idle: Vec<_> = (0..4)
+        .map(|i| {
+            let name = format!("idle{i}");
+            let t = node.run(&gpu, 2 + i, &name, HIGH, &hook_mem, &["hold", "1048576"]);
+            (t, vgpu_common::sidecar::path_for(&node.wd.region(&name)))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = [trainer.pid()];
+    let before = gpu.combined_share(Duration::from_secs(1), &pid);
+    // Four containers start claiming 1.2 s apart, each just after the one
+    // before has spent a one-second grace.
+    let stop = Arc::new(AtomicBool::new(false));
+    let measure = {
+        std::thread::scope(|s| {
+            let m = s.spawn(|| gpu.combined_share(Duration::from_secs(10), &pid));
+            let mut claims = Vec::new();
+            for (_, sidecar) in &idle {
+                claims.push(state_activity(sidecar.clone(), None, stop.clone()));
+                std::thread::sleep(Duration::from_millis(1200));
+            }
+            let after = m.join().expect("measure");
+            stop.store(true, Relaxed);
+            for c in claims {
+                c.join().expect("claimer");
+            }
+            after
+        })
+    };
+    eprintln!("trainer at 50 %: {before:.1} % before, {measure:.1} % over the 10 s of four claimants in turn");
+    assert!(
+        before > 40.0,
+        "the trainer did not run at its limit: {before:.1} %"
+    );
+    assert!(
+        measure >= 0.85 * before,
+        "claimants in turn held the trainer past one grace: {measure:.1} % against {before:.1} %\n{}",
         node.daemon.log_text()
     );
 }

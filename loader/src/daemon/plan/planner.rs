@@ -27,9 +27,11 @@ const RELAY_TICK: Duration = Duration::from_micros(100);
 /// sample saw it use the GPU (samples come every scan, NVML's own every
 /// ~170 ms).
 const CONFIRMED_FOR: Duration = Duration::from_millis(2_500);
-/// A statement NVML has not confirmed yet (a container that just started
-/// launching) counts for this long, once: then only NVML's word does,
-/// until the container has been quiet for `REARM`.
+/// A statement the kernel's view has not confirmed yet (a container that
+/// just started launching) counts for this long, once: then only the
+/// kernel's word does, until the container has been quiet for `REARM`. One
+/// grace at a time per GPU and `REARM`: however many containers claim, an
+/// unconfirmed statement holds a neighbour back at most `GRACE` per `REARM`.
 const GRACE: Duration = Duration::from_millis(1_000);
 const REARM: Duration = Duration::from_secs(10);
 /// `turns.json` is rewritten this often.
@@ -62,7 +64,9 @@ struct Support {
 
 impl Support {
     /// Whether its statement (`active`: it says it launched lately) counts.
-    fn counts(&mut self, now: Instant, active: bool) -> bool {
+    /// `gpu_grace`: when a grace last started on this GPU, updated when
+    /// this one starts.
+    fn counts(&mut self, now: Instant, active: bool, gpu_grace: &mut Option<Instant>) -> bool {
         if self
             .confirmed
             .is_some_and(|c| now.duration_since(c) <= CONFIRMED_FOR)
@@ -78,7 +82,14 @@ impl Support {
             return false;
         }
         self.quiet = None;
-        let since = *self.claimed.get_or_insert(now);
+        let since = match self.claimed {
+            Some(since) => since,
+            None if gpu_grace.is_some_and(|g| now.duration_since(g) < REARM) => return false,
+            None => {
+                *gpu_grace = Some(now);
+                *self.claimed.insert(now)
+            }
+        };
         now.duration_since(since) <= GRACE
     }
 }
@@ -88,6 +99,8 @@ pub struct Planner {
     handle: Handle,
     state_dir: PathBuf,
     support: HashMap<(u64, String), Support>,
+    /// When a grace last started on each GPU.
+    graces: HashMap<String, Instant>,
     /// Each seat's last written plan.
     written: HashMap<(u64, usize), PlanWords>,
     last_sample: Option<Instant>,
@@ -100,6 +113,7 @@ impl Planner {
             handle,
             state_dir,
             support: HashMap::new(),
+            graces: HashMap::new(),
             written: HashMap::new(),
             last_sample: None,
             reported: None,
@@ -145,7 +159,11 @@ impl Planner {
                     }
                 }
                 let active = own.launched != 0 && now.saturating_sub(own.launched) <= HOLD_NS;
-                let confirmed = sup.counts(wall, active);
+                let mut grace = self.graces.get(uuid).copied();
+                let confirmed = sup.counts(wall, active, &mut grace);
+                if let Some(g) = grace {
+                    self.graces.insert(uuid.to_owned(), g);
+                }
                 seats.push(Seat {
                     key: t.key,
                     limit: t.limits[ordinal],
@@ -250,4 +268,33 @@ pub fn spawn(handle: Handle, state_dir: PathBuf) -> std::io::Result<()> {
         .name("vgpu-planner".into())
         .spawn(move || Planner::new(handle, state_dir).run())
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_unconfirmed_grace_per_gpu_however_many_claim() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut gpu = None;
+        let (mut a, mut b) = (Support::default(), Support::default());
+        assert!(
+            a.counts(at(0), true, &mut gpu),
+            "the first claim gets its grace"
+        );
+        assert!(!b.counts(at(10), true, &mut gpu), "a second claimant waits");
+        assert!(a.counts(at(900), true, &mut gpu));
+        assert!(!a.counts(at(1_100), true, &mut gpu), "the grace ends");
+        assert!(!b.counts(at(5_000), true, &mut gpu), "still within REARM");
+        // After REARM another claimant may start one, and only one.
+        assert!(b.counts(at(10_100), true, &mut gpu));
+        let mut c = Support::default();
+        assert!(!c.counts(at(10_200), true, &mut gpu));
+        // Confirmed by the kernel's view, a statement counts whatever the
+        // graces.
+        c.confirmed = Some(at(10_300));
+        assert!(c.counts(at(10_400), true, &mut gpu));
+    }
 }
