@@ -60,6 +60,9 @@
 #   bash scripts/gpu-check.sh witness    the daemon before (BEFORE_VGPU) and after a change to what
 #                                        confirms a container's activity, same hook: the 30/70 pair and
 #                                        a priority-0 service beside a trainer (SM limit 0 and 100)
+#   bash scripts/gpu-check.sh sweep      for each build of VARIANTS (name=libvgpu.so ...): the SM sweep
+#                                        (SM_WORKLOADS, default matmul,graph,tiny at 10/30/60/90) and
+#                                        the 30/70 pair with the daemon planning
 #   bash scripts/gpu-check.sh stall      a limited process (STALL_LIMIT, 30) right after a busy
 #                                        unlimited neighbour is killed with work queued: its rate per
 #                                        0.25 s window against the same process alone
@@ -1031,6 +1034,25 @@ phase_witness() {
             psvc_run "$label: priority 0 / none, CUDA_DEVICE_SM_LIMIT=$lim" \
                 "$ha CUDA_TASK_PRIORITY=0 CUDA_DEVICE_SM_LIMIT=$lim" "$ha CUDA_DEVICE_SM_LIMIT=$lim"
         done
+        planner_stop
+    done
+    find "$CG_ROOT" -depth -type d -exec rmdir {} + 2>/dev/null
+}
+
+# The SM sweep and the 30/70 pair (the daemon planning) for each build of
+# VARIANTS ("name=path/to/libvgpu.so ..."), one build after the other.
+phase_sweep() {
+    local secs=${SM_SECONDS:-8} v name lib
+    python3 "$ROOT/scripts/gpu/sm_bench.py" --workloads matmul --seconds 10 --save "$W/base.json"
+    for v in ${VARIANTS:-dist=$DIST/libvgpu.so}; do
+        name=${v%%=*} lib=${v#*=}
+        say "SM limit sweep, $name ($lib, $secs s runs)"
+        mkdir -p "$W/sm-$name"
+        (cd "$W/sm-$name" && python3 "$ROOT/scripts/gpu/sm_bench.py" --sweep "${SM_SWEEP:-10,30,60,90}" \
+            --workloads "${SM_WORKLOADS:-matmul,graph,tiny}" --hook "$lib" --seconds "$secs")
+        planner_start
+        say "the 30/70 pair, $name, the daemon planning"
+        planned_pair "$lib"
         planner_stop
     done
     find "$CG_ROOT" -depth -type d -exec rmdir {} + 2>/dev/null
