@@ -9,8 +9,8 @@
 //! a kubepods cgroup naming the host path stands for the container here.
 //! `vgpu daemon --hook-dir` (no `--regions-root`) must find the claim's
 //! region under its default roots and label it: the pod from the kernel's
-//! view of the process using it, the region path naming the claim, the
-//! limits the hook took from the DRA variables.
+//! view of the process using it, the claim from the region's directory
+//! (`claim_uid`), the limits the hook took from the DRA variables.
 
 use std::ffi::OsStr;
 use std::process::Command;
@@ -90,6 +90,10 @@ fn the_daemon_finds_and_labels_a_dra_claims_region_under_its_hook_dir() {
     });
     assert!(limit.ends_with(&(256u64 << 20).to_string()), "{limit}");
     let sm = series(&daemon, "vgpu_sm_limit_percent", &region_s).expect("SM limit series");
+    assert!(
+        sm.contains(&format!("claim_uid=\"{claim_uid}\"")) && sm.contains(&pod_uid),
+        "the claim's series names its claim and pod: {sm}"
+    );
     assert!(
         sm.ends_with(" 60"),
         "CUDA_DEVICE_SM_LIMIT_0 from the claim: {sm}"

@@ -48,17 +48,27 @@ pub fn bounded_label(v: String, max: usize) -> (String, bool) {
     (format!("…{}{suffix}", &v[from..]), true)
 }
 
+/// The DRA claim whose directory holds `region` (`…/claims/<claim UID>/<file>`,
+/// where vgpu's and HAMi's DRA drivers put a claim's regions).
+fn claim_of(region: &Path) -> Option<String> {
+    let mut parts = region.iter().rev();
+    let _file = parts.next()?;
+    let uid = parts.next()?.to_str()?;
+    (parts.next()? == "claims" && !uid.is_empty()).then(|| uid.to_owned())
+}
+
 /// A region's labels: HAMi's monitor's first (namespace, pod, container;
 /// the device's `vdevice_index` and `device_uuid` follow per device), then
-/// vgpu's. `name` is the pod's, `owner` says whose the region is
-/// ([`region_owner`]), `id` is the cgroup identity of a process using it.
+/// vgpu's, and `claim_uid` for a DRA claim's region. `name` is the pod's,
+/// `owner` says whose the region is ([`region_owner`]), `id` is the cgroup
+/// identity of a process using it.
 pub fn labels(
     name: Option<&PodName>,
     owner: RegionOwner,
     id: &ContainerIdentity,
     region: &Path,
 ) -> Labels {
-    vec![
+    let mut l = vec![
         (
             "namespace".to_owned(),
             name.map(|n| n.namespace.clone()).unwrap_or_default(),
@@ -75,7 +85,11 @@ pub fn labels(
         ),
         ("cgroup".to_owned(), id.cgroup.clone()),
         ("region".to_owned(), region.display().to_string()),
-    ]
+    ];
+    if let Some(uid) = claim_of(region) {
+        l.push(("claim_uid".to_owned(), uid));
+    }
+    l
 }
 
 /// `labels` with every value within its bound; whether one was shortened.
@@ -348,6 +362,18 @@ impl DeadSlots {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claims_region_names_its_claim() {
+        let p = |s: &str| claim_of(Path::new(s));
+        assert_eq!(
+            p("/usr/local/vgpu/claims/7c0ffee1-2b3c/3f2a.cache").as_deref(),
+            Some("7c0ffee1-2b3c")
+        );
+        assert_eq!(p("/usr/local/vgpu/containers/p_c/usage.cache"), None);
+        assert_eq!(p("/claims/x"), None);
+        assert_eq!(p("r.cache"), None);
+    }
     use std::sync::atomic::Ordering::Relaxed;
     use vgpu_common::region_io::RegionSnapshot;
 
