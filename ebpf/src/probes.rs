@@ -4,6 +4,7 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{bpf_get_attach_cookie, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::{uprobe, uretprobe},
+    maps::PerCpuHashMap,
     programs::{ProbeContext, RetProbeContext},
 };
 use vgpu_common::event::{
@@ -65,15 +66,8 @@ pub fn vgpu_launch_done(ctx: RetProbeContext) -> u32 {
         return 0;
     }
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    if let Some(n) = LAUNCHED.get_ptr_mut(&tgid) {
-        // SAFETY: this CPU's slot of an existing entry, valid for this run.
-        unsafe { *n += 1 };
-    } else if LAUNCHED.insert(&tgid, &1, u64::from(BPF_NOEXIST)).is_err() {
-        match LAUNCHED.get_ptr_mut(&tgid) {
-            // SAFETY: as above; another CPU created the entry meanwhile.
-            Some(n) => unsafe { *n += 1 },
-            None => count(Counter::ProcsFull),
-        }
+    if !add_one(&LAUNCHED, &tgid) {
+        count(Counter::ProcsFull);
     }
     0
 }
@@ -298,17 +292,28 @@ fn count_launch(ev: &CallEvent, class: FuncClass) {
         grid: ev.grid,
         block: ev.block,
     };
-    if let Some(n) = LAUNCHES.get_ptr_mut(&key) {
-        // SAFETY: this CPU's slot of an existing entry.
-        unsafe { *n += 1 };
-    } else if LAUNCHES.insert(&key, &1, u64::from(BPF_NOEXIST)).is_err() {
-        // Per-CPU insert: only this CPU's value is 1, the others start at 0.
-        match LAUNCHES.get_ptr_mut(&key) {
-            // SAFETY: as above; another CPU created the entry meanwhile.
-            Some(n) => unsafe { *n += 1 },
-            None => count(Counter::LaunchesFull),
-        }
+    if !add_one(&LAUNCHES, &key) {
+        count(Counter::LaunchesFull);
     }
+}
+
+/// Adds one to this CPU's count of `key`, creating the entry (a per-CPU
+/// insert sets only this CPU's value; the others start at 0). False when
+/// the map is full.
+#[inline(always)]
+fn add_one<K>(map: &PerCpuHashMap<K, u64>, key: &K) -> bool {
+    let n = match map.get_ptr_mut(key) {
+        Some(n) => Some(n),
+        None if map.insert(key, &1, u64::from(BPF_NOEXIST)).is_ok() => return true,
+        // Another CPU created the entry meanwhile, or the map is full.
+        None => map.get_ptr_mut(key),
+    };
+    match n {
+        // SAFETY: this CPU's slot of an existing entry, valid for this run.
+        Some(n) => unsafe { *n += 1 },
+        None => return false,
+    }
+    true
 }
 
 /// Applies `f` to this CPU's counters of the calling process, creating the

@@ -647,6 +647,49 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// The host's restart (`host`'s) copies its library over vgpu's in place
+/// (what `--force` accepted) and the keeper puts vgpu's back by rename,
+/// after which `runs_vgpu` holds for a new pod; then the documented
+/// uninstall restores the host's library and preload (`was`), and a pod
+/// runs HAMi-core again.
+fn restart_kept_then_uninstalled(
+    node: &mut Node,
+    (gpu, exe): (&SimGpu, &Path),
+    (host, runs_vgpu): (&str, fn(&mut Node, &SimGpu, &Path, &str)),
+    (lib, preload): (&[u8], &[u8]),
+) {
+    let keeper = Watcher(
+        hook_cmd(node, false, &["--force", "--watch", "60"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let running = Mapped::new(&node.lib_path());
+    node.device_plugin_start();
+    assert!(
+        !running.unchanged(),
+        "{host} restart rewrote the mapped library in place"
+    );
+    drop(running);
+    let ours = std::fs::read(dist::hook_lib()).unwrap();
+    eventually(
+        Duration::from_secs(2),
+        "the keeper puts vgpu's library back after the restart",
+        || std::fs::read(node.lib_path()).ok().as_ref() == Some(&ours),
+    );
+    runs_vgpu(node, gpu, exe, &format!("after {host} restart"));
+
+    uninstall(node);
+    drop(keeper);
+    assert_eq!(std::fs::read(node.versioned()).unwrap(), lib);
+    assert_eq!(
+        std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap(),
+        preload
+    );
+    assert_runs_hami(node, gpu, exe, "after uninstall");
+}
+
 fn uninstall(node: &Node) -> Output {
     sh(Command::new(vgpu_bin())
         .args(["install-hook", "--uninstall", "--host-dir"])
@@ -1043,38 +1086,12 @@ fn volcano_node_installs_with_force_runs_vgpu_and_uninstalls() {
         assert!(!stdout.contains("total 256 MiB"), "{value:?}: {stdout}");
     }
 
-    // A restart copies Volcano's library over vgpu's in place (what
-    // --force accepted); the keeper puts vgpu's back by rename.
-    let keeper = Watcher(
-        hook_cmd(&node, false, &["--force", "--watch", "60"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+    restart_kept_then_uninstalled(
+        &mut node,
+        (&gpu, &exe),
+        ("Volcano's", assert_runs_vgpu),
+        (&volcano_lib, &volcano_preload),
     );
-    std::thread::sleep(Duration::from_millis(500));
-    let running = Mapped::new(&node.lib_path());
-    node.device_plugin_start();
-    assert!(
-        !running.unchanged(),
-        "Volcano's restart rewrote the mapped library in place"
-    );
-    drop(running);
-    let ours = std::fs::read(dist::hook_lib()).unwrap();
-    eventually(
-        Duration::from_secs(2),
-        "the keeper puts vgpu's library back after the restart",
-        || std::fs::read(node.lib_path()).ok().as_ref() == Some(&ours),
-    );
-    assert_runs_vgpu(&mut node, &gpu, &exe, "after the restart");
-
-    uninstall(&node);
-    drop(keeper);
-    assert_eq!(std::fs::read(node.versioned()).unwrap(), volcano_lib);
-    assert_eq!(
-        std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap(),
-        volcano_preload
-    );
-    assert_runs_hami(&mut node, &gpu, &exe, "after uninstall");
     let _ = std::fs::remove_dir_all(&node.root);
 }
 
@@ -1212,38 +1229,12 @@ fn kai_isolator_node_installs_with_force_runs_vgpu_and_uninstalls() {
     );
     assert!(!a.region.exists(), "and makes no region");
 
-    // The isolator's restart copies HAMi-core over vgpu's library in place
-    // (what --force accepted); the keeper puts vgpu's back by rename.
-    let keeper = Watcher(
-        hook_cmd(&node, false, &["--force", "--watch", "60"])
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
+    restart_kept_then_uninstalled(
+        &mut node,
+        (&gpu, &exe),
+        ("the isolator's", assert_kai_runs_vgpu),
+        (&kai_lib, &kai_preload),
     );
-    std::thread::sleep(Duration::from_millis(500));
-    let running = Mapped::new(&node.lib_path());
-    node.device_plugin_start();
-    assert!(
-        !running.unchanged(),
-        "the isolator's restart rewrote the mapped library in place"
-    );
-    drop(running);
-    let ours = std::fs::read(dist::hook_lib()).unwrap();
-    eventually(
-        Duration::from_secs(2),
-        "the keeper puts vgpu's library back after the restart",
-        || std::fs::read(node.lib_path()).ok().as_ref() == Some(&ours),
-    );
-    assert_kai_runs_vgpu(&mut node, &gpu, &exe, "after the isolator's restart");
-
-    uninstall(&node);
-    drop(keeper);
-    assert_eq!(std::fs::read(node.versioned()).unwrap(), kai_lib);
-    assert_eq!(
-        std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap(),
-        kai_preload
-    );
-    assert_runs_hami(&mut node, &gpu, &exe, "after uninstall");
     let _ = std::fs::remove_dir_all(&node.root);
 }
 
