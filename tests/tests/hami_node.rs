@@ -647,6 +647,9 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// A check that a new pod of the node runs under vgpu's hook.
+type RunsVgpu = fn(&mut Node, &SimGpu, &Path, &str);
+
 /// The host's restart (`host`'s) copies its library over vgpu's in place
 /// (what `--force` accepted) and the keeper puts vgpu's back by rename,
 /// after which `runs_vgpu` holds for a new pod; then the documented
@@ -655,7 +658,7 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
 fn restart_kept_then_uninstalled(
     node: &mut Node,
     (gpu, exe): (&SimGpu, &Path),
-    (host, runs_vgpu): (&str, fn(&mut Node, &SimGpu, &Path, &str)),
+    (host, runs_vgpu): (&str, RunsVgpu),
     (lib, preload): (&[u8], &[u8]),
 ) {
     let keeper = Watcher(
