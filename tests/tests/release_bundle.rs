@@ -20,7 +20,7 @@ use vgpu_tests::manifests::images_in;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const REGISTRY: &str = "localhost/vgpu-release-test";
-const OVERLAYS: [&str; 2] = ["hami", "standalone"];
+const OVERLAYS: [&str; 3] = ["hami", "standalone", "dra"];
 const SHIPPED_CRATES: [&str; 4] = ["vgpu-loader", "vgpu-hook", "vgpu-ebpf", "vgpu-common"];
 
 fn image() -> String {
@@ -213,7 +213,9 @@ fn manifests_name_the_bundle_image_and_are_schema_valid() {
                 "{arch} {o}: every container runs {}: {named:?}",
                 image()
             );
-            for k8s in ["1.29.0", "1.37.0"] {
+            // DRA's resource.k8s.io/v1 is GA from 1.34.
+            let oldest = if o == "dra" { "1.34.0" } else { "1.29.0" };
+            for k8s in [oldest, "1.37.0"] {
                 let out = Command::new("python3")
                     .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
                     .args(["-k", k8s])

@@ -35,7 +35,7 @@ use crate::{build, util};
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The overlays rendered into `manifests/`.
-const OVERLAYS: &[&str] = &["hami", "standalone"];
+const OVERLAYS: &[&str] = &["hami", "standalone", "dra"];
 
 /// What of `deploy/` ships: the Kustomize tree and the dashboard (the image
 /// build scripts are for building, not installing).
