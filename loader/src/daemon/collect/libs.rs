@@ -30,6 +30,10 @@ const DIRS: &[&str] = &[
     "usr/lib",
     "lib64",
     "lib",
+    // NVIDIA's GPU operator keeps the driver under this root on the host.
+    "run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+    "run/nvidia/driver/usr/lib/aarch64-linux-gnu",
+    "run/nvidia/driver/usr/lib64",
 ];
 
 /// Finds libcuda files not seen before.
@@ -43,8 +47,9 @@ pub struct LibWatch {
     files: HashSet<(u64, u64)>,
     /// Forced paths found missing, each said once.
     missing: HashSet<PathBuf>,
-    /// The node's driver: the forced files, or the host's libcuda. Not a
-    /// file found in a container, which its tenant could have written.
+    /// The node's driver: the forced files, or the host's libcuda (found
+    /// from this process, or in the mount namespace of the host's PID 1).
+    /// Not a file found in a container, which its tenant could have written.
     drivers: Vec<Libcuda>,
 }
 
@@ -107,6 +112,9 @@ impl LibWatch {
                 Err(e) => tracing::info!("host: {e}"),
             }
         }
+        let host_mnt = std::fs::metadata(self.procfs.dir(1).join("ns/mnt"))
+            .ok()
+            .map(|m| m.ino());
         let live: HashSet<u32> = self.procfs.pids().into_iter().collect();
         self.pids.retain(|p| live.contains(p));
         for pid in live {
@@ -124,15 +132,17 @@ impl LibWatch {
             };
             if let Ok(md) = std::fs::metadata(dir.join("ns/mnt")) {
                 if self.mount_ns.insert(md.ino()) {
+                    let host = host_mnt == Some(md.ino());
                     for d in DIRS {
-                        self.try_path(&root_fd, &root, &Path::new(d).join(SONAME), &mut out);
+                        let rel = Path::new(d).join(SONAME);
+                        self.try_path(&root_fd, &root, &rel, host, &mut out);
                     }
                 }
             }
             if let Ok(maps) = std::fs::read_to_string(dir.join("maps")) {
                 for p in mapped_libcuda(&maps) {
                     let rel = Path::new(p.trim_start_matches('/'));
-                    self.try_path(&root_fd, &root, rel, &mut out);
+                    self.try_path(&root_fd, &root, rel, false, &mut out);
                 }
             }
         }
@@ -148,12 +158,14 @@ impl LibWatch {
     /// `rel` inside the container whose root is `root_fd` (`root` for
     /// messages): resolved by the kernel inside that root, identified by
     /// its inode, kept open as an `O_PATH` descriptor (which opens
-    /// nothing: a FIFO or device there has no effect).
+    /// nothing: a FIFO or device there has no effect). `host`: the root is
+    /// the host's, so the file is the node's driver.
     fn try_path(
         &mut self,
         root_fd: &std::os::fd::OwnedFd,
         root: &Path,
         rel: &Path,
+        host: bool,
         out: &mut Vec<Libcuda>,
     ) {
         let resolve = ResolveFlags::IN_ROOT.union(ResolveFlags::NO_MAGICLINKS);
@@ -172,15 +184,17 @@ impl LibWatch {
         if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
             return;
         }
-        self.push(
-            Libcuda {
-                path: root.join(rel),
-                dev: st.st_dev,
-                ino: st.st_ino,
-                fd: Some(Arc::new(fd)),
-            },
-            out,
-        );
+        let lib = Libcuda {
+            path: root.join(rel),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            fd: Some(Arc::new(fd)),
+        };
+        let known = |l: &Libcuda| (l.dev, l.ino) == (lib.dev, lib.ino);
+        if host && !self.drivers.iter().any(known) {
+            self.drivers.push(lib.clone());
+        }
+        self.push(lib, out);
     }
 }
 
@@ -256,6 +270,33 @@ mod tests {
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!((got[0].dev, got[0].ino), (want.dev(), want.ino()));
         assert_eq!(std::fs::read(got[0].io_path()).unwrap(), b"ctr");
+    }
+
+    #[test]
+    fn only_the_hosts_file_is_the_nodes_driver() {
+        let dir = tempfile::tempdir().unwrap();
+        // PID 1 (the host's mount namespace) and a container's process,
+        // each with its own root and libcuda.
+        let mut libs = Vec::new();
+        for (pid, root) in [(1, "host"), (42, "ctr")] {
+            let p = dir.path().join(format!("proc/{pid}"));
+            std::fs::create_dir_all(p.join("ns")).unwrap();
+            std::fs::write(p.join("ns/mnt"), b"").unwrap();
+            let lib_dir = dir.path().join(root).join("usr/lib/x86_64-linux-gnu");
+            std::fs::create_dir_all(&lib_dir).unwrap();
+            std::fs::write(lib_dir.join(SONAME), root.as_bytes()).unwrap();
+            std::os::unix::fs::symlink(dir.path().join(root), p.join("root")).unwrap();
+            libs.push(std::fs::metadata(lib_dir.join(SONAME)).unwrap());
+        }
+        let mut w = LibWatch::new(Procfs::at(dir.path().join("proc")), Vec::new());
+        w.host_done = true;
+        assert_eq!(w.scan().unwrap().len(), 2, "both are probed");
+        let drivers: Vec<(u64, u64)> = w.drivers().iter().map(|l| (l.dev, l.ino)).collect();
+        assert_eq!(
+            drivers,
+            [(libs[0].dev(), libs[0].ino())],
+            "only the host's drives"
+        );
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct LaunchWitness {
     watched: HashMap<u32, Watch>,
     /// Processes a watch failed for, not tried again.
     failed: HashSet<u32>,
+    /// Said once: no driver file to watch through.
+    said_no_driver: bool,
     /// Detaching takes the kernel a grace period per probe: a thread of its
     /// own drops what is no longer watched.
     reaper: Option<Sender<Vec<UProbeLink>>>,
@@ -66,6 +68,14 @@ impl LaunchWitness {
             probes.forget_launched(pid);
         }
         self.failed.retain(|p| want.contains(p));
+        if drivers.is_empty() && !want.is_empty() && !self.said_no_driver {
+            self.said_no_driver = true;
+            tracing::warn!(
+                "no libcuda of the node's driver found (--libcuda, or the host's): launches are \
+                 not witnessed, and a container's activity counts only where NVML attributes it \
+                 SM time"
+            );
+        }
         for &pid in want {
             if self.watched.len() >= sizes::WATCHED as usize {
                 break;
