@@ -1284,6 +1284,61 @@ fn the_daemon_labels_regions_under_kais_layout() {
         limit.contains("container=\"trainer\"") && limit.ends_with(&(256u64 << 20).to_string()),
         "the region's limit, labelled with its pod and container: {limit}"
     );
+    // A live KAI process names no cache file: the daemon finds its region
+    // by KAI's rule, from the process's own environment and root, so it
+    // is no `no_region` or `untracked` finding (NVML lists it: the
+    // containers load the simulator's libcuda, not the daemon's copy).
+    let hold = dist::compile_c("hook_mem", &node.root, false);
+    let b = node.allocate_kai("server", true);
+    let (mut cmd, scratch) = node.container(&b, &gpu, &hold, &["hold", "1048576"]);
+    let mut live = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("a KAI container holding memory");
+    let (b_dir, _) = b
+        .region
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .split_once('_')
+        .unwrap();
+    let b_want = format!("pod_uid=\"{b_dir}\"");
+    eventually(
+        Duration::from_secs(10),
+        "the live KAI container's region in /metrics",
+        || daemon.metrics().contains(&b_want),
+    );
+    // A control: a pod KAI leaves alone, unhooked, is a finding once past
+    // the daemon's slot grace, so the daemon does judge these processes.
+    let c = node.allocate_kai("plain", false);
+    let (mut cmd, c_scratch) = node.container(&c, &gpu, &hold, &["hold", "1048576"]);
+    let mut plain = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("an unhooked container holding memory");
+    std::thread::sleep(Duration::from_secs(5));
+    let findings = daemon.findings();
+    for p in [&mut live, &mut plain] {
+        drop(p.stdin.take());
+        let _ = p.wait();
+    }
+    let _ = std::fs::remove_dir(&scratch);
+    let _ = std::fs::remove_dir(&c_scratch);
+    // The control alone: without KAI's rule the daemon would look for the
+    // hooked process's region where the control's is not either.
+    assert!(
+        findings.len() == 1
+            && findings[0]["kind"] == "no_region"
+            && findings[0]["comm"] == "hook_mem",
+        "one finding, the unhooked control's; a KAI process under vgpu's hook is none: \
+         {findings:#?}\n{}",
+        daemon.log_text()
+    );
     drop(daemon);
     let _ = std::fs::remove_dir_all(&node.root);
 }
