@@ -647,6 +647,26 @@ fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// Without `--force`, `install-hook` (plain and `--hami`) refuses the
+/// node, naming `host`, and changes nothing there; `--check` names it too
+/// and exits 3.
+fn refused_without_force(node: &Node, host: &str) {
+    let before = snapshot(&node.vgpu_dir);
+    for hami in [false, true] {
+        let out = hook_cmd(node, hami, &[]).output().unwrap();
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(!out.status.success(), "--hami: {hami}: {said}");
+        assert!(
+            said.contains(host),
+            "--hami: {hami}: the refusal names {host}: {said}"
+        );
+        assert_eq!(snapshot(&node.vgpu_dir), before, "--hami: {hami}");
+    }
+    let out = hook_cmd(node, false, &["--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains(host), "{}", text(&out.stdout));
+}
+
 /// A check that a new pod of the node runs under vgpu's hook.
 type RunsVgpu = fn(&mut Node, &SimGpu, &Path, &str);
 
@@ -1047,24 +1067,7 @@ fn volcano_node_installs_with_force_runs_vgpu_and_uninstalls() {
     let volcano_lib = std::fs::read(node.versioned()).unwrap();
     let volcano_preload = std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap();
 
-    let before = snapshot(&node.vgpu_dir);
-    for hami in [false, true] {
-        let out = hook_cmd(&node, hami, &[]).output().unwrap();
-        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
-        assert!(!out.status.success(), "--hami: {hami}: {said}");
-        assert!(
-            said.contains("Volcano's vGPU device plugin"),
-            "--hami: {hami}: the refusal names Volcano: {said}"
-        );
-        assert_eq!(snapshot(&node.vgpu_dir), before, "--hami: {hami}");
-    }
-    let out = hook_cmd(&node, false, &["--check"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
-    assert!(
-        text(&out.stdout).contains("Volcano's vGPU device plugin"),
-        "{}",
-        text(&out.stdout)
-    );
+    refused_without_force(&node, "Volcano's vGPU device plugin");
 
     let out = sh(&mut hook_cmd(&node, false, &["--force"]));
     assert!(
@@ -1192,24 +1195,7 @@ fn kai_isolator_node_installs_with_force_runs_vgpu_and_uninstalls() {
     let kai_lib = std::fs::read(node.versioned()).unwrap();
     let kai_preload = std::fs::read(node.vgpu_dir.join("ld.so.preload")).unwrap();
 
-    let before = snapshot(&node.vgpu_dir);
-    for hami in [false, true] {
-        let out = hook_cmd(&node, hami, &[]).output().unwrap();
-        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
-        assert!(!out.status.success(), "--hami: {hami}: {said}");
-        assert!(
-            said.contains("KAI's resource isolator"),
-            "--hami: {hami}: the refusal names KAI: {said}"
-        );
-        assert_eq!(snapshot(&node.vgpu_dir), before, "--hami: {hami}");
-    }
-    let out = hook_cmd(&node, false, &["--check"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stdout));
-    assert!(
-        text(&out.stdout).contains("KAI's resource isolator"),
-        "{}",
-        text(&out.stdout)
-    );
+    refused_without_force(&node, "KAI's resource isolator");
 
     let out = sh(&mut hook_cmd(&node, false, &["--force"]));
     let said = text(&out.stdout);

@@ -19,6 +19,30 @@ use vgpu_common::sidecar::{plan_at, OWN_WORDS_AT};
 use vgpu_tests::planned::PlannedNode;
 use vgpu_tests::sim::SimGpu;
 
+/// The trainer: SM limit 50 (default priority), launching 200 µs kernels
+/// for `secs` seconds, with `extra` in its spec too.
+fn start_trainer(
+    node: &PlannedNode,
+    gpu: &SimGpu,
+    extra: &[(&str, &str)],
+    secs: &str,
+) -> vgpu_tests::planned::Tenant {
+    let sm_loop = vgpu_tests::dist::compile_c("sm_loop", &node.wd.path("out"), false);
+    let mut spec = vec![
+        ("CUDA_DEVICE_SM_LIMIT", "50"),
+        ("GPU_CORE_UTILIZATION_POLICY", "force"),
+    ];
+    spec.extend_from_slice(extra);
+    node.run(
+        gpu,
+        1,
+        "trainer",
+        &spec,
+        &sm_loop,
+        &["kernel", "busy_200us", secs],
+    )
+}
+
 /// The share of a trainer at SM limit 50 (default priority) before and from
 /// 1.5 s after a container with `spec` in its spec running `exe args`
 /// (`stated`: which also writes, every 10 ms, that it launches and wants
@@ -31,23 +55,10 @@ fn trainer_beside(
     (exe, args): (&Path, &[&str]),
     stated: bool,
 ) -> (f64, f64) {
-    let out = node.wd.path("out");
-    let sm_loop = vgpu_tests::dist::compile_c("sm_loop", &out, false);
     let old_dir = node.wd.path("vgpulock");
     std::fs::create_dir_all(&old_dir).expect("node dir");
     let old_dir_s = old_dir.display().to_string();
-    let trainer = node.run(
-        gpu,
-        1,
-        "trainer",
-        &[
-            ("CUDA_DEVICE_SM_LIMIT", "50"),
-            ("GPU_CORE_UTILIZATION_POLICY", "force"),
-            ("VGPU_SM_NODE_DIR", &old_dir_s),
-        ],
-        &sm_loop,
-        &["kernel", "busy_200us", "9"],
-    );
+    let trainer = start_trainer(node, gpu, &[("VGPU_SM_NODE_DIR", &old_dir_s)], "9");
     std::thread::sleep(Duration::from_millis(1500));
     let pid = [trainer.pid()];
     let before = gpu.combined_share(Duration::from_secs(1), &pid);
@@ -198,20 +209,8 @@ fn a_container_burning_cpu_on_refused_launches_while_claiming_its_turn_does_not_
 fn idle_priority_0_containers_claiming_in_turn_share_one_grace_per_ten_seconds() {
     let gpu = SimGpu::new();
     let node = PlannedNode::start("plan-graces", &gpu);
-    let out = node.wd.path("out");
-    let sm_loop = vgpu_tests::dist::compile_c("sm_loop", &out, false);
-    let hook_mem = vgpu_tests::dist::compile_c("hook_mem", &out, false);
-    let trainer = node.run(
-        &gpu,
-        1,
-        "trainer",
-        &[
-            ("CUDA_DEVICE_SM_LIMIT", "50"),
-            ("GPU_CORE_UTILIZATION_POLICY", "force"),
-        ],
-        &sm_loop,
-        &["kernel", "busy_200us", "20"],
-    );
+    let hook_mem = vgpu_tests::dist::compile_c("hook_mem", &node.wd.path("out"), false);
+    let trainer = start_trainer(&node, &gpu, &[], "20");
     let idle: Vec<_> = (0..4)
         .map(|i| {
             let name = format!("idle{i}");

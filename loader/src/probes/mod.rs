@@ -391,16 +391,19 @@ impl ProbeSet {
 
     /// Launch counts per (process, entry point, function, grid, block), summed over CPUs.
     pub fn launches(&self) -> Result<Vec<(LaunchKey, u64)>, ProbeError> {
-        let map = self
-            .ebpf
-            .map(names::LAUNCHES)
-            .ok_or(ProbeError::MissingMap(names::LAUNCHES))?;
-        let map: PerCpuHashMap<&MapData, LaunchKey, u64> =
-            PerCpuHashMap::try_from(map).map_err(|e| ProbeError::Map(names::LAUNCHES, e))?;
+        self.per_cpu_sums(names::LAUNCHES)
+    }
+
+    /// Each key of the per-CPU count map `name` with its count summed over
+    /// CPUs.
+    fn per_cpu_sums<K: aya::Pod>(&self, name: &'static str) -> Result<Vec<(K, u64)>, ProbeError> {
+        let map = self.ebpf.map(name).ok_or(ProbeError::MissingMap(name))?;
+        let map: PerCpuHashMap<&MapData, K, u64> =
+            PerCpuHashMap::try_from(map).map_err(|e| ProbeError::Map(name, e))?;
         let mut out = Vec::new();
         for item in map.iter() {
-            let (k, v) = item.map_err(|e| ProbeError::Map(names::LAUNCHES, e))?;
-            out.push((k, v.iter().sum()));
+            let (k, v) = item.map_err(|e| ProbeError::Map(name, e))?;
+            out.push((k, v.iter().fold(0u64, |a, &c| a.wrapping_add(c))));
         }
         Ok(out)
     }

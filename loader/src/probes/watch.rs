@@ -85,18 +85,7 @@ impl ProbeSet {
     /// Successful launches counted per watched process (host PID), summed
     /// over CPUs.
     pub fn launched(&self) -> Result<HashMap<u32, u64>, ProbeError> {
-        let map = self
-            .ebpf
-            .map(names::LAUNCHED)
-            .ok_or(ProbeError::MissingMap(names::LAUNCHED))?;
-        let map: PerCpuHashMap<&MapData, u32, u64> =
-            PerCpuHashMap::try_from(map).map_err(|e| ProbeError::Map(names::LAUNCHED, e))?;
-        let mut out = HashMap::new();
-        for item in map.iter() {
-            let (pid, per_cpu) = item.map_err(|e| ProbeError::Map(names::LAUNCHED, e))?;
-            out.insert(pid, per_cpu.iter().fold(0u64, |a, &c| a.wrapping_add(c)));
-        }
-        Ok(out)
+        Ok(self.per_cpu_sums(names::LAUNCHED)?.into_iter().collect())
     }
 
     /// Drops `pid`'s count (it is no longer watched, or has exited).
